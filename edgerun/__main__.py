@@ -1,0 +1,5 @@
+import sys
+
+from edgerun.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Backends, one module (or package) each. `reference` is the numpy executable spec."""

@@ -1,0 +1,51 @@
+"""The `edgerun` command. Each area registers its subcommands from its own module, listed in COMMAND_MODULES."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from edgerun.errors import EdgerunError
+
+# Each module exposes `register(subparsers: argparse._SubParsersAction) -> None` and sets
+# `func` on its parsers via `set_defaults(func=...)`; func(args) returns an exit code.
+COMMAND_MODULES: tuple[str, ...] = (
+    "edgerun.cli.fleet",
+    "edgerun.cli.stream",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgerun", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("edgerun.cli."):
+                continue  # an area not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except EdgerunError as exc:
+        print(f"edgerun: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("edgerun: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Builder: emits nodes into a graph with their output specs inferred by the registry.
+
+Decompositions, frontends and passes all build graphs through it, so shape rules are applied in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.registry import infer_specs
+from edgerun.ir.tensor_spec import TensorSpec
+
+
+class Builder:
+    def __init__(self, graph: Graph, meta: dict[str, str] | None = None) -> None:
+        self.graph = graph
+        self.meta = dict(meta or {})  # copied onto every node emitted, so errors still name their source
+
+    def spec(self, value: str) -> TensorSpec:
+        return self.graph.specs[value]
+
+    def shape(self, value: str) -> tuple[int, ...]:
+        return self.graph.specs[value].shape
+
+    def dtype(self, value: str) -> DType:
+        return self.graph.specs[value].dtype
+
+    def const(self, data: Any, dtype: DType | str | None = None, hint: str = "const") -> str:
+        arr = np.asarray(data, dtype=DType(dtype).np if dtype is not None else None)
+        if arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        return self.graph.add_constant(arr, hint=hint)
+
+    def scalar(self, value: float | int | bool, like: str) -> str:
+        """A 0-d constant with the dtype of `like` (broadcasts against it)."""
+        return self.const(np.asarray(value, dtype=self.dtype(like).np))
+
+    def emit_multi(self, op: str, inputs: list[str], **attrs: Any) -> list[str]:
+        specs = infer_specs(op, [self.graph.specs[i] if i else _ABSENT for i in inputs], attrs)
+        return self.graph.add_node(op, inputs, specs, attrs, self.meta)
+
+    def emit(self, op: str, inputs: list[str], **attrs: Any) -> str:
+        outs = self.emit_multi(op, inputs, **attrs)
+        if len(outs) != 1:
+            raise ValueError(f"{op} has {len(outs)} outputs; use emit_multi")
+        return outs[0]
+
+    # Shorthands used throughout the decompositions.
+    def unary(self, op: str, x: str) -> str:
+        return self.emit(op, [x])
+
+    def binary(self, op: str, a: str, b: str) -> str:
+        return self.emit(op, [a, b])
+
+
+# Placeholder spec for an omitted optional input; shape rules check `is _ABSENT` via `absent()`.
+_ABSENT = TensorSpec((), DType.bool)
+
+
+def absent(spec: TensorSpec) -> bool:
+    return spec is _ABSENT

@@ -1,0 +1,96 @@
+"""The op registry: every op the IR knows, with its kind, shape rule and (for composites) decomposition.
+
+Three kinds (ARCHITECTURE.md):
+- ATOMIC: each backend implements it as a kernel.
+- RASTER: the single data-movement op (regions of offset + 3 strides in and out).
+- COMPOSITE: written once as a decomposition into atomic ops and raster; no backend needs a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from edgerun.errors import UnsupportedOpError
+from edgerun.ir.tensor_spec import TensorSpec
+
+if TYPE_CHECKING:
+    from edgerun.ir.builder import Builder
+
+
+class OpKind(str, Enum):
+    ATOMIC = "atomic"
+    RASTER = "raster"
+    COMPOSITE = "composite"
+
+
+ShapeRule = Callable[[list[TensorSpec], dict[str, Any]], list[TensorSpec]]
+Decomposition = Callable[["Builder", list[str], dict[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: OpKind
+    infer: ShapeRule
+    # Inputs: `min_inputs` required, up to `max_inputs` (None: variadic). An omitted optional input is "".
+    min_inputs: int
+    max_inputs: int | None
+    decompose: Decomposition | None = None
+    doc: str = ""
+    # The family a backend can implement with one table-driven kernel (e.g. "unary", "binary").
+    family: str = ""
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in _REGISTRY:
+        raise ValueError(f"op {op.name!r} registered twice")
+    if op.kind is OpKind.COMPOSITE and op.decompose is None:
+        raise ValueError(f"composite op {op.name!r} needs a decomposition")
+    _REGISTRY[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    _ensure_loaded()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnsupportedOpError(name, detail="not in the edgerun op registry") from None
+
+
+def has_op(name: str) -> bool:
+    _ensure_loaded()
+    return name in _REGISTRY
+
+
+def all_ops(kind: OpKind | None = None) -> list[OpDef]:
+    _ensure_loaded()
+    return [op for op in _REGISTRY.values() if kind is None or op.kind is kind]
+
+
+def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[TensorSpec]:
+    """Output specs of `op` applied to `inputs`; ValueError with a reason when they do not fit."""
+    d = get_op(op)
+    n = len(inputs)
+    if n < d.min_inputs or (d.max_inputs is not None and n > d.max_inputs):
+        want = f"{d.min_inputs}" if d.max_inputs == d.min_inputs else f"{d.min_inputs}..{d.max_inputs or 'n'}"
+        raise ValueError(f"{op} takes {want} inputs, got {n}")
+    return d.infer(inputs, attrs)
+
+
+_loaded = False
+
+
+def _ensure_loaded() -> None:
+    # The op modules register themselves on import; importing them lazily avoids an import cycle with
+    # builder.py, which the composite decompositions use.
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import edgerun.ir.ops  # noqa: F401
