@@ -1,6 +1,18 @@
-"""edgerun: compile a model once, run it on any platform."""
+"""edgerun: compile a model once, run it on any platform.
+
+    program = edgerun.export(module, example_args)   # PyTorch -> portable program (needs torch)
+    program.save("model.edgerun")
+    model = edgerun.load("model.edgerun")             # numpy alone
+    outputs = model(*arrays)
+
+The public names are resolved lazily so that `import edgerun` stays light: the runtime never pulls in
+torch or onnx.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from edgerun.errors import (
     BackendUnavailableError,
@@ -12,11 +24,34 @@ from edgerun.errors import (
 
 __version__ = "0.1.0"
 
+# public name -> "module:attribute"
+_LAZY = {
+    "Program": "edgerun.program:Program",
+    "export": "edgerun.frontends.torch:export",
+    "from_onnx": "edgerun.frontends.onnx:from_onnx",
+    "load": "edgerun.runtime:load",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'edgerun' has no attribute {name!r}")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "BackendUnavailableError",
     "EdgerunError",
+    "Program",
     "ProgramFormatError",
     "UnsupportedOpError",
     "VerificationError",
     "__version__",
+    "export",
+    "from_onnx",
+    "load",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
+import builtins
+from enum import StrEnum
 
 import numpy as np
 
 
-class DType(str, Enum):
+class DType(StrEnum):
     float32 = "float32"
     float16 = "float16"
     int8 = "int8"
@@ -25,11 +26,11 @@ class DType(str, Enum):
         return int(self.np.itemsize)
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in (DType.float32, DType.float16)
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self in (DType.int8, DType.uint8, DType.int32, DType.int64)
 
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from edgerun.errors import UnsupportedOpError
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from edgerun.ir.builder import Builder
 
 
-class OpKind(str, Enum):
+class OpKind(StrEnum):
     ATOMIC = "atomic"
     RASTER = "raster"
     COMPOSITE = "composite"

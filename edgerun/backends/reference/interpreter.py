@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from edgerun.backends.reference.kernels import KERNELS
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.graph import Graph, Node
 from edgerun.passes.decompose_pass import DecomposePass
-from edgerun.backends.reference.kernels import KERNELS
 
 NodeHook = Callable[[Node, list[np.ndarray], list[np.ndarray]], None]
 

@@ -34,7 +34,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     # numpy has no erf; scipy is not a runtime dependency. Abramowitz-Stegun 7.1.26 is only 1e-7 accurate,
     # so use the float64 math.erf vectorised: exact to fp32 rounding and fast enough for the reference.
     import math
-    return np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(x.dtype)  # type: ignore[no-any-return]
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), dtype=x.dtype)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

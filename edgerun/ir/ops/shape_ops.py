@@ -187,7 +187,7 @@ def _split_sizes(spec: TensorSpec, attrs: Attrs) -> tuple[int, list[int]]:
 def _split_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
     axis, sizes = _split_sizes(ins[0], attrs)
     shape = list(ins[0].shape)
-    return [TensorSpec(tuple(shape[:axis] + [n] + shape[axis + 1:]), ins[0].dtype) for n in sizes]
+    return [TensorSpec(tuple([*shape[:axis], n, *shape[axis + 1:]]), ins[0].dtype) for n in sizes]
 
 
 def _split(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
@@ -257,9 +257,8 @@ def _pad(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
             continue
         shape = b.shape(x)
         n = shape[axis]
-        out_shape = list(shape)
-        out_shape[axis] = n + a + c
-        src_strides, dst_strides = contiguous_strides(shape), contiguous_strides(tuple(out_shape))
+        padded = [*shape[:axis], n + a + c, *shape[axis + 1:]]
+        src_strides, dst_strides = contiguous_strides(shape), contiguous_strides(tuple(padded))
         row = list(shape)
         row[axis] = 1
         regions = []
@@ -267,7 +266,7 @@ def _pad(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
             src_j = _pad_source_index(j - a, n, mode)
             regions += strided_copy_regions(0, src_j * src_strides[axis], src_strides,
                                             j * dst_strides[axis], dst_strides, row)
-        x = b.emit("raster", [x], regions=regions, shape=out_shape, fill=None)
+        x = b.emit("raster", [x], regions=regions, shape=padded, fill=None)
     return [x]
 
 

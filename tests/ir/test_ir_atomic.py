@@ -1,0 +1,196 @@
+"""Atomic ops: shape rules, reference kernels against numpy/torch, and clear errors on bad graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgerun.backends.reference.interpreter import interpret
+from edgerun.backends.reference.kernels import KERNELS
+from edgerun.errors import EdgerunError, VerificationError
+from edgerun.ir.builder import Builder
+from edgerun.ir.graph import Graph
+from edgerun.ir.registry import OpKind, all_ops, infer_specs
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.ir.verifier import verify
+
+
+def _graph(op: str, specs: list[TensorSpec], **attrs: object) -> Graph:
+    g = Graph()
+    ins = [g.add_input(f"x{i}", s) for i, s in enumerate(specs)]
+    g.outputs = Builder(g).emit_multi(op, ins, **attrs)
+    verify(g)
+    return g
+
+
+def test_every_atomic_op_and_raster_has_a_reference_kernel_and_a_reason() -> None:
+    for op in all_ops(OpKind.ATOMIC) + all_ops(OpKind.RASTER):
+        assert op.name in KERNELS, op.name
+        assert op.doc, f"{op.name} must say why it is in the atomic set"
+
+
+UNARY = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
+    "floor": np.floor, "ceil": np.ceil, "round": np.round, "neg": np.negative, "abs": np.abs,
+    "sign": np.sign, "reciprocal": np.reciprocal, "rsqrt": lambda x: 1 / np.sqrt(x),
+    "sigmoid": lambda x: torch.sigmoid(torch.from_numpy(x)).numpy(),
+    "erf": lambda x: torch.erf(torch.from_numpy(x)).numpy(),
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(op: str) -> None:
+    x = np.linspace(0.1 if op in ("log", "sqrt", "rsqrt") else -60, 60, 257, dtype=np.float32)
+    (got,) = interpret(_graph(op, [TensorSpec(x.shape, "float32")]), [x])
+    with np.errstate(all="ignore"):
+        want = UNARY[op](x)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    assert not np.isnan(got).any()
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "mod"])
+def test_binary_broadcasts(op: str) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0.5, 2, (2, 1, 4)).astype(np.float32)
+    b = rng.uniform(0.5, 2, (3, 1)).astype(np.float32)
+    (got,) = interpret(_graph(op, [TensorSpec(a.shape, "float32"), TensorSpec(b.shape, "float32")]), [a, b])
+    ref = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+           "minimum": np.minimum, "pow": np.power, "mod": np.remainder}[op]
+    assert got.shape == (2, 3, 4)
+    np.testing.assert_allclose(got, ref(a, b), rtol=1e-6)
+
+
+def test_integer_division_rounding_modes() -> None:
+    a = np.array([7, -7, 7, -7], dtype=np.int64)
+    b = np.array([2, 2, -2, -2], dtype=np.int64)
+    specs = [TensorSpec((4,), "int64")] * 2
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    for rounding, torch_mode in (("trunc", "trunc"), ("floor", "floor"), ("none", "trunc")):
+        (got,) = interpret(_graph("div", specs, rounding=rounding), [a, b])
+        np.testing.assert_array_equal(got, torch.div(ta, tb, rounding_mode=torch_mode).numpy())
+    with pytest.raises(EdgerunError, match="division by zero"):
+        interpret(_graph("div", specs), [a, np.zeros(4, np.int64)])
+
+
+def test_comparisons_where_cast() -> None:
+    a = np.array([1.5, -2.5, 3.0, np.nan], dtype=np.float32)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((4,), "float32"))
+    mask = b.emit("gt", [x, b.scalar(0.0, x)])
+    picked = b.emit("where", [mask, x, b.scalar(-1.0, x)])
+    as_int = b.emit("cast", [picked], dtype="int32")
+    g.outputs = [mask, as_int]
+    got_mask, got_int = interpret(g, [a])
+    np.testing.assert_array_equal(got_mask, [True, False, True, False])
+    np.testing.assert_array_equal(got_int, [1, -1, 3, -1])
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"])
+@pytest.mark.parametrize(("axes", "keep"), [([1], False), ([0, 2], True), (None, False), ([-1], True)])
+def test_reductions(op: str, axes: list[int] | None, keep: bool) -> None:
+    x = np.random.default_rng(2).standard_normal((3, 4, 5)).astype(np.float32)
+    (got,) = interpret(_graph(op, [TensorSpec(x.shape, "float32")], axes=axes, keepdims=keep), [x])
+    fn = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min}[op]
+    np.testing.assert_allclose(got, fn(x, axis=None if axes is None else tuple(axes), keepdims=keep), rtol=1e-5)
+
+
+def test_argmax_ties_and_last_index() -> None:
+    x = np.array([[1, 3, 3], [2, 2, 0]], dtype=np.float32)
+    spec = [TensorSpec(x.shape, "float32")]
+    (first,) = interpret(_graph("argmax", spec, axis=1), [x])
+    (last,) = interpret(_graph("argmax", spec, axis=1, select_last_index=True), [x])
+    np.testing.assert_array_equal(first, [1, 0])
+    np.testing.assert_array_equal(last, [2, 1])
+    assert first.dtype == np.int64
+
+
+def test_matmul_batched_broadcast() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 1, 4, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 5, 6)).astype(np.float32)
+    (got,) = interpret(_graph("matmul", [TensorSpec(a.shape, "float32"), TensorSpec(b.shape, "float32")]), [a, b])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_and_pool_against_torch() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 4, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((8, 2, 3, 3)).astype(np.float32)
+    specs = [TensorSpec(x.shape, "float32"), TensorSpec(w.shape, "float32")]
+    (got,) = interpret(_graph("conv2d", specs, stride=[2, 1], padding=[1, 1, 1, 1], dilation=[2, 1], groups=2),
+                       [x, w])
+    want = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=(2, 1), padding=1, dilation=(2, 1), groups=2)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+    (mp,) = interpret(_graph("max_pool2d", specs[:1], kernel=[3, 2], stride=[2, 2], padding=[1, 1, 1, 1],
+                             ceil_mode=True), [x])
+    np.testing.assert_array_equal(mp, F.max_pool2d(torch.from_numpy(x), (3, 2), 2, 1, ceil_mode=True).numpy())
+
+
+def test_gather_negative_and_out_of_range() -> None:
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    idx = np.array([[0, -1], [2, 1]], dtype=np.int64)
+    g = _graph("gather", [TensorSpec(data.shape, "float32"), TensorSpec(idx.shape, "int64")], axis=0)
+    (got,) = interpret(g, [data, idx])
+    assert got.shape == (2, 2, 3)
+    np.testing.assert_array_equal(got[0, 1], data[3])
+    with pytest.raises(EdgerunError, match="out of range"):
+        interpret(g, [data, np.array([[0, 4], [0, 0]], dtype=np.int64)])
+
+
+def test_raster_regions_are_bounds_checked() -> None:
+    spec = TensorSpec((4,), "float32")
+    with pytest.raises(ValueError, match="leaves its source"):
+        infer_specs("raster", [spec], {"regions": [[0, 2, 0, 0, 1, 0, 0, 0, 1, 1, 1, 3]], "shape": [3]})
+    with pytest.raises(ValueError, match="leaves its output"):
+        infer_specs("raster", [spec], {"regions": [[0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 3]], "shape": [3]})
+
+
+def test_shape_rules_reject_bad_inputs() -> None:
+    f = TensorSpec((2, 3), "float32")
+    with pytest.raises(ValueError, match="one dtype"):
+        infer_specs("add", [f, TensorSpec((2, 3), "int32")], {})
+    with pytest.raises(ValueError, match="broadcast"):
+        infer_specs("add", [f, TensorSpec((4,), "float32")], {})
+    with pytest.raises(ValueError, match="inner dimensions"):
+        infer_specs("matmul", [f, f], {})
+    with pytest.raises(ValueError, match="takes 2 inputs"):
+        infer_specs("add", [f], {})
+
+
+def test_verifier_names_the_broken_invariant() -> None:
+    g = Graph()
+    x = g.add_input("x", TensorSpec((2,), "float32"))
+    g.add_node("frobnicate", [x], [TensorSpec((2,), "float32")])
+    with pytest.raises(VerificationError, match="frobnicate"):
+        verify(g)
+
+    g = Graph()
+    x = g.add_input("x", TensorSpec((2,), "float32"))
+    g.add_node("exp", ["ghost"], [TensorSpec((2,), "float32")])
+    with pytest.raises(VerificationError, match="ghost"):
+        verify(g)
+
+    g = Graph()
+    x = g.add_input("x", TensorSpec((2,), "float32"))
+    (_y,) = g.add_node("exp", [x], [TensorSpec((3,), "float32")])
+    with pytest.raises(VerificationError, match="its op makes"):
+        verify(g)
+
+    g = Graph()
+    x = g.add_input("x", TensorSpec((2,), "float32"))
+    g.outputs = ["nowhere"]
+    with pytest.raises(VerificationError, match="never defined"):
+        verify(g)
+
+
+def test_bad_user_inputs_get_clear_errors() -> None:
+    g = _graph("exp", [TensorSpec((2, 3), "float32")])
+    with pytest.raises(EdgerunError, match="shape"):
+        interpret(g, [np.zeros((3, 2), np.float32)])
+    with pytest.raises(EdgerunError, match="takes 1 inputs"):
+        interpret(g, [])
+    with pytest.raises(EdgerunError, match="must be float32"):
+        interpret(g, [np.zeros((2, 3), np.complex64)])
