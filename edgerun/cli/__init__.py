@@ -12,6 +12,7 @@ from edgerun.errors import EdgerunError
 # Each module exposes `register(subparsers: argparse._SubParsersAction) -> None` and sets
 # `func` on its parsers via `set_defaults(func=...)`; func(args) returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
+    "edgerun.cli.ops",
     "edgerun.cli.fleet",
     "edgerun.cli.stream",
 )
