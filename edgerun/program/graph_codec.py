@@ -1,0 +1,181 @@
+"""The graph as a JSON document, and back, checking on the way back that the graph is well formed.
+
+Well formed here means structural: every field has the right type and size, every value is defined once
+(a graph input, a constant or one node output), everything referenced is defined, and every defined value
+has a spec. What an op means (attribute names, shape rules) is the IR verifier's business, so unknown ops
+load fine. The writer runs the same checks on what it is about to write, so a saved program always loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from edgerun.errors import ProgramFormatError
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph, Node
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
+from edgerun.program.format import (
+    MAX_ATTRS_PER_NODE,
+    MAX_DIM,
+    MAX_ELEMENTS,
+    MAX_META_PER_NODE,
+    MAX_NODE_INPUTS,
+    MAX_NODE_OUTPUTS,
+    MAX_NODES,
+    MAX_RANK,
+    MAX_STRING_LENGTH,
+    MAX_VALUES,
+)
+
+_DTYPES = {d.value: d for d in DType}
+
+
+# -- small checkers shared with the segment table -----------------------------------------------------------
+def check_keys(obj: object, what: str, required: Iterable[str], optional: Iterable[str] = (),
+               allow_unknown: bool = False) -> dict[str, Any]:
+    """obj is a dict with every required key; unknown keys only where a newer minor version may add them."""
+    if type(obj) is not dict:
+        raise ProgramFormatError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    required = tuple(required)
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ProgramFormatError(f"{what} is missing {', '.join(map(repr, missing))}")
+    if not allow_unknown:
+        known = set(required) | set(optional)
+        unknown = [k for k in obj if k not in known]
+        if unknown:
+            raise ProgramFormatError(f"{what} has unknown key {unknown[0][:80]!r}")
+    return obj
+
+
+def check_list(obj: object, what: str, max_length: int) -> list[Any]:
+    if type(obj) is not list:
+        raise ProgramFormatError(f"{what} must be a JSON list, got {type(obj).__name__}")
+    if len(obj) > max_length:
+        raise ProgramFormatError(f"{what} has {len(obj)} entries, limit {max_length}")
+    return obj
+
+
+def check_int(obj: object, what: str, low: int, high: int) -> int:
+    if type(obj) is not int:  # bool is an int subclass in Python; JSON true is not a number
+        raise ProgramFormatError(f"{what} must be an integer, got {type(obj).__name__}")
+    if not low <= obj <= high:
+        raise ProgramFormatError(f"{what} is {obj}, outside [{low}, {high}]")
+    return obj
+
+
+def decode_dtype(obj: object, what: str) -> DType:
+    if type(obj) is not str or obj not in _DTYPES:
+        raise ProgramFormatError(f"{what}: unknown dtype {str(obj)[:40]!r}, expected one of {sorted(_DTYPES)}")
+    return _DTYPES[obj]
+
+
+def decode_shape(obj: object, what: str) -> tuple[int, ...]:
+    dims = check_list(obj, f"{what} shape", MAX_RANK)
+    numel = 1
+    for i, d in enumerate(dims):
+        numel *= check_int(d, f"{what} dimension {i}", 0, MAX_DIM)
+        if numel > MAX_ELEMENTS:
+            raise ProgramFormatError(f"{what} shape {dims} has more than {MAX_ELEMENTS} elements")
+    return tuple(dims)
+
+
+def decode_spec(obj: object, what: str, allow_unknown: bool = False) -> TensorSpec:
+    spec = check_keys(obj, what, ("dtype", "shape"), (), allow_unknown)
+    return TensorSpec(decode_shape(spec["shape"], what), decode_dtype(spec["dtype"], what))
+
+
+def encode_spec(spec: TensorSpec) -> dict[str, Any]:
+    return {"dtype": spec.dtype.value, "shape": list(spec.shape)}
+
+
+# -- graph --------------------------------------------------------------------------------------------------
+def encode_graph(graph: Graph) -> dict[str, Any]:
+    """The JSON form of everything in a Graph except the constant data (which goes to segments)."""
+    nodes = []
+    for i, n in enumerate(graph.nodes):
+        what = f"node {i} ({n.name or n.op})"
+        nodes.append({
+            "op": n.op, "name": n.name, "inputs": list(n.inputs), "outputs": list(n.outputs),
+            "attrs": to_json_value(n.attrs, f"{what} attrs"), "meta": to_json_value(n.meta, f"{what} meta"),
+        })
+    return {
+        "inputs": list(graph.inputs),
+        "outputs": list(graph.outputs),
+        "values": {name: encode_spec(spec) for name, spec in graph.specs.items()},
+        "nodes": nodes,
+    }
+
+
+def _decode_names(obj: object, what: str, max_length: int, allow_empty: bool = False) -> list[str]:
+    names = check_list(obj, what, max_length)
+    for i, name in enumerate(names):
+        check_string(name, f"{what}[{i}]")
+        if not name and not allow_empty:
+            raise ProgramFormatError(f"{what}[{i}] is an empty name")
+    return names
+
+
+def _decode_node(obj: object, index: int, allow_unknown: bool) -> Node:
+    what = f"node {index}"
+    node = check_keys(obj, what, ("op", "inputs", "outputs"), ("name", "attrs", "meta"), allow_unknown)
+    op = check_string(node["op"], f"{what} op")
+    name = check_string(node.get("name", ""), f"{what} name")
+    what = f"node {index} ({name or op})"
+    # An empty input name marks an omitted optional input (ONNX's convention); outputs always have names.
+    inputs = _decode_names(node["inputs"], f"{what} inputs", MAX_NODE_INPUTS, allow_empty=True)
+    outputs = _decode_names(node["outputs"], f"{what} outputs", MAX_NODE_OUTPUTS)
+    attrs = node.get("attrs", {})
+    if type(attrs) is not dict or len(attrs) > MAX_ATTRS_PER_NODE:
+        raise ProgramFormatError(f"{what} attrs must be a JSON object of at most {MAX_ATTRS_PER_NODE} entries")
+    check_json_value(attrs, f"{what} attrs")
+    meta = node.get("meta", {})
+    if type(meta) is not dict or len(meta) > MAX_META_PER_NODE:
+        raise ProgramFormatError(f"{what} meta must be a JSON object of at most {MAX_META_PER_NODE} entries")
+    for key, value in meta.items():
+        check_string(key, f"{what} meta key")
+        check_string(value, f"{what} meta[{key!r}]", MAX_STRING_LENGTH)
+    return Node(op, inputs, outputs, attrs, meta, name=name)
+
+
+def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool = False) -> Graph:
+    """Rebuild a Graph (without constant data) from its JSON form, rejecting anything malformed."""
+    doc = check_keys(obj, "graph", ("inputs", "outputs", "values", "nodes"), (), allow_unknown)
+    inputs = _decode_names(doc["inputs"], "graph inputs", MAX_VALUES)
+    outputs = _decode_names(doc["outputs"], "graph outputs", MAX_VALUES)
+    values = doc["values"]
+    if type(values) is not dict or len(values) > MAX_VALUES:
+        raise ProgramFormatError(f"graph values must be a JSON object of at most {MAX_VALUES} entries")
+    specs = {}
+    for name, spec in values.items():
+        check_string(name, "value name")
+        specs[name] = decode_spec(spec, f"value {name[:80]!r}", allow_unknown)
+    nodes = [_decode_node(n, i, allow_unknown) for i, n in enumerate(check_list(doc["nodes"], "graph nodes",
+                                                                                  MAX_NODES))]
+
+    defined_by: dict[str, str] = {}
+
+    def define(name: str, by: str) -> None:
+        if name in defined_by:
+            raise ProgramFormatError(f"value {name[:80]!r} is defined twice: by {defined_by[name]} and by {by}")
+        if name not in specs:
+            raise ProgramFormatError(f"value {name[:80]!r} (defined by {by}) has no spec in graph values")
+        defined_by[name] = by
+
+    for name in inputs:
+        define(name, "a graph input")
+    for name in constant_names:
+        define(name, "a weight segment")
+    for i, node in enumerate(nodes):
+        for name in node.outputs:
+            define(name, f"node {i} ({node.name or node.op})")
+    for i, node in enumerate(nodes):
+        for name in node.inputs:
+            if name and name not in defined_by:
+                raise ProgramFormatError(f"node {i} ({node.name or node.op}) uses undefined value {name[:80]!r}")
+    for name in outputs:
+        if name not in defined_by:
+            raise ProgramFormatError(f"graph output {name[:80]!r} is not defined")
+    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs)

@@ -1,0 +1,81 @@
+"""Zero-copy loading: with mmap=True weights are read-only views of one map of the file."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+from program_testkit import build_sample_graph, split_program
+
+from edgerun.errors import ProgramFormatError
+from edgerun.program import Program
+
+
+def _root_buffer(array: np.ndarray) -> object:
+    base: object = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "m.edgr"
+    Program(build_sample_graph()).save(path)
+    return path
+
+
+def test_weights_are_views_of_the_file_map_not_copies(saved) -> None:
+    program = Program.read(saved, mmap=True)
+    header, document, _ = split_program(saved.read_bytes())
+    roots = {id(_root_buffer(a)) for a in program.graph.constants.values()}
+    assert len(roots) == 1  # every weight hangs off the same map
+    the_map = _root_buffer(program.graph.constants["w_f32"])
+    assert isinstance(the_map, mmap.mmap)
+    assert len(the_map) == saved.stat().st_size
+    # Each array's memory is the map's memory at data_offset + the segment's offset.
+    map_start = np.frombuffer(the_map, np.uint8).ctypes.data
+    for seg in document["segments"]:
+        array = program.graph.constants[seg["name"]]
+        if array.size:
+            assert array.ctypes.data == map_start + header.data_offset + seg["offset"], seg["name"]
+
+
+def test_mapped_weights_are_read_only(saved) -> None:
+    array = Program.read(saved).graph.constants["w_f32"]
+    assert not array.flags.writeable
+    with pytest.raises(ValueError):
+        array[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        array.flags.writeable = True  # numpy refuses: the underlying map is read-only
+
+
+def test_from_bytes_weights_are_read_only_views_of_the_bytes() -> None:
+    raw = Program(build_sample_graph()).to_bytes()
+    array = Program.from_bytes(raw).graph.constants["w_i64"]
+    assert _root_buffer(array) is raw
+    assert not array.flags.writeable
+
+
+def test_read_without_mmap_owns_its_bytes(saved) -> None:
+    array = Program.read(saved, mmap=False).graph.constants["w_f32"]
+    assert isinstance(_root_buffer(array), bytes)
+    assert not array.flags.writeable
+
+
+def test_fast_load_skips_weight_hashing_but_still_checks_the_graph(saved) -> None:
+    raw = bytearray(saved.read_bytes())
+    header, document, _ = split_program(bytes(raw))
+    seg = next(s for s in document["segments"] if s["name"] == "w_f32")
+    raw[header.data_offset + seg["offset"]] ^= 0xFF  # corrupt a weight byte
+    saved.write_bytes(bytes(raw))
+    fast = Program.read(saved, verify_weights=False)
+    assert fast.file_info is not None and not fast.file_info.weights_verified
+    assert fast.graph.constants["w_f32"].tobytes() != Program(build_sample_graph()).graph.constants["w_f32"].tobytes()
+    with pytest.raises(ProgramFormatError, match="w_f32"):
+        Program.read(saved)  # the default verifies everything
+    raw[header.graph_offset + 10] ^= 0x01
+    saved.write_bytes(bytes(raw))
+    with pytest.raises(ProgramFormatError, match="checksum"):
+        Program.read(saved, verify_weights=False)
