@@ -18,6 +18,7 @@ from edgerun.errors import (
     BackendUnavailableError,
     EdgerunError,
     ProgramFormatError,
+    RemoteError,
     UnsupportedOpError,
     VerificationError,
 )
@@ -30,6 +31,7 @@ _LAZY = {
     "export": "edgerun.frontends.torch:export",
     "from_onnx": "edgerun.frontends.onnx:from_onnx",
     "load": "edgerun.runtime:load",
+    "connect": "edgerun.remote.client:connect",
 }
 
 
@@ -48,9 +50,11 @@ __all__ = [
     "EdgerunError",
     "Program",
     "ProgramFormatError",
+    "RemoteError",
     "UnsupportedOpError",
     "VerificationError",
     "__version__",
+    "connect",
     "export",
     "from_onnx",
     "load",

@@ -36,3 +36,15 @@ class ProgramFormatError(EdgerunError):
 
 class BackendUnavailableError(EdgerunError):
     """A backend was asked for that is not installed; the message names the extra to install."""
+
+
+class RemoteError(EdgerunError):
+    """An exception raised on a remote device; carries the device's own traceback."""
+
+    def __init__(self, message: str, *, remote_type: str = "", remote_traceback: str = "") -> None:
+        text = message
+        if remote_traceback:
+            text += f"\n--- traceback on the device ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
