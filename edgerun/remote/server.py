@@ -183,7 +183,8 @@ class DeviceServer:
     def _put(self, args: dict[str, Any], tensors: list[np.ndarray]) -> Reply:
         s = self._session(args)
         self.sessions.admit(s, len(tensors), sum(t.nbytes for t in tensors))
-        return {"handles": [self.sessions.store_tensor(s, t.copy()) for t in tensors]}, []
+        # Kept as read-only views of the received frames (no copy); `call(out=...)` copies one on first write.
+        return {"handles": [self.sessions.store_tensor(s, t) for t in tensors]}, []
 
     def _empty(self, args: dict[str, Any], tensors: list[np.ndarray]) -> Reply:
         s = self._session(args)
@@ -233,6 +234,8 @@ class DeviceServer:
                 raise EdgerunError(f"'out' must list {len(outs)} handles")
             for h, value in zip(out_handles, outs):
                 dst = self.sessions.tensor(s, h)
+                if not dst.flags.writeable:
+                    dst = s.tensors[h] = dst.copy()
                 if dst.shape != value.shape or dst.dtype != value.dtype:
                     raise EdgerunError(f"out tensor {h} is {dst.dtype}{list(dst.shape)}, "
                                        f"the result is {value.dtype}{list(value.shape)}")

@@ -37,6 +37,9 @@ def test_upload_tensor_empty_function_out_and_fetch(server: ServerProcess) -> No
         out = remote.empty((4, 16), "float32")
         remote.function("mlp")(xt, out=out)
         np.testing.assert_array_equal(out.numpy(), want)
+        uploaded_out = remote.tensor(np.zeros((4, 16), np.float32))  # received frames are read-only views
+        remote.function("mlp")(xt, out=uploaded_out)
+        np.testing.assert_array_equal(uploaded_out.numpy(), want)
         (fetched,) = remote.function("mlp")(x, fetch=True)
         np.testing.assert_array_equal(fetched, want)
         (kept,) = remote.function("mlp")(xt)
