@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +56,12 @@ def _step(msg: str) -> None:
     print(f"\n== {msg}", flush=True)
 
 
-def _device_run(program: Path, batches: list[tuple[np.ndarray, ...]], work: Path) -> tuple[np.ndarray, dict]:
+def _device_run(program: Path, batches: list[tuple[np.ndarray, ...]], work: Path) -> tuple[np.ndarray, dict[str, Any]]:
     feeds = work / "feeds.npz"
-    arrays = {f"in{i}_{k}": a for i, b in enumerate(batches) for k, a in enumerate(b)}
-    np.savez(feeds, count=len(batches), arity=len(batches[0]), **arrays)
+    arrays: dict[str, np.ndarray] = {f"in{i}_{k}": a for i, b in enumerate(batches) for k, a in enumerate(b)}
+    arrays["count"] = np.asarray(len(batches))
+    arrays["arity"] = np.asarray(len(batches[0]))
+    np.savez(feeds, **arrays)  # type: ignore[arg-type]
     out = work / "out.npy"
     proc = subprocess.run([sys.executable, "-c", _DEVICE_SIDE, str(program), str(feeds), str(out)],
                           capture_output=True, text=True, check=False)
@@ -67,7 +70,7 @@ def _device_run(program: Path, batches: list[tuple[np.ndarray, ...]], work: Path
     return np.load(out), json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _export(name: str, work: Path) -> tuple[Path, object, tuple]:
+def _export(name: str, work: Path) -> tuple[Path, Any, tuple[Any, ...]]:
     import edgerun
     import edgerun.zoo
 
