@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ServerProcess
+from remote_testkit import ServerProcess
 
 import edgerun
 from edgerun.errors import EdgerunError, RemoteError

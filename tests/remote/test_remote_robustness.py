@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ServerProcess, start_server
+from remote_testkit import ServerProcess, start_server
 from test_remote_api import _mlp_program
 
 import edgerun

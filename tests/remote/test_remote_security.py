@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from conftest import ServerProcess, start_server
+from remote_testkit import ServerProcess, start_server
 
 import edgerun
 from edgerun.cli import build_parser
