@@ -1,0 +1,184 @@
+"""The cloud end of the tunnel: a FastAPI router the fleet server mounts at /v1/stream.
+
+Each batch is zstd-compressed JSON; records are inserted with ON CONFLICT (record_id) DO NOTHING, so a
+batch the device resends after a crash is stored once (at-least-once delivery + idempotent storage =
+exactly-once storage). Works on the fleet server's engine: SQLite by default, PostgreSQL by URL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+import zstandard
+from fastapi import APIRouter, HTTPException, Request
+from sqlalchemy.dialects import postgresql, sqlite
+from starlette.concurrency import run_in_threadpool
+
+MAX_BATCH_BYTES = 16 * 1024 * 1024  # decompressed; a zstd bomb must not exhaust the server's memory
+MAX_RECORDS_PER_BATCH = 10_000
+
+metadata = sa.MetaData()
+
+stream_records = sa.Table(
+    "stream_records", metadata,
+    sa.Column("record_id", sa.String(64), primary_key=True),
+    sa.Column("device_id", sa.String(200), nullable=False, index=True),
+    sa.Column("task_id", sa.String(200), nullable=False, index=True),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("received_ms", sa.BigInteger, nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+)
+
+stream_batches = sa.Table(
+    "stream_batches", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("device_id", sa.String(200), nullable=False),
+    sa.Column("received_ms", sa.BigInteger, nullable=False),
+    sa.Column("compressed_bytes", sa.Integer, nullable=False),
+    sa.Column("records", sa.Integer, nullable=False),
+    sa.Column("stored", sa.Integer, nullable=False),
+    sa.Column("duplicates", sa.Integer, nullable=False),
+)
+
+VerifyDevice = Callable[[str, str], bool]
+
+
+def create_tables(engine: sa.Engine) -> None:
+    try:
+        metadata.create_all(engine)
+    except sa.exc.DBAPIError:
+        metadata.create_all(engine)  # another server process created them between the check and the create
+
+
+def _insert_ignoring_duplicates(dialect: str) -> Any:
+    if dialect == "postgresql":
+        return postgresql.insert(stream_records).on_conflict_do_nothing(index_elements=["record_id"])
+    if dialect == "sqlite":
+        return sqlite.insert(stream_records).on_conflict_do_nothing(index_elements=["record_id"])
+    raise NotImplementedError(f"stream storage supports sqlite and postgresql, not {dialect}")
+
+
+def decode_batch(body: bytes, content_encoding: str | None) -> dict[str, Any]:
+    if (content_encoding or "").lower() == "zstd":
+        try:
+            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_BATCH_BYTES)
+        except zstandard.ZstdError as exc:
+            raise HTTPException(400, f"bad zstd body: {exc}") from exc
+        if len(body) > MAX_BATCH_BYTES:
+            raise HTTPException(413, "batch too large")
+    try:
+        batch = json.loads(body)
+    except ValueError as exc:
+        raise HTTPException(400, f"bad JSON body: {exc}") from exc
+    if not isinstance(batch, dict) or not isinstance(batch.get("device_id"), str) \
+            or not isinstance(batch.get("records"), list):
+        raise HTTPException(400, "a batch is {'device_id': str, 'records': [...]}")
+    if len(batch["records"]) > MAX_RECORDS_PER_BATCH:
+        raise HTTPException(413, f"at most {MAX_RECORDS_PER_BATCH} records per batch")
+    return batch
+
+
+def _rows(device_id: str, records: list[Any], received_ms: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for record in records:
+        try:
+            rows.append({"record_id": str(record["record_id"]), "device_id": device_id,
+                         "task_id": str(record["task_id"]), "created_ms": int(record["created_ms"]),
+                         "received_ms": received_ms,
+                         "payload": json.dumps(record["payload"], separators=(",", ":"), sort_keys=True)})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HTTPException(400, f"malformed record {record!r}: {exc}") from exc
+        if not 0 < len(rows[-1]["record_id"]) <= 64:
+            raise HTTPException(400, "record_id must be 1 to 64 characters")
+    return rows
+
+
+def store_batch(engine: sa.Engine, device_id: str, records: list[Any], compressed_bytes: int) -> dict[str, int]:
+    """Stores a batch's records once each; returns how many were new and how many were seen before."""
+    received_ms = time.time_ns() // 1_000_000
+    rows = _rows(device_id, records, received_ms)
+    unique = list({row["record_id"]: row for row in rows}.values())
+    with engine.begin() as conn:
+        stored = 0
+        if unique:
+            # RETURNING names the rows this statement inserted, so the count stays right when two server
+            # processes store the same resent batch at the same moment.
+            insert = _insert_ignoring_duplicates(engine.dialect.name).returning(stream_records.c.record_id)
+            stored = len(conn.execute(insert, unique).all())
+        result = {"stored": stored, "duplicates": len(rows) - stored}
+        conn.execute(sa.insert(stream_batches).values(
+            device_id=device_id, received_ms=received_ms, compressed_bytes=compressed_bytes,
+            records=len(rows), **result))
+    return result
+
+
+def _bearer(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if not auth.lower().startswith("bearer "):
+        raise HTTPException(401, "missing bearer token")
+    return auth[7:].strip()
+
+
+def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
+                 verify_admin: Callable[[str], bool] | None = None) -> APIRouter:
+    """The /v1/stream routes on `engine`.
+
+    `verify_device(device_id, token)` checks a device's bearer token (the fleet passes its own device
+    tokens). With it, uploads need the device's token, and reads need either an admin token
+    (`verify_admin(token)`) or the token of the device named by `device_id=`, which then sees only its own
+    records. Without it (tests, local demos) every request is accepted.
+    """
+    create_tables(engine)
+    router = APIRouter(tags=["stream"])
+
+    def authenticate(request: Request, device_id: str) -> None:
+        if verify_device is not None and not verify_device(device_id, _bearer(request)):
+            raise HTTPException(403, "this token does not belong to that device")
+
+    def authorize_read(request: Request, device_id: str | None) -> None:
+        if verify_device is None:
+            return
+        token = _bearer(request)
+        if verify_admin is not None and verify_admin(token):
+            return
+        if device_id is None or not verify_device(device_id, token):
+            raise HTTPException(403, "reading needs an admin token, or a device token and that device's id")
+
+    @router.post("/batches")
+    async def receive_batch(request: Request) -> dict[str, int]:
+        body = await request.body()
+        batch = decode_batch(body, request.headers.get("content-encoding"))
+        authenticate(request, batch["device_id"])
+        # The database work is blocking; run it off the event loop as a sync endpoint would be.
+        return await run_in_threadpool(store_batch, engine, batch["device_id"], batch["records"], len(body))
+
+    @router.get("/records")
+    def list_records(request: Request, task_id: str | None = None, device_id: str | None = None,
+                     limit: int = 1000) -> list[dict[str, Any]]:
+        authorize_read(request, device_id)
+        query = sa.select(stream_records).order_by(stream_records.c.received_ms, stream_records.c.record_id)
+        if task_id is not None:
+            query = query.where(stream_records.c.task_id == task_id)
+        if device_id is not None:
+            query = query.where(stream_records.c.device_id == device_id)
+        with engine.connect() as conn:
+            rows = conn.execute(query.limit(max(1, min(limit, 100_000)))).mappings().all()
+        return [{**row, "payload": json.loads(row["payload"])} for row in rows]
+
+    @router.get("/stats")
+    def stats(request: Request) -> dict[str, int]:
+        if verify_device is not None and not (verify_admin is not None and verify_admin(_bearer(request))):
+            raise HTTPException(403, "admin token required")
+        with engine.connect() as conn:
+            records = conn.execute(sa.select(sa.func.count()).select_from(stream_records)).scalar_one()
+            batches = conn.execute(sa.select(
+                sa.func.count(), sa.func.coalesce(sa.func.sum(stream_batches.c.duplicates), 0),
+                sa.func.coalesce(sa.func.sum(stream_batches.c.compressed_bytes), 0))).one()
+        return {"records": int(records), "batches": int(batches[0]), "duplicates_received": int(batches[1]),
+                "compressed_bytes": int(batches[2])}
+
+    return router

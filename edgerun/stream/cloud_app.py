@@ -1,0 +1,69 @@
+"""A standalone cloud end: the stream router alone in a FastAPI app, for the tunnel tests and local demos.
+
+    python -m edgerun.stream.cloud_app --db sqlite:///cloud.db --port 8765
+
+In production the fleet server mounts the same router (edgerun/fleet/stream_mount.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+
+import sqlalchemy as sa
+from fastapi import FastAPI
+
+from edgerun.stream.cloud import build_router
+
+
+def sqlite_engine(url: str) -> sa.Engine:
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    return engine
+
+
+def create_app(db_url: str, device_tokens: dict[str, str] | None = None, admin_token: str | None = None) -> FastAPI:
+    """`device_tokens` (device id → token) turns authentication on, as the fleet server has it."""
+    engine = sqlite_engine(db_url) if db_url.startswith("sqlite") else sa.create_engine(db_url)
+    verify_device = verify_admin = None
+    if device_tokens is not None:
+        tokens = dict(device_tokens)
+
+        def verify_device(device_id: str, token: str) -> bool:
+            expected = tokens.get(device_id)
+            return expected is not None and hmac.compare_digest(expected, token)
+
+        def verify_admin(token: str) -> bool:
+            return admin_token is not None and hmac.compare_digest(admin_token, token)
+
+    app = FastAPI(title="edgerun stream cloud end")
+    app.include_router(build_router(engine, verify_device, verify_admin), prefix="/v1/stream")
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--db", required=True, help="SQLAlchemy URL, e.g. sqlite:////tmp/cloud.db")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--device-token", action="append", default=[], metavar="DEVICE=TOKEN",
+                        help="accept this device with this token (turns authentication on)")
+    parser.add_argument("--admin-token", help="token that may read every record")
+    args = parser.parse_args()
+    tokens = dict(item.split("=", 1) for item in args.device_token) if args.device_token else None
+    uvicorn.run(create_app(args.db, tokens, args.admin_token), host=args.host, port=args.port,
+                log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
