@@ -13,8 +13,14 @@ from edgerun.errors import EdgerunError
 # `func` on its parsers via `set_defaults(func=...)`; func(args) returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
     "edgerun.cli.ops",
+    "edgerun.cli.remote",
+    "edgerun.cli.runtime",
     "edgerun.cli.fleet",
     "edgerun.cli.stream",
+    "edgerun.cli.devtools",
+    "edgerun.cli.onnx",
+    "edgerun.cli.search",
+    "edgerun.cli.zoo",
 )
 
 

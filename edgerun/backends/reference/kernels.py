@@ -305,6 +305,10 @@ def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
             continue
         s = flats[src]
         item = s.itemsize
-        view_in = as_strided(s[soff:], (n0, n1, n2), (s0 * item, s1 * item, s2 * item), writeable=False)
-        view_out = as_strided(flat_out[doff:], (n0, n1, n2), (d0 * item, d1 * item, d2 * item))
-        view_out[...] = view_in
+        # ndarray over the flat buffers rather than as_strided: bounds-checked, and far cheaper to make on
+        # memory-mapped constants (as_strided takes ~80 us there).
+        view_in = np.ndarray((n0, n1, n2), s.dtype, buffer=s, offset=soff * item,
+                             strides=(s0 * item, s1 * item, s2 * item))
+        view_out = np.ndarray((n0, n1, n2), flat_out.dtype, buffer=flat_out, offset=doff * item,
+                              strides=(d0 * item, d1 * item, d2 * item))
+        np.copyto(view_out, view_in)

@@ -1,0 +1,125 @@
+"""LoadedProgram: a program made runnable, called like a function on numpy arrays."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edgerun.backends.base import Backend, CompiledPartition
+from edgerun.backends.reference.interpreter import bind_inputs
+from edgerun.errors import EdgerunError
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.runtime.executor import Executor
+from edgerun.runtime.instructions import EventSink, Instruction
+from edgerun.runtime.memory_plan import ArenaPlan
+from edgerun.runtime.partition import Partition
+
+if TYPE_CHECKING:
+    from edgerun.program import Program
+
+
+@dataclass(frozen=True)
+class LoadedParts:
+    """Everything load() produced, kept for the tools (`edgerun plan`, `edgerun info`, the profiler)."""
+
+    graph: Graph  # as executed: composites decomposed
+    partitions: list[Partition]
+    compiled: list[CompiledPartition]
+    plan: ArenaPlan
+    arena: np.ndarray  # the one uint8 buffer every planned value lives in
+    views: dict[str, np.ndarray]  # value name -> array (arena views, constants, views of constants)
+    instructions: list[Instruction]
+    program: Program | None
+    backends: dict[str, Backend]  # every backend placement could use, by name
+    output_names: list[str]  # the program's names for its outputs (decomposition may rename values)
+
+
+class LoadedProgram:
+    """Call with positional arrays (`m(x, y)`) or by input name (`m(x=..., y=...)`).
+
+    Returns a single numpy array when the program has one output, else a tuple in output order. Returned
+    arrays are fresh copies (the arena is reused by the next call). Inputs are checked against the program's
+    specs; a dtype that converts safely (same kind, e.g. float64 to float32) is converted. Calls are
+    serialised by a lock: one arena, one call at a time; load twice to run in parallel.
+    """
+
+    def __init__(self, parts: LoadedParts) -> None:
+        self.parts = parts
+        self.graph = parts.graph
+        self.program = parts.program
+        self.plan = parts.plan
+        self._executor = Executor(parts.instructions)
+        self._input_views = [parts.views[n] for n in self.graph.inputs]
+        self._output_views = [parts.views[n] for n in self.graph.outputs]
+        self._lock = threading.Lock()
+
+    # -- description -------------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.parts.output_names)
+
+    @property
+    def input_specs(self) -> dict[str, TensorSpec]:
+        return {n: self.graph.specs[n] for n in self.graph.inputs}
+
+    @property
+    def output_specs(self) -> dict[str, TensorSpec]:
+        return {n: self.graph.specs[v] for n, v in zip(self.parts.output_names, self.graph.outputs)}
+
+    @property
+    def instructions(self) -> list[Instruction]:
+        return self.parts.instructions
+
+    @property
+    def partitions(self) -> list[Partition]:
+        return self.parts.partitions
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.plan.arena_bytes
+
+    def __repr__(self) -> str:
+        backends = sorted({p.backend for p in self.partitions})
+        return (f"<LoadedProgram {len(self.graph.inputs)} inputs, {len(self.graph.outputs)} outputs, "
+                f"{len(self.instructions)} instructions on {', '.join(backends) or 'nothing'}, "
+                f"arena {self.plan.arena_bytes} B>")
+
+    # -- running -----------------------------------------------------------------------------------------
+    def __call__(self, *arrays: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        if arrays and named:
+            raise EdgerunError("pass inputs either by position or by name, not both")
+        outs = self.run(named if named else arrays)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+            sink: EventSink | None = None) -> list[np.ndarray]:
+        """Outputs as a list, in output order; `sink` receives one event per instruction."""
+        if isinstance(inputs, Mapping):
+            extra = sorted(set(inputs) - set(self.graph.inputs))
+            if extra:
+                raise EdgerunError(f"unknown inputs {extra}; the program takes {self.graph.inputs}")
+        bound = bind_inputs(self.graph, inputs)
+        with self._lock:
+            for view, name in zip(self._input_views, self.graph.inputs):
+                np.copyto(view, bound[name])
+            self._executor.run(sink)
+            return [np.array(v, copy=True) for v in self._output_views]
+
+    def value(self, name: str) -> np.ndarray:
+        """The array holding value `name` (a view: valid during the step that wrote it; copy to keep it).
+
+        Values inside a delegated partition are the backend's own and have no array here.
+        """
+        try:
+            return self.parts.views[name]
+        except KeyError:
+            raise EdgerunError(f"value {name!r} has no array in this loaded program") from None

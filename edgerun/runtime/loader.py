@@ -1,0 +1,156 @@
+"""load(): program file -> placement -> partitions -> compiled partitions -> memory plan -> instructions.
+
+The sequence, each step in its own module:
+1. read the program (weights memory-mapped, never copied), decompose composites, verify the graph;
+2. place each node on a backend (placement.py) and cut the graph into partitions (partition.py);
+3. compile each partition on its backend, falling back to reference with a warning if that fails;
+4. schedule: one step per node of arena-bound partitions, one per delegate partition (schedule.py);
+5. elide no-op rasters (reshapes) by aliasing their output to their input's bytes;
+6. plan the arena from value lifetimes (memory_plan.py) and prove the plan safe (plan_verifier.py);
+7. bind every step to views of the arena: the instruction list (instructions.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from edgerun.backends.base import Backend, CompiledPartition
+from edgerun.errors import EdgerunError
+from edgerun.ir.graph import Graph
+from edgerun.ir.registry import OpKind, get_op
+from edgerun.ir.verifier import verify
+from edgerun.passes.decompose_pass import DecomposePass
+from edgerun.passes.pipeline import restore_output_names
+from edgerun.program import Program
+from edgerun.runtime.instructions import Instruction
+from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
+from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
+from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
+from edgerun.runtime.placement import FALLBACK, assign_backends, resolve_backends
+from edgerun.runtime.plan_verifier import verify_plan
+from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
+
+
+def load(source: str | os.PathLike[str] | Program | Graph,
+         backends: Sequence[str | Backend] | str | None = None, *,
+         placement: Mapping[str, str] | None = None, verify_weights: bool = True,
+         alias_reshapes: bool = True, tune: bool = False) -> LoadedProgram:
+    """Make a program runnable.
+
+    `source`: a program file path, a Program, or a Graph. `backends`: names or instances in order of
+    preference (default: reference alone); each node goes to the first that supports it, and reference
+    takes the rest. `placement`: {node name: backend name} forced placements (the search's output, or a
+    developer tool migrating ops one at a time); node names are those of the decomposed graph.
+    `backends="auto"`: the device chooses the placement with edgerun.search (cost model over calibrated
+    throughputs); `tune=True` also measures the best few placements and caches the winner per device.
+    """
+    program, original = _read(source, verify_weights)
+    graph = prepare_graph(original)
+    if isinstance(backends, str) or tune:  # "auto" (or one backend's name): edgerun.search decides
+        from edgerun.search import resolve_request
+        backends, searched, _ = resolve_request(backends, graph, program, tune)
+        placement = {**(searched or {}), **(placement or {})}
+    registry = resolve_backends(backends, placement)
+    preference = [b if isinstance(b, str) else b.name for b in (backends or [FALLBACK])]
+    assignment = assign_backends(graph, registry, preference, placement)
+    partitions = partition_graph(graph, assignment)
+    check_acyclic(partitions, graph)
+    compiled = [compile_partition(p, graph, registry) for p in partitions]
+    steps = build_schedule(partitions, compiled)
+    arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
+    lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
+    plan = plan_memory(lifetimes, arena_aliases)
+    verify_plan(plan, lifetimes)
+    arena = allocate_arena(plan.arena_bytes)
+    views = bind_views(graph, plan, arena, const_aliases)
+    instructions = build_instructions(steps, elided, partitions, compiled, views)
+    return LoadedProgram(LoadedParts(graph, partitions, compiled, plan, arena, views, instructions, program,
+                                      dict(registry), list(original.outputs)))
+
+
+def _read(source: object, verify_weights: bool) -> tuple[Program | None, Graph]:
+    if isinstance(source, Graph):
+        return None, source
+    if isinstance(source, Program):
+        return source, source.graph
+    if isinstance(source, (str, os.PathLike)):
+        program = Program.read(source, verify_weights=verify_weights)
+        return program, program.graph
+    raise EdgerunError(f"load() takes a program path, a Program or a Graph, not {type(source).__name__}")
+
+
+def prepare_graph(graph: Graph) -> Graph:
+    """The graph as the runtime executes it: composites decomposed (on a copy), verified."""
+    if any(get_op(n.op).kind is OpKind.COMPOSITE for n in graph.nodes):
+        names = list(graph.outputs)
+        graph = DecomposePass().call(graph.copy()).graph
+        restore_output_names(graph, names)  # decomposition renames values; callers know outputs by name
+    verify(graph, allow_composite=False)
+    return graph
+
+
+def compile_partition(part: Partition, graph: Graph, registry: Mapping[str, Backend]) -> CompiledPartition:
+    subgraph = part.subgraph(graph)
+    backend = registry[part.backend]
+    try:
+        return backend.compile(subgraph)
+    except Exception as exc:
+        if part.backend == FALLBACK:
+            raise
+        warnings.warn(f"backend {part.backend!r} failed to compile partition {part.index} "
+                      f"({len(part.nodes)} ops): {type(exc).__name__}: {exc}; running it on {FALLBACK}",
+                      RuntimeWarning, stacklevel=3)
+        part.backend = FALLBACK
+        return registry[FALLBACK].compile(subgraph)
+
+
+def build_schedule(partitions: Sequence[Partition], compiled: Sequence[CompiledPartition]) -> list[Step]:
+    steps: list[Step] = []
+    for part, cp in zip(partitions, compiled):
+        if cp.bind_node is not None:
+            steps += [Step(tuple(i for i in n.inputs if i), tuple(n.outputs), part.index, n) for n in part.nodes]
+        else:
+            steps.append(Step(tuple(cp.graph.inputs), tuple(cp.graph.outputs), part.index, None))
+    return steps
+
+
+def allocate_arena(nbytes: int) -> np.ndarray:
+    """One uint8 buffer of `nbytes` whose first byte is ALIGNMENT-aligned."""
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    skip = (-raw.ctypes.data) % ALIGNMENT
+    return raw[skip:skip + nbytes]
+
+
+def bind_views(graph: Graph, plan: ArenaPlan, arena: np.ndarray,
+               const_aliases: Mapping[str, str]) -> dict[str, np.ndarray]:
+    offsets = {v: plan.offset_of(v) for v in plan.values}
+    views: dict[str, np.ndarray] = dict(graph.constants)
+    views.update(arena_views(arena, graph, offsets))
+    for value, const in const_aliases.items():
+        views[value] = graph.constants[const].reshape(graph.specs[value].shape)
+    return views
+
+
+def build_instructions(steps: Sequence[Step], elided: set[int], partitions: Sequence[Partition],
+                       compiled: Sequence[CompiledPartition], views: Mapping[str, np.ndarray]) -> list[Instruction]:
+    instructions = []
+    for k, step in enumerate(steps):
+        if k in elided:
+            continue
+        part, cp = partitions[step.partition], compiled[step.partition]
+        if step.node is not None:
+            assert cp.bind_node is not None
+            call = cp.bind_node(step.node, views)
+            instructions.append(Instruction(call, step.node.op, step.node.name, part.backend, part.index,
+                                            step.reads, step.writes))
+        else:
+            call = functools.partial(cp.run, [views[v] for v in cp.graph.inputs],
+                                     [views[v] for v in cp.graph.outputs])
+            instructions.append(Instruction(call, "partition", part.label, part.backend, part.index,
+                                            step.reads, step.writes))
+    return instructions
