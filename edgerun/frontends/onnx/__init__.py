@@ -1,0 +1,27 @@
+"""The ONNX frontend: `from_onnx(path_or_model) -> Program` (see docs/onnx.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from edgerun.frontends.onnx.context import OnnxModelError
+from edgerun.frontends.onnx.importer import OnnxImportError, import_onnx_graph
+
+__all__ = ["OnnxImportError", "OnnxModelError", "from_onnx", "import_onnx_graph"]
+
+
+def from_onnx(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              constant_inputs: Mapping[str, Any] | None = None) -> Any:
+    """Import an ONNX model (path, bytes or onnx.ModelProto) as an edgerun Program.
+
+    `input_shapes` pins symbolic input dimensions, e.g. {"input_ids": (1, 128)}; `constant_inputs`
+    freezes graph inputs that must be static (a Reshape target fed as an input) to given values.
+    """
+    from edgerun.program import Program
+    from edgerun.program.program import default_metadata
+
+    graph = import_onnx_graph(source, input_shapes, constant_inputs)
+    metadata = default_metadata()
+    metadata["frontend"] = "onnx"
+    return Program(graph=graph, metadata=metadata)

@@ -1,0 +1,72 @@
+"""The ONNX features edgerun refuses by design, and which of them a model uses.
+
+A conformance case that needs one of these is left out of the denominator; everything else counts, and a
+refusal there is a miss. The reasons are in docs/onnx.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
+
+DESIGN_CATEGORIES: dict[str, str] = {
+    "training": "training ops (Gradient, Adam, Adagrad, Momentum): edgerun programs run inference only",
+    "other-domain": "ops outside the default ONNX domain (ai.onnx.ml classic ML, preview domains)",
+    "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
+    "string": "string tensors and string ops",
+    "control-flow": "If and Loop (data-dependent control flow): edgerun graphs are static dataflow; Scan is "
+                    "unrolled and If on an import-time constant is inlined, so only their top-level use counts here",
+    "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
+    "data-dependent-shape": "outputs whose shape depends on input values (NonZero, Unique, "
+                            "NonMaxSuppression, Compress, ImageDecoder): every edgerun value has a static shape",
+    "dtype": "element types outside edgerun's seven (float64, bfloat16, float8, int4, int16, uint16/32/64, "
+             "complex): refused rather than silently cast",
+}
+
+_TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
+_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+_DATA_SHAPE = {"NonZero", "Unique", "NonMaxSuppression", "Compress", "ImageDecoder"}
+_STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"}
+_SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
+            "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
+            "OptionalGetElement", "OptionalHasElement"}
+_CONTROL = {"If", "Loop"}
+_STRING_TYPE = 8
+
+
+def _value_kinds(model: Any) -> tuple[set[str], set[int]]:
+    kinds, elem = set(), set()
+    g = model.graph
+    for vi in (*g.input, *g.output):
+        kind = vi.type.WhichOneof("value")
+        kinds.add(kind or "none")
+        if kind == "tensor_type":
+            elem.add(vi.type.tensor_type.elem_type)
+    for t in g.initializer:
+        elem.add(t.data_type)
+    return kinds, elem
+
+
+def design_category(model: Any) -> str | None:
+    """The first refused-by-design category a model falls in, or None when it should import."""
+    ops = {n.op_type for n in model.graph.node}
+    domains = {n.domain for n in model.graph.node} - {"", "ai.onnx"}
+    kinds, elem = _value_kinds(model)
+    if ops & _TRAINING or "ai.onnx.preview.training" in domains:
+        return "training"
+    if domains:
+        return "other-domain"
+    if ops & _SEQ_OPS or kinds - {"tensor_type"}:
+        return "sequence-map-optional"
+    if ops & _STRING_OPS or _STRING_TYPE in elem:
+        return "string"
+    if ops & _CONTROL:
+        return "control-flow"
+    if ops & _RANDOM:
+        return "random"
+    if ops & _DATA_SHAPE:
+        return "data-dependent-shape"
+    if elem - set(ONNX_TO_DTYPE) - {0}:
+        return "dtype"
+    return None

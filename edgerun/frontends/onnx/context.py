@@ -1,0 +1,143 @@
+"""What an op handler sees while importing one ONNX node: its attributes, inputs, and the graph being built.
+
+An ONNX value is known either as an IR value (a name in the graph) or as a constant numpy array. Constants
+stay numpy until a handler needs them as graph values, so shape-computing chains (Shape -> Gather -> Concat
+-> Reshape) fold at import time and their results can become static attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgerun.errors import EdgerunError, UnsupportedOpError
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+
+# ONNX TensorProto data types we hold natively; the rest are refused (see docs/onnx.md).
+ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 3: DType.int8, 2: DType.uint8,
+                                   6: DType.int32, 7: DType.int64, 9: DType.bool}
+DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
+
+
+class OnnxModelError(EdgerunError):
+    """The ONNX file or model is malformed: unreadable protobuf, dangling value, cycle, bad type or opset."""
+
+
+class DynamicInputError(UnsupportedOpError):
+    """A handler needs an input's value at import time (a shape, axes, pads) but it is computed at run time.
+
+    `value_name` is the ONNX value; when it is a graph input, `from_onnx(..., constant_inputs=)` can freeze it.
+    """
+
+    def __init__(self, op: str, value_name: str, *, source: str | None = None, detail: str | None = None) -> None:
+        super().__init__(op, source=source, detail=detail)
+        self.value_name = value_name
+
+
+def onnx_dtype(code: int, what: str) -> DType:
+    """Our DType for an ONNX element type code; UnsupportedOpError naming the type otherwise."""
+    if code in ONNX_TO_DTYPE:
+        return ONNX_TO_DTYPE[code]
+    import onnx
+    try:
+        name = onnx.TensorProto.DataType.Name(code)
+    except ValueError:
+        raise OnnxModelError(f"{what} has unknown ONNX element type {code}") from None
+    raise UnsupportedOpError(what, detail=f"element type {name} is not supported "
+                             f"(edgerun holds {', '.join(d.value for d in DType)})")
+
+
+@dataclass
+class OnnxNode:
+    """One ONNX node with its attributes decoded to Python values; missing optional inputs are ''."""
+
+    op_type: str
+    domain: str
+    version: int  # the opset version of the node's domain in force for this node
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def has_input(self, i: int) -> bool:
+        return len(self.inputs) > i and bool(self.inputs[i])
+
+    def refuse(self, detail: str) -> UnsupportedOpError:
+        return UnsupportedOpError(self.op_type, source=self.name or None, detail=detail)
+
+
+Out = str | np.ndarray  # an IR value name, or a constant computed at import time
+Handler = Callable[["ImportContext", OnnxNode], list[Out]]
+
+
+class ImportContext:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.b = Builder(graph)
+        self.values: dict[str, str] = {}  # ONNX name -> IR value
+        self.consts: dict[str, np.ndarray] = {}  # ONNX name -> constant known at import time
+
+    # -- reading inputs ------------------------------------------------------------------------------
+    def known(self, name: str) -> bool:
+        return name in self.values or name in self.consts
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of an ONNX input when it is known at import time, else None."""
+        return self.consts.get(name) if name else None
+
+    def value(self, name: str) -> str:
+        """The IR value of an ONNX input, materialising a constant into the graph on first use."""
+        if name in self.values:
+            return self.values[name]
+        if name in self.consts:
+            arr = self.consts[name]
+            try:
+                DType.of(arr)
+            except ValueError as exc:  # a constant of a type we cannot hold (float64, ...) is needed at run time
+                raise UnsupportedOpError(name, detail=str(exc)) from None
+            self.values[name] = self.graph.add_constant(np.require(arr, requirements="C"), hint="onnx_const")
+            return self.values[name]
+        raise OnnxModelError(f"value {name!r} is used before anything defines it")
+
+    def input(self, node: OnnxNode, i: int) -> str:
+        """IR value of input i ('' when the optional input is absent)."""
+        return self.value(node.inputs[i]) if node.has_input(i) else ""
+
+    def static(self, node: OnnxNode, i: int, what: str) -> np.ndarray | None:
+        """Input i as a constant (None when absent); refuse when it is computed at run time."""
+        if not node.has_input(i):
+            return None
+        arr = self.const(node.inputs[i])
+        if arr is None:
+            raise DynamicInputError(node.op_type, node.inputs[i], source=node.name or None, detail=(
+                f"dynamic {what} input {node.inputs[i]!r} is not supported (it must be an initializer, "
+                "a Constant, fold from static shapes, or be frozen with constant_inputs=)"))
+        return arr
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        return self.graph.specs[self.value(name)].shape
+
+    def dtype(self, name: str) -> DType:
+        if name in self.consts:
+            return DType.of(self.consts[name])
+        return self.graph.specs[self.value(name)].dtype
+
+    # -- emitting ------------------------------------------------------------------------------------
+    def emit(self, op: str, inputs: list[str], **attrs: Any) -> str:
+        return self.b.emit(op, inputs, **attrs)
+
+    def scalar(self, value: float | int | bool, like: str) -> str:
+        return self.b.scalar(value, like)
+
+    def cast(self, x: str, dtype: DType) -> str:
+        return x if self.b.dtype(x) is dtype else self.emit("cast", [x], dtype=dtype.value)

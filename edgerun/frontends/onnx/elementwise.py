@@ -1,0 +1,187 @@
+"""Elementwise ONNX ops: unary math, binary arithmetic with broadcasting, comparisons, logic, casts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
+from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.dtypes import DType
+
+UNARY = {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh",
+         "Sigmoid": "sigmoid", "Erf": "erf", "Sin": "sin", "Cos": "cos", "Floor": "floor", "Ceil": "ceil",
+         "Round": "round", "Sign": "sign", "Reciprocal": "reciprocal", "Not": "logical_not"}
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "And": "logical_and", "Or": "logical_or",
+          "Xor": "logical_xor", "Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le",
+          "GreaterOrEqual": "ge"}
+VARIADIC = {"Max": "maximum", "Min": "minimum", "Sum": "add"}
+
+
+@onnx_op(*UNARY)
+def unary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    return [ctx.emit(UNARY[node.op_type], [ctx.input(node, 0)])]
+
+
+@onnx_op(*BINARY)
+def binary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    return [ctx.emit(BINARY[node.op_type], [ctx.input(node, 0), ctx.input(node, 1)])]
+
+
+@onnx_op("Div")
+def div(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # ONNX integer division truncates toward zero, as C does.
+    a, b = ctx.input(node, 0), ctx.input(node, 1)
+    rounding = "trunc" if ctx.b.dtype(a).is_int else "none"
+    return [ctx.emit("div", [a, b], rounding=rounding)]
+
+
+@onnx_op("Mod")
+def mod(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    a, b = ctx.input(node, 0), ctx.input(node, 1)
+    fmod = bool(node.attr("fmod", 0))
+    return [ctx.emit("mod", [a, b], fmod=fmod)]
+
+
+@onnx_op("Pow")
+def pow_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # ONNX lets the exponent have another type; the result has the base's type.
+    x, y = ctx.input(node, 0), ctx.input(node, 1)
+    dx, dy = ctx.b.dtype(x), ctx.b.dtype(y)
+    if dx.is_float:
+        return [ctx.emit("pow", [x, ctx.cast(y, dx)])]
+    if dy.is_int:
+        return [ctx.emit("pow", [x, ctx.cast(y, dx)])]
+    out = ctx.emit("pow", [ctx.cast(x, dy), y])
+    return [ctx.cast(out, dx)]
+
+
+@onnx_op(*VARIADIC)
+def variadic(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    xs = [ctx.input(node, i) for i in range(len(node.inputs)) if node.has_input(i)]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = ctx.emit(VARIADIC[node.op_type], [acc, x])
+    if len(xs) == 1:
+        acc = ctx.emit("expand", [acc], shape=list(ctx.b.shape(acc)))
+    return [acc]
+
+
+@onnx_op("Mean")
+def mean(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    xs = [ctx.input(node, i) for i in range(len(node.inputs)) if node.has_input(i)]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = ctx.emit("add", [acc, x])
+    return [ctx.emit("div", [acc, ctx.scalar(len(xs), acc)])]
+
+
+@onnx_op("Where")
+def where(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    return [ctx.emit("where", [ctx.input(node, i) for i in range(3)])]
+
+
+@onnx_op("Identity")
+def identity(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    c = ctx.const(node.inputs[0])
+    if c is not None:
+        return [c]
+    return [ctx.input(node, 0)]
+
+
+def _cast_to(ctx: ImportContext, name: str, to: DType) -> Out:
+    c = ctx.const(name)
+    if c is not None:  # CastLike(constant, x) depends only on x's type: keep it foldable
+        return _cast_const(c, to)
+    return ctx.cast(ctx.value(name), to)
+
+
+def _cast_const(c: np.ndarray, to: DType) -> np.ndarray:
+    if c.dtype.kind == "f" and to.is_int:
+        info = np.iinfo(to.np)
+        with np.errstate(invalid="ignore"):
+            c = np.clip(np.nan_to_num(np.trunc(c), nan=0.0), info.min, info.max)
+    return np.asarray(c).astype(to.np)
+
+
+@onnx_op("Cast")
+def cast(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    to = onnx_dtype(int(node.attr("to")), "Cast target")
+    if node.attr("saturate", 1) != 1 and to.is_float:
+        raise node.refuse("saturate=0 only concerns float8 targets")
+    return [_cast_to(ctx, node.inputs[0], to)]
+
+
+@onnx_op("CastLike")
+def cast_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    return [_cast_to(ctx, node.inputs[0], ctx.dtype(node.inputs[1]))]
+
+
+@onnx_op("IsNaN")
+def isnan(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    return [ctx.emit("ne", [x, x])]
+
+
+@onnx_op("IsInf")
+def isinf(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    pos, neg = ctx.emit("eq", [x, ctx.scalar(np.inf, x)]), ctx.emit("eq", [x, ctx.scalar(-np.inf, x)])
+    want_pos, want_neg = bool(node.attr("detect_positive", 1)), bool(node.attr("detect_negative", 1))
+    if want_pos and want_neg:
+        return [ctx.emit("logical_or", [pos, neg])]
+    if want_pos:
+        return [pos]
+    if want_neg:
+        return [neg]
+    return [ctx.emit("logical_and", [pos, neg])]
+
+
+@onnx_op("Clip")
+def clip(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    if node.version < 11:
+        lo, hi = node.attr("min"), node.attr("max")
+        los = ctx.scalar(lo, x) if lo is not None else ""
+        his = ctx.scalar(hi, x) if hi is not None else ""
+    else:
+        los, his = ctx.input(node, 1), ctx.input(node, 2)
+    if los:
+        x = ctx.emit("maximum", [x, los])
+    if his:
+        x = ctx.emit("minimum", [x, his])
+    if not los and not his:
+        x = ctx.emit("expand", [x], shape=list(ctx.b.shape(x)))
+    return [x]
+
+
+@onnx_op("BitShift")
+def bit_shift(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # Shifts as int64 multiply / floor-divide by powers of two, with ONNX's rules made explicit: a left
+    # shift wraps modulo 2^width, a right shift is arithmetic, and a shift outside [0, width) gives 0
+    # (or -1 for a negative signed value shifted right).
+    x, y = ctx.input(node, 0), ctx.input(node, 1)
+    dtype = ctx.b.dtype(x)
+    width = dtype.itemsize * 8
+    signed = dtype in (DType.int8, DType.int32, DType.int64)
+    left = node.attr("direction") == "LEFT"
+    if dtype is DType.int64 and left:
+        raise node.refuse("left shift of int64 (needs 64-bit wrapping arithmetic)")
+    xi, yi = ctx.cast(x, DType.int64), ctx.cast(y, DType.int64)
+    outside = ctx.emit("logical_or", [ctx.emit("lt", [yi, ctx.scalar(0, yi)]),
+                                      ctx.emit("ge", [yi, ctx.scalar(width, yi)])])
+    step = ctx.emit("where", [outside, ctx.scalar(0, yi), yi])
+    step = ctx.emit("minimum", [step, ctx.scalar(62, step)])
+    scale = ctx.emit("pow", [ctx.scalar(2, step), step])
+    if left:
+        out = ctx.emit("mod", [ctx.emit("mul", [xi, scale]), ctx.scalar(2 ** width, xi)])
+        if signed:
+            wrapped = ctx.emit("sub", [out, ctx.scalar(2 ** width, out)])
+            out = ctx.emit("where", [ctx.emit("ge", [out, ctx.scalar(2 ** (width - 1), out)]), wrapped, out])
+        out = ctx.emit("where", [outside, ctx.scalar(0, out), out])
+    else:
+        out = ctx.emit("div", [xi, scale], rounding="floor")
+        big = ctx.emit("ge", [yi, ctx.scalar(63, yi)]) if width == 64 else outside
+        fill = ctx.emit("where", [ctx.emit("lt", [xi, ctx.scalar(0, xi)]), ctx.scalar(-1, xi), ctx.scalar(0, xi)]) \
+            if signed else ctx.scalar(0, xi)
+        out = ctx.emit("where", [ctx.emit("logical_or", [big, outside]), fill, out])
+    return [ctx.cast(out, dtype)]

@@ -1,0 +1,229 @@
+"""Index-driven ONNX ops built from gather, comparisons against constant index grids, and matmul.
+
+GatherElements/GatherND compute flat element indices and run one gather on the flattened data. Scatter ops
+have no primitive: a [positions x updates] match mask selects (or sums) updates with one matmul, which is
+exact because each output picks at most one update (or sums them, for reduction='add').
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
+from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.dtypes import DType
+
+
+@onnx_op("Gather")
+def gather(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    return [ctx.emit("gather", [ctx.input(node, 0), ctx.input(node, 1)], axis=int(node.attr("axis", 0)))]
+
+
+def _wrap(ctx: ImportContext, idx: str, size: str | int) -> str:
+    """Negative indices count from the end."""
+    idx = ctx.cast(idx, DType.int64)
+    n = ctx.scalar(size, idx) if isinstance(size, int) else size
+    return ctx.emit("where", [ctx.emit("lt", [idx, ctx.scalar(0, idx)]), ctx.emit("add", [idx, n]), idx])
+
+
+def _element_linear(ctx: ImportContext, idx: str, shape: tuple[int, ...], axis: int) -> str:
+    """Flat indices into a tensor of `shape` for GatherElements/ScatterElements indices along axis."""
+    ishape = ctx.b.shape(idx)
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    grid = np.zeros(ishape, dtype=np.int64)
+    for d in range(len(ishape)):
+        if d != axis:
+            view = [1] * len(ishape)
+            view[d] = ishape[d]
+            grid = grid + np.arange(ishape[d], dtype=np.int64).reshape(view) * strides[d]
+    scaled = ctx.emit("mul", [_wrap(ctx, idx, shape[axis]), ctx.b.const(np.int64(strides[axis]))])
+    return ctx.emit("add", [scaled, ctx.b.const(grid)])
+
+
+@onnx_op("GatherElements")
+def gather_elements(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    data, idx = ctx.input(node, 0), ctx.input(node, 1)
+    shape = ctx.b.shape(data)
+    axis = int(node.attr("axis", 0)) % len(shape)
+    flat = ctx.emit("reshape", [data], shape=[math.prod(shape)])
+    return [ctx.emit("gather", [flat, _element_linear(ctx, idx, shape, axis)], axis=0)]
+
+
+def _nd_linear(ctx: ImportContext, node: OnnxNode, data: str, idx: str) -> tuple[str, str, list[int]]:
+    """(data as [B*P, rest...], flat row index [B, M], output prefix shape) for GatherND/ScatterND."""
+    shape, ishape = ctx.b.shape(data), ctx.b.shape(idx)
+    bd, k = int(node.attr("batch_dims", 0)), ishape[-1]
+    batch, lead = shape[:bd], shape[bd:bd + k]
+    nb, p = math.prod(batch), math.prod(lead)
+    m = math.prod(ishape[bd:-1])
+    rows = ctx.emit("reshape", [data], shape=[nb * p, *shape[bd + k:]])
+    idx3 = ctx.emit("reshape", [_wrap(ctx, idx, ctx.b.const(np.asarray(lead, dtype=np.int64)))], shape=[nb, m, k])
+    strides = np.asarray([math.prod(lead[i + 1:]) for i in range(k)], dtype=np.int64)
+    lin = ctx.emit("reduce_sum", [ctx.emit("mul", [idx3, ctx.b.const(strides)])], axes=[2], keepdims=False)
+    lin = ctx.emit("add", [lin, ctx.b.const((np.arange(nb, dtype=np.int64) * p).reshape(nb, 1))])
+    return rows, lin, [*ishape[:-1]]
+
+
+@onnx_op("GatherND")
+def gather_nd(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    data, idx = ctx.input(node, 0), ctx.input(node, 1)
+    shape, k = ctx.b.shape(data), ctx.b.shape(idx)[-1]
+    bd = int(node.attr("batch_dims", 0))
+    rows, lin, prefix = _nd_linear(ctx, node, data, idx)
+    y = ctx.emit("gather", [rows, lin], axis=0)
+    return [ctx.emit("reshape", [y], shape=[*prefix, *shape[bd + k:]])]
+
+
+def _scatter(ctx: ImportContext, node: OnnxNode, rows: str, lin: str, updates: str) -> str:
+    """rows [P, R] with updates [M, R] written at flat row indices lin [M]."""
+    reduction = node.attr("reduction", "none")
+    if reduction not in ("none", "add", "max", "min"):
+        raise node.refuse(f"reduction={reduction!r}")
+    p = ctx.b.shape(rows)[0]
+    dtype = ctx.b.dtype(rows)
+    hit = ctx.emit("eq", [ctx.b.const(np.arange(p, dtype=np.int64).reshape(p, 1)),
+                          ctx.emit("reshape", [lin], shape=[1, ctx.b.spec(lin).numel])])
+    if reduction in ("max", "min"):
+        # [P, M, R]: each position's matching updates, the rest replaced by the reduction's identity.
+        m, r = ctx.b.shape(updates)
+        big = np.inf if dtype.is_float else np.iinfo(dtype.np).max
+        ident = ctx.b.const(np.asarray(-big if reduction == "max" else big, dtype=dtype.np))
+        sel = ctx.emit("where", [ctx.emit("reshape", [hit], shape=[p, m, 1]),
+                                 ctx.emit("reshape", [updates], shape=[1, m, r]), ident])
+        best = ctx.emit(f"reduce_{reduction}", [sel], axes=[1], keepdims=False)
+        merged = ctx.emit("maximum" if reduction == "max" else "minimum", [rows, best])
+        any_hit = ctx.emit("reshape", [ctx.emit("reduce_max", [ctx.cast(hit, DType.int32)], axes=[1], keepdims=False)],
+                           shape=[p, 1])
+        return ctx.emit("where", [ctx.emit("gt", [any_hit, ctx.b.const(np.int32(0))]), merged, rows])
+    work = DType.float32 if dtype in (DType.float16, DType.bool) else dtype
+    mask = ctx.cast(hit, work)
+    picked = ctx.emit("matmul", [mask, ctx.cast(updates, work)])
+    if reduction == "add":
+        return ctx.cast(ctx.emit("add", [ctx.cast(rows, work), picked]), dtype)
+    any_hit = ctx.emit("gt", [ctx.emit("reduce_sum", [mask], axes=[1], keepdims=True), ctx.scalar(0, mask)])
+    return ctx.emit("where", [any_hit, ctx.cast(picked, dtype), rows])
+
+
+@onnx_op("ScatterND")
+def scatter_nd(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    data, idx, upd = (ctx.input(node, i) for i in range(3))
+    shape = ctx.b.shape(data)
+    rows, lin, _ = _nd_linear(ctx, node, data, idx)
+    r = math.prod(ctx.b.shape(rows)[1:])
+    rows2 = ctx.emit("reshape", [rows], shape=[ctx.b.shape(rows)[0], r])
+    m = ctx.b.spec(lin).numel
+    upd2 = ctx.emit("reshape", [upd], shape=[m, r])
+    out = _scatter(ctx, node, rows2, ctx.emit("reshape", [lin], shape=[m]), upd2)
+    return [ctx.emit("reshape", [out], shape=list(shape))]
+
+
+@onnx_op("ScatterElements", "Scatter")
+def scatter_elements(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    data, idx, upd = (ctx.input(node, i) for i in range(3))
+    shape = ctx.b.shape(data)
+    axis = int(node.attr("axis", 0)) % len(shape)
+    lin = _element_linear(ctx, idx, shape, axis)
+    m = ctx.b.spec(lin).numel
+    rows = ctx.emit("reshape", [data], shape=[math.prod(shape), 1])
+    out = _scatter(ctx, node, rows, ctx.emit("reshape", [lin], shape=[m]),
+                   ctx.emit("reshape", [upd], shape=[m, 1]))
+    return [ctx.emit("reshape", [out], shape=list(shape))]
+
+
+@onnx_op("OneHot")
+def one_hot(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    idx = ctx.input(node, 0)
+    depth_arr = ctx.static(node, 1, "depth")
+    assert depth_arr is not None
+    depth = int(depth_arr.reshape(-1)[0])
+    values = ctx.input(node, 2)
+    ishape = ctx.b.shape(idx)
+    rank = len(ishape) + 1
+    axis = int(node.attr("axis", -1)) % rank
+    idx = _wrap(ctx, idx, depth)
+    idx = ctx.emit("reshape", [idx], shape=[*ishape[:axis], 1, *ishape[axis:]])
+    view = [1] * rank
+    view[axis] = depth
+    hit = ctx.emit("eq", [idx, ctx.b.const(np.arange(depth, dtype=np.int64).reshape(view))])
+    off = ctx.emit("slice", [values], starts=[0], ends=[1], axes=[0])
+    on = ctx.emit("slice", [values], starts=[1], ends=[2], axes=[0])
+    return [ctx.emit("where", [hit, on, off])]
+
+
+@onnx_op("Trilu")
+def trilu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    k_arr = ctx.static(node, 1, "k")
+    k = int(k_arr.reshape(-1)[0]) if k_arr is not None else 0
+    n, m = ctx.b.shape(x)[-2:]
+    ones = np.ones((n, m), dtype=bool)
+    mask = np.triu(ones, k) if node.attr("upper", 1) else np.tril(ones, k)
+    return [ctx.emit("where", [ctx.b.const(mask), x, ctx.scalar(0, x)])]
+
+
+@onnx_op("CumSum")
+def cumsum(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # A running sum along an axis is a matmul with a triangular 0/1 matrix (exact for integers).
+    x = ctx.input(node, 0)
+    shape = ctx.b.shape(x)
+    axis_arr = ctx.static(node, 1, "axis")
+    assert axis_arr is not None
+    axis = int(axis_arr.reshape(-1)[0]) % len(shape)
+    n = shape[axis]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    exclusive, reverse = bool(node.attr("exclusive", 0)), bool(node.attr("reverse", 0))
+    tri = (i > j if exclusive else i >= j) if reverse else (i < j if exclusive else i <= j)
+    perm = [d for d in range(len(shape)) if d != axis] + [axis]
+    xt = ctx.emit("transpose", [x], perm=perm)
+    flat = ctx.emit("reshape", [xt], shape=[math.prod(shape) // max(n, 1), n])
+    y = ctx.emit("matmul", [flat, ctx.b.const(tri.astype(ctx.b.dtype(x).np))])
+    y = ctx.emit("reshape", [y], shape=[shape[d] for d in perm])
+    inv = [perm.index(d) for d in range(len(shape))]
+    return [ctx.emit("transpose", [y], perm=inv)]
+
+
+
+
+@onnx_op("ReverseSequence")
+def reverse_sequence(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # Element (b, t) reads (b, len[b] - 1 - t) for t < len[b] and itself after: one GatherElements.
+    x, lens = ctx.input(node, 0), ctx.cast(ctx.input(node, 1), DType.int64)
+    shape = ctx.b.shape(x)
+    t_axis, b_axis = int(node.attr("time_axis", 0)), int(node.attr("batch_axis", 1))
+    t_view, b_view = [1] * len(shape), [1] * len(shape)
+    t_view[t_axis], b_view[b_axis] = shape[t_axis], shape[b_axis]
+    t = ctx.b.const(np.arange(shape[t_axis], dtype=np.int64).reshape(t_view))
+    n = ctx.emit("reshape", [lens], shape=b_view)
+    flipped = ctx.emit("sub", [ctx.emit("sub", [n, ctx.b.const(np.int64(1))]), t])
+    src = ctx.emit("where", [ctx.emit("lt", [t, n]), flipped, t])
+    src = ctx.emit("expand", [src], shape=list(shape))
+    flat = ctx.emit("reshape", [x], shape=[math.prod(shape)])
+    return [ctx.emit("gather", [flat, _element_linear(ctx, src, shape, t_axis)], axis=0)]
+
+
+@onnx_op("MaxUnpool")
+def max_unpool(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x, idx = ctx.input(node, 0), ctx.input(node, 1)
+    shape = ctx.b.shape(x)
+    kernel = [int(k) for k in node.attr("kernel_shape")]
+    n = len(kernel)
+    strides = [int(s) for s in node.attr("strides", [1] * n)]
+    pads = [int(p) for p in node.attr("pads", [0] * 2 * n)]
+    out_arr = ctx.static(node, 2, "output_shape")
+    out_shape = [*shape[:2], *[(d - 1) * s + k - pads[i] - pads[i + n]
+                               for i, (d, s, k) in enumerate(zip(shape[2:], strides, kernel))]]
+    # Indices address the default output; a larger output_shape pads it at the end (as the reference does).
+    final = [int(d) for d in out_arr.reshape(-1)] if out_arr is not None else out_shape
+    if any(f < o for f, o in zip(final, out_shape)):
+        raise node.refuse(f"output_shape {final} smaller than the unpooled shape {out_shape}")
+    total = math.prod(out_shape)
+    m = ctx.b.spec(x).numel
+    rows = ctx.b.const(np.zeros((total, 1), dtype=ctx.b.dtype(x).np))
+    out = _scatter(ctx, node, rows, ctx.emit("reshape", [ctx.cast(idx, DType.int64)], shape=[m]),
+                   ctx.emit("reshape", [x], shape=[m, 1]))
+    out = ctx.emit("reshape", [out], shape=out_shape)
+    if final != out_shape:
+        out = ctx.emit("pad", [out], pads=[[0, f - o] for f, o in zip(final, out_shape)], mode="constant", value=0)
+    return [out]

@@ -1,0 +1,168 @@
+"""Reading an ONNX model from a path, bytes or a ModelProto, and the checks that turn a bad file into a clear error."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from edgerun.frontends.onnx.context import OnnxModelError
+
+# ONNX opsets of the default domain we import. The spec's op semantics are handled per op version inside
+# the handlers; outside this range nothing is promised, so we refuse rather than guess.
+MIN_OPSET = 7
+
+
+def max_opset() -> int:
+    import onnx.defs
+    return int(onnx.defs.onnx_opset_version())
+
+
+def load_model(source: Any) -> Any:
+    """A ModelProto from a path, bytes or ModelProto; external data is loaded from beside the file."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, bytes | bytearray):
+        try:
+            return onnx.load_model_from_string(bytes(source))
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise OnnxModelError(f"not a valid ONNX protobuf ({len(source)} bytes): {exc}") from None
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if not os.path.isfile(path):
+            raise OnnxModelError(f"ONNX file {path!r} does not exist")
+        try:
+            model = onnx.load_model(path, load_external_data=False)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise OnnxModelError(f"{path!r} is not a valid ONNX protobuf "
+                                 f"(truncated or not an ONNX file?): {exc}") from None
+        _load_external_data(model, os.path.dirname(os.path.abspath(path)))
+        return model
+    raise OnnxModelError(f"from_onnx takes a path, bytes or onnx.ModelProto, got {type(source).__name__}")
+
+
+def _load_external_data(model: Any, base_dir: str) -> None:
+    import onnx.external_data_helper as ext
+
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
+    for tensor in tensors:
+        if not ext.uses_external_data(tensor):
+            continue
+        info = ext.ExternalDataInfo(tensor)
+        location = os.path.normpath(os.path.join(base_dir, info.location))
+        if os.path.isabs(info.location) or not location.startswith(os.path.normpath(base_dir) + os.sep):
+            raise OnnxModelError(f"initializer {tensor.name!r} points outside the model's folder: "
+                                 f"{info.location!r}")
+        if not os.path.isfile(location):
+            raise OnnxModelError(f"external data file {info.location!r} of initializer {tensor.name!r} "
+                                 f"is missing (looked in {base_dir!r})")
+    try:
+        ext.load_external_data_for_model(model, base_dir)
+    except (OSError, ValueError) as exc:
+        raise OnnxModelError(f"could not load external data: {exc}") from None
+
+
+def dependency_order(nodes: list[Any], known: set[str]) -> list[Any]:
+    """Nodes in dependency order (ONNX requires it; a wrong order is cheap to repair). A read of a value
+    nothing defines, or a cycle, is an OnnxModelError naming the nodes."""
+    produced = set(known)
+    ordered, pending = [], list(nodes)
+    while pending:
+        rest = []
+        for n in pending:
+            if all(not i or i in produced for i in n.input):
+                ordered.append(n)
+                produced.update(o for o in n.output if o)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            names = [n.name or n.op_type for n in rest[:5]]
+            made_later = {o for n in rest for o in n.output}
+            missing = sorted({i for n in rest for i in n.input if i and i not in produced and i not in made_later})
+            if missing:
+                raise OnnxModelError(f"nodes {names} read undefined values {missing[:5]} "
+                                     "(a missing initializer or graph input?)")
+            raise OnnxModelError(f"the graph has a cycle among nodes {names}")
+        pending = rest
+    return ordered
+
+
+# Initializers above this many elements are replaced by typed inputs before ONNX's checker and shape
+# inference, which would otherwise serialise every weight (seconds for a transformer) to read its type.
+SKELETON_LIMIT = 4096
+
+
+def skeleton(model: Any) -> Any:
+    """The model with its large initializers turned into typed graph inputs: same types, no weight bytes."""
+    import onnx
+    from onnx import helper
+
+    if all(_numel(t) <= SKELETON_LIMIT for t in model.graph.initializer):
+        return model
+    out = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(out, field, getattr(model, field))
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    g, src = out.graph, model.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    declared = {vi.name for vi in src.input}
+    g.input.extend(src.input)
+    for t in src.initializer:
+        if _numel(t) <= SKELETON_LIMIT:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return out
+
+
+def _numel(t: Any) -> int:
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    return n
+
+
+def check_model(model: Any) -> int:
+    """Our structural checks, then ONNX's checker; returns the default-domain opset version."""
+    import onnx
+
+    g = model.graph
+    dependency_order(list(g.node), {v.name for v in g.input} | {t.name for t in g.initializer})
+
+    versions = {o.domain or "ai.onnx": int(o.version) for o in model.opset_import}
+    if "ai.onnx" not in versions:
+        raise OnnxModelError("model imports no version of the default ONNX domain (opset_import)")
+    opset = versions["ai.onnx"]
+    if not MIN_OPSET <= opset <= max_opset():
+        raise OnnxModelError(f"ONNX opset {opset} is outside the supported range {MIN_OPSET}..{max_opset()}")
+    try:
+        onnx.checker.check_model(skeleton(model))
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OnnxModelError(f"invalid ONNX model: {first}") from None
+    return opset
+
+
+def infer_types(model: Any) -> dict[str, Any]:
+    """ONNX's own shape inference: value name -> TypeProto, used to cross-check the shapes we infer."""
+    import onnx
+
+    try:
+        model = skeleton(model)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        # Strict inference also fails on gaps in ONNX's own rules; the lenient pass still gives the types it
+        # can, and our shape rules check every node anyway.
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OnnxModelError(f"ONNX shape inference rejects the model: {first}") from None
+    g = inferred.graph
+    return {v.name: v.type for v in (*g.value_info, *g.output, *g.input)}

@@ -1,0 +1,266 @@
+"""Layout ONNX ops: each becomes one of our shape composites (one raster) with static attributes.
+
+Shape-like inputs (Reshape's shape, Slice's starts, Pad's pads, ...) must be known at import time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
+from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.ops.raster import strided_copy_regions
+from edgerun.ir.tensor_spec import contiguous_strides
+
+
+def _ints(arr: np.ndarray | None) -> list[int]:
+    return [] if arr is None else [int(v) for v in np.asarray(arr).reshape(-1)]
+
+
+@onnx_op("Constant")
+def constant(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    from onnx import numpy_helper
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in node.attrs:
+            v = node.attrs[key]
+            if key == "value":
+                return [numpy_helper.to_array(v)]
+            dtype = np.float32 if "float" in key else np.int64
+            return [np.asarray(v, dtype=dtype)]
+    raise node.refuse(f"Constant with attributes {sorted(node.attrs)} (sparse or string values)")
+
+
+@onnx_op("Shape")
+def shape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    dims = list(ctx.shape(node.inputs[0]))
+    start, end = int(node.attr("start", 0)), node.attr("end")
+    return [np.asarray(dims[slice(start, None if end is None else int(end))], dtype=np.int64)]
+
+
+@onnx_op("Size")
+def size(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    return [np.asarray(int(np.prod(ctx.shape(node.inputs[0]))), dtype=np.int64)]
+
+
+@onnx_op("ConstantOfShape")
+def constant_of_shape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    from onnx import numpy_helper
+    dims = _ints(ctx.static(node, 0, "shape"))
+    value = node.attr("value")
+    fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
+    return [np.full(dims, fill, dtype=np.asarray(fill).dtype)]
+
+
+@onnx_op("Reshape")
+def reshape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    target = _ints(ctx.static(node, 1, "shape"))
+    in_shape = ctx.b.shape(x)
+    allowzero = bool(node.attr("allowzero", 0))
+    if not allowzero:
+        target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    return [ctx.emit("reshape", [x], shape=target)]
+
+
+@onnx_op("Flatten")
+def flatten(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    shape_ = ctx.b.shape(x)
+    axis = int(node.attr("axis", 1))
+    axis = axis + len(shape_) if axis < 0 else axis
+    outer = int(np.prod(shape_[:axis]))
+    return [ctx.emit("reshape", [x], shape=[outer, int(np.prod(shape_[axis:]))])]
+
+
+@onnx_op("Transpose")
+def transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    perm = node.attr("perm")
+    rank = len(ctx.b.shape(x))
+    return [ctx.emit("transpose", [x], perm=list(perm) if perm is not None else list(range(rank - 1, -1, -1)))]
+
+
+def _axes_arg(ctx: ImportContext, node: OnnxNode, since: int) -> list[int] | None:
+    if node.version >= since:
+        arr = ctx.static(node, 1, "axes")
+        return None if arr is None else _ints(arr)
+    axes = node.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+@onnx_op("Squeeze")
+def squeeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    shp = ctx.b.shape(x)
+    axes = _axes_arg(ctx, node, 13)
+    if axes is None:
+        drop = {i for i, d in enumerate(shp) if d == 1}
+    else:
+        drop = {a % len(shp) for a in axes}
+        if any(shp[a] != 1 for a in drop):
+            raise ValueError(f"Squeeze axes {axes} are not all of size 1 in {shp}")
+    return [ctx.emit("reshape", [x], shape=[d for i, d in enumerate(shp) if i not in drop])]
+
+
+@onnx_op("Unsqueeze")
+def unsqueeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    shp = list(ctx.b.shape(x))
+    axes = _axes_arg(ctx, node, 13) or []
+    rank = len(shp) + len(axes)
+    norm = sorted({a % rank for a in axes})
+    if len(norm) != len(axes):
+        raise ValueError(f"Unsqueeze axes {axes} repeat")
+    out = []
+    it = iter(shp)
+    for i in range(rank):
+        out.append(1 if i in norm else next(it))
+    return [ctx.emit("reshape", [x], shape=out)]
+
+
+@onnx_op("Concat")
+def concat(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    xs = [ctx.input(node, i) for i in range(len(node.inputs)) if node.has_input(i)]
+    return [ctx.emit("concat", xs, axis=int(node.attr("axis")))]
+
+
+@onnx_op("Split")
+def split(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    axis = int(node.attr("axis", 0))
+    n = ctx.b.shape(x)[axis]
+    if node.version >= 13:
+        sizes = _ints(ctx.static(node, 1, "split")) if node.has_input(1) else []
+    else:
+        sizes = [int(s) for s in node.attr("split", [])]
+    if not sizes:
+        parts = int(node.attr("num_outputs", len(node.outputs)))
+        chunk = -(-n // parts)
+        sizes = [min(chunk, n - i * chunk) for i in range(parts)]
+    outs = ctx.b.emit_multi("split", [x], axis=axis, sizes=sizes)
+    return list(outs)
+
+
+@onnx_op("Slice")
+def slice_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    if node.version < 10:
+        starts, ends = node.attr("starts"), node.attr("ends")
+        axes, steps = node.attr("axes"), None
+    else:
+        starts, ends = _ints(ctx.static(node, 1, "starts")), _ints(ctx.static(node, 2, "ends"))
+        axes = _ints(ctx.static(node, 3, "axes")) if node.has_input(3) else None
+        steps = _ints(ctx.static(node, 4, "steps")) if node.has_input(4) else None
+    rank = len(ctx.b.shape(x))
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping.
+    attrs = {"starts": [int(s) for s in starts], "ends": [int(e) for e in ends],
+             "axes": [int(a) % rank for a in axes]}
+    if steps is not None:
+        attrs["steps"] = steps
+    return [ctx.emit("slice", [x], **attrs)]
+
+
+@onnx_op("Pad")
+def pad(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    rank = len(ctx.b.shape(x))
+    mode = node.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise node.refuse(f"pad mode {mode!r}")
+    if node.version < 11:
+        pads, value = [int(p) for p in node.attr("pads")], float(node.attr("value", 0.0))
+        axes = list(range(rank))
+    else:
+        pads = _ints(ctx.static(node, 1, "pads"))
+        cv = ctx.static(node, 2, "constant_value")
+        value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
+        axes = [a % rank for a in _ints(ctx.static(node, 3, "axes"))] if node.has_input(3) else list(range(rank))
+    pairs = [[0, 0] for _ in range(rank)]
+    k = len(axes)
+    for i, a in enumerate(axes):
+        pairs[a] = [pads[i], pads[i + k]]
+    if mode == "wrap":
+        return [_wrap_pad(ctx, node, x, pairs)]
+    attrs: dict[str, object] = {"pads": pairs, "mode": mode}
+    if mode == "constant":
+        attrs["value"] = value
+    return [ctx.emit("pad", [x], **attrs)]
+
+
+def _wrap_pad(ctx: ImportContext, node: OnnxNode, x: str, pairs: list[list[int]]) -> str:
+    """Circular padding: the tail of each axis before it and its head after it (a slice and a concat)."""
+    for axis, (before, after) in enumerate(pairs):
+        n = ctx.b.shape(x)[axis]
+        if before < 0 or after < 0 or max(before, after) > n:
+            raise node.refuse(f"wrap padding {before},{after} on an axis of {n}")
+        parts = []
+        if before:
+            parts.append(ctx.emit("slice", [x], starts=[n - before], ends=[n], axes=[axis]))
+        parts.append(x)
+        if after:
+            parts.append(ctx.emit("slice", [x], starts=[0], ends=[after], axes=[axis]))
+        if len(parts) > 1:
+            x = ctx.emit("concat", parts, axis=axis)
+    return x
+
+
+@onnx_op("Expand")
+def expand(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    return [ctx.emit("expand", [x], shape=_ints(ctx.static(node, 1, "shape")))]
+
+
+@onnx_op("Tile")
+def tile(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    reps = _ints(ctx.static(node, 1, "repeats"))
+    shp = ctx.b.shape(x)
+    # Tile = broadcast to [r0, d0, r1, d1, ...] then merge each pair: one expand and one reshape.
+    inter = [v for r, d in zip(reps, shp) for v in (1, d)]
+    target = [v for r, d in zip(reps, shp) for v in (r, d)]
+    y = ctx.emit("expand", [ctx.emit("reshape", [x], shape=inter)], shape=target)
+    return [ctx.emit("reshape", [y], shape=[r * d for r, d in zip(reps, shp)])]
+
+
+@onnx_op("DepthToSpace", "SpaceToDepth")
+def depth_space(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    x = ctx.input(node, 0)
+    n, c, h, w = ctx.b.shape(x)
+    bs = int(node.attr("blocksize"))
+    if node.op_type == "SpaceToDepth":
+        y = ctx.emit("reshape", [x], shape=[n, c, h // bs, bs, w // bs, bs])
+        crd = node.attr("mode", "DCR") == "CRD"
+        y = ctx.emit("transpose", [y], perm=[0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4])
+        return [ctx.emit("reshape", [y], shape=[n, c * bs * bs, h // bs, w // bs])]
+    if node.attr("mode", "DCR") == "DCR":
+        y = ctx.emit("reshape", [x], shape=[n, bs, bs, c // (bs * bs), h, w])
+        y = ctx.emit("transpose", [y], perm=[0, 3, 4, 1, 5, 2])
+    else:
+        y = ctx.emit("reshape", [x], shape=[n, c // (bs * bs), bs, bs, h, w])
+        y = ctx.emit("transpose", [y], perm=[0, 1, 4, 2, 5, 3])
+    return [ctx.emit("reshape", [y], shape=[n, c // (bs * bs), h * bs, w * bs])]
+
+
+@onnx_op("EyeLike")
+def eye_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    shp = ctx.shape(node.inputs[0])
+    dtype = onnx_dtype(int(node.attr("dtype")), "EyeLike dtype").np if "dtype" in node.attrs \
+        else ctx.dtype(node.inputs[0]).np
+    return [np.eye(shp[0], shp[1], k=int(node.attr("k", 0)), dtype=dtype)]
+
+
+@onnx_op("Range")
+def range_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    start, limit, delta = (ctx.static(node, i, name) for i, name in enumerate(("start", "limit", "delta")))
+    assert start is not None and limit is not None and delta is not None
+    return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
+
+
+def reverse_axis(ctx: ImportContext, x: str, axis: int) -> str:
+    """x flipped along axis: one raster with a negative source stride."""
+    shp = ctx.b.shape(x)
+    strides = contiguous_strides(shp)
+    src = [(-s if i == axis else s) for i, s in enumerate(strides)]
+    regions = strided_copy_regions(0, (shp[axis] - 1) * strides[axis], src, 0, strides, shp)
+    return ctx.emit("raster", [x], regions=regions, shape=list(shp), fill=None)
