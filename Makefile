@@ -15,7 +15,7 @@ lint: setup
 	.venv/bin/mypy edgerun
 
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py
