@@ -1,0 +1,384 @@
+"""Fleet simulator: thousands of simulated agents as async clients of a real release server on loopback.
+
+Measures, on SQLite and optionally on PostgreSQL (a throwaway cluster from Debian's packages):
+  1. sustained check-ins per second (devices up to date, back-to-back check-ins over keep-alive connections);
+  2. time for a gray release (1% → 5% → 20% → 50% → 100%) to reach every simulated device;
+  3. time from a bad version's first failure reports to the rollback version running on every device.
+
+Each simulated device is a coroutine with its own token and installed versions. It verifies the
+assignment and release signatures (ed25519) and each pulled file's SHA-256 and length, just as the real
+agent does, but "runs" the task by reading `sim_outcome` from the task config instead of spawning a
+worker process, so that thousands fit on two cores. Devices share a pool of keep-alive connections.
+
+    .venv/bin/python bench/fleet_sim.py --devices 10000 --db sqlite --db postgres
+Prints a table and writes bench/results/fleet_sim.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from edgerun.fleet.admin_client import AdminClient  # noqa: E402
+from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir  # noqa: E402
+from edgerun.fleet.manifest import verify_assignment, verify_release  # noqa: E402
+from edgerun.fleet.package import pack_task  # noqa: E402
+from edgerun.fleet.signing import KeyDir, Root  # noqa: E402
+
+STEPS = [1, 5, 20, 50, 100]
+
+
+class HttpConnection:
+    """A minimal HTTP/1.1 keep-alive client: the simulator must spend its CPU on devices, not on a client library."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, token: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        self.writer.write(head.encode() + body)
+        assert self.reader is not None
+        status_line = await self.reader.readline()
+        status = int(status_line.split()[1])
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return status, await self.reader.readexactly(length)
+
+
+@dataclass
+class SimDevice:
+    device_id: str
+    token: str = ""
+    tasks: dict[str, int] = field(default_factory=dict)
+    serial: int = 0
+    blobs: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Counters:
+    checkins: int = 0
+    updates: int = 0
+    reports: int = 0
+    errors: int = 0
+    first_failure_at: float = 0.0
+    last_error: str = ""
+    installed_at: dict[int, list[float]] = field(default_factory=dict)  # version → when each device got it
+    latencies: list[float] = field(default_factory=list)
+
+
+class Simulator:
+    def __init__(self, url: str, root: Root, devices: int, connections: int) -> None:
+        host_port = url.split("//", 1)[1]
+        host, port = host_port.split(":")
+        self.pool: asyncio.Queue[HttpConnection] = asyncio.Queue()
+        for _ in range(connections):
+            self.pool.put_nowait(HttpConnection(host, int(port)))
+        self.root = root
+        self.devices = [SimDevice(f"sim-{i:06d}") for i in range(devices)]
+        self.c = Counters()
+        self.stop = False
+
+    async def call(self, method: str, path: str, token: str, payload: Any = None) -> tuple[int, Any]:
+        conn = await self.pool.get()
+        try:
+            status, raw = await conn.request(method, path, token, json.dumps(payload).encode() if payload is not None else b"")
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+            conn.writer = None
+            self.c.errors += 1
+            return 0, None
+        finally:
+            self.pool.put_nowait(conn)
+        if method == "GET" and path.startswith("/v1/blobs/"):
+            return status, raw
+        return status, json.loads(raw) if raw else None
+
+    async def register_all(self, enroll_token: str, concurrency: int = 256) -> float:
+        start = time.perf_counter()
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(d: SimDevice) -> None:
+            async with sem:
+                profile = {"device_id": d.device_id, "app_version": "2.0", "os": "android"}
+                status, body = await self.call("POST", "/v1/devices/register", "",
+                                               {"enroll_token": enroll_token, "profile": profile})
+                assert status == 200, (status, body)
+                d.token = body["token"]
+
+        await asyncio.gather(*(one(d) for d in self.devices))
+        return time.perf_counter() - start
+
+    async def check_in(self, d: SimDevice) -> None:
+        t0 = time.perf_counter()
+        profile = {"device_id": d.device_id, "app_version": "2.0", "os": "android", "tasks": d.tasks}
+        status, body = await self.call("POST", f"/v1/devices/{d.device_id}/checkin", d.token, profile)
+        self.c.latencies.append(time.perf_counter() - t0)
+        if status != 200:
+            self.c.errors += 1
+            return
+        self.c.checkins += 1
+        if body["status"] == "update":
+            await self.apply(d, body["assignment"])
+
+    async def apply(self, d: SimDevice, envelope: dict[str, Any]) -> None:
+        signed = verify_assignment(self.root, envelope, device_id=d.device_id, min_serial=d.serial)
+        d.serial = int(signed["serial"])
+        reports = []
+        for task, rel_env in signed["tasks"].items():
+            m = verify_release(self.root, rel_env, task=task, min_version=d.tasks.get(task, 0))
+            if d.tasks.get(task) == m["version"]:
+                continue
+            for f in m["files"]:
+                if f["sha256"] in d.blobs:
+                    continue
+                status, data = await self.call("GET", f"/v1/blobs/{f['sha256']}", d.token)
+                if status != 200 or len(data) != f["length"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                    self.c.errors += 1
+                    return
+                d.blobs.add(f["sha256"])
+            d.tasks[task] = int(m["version"])
+            self.c.installed_at.setdefault(int(m["version"]), []).append(time.perf_counter())
+            self.c.updates += 1
+            outcome = m["config"].get("sim_outcome", "success")
+            if outcome != "success" and not self.c.first_failure_at:
+                self.c.first_failure_at = time.perf_counter()
+            reports.append({"id": f"{d.device_id}-{task}-{m['version']}", "task": task, "version": m["version"],
+                            "outcome": outcome, "latency_ms": 1.0})
+        if reports:
+            status, _ = await self.call("POST", f"/v1/devices/{d.device_id}/reports", d.token, {"reports": reports})
+            if status == 200:
+                self.c.reports += len(reports)
+
+    async def device_loop(self, d: SimDevice, interval_s: float) -> None:
+        await asyncio.sleep(random.uniform(0, interval_s))
+        while not self.stop:
+            try:
+                await self.check_in(d)
+            except Exception as exc:  # a refused or malformed answer is counted, and the device goes on
+                self.c.errors += 1
+                self.c.last_error = repr(exc)
+            if interval_s:
+                await asyncio.sleep(interval_s * random.uniform(0.9, 1.1))
+
+    def count_at(self, task: str, version: int) -> int:
+        return sum(1 for d in self.devices if d.tasks.get(task) == version)
+
+
+def start_server(base: Path, keys: KeyDir, workers: int, db_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(base / "data"),
+           "--keys", str(keys.path), "--admin-token", "admin", "--enroll-token", "enroll",
+           "--workers", str(workers)] + (["--db", db_url] if db_url else [])
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=open(base / "server.log", "wb"))  # noqa: SIM115
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/v1/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError((base / "server.log").read_text())
+
+
+def tree_cpu_s(root_pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants, from /proc."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {root_pid}, [root_pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, parent in parents.items() if parent == p and c not in tree]
+        tree.update(kids)
+        frontier.extend(kids)
+    return sum(times.get(p, 0.0) for p in tree)
+
+
+def coverage_times(stamps: list[float], since: float, total: int) -> dict[str, float]:
+    """Seconds after `since` at which 50 %, 90 %, 99 % and 100 % of `total` devices had the version."""
+    ordered = sorted(stamps)
+    out = {}
+    for q in (50, 90, 99, 100):
+        k = max(1, -(-total * q // 100))
+        out[f"p{q}_s"] = ordered[k - 1] - since if len(ordered) >= k else float("nan")
+    return out
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def make_package(base: Path, version: int, outcome: str) -> Path:
+    src = base / f"src-{version}"
+    src.mkdir()
+    (src / "task.json").write_text(json.dumps({"name": "simtask", "version": version, "sim_outcome": outcome}))
+    (src / "main.py").write_text(f"def run(inputs):\n    return {{'v': {version}}}\n")
+    (src / "model.bin").write_bytes(os.urandom(4096))
+    pkg = base / f"simtask-{version}.tar"
+    pack_task(src, pkg)
+    return pkg
+
+
+async def wait_until(cond: Any, timeout_s: float, progress: Any = None, poll_s: float = 0.05) -> float:
+    start = last = time.perf_counter()
+    while not cond():
+        now = time.perf_counter()
+        if now - start > timeout_s:
+            raise TimeoutError("simulation did not converge")
+        if progress is not None and now - last >= 10:
+            log(progress())
+            last = now
+        await asyncio.sleep(poll_s)
+    return time.perf_counter() - start
+
+
+async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix=f"fleet-sim-{db}-"))
+    keys = KeyDir(base / "keys")
+    keys.init()
+    pg = LocalPostgres().start() if db == "postgres" else None
+    proc, url = start_server(base, keys, args.workers, pg.url if pg else "")
+    admin = AdminClient(url, "admin")
+    try:
+        sim = Simulator(url, Root(keys.root_chain()[-1]), args.devices, args.connections)
+        register_s = await sim.register_all("enroll")
+        log(f"[{db}] registered {args.devices} devices in {register_s:.1f}s")
+
+        # 1. Sustained check-ins: every device up to date, back-to-back.
+        sim.stop = False
+        loops = [asyncio.create_task(sim.device_loop(d, 0.0)) for d in sim.devices]
+        await asyncio.sleep(2.0)  # warm-up: token caches filled
+        sim.c = Counters()
+        t0, server_cpu0, client_cpu0 = time.perf_counter(), tree_cpu_s(proc.pid), time.process_time()
+        await asyncio.sleep(args.duration)
+        sustained = sim.c.checkins / (time.perf_counter() - t0)
+        server_cpu = tree_cpu_s(proc.pid) - server_cpu0
+        client_cpu = time.process_time() - client_cpu0
+        per_server_cpu_s = sim.c.checkins / server_cpu if server_cpu else None
+        lat = sorted(sim.c.latencies)
+        sim.stop = True
+        await asyncio.gather(*loops)
+        log(f"[{db}] sustained {sustained:.0f} check-ins/s ({server_cpu:.1f} server CPU s, {client_cpu:.1f} client CPU s "
+            f"in {args.duration:.0f} s)")
+
+        # 2. A gray release to every device, devices checking in every `interval` seconds.
+        sim.stop = False
+        loops = [asyncio.create_task(sim.device_loop(d, args.interval)) for d in sim.devices]
+        policy = {"steps": STEPS, "min_reports": args.min_reports, "success_threshold": 0.95,
+                  "error_threshold": 0.2, "error_min_reports": min(20, args.min_reports)}
+        t_pub = time.perf_counter()
+        good = admin.publish(make_package(base, 2, "success"), keys, policy)
+        gray_s = await wait_until(lambda: sim.count_at("simtask", 2) == args.devices, args.timeout,
+                                  lambda: f"  {sim.count_at('simtask', 2)} devices on v2; errors {sim.c.errors} {sim.c.last_error}")
+        gray_state = admin.release(good["id"])["stage"]
+        publish_to_all_s = time.perf_counter() - t_pub
+        log(f"[{db}] gray release reached {args.devices} devices in {gray_s:.1f}s ({gray_state})")
+
+        # 3. A bad version: first failures → rollback version on every device.
+        sim.c.first_failure_at = 0.0
+        bad = admin.publish(make_package(base, 4, "failure"), keys, policy)
+        await wait_until(lambda: sim.c.first_failure_at > 0, args.timeout)
+        await wait_until(lambda: sim.count_at("simtask", 5) == args.devices, args.timeout,
+                         lambda: f"  {sim.count_at('simtask', 5)} devices on v5; errors {sim.c.errors} {sim.c.last_error}")
+        rollback_all_s = time.perf_counter() - sim.c.first_failure_at
+        gray_coverage = coverage_times(sim.c.installed_at.get(2, []), t_pub, args.devices)
+        rollback_coverage = coverage_times(sim.c.installed_at.get(5, []), sim.c.first_failure_at, args.devices)
+        bad_state = admin.release(bad["id"])
+        ever_bad = sum(1 for d in sim.devices if "simtask" in d.tasks)  # all on v5 now
+        sim.stop = True
+        await asyncio.gather(*loops)
+        return {
+            "db": db, "devices": args.devices, "server_workers": args.workers, "connections": args.connections,
+            "register_per_s": args.devices / register_s,
+            "checkins_per_s": sustained, "checkins_per_server_cpu_s": per_server_cpu_s,
+            "server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "load_average": os.getloadavg()[0],
+            "checkin_latency_ms_p50": 1000 * statistics.median(lat) if lat else None,
+            "checkin_latency_ms_p99": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None,
+            "gray_release_to_all_s": gray_s, "gray_publish_to_all_s": publish_to_all_s, "gray_final_stage": gray_state,
+            "bad_release_stage": bad_state["stage"], "bad_release_failures": bad_state["total_failure"],
+            "first_failure_to_rollback_everywhere_s": rollback_all_s, "devices_on_rollback_version": ever_bad,
+            "checkin_interval_s": args.interval, "client_errors": sim.c.errors,
+            "gray_coverage_after_publish": gray_coverage, "rollback_coverage_after_first_failure": rollback_coverage,
+        }
+    finally:
+        admin.close()
+        proc.terminate()
+        proc.wait(30)
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=int, default=10_000)
+    p.add_argument("--db", action="append", choices=("sqlite", "postgres"), help="repeatable (default: both)")
+    p.add_argument("--workers", type=int, default=2, help="server processes")
+    p.add_argument("--connections", type=int, default=64, help="keep-alive connections shared by the devices")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of the sustained check-in measurement")
+    p.add_argument("--interval", type=float, default=1.0, help="check-in interval during the releases")
+    p.add_argument("--min-reports", type=int, default=0,
+                   help="reports a step needs (default: half the devices of the 1%% step, at least 5)")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet_sim.json"))
+    args = p.parse_args()
+    args.min_reports = args.min_reports or max(5, args.devices // 200)
+    dbs = args.db or (["sqlite", "postgres"] if postgres_bin_dir() else ["sqlite"])
+    results = [asyncio.run(run_scenario(db, args)) for db in dbs]
+    cols = [("db", "{}"), ("devices", "{}"), ("register_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
+            ("checkins_per_server_cpu_s", "{:.0f}"), ("load_average", "{:.1f}"),
+            ("checkin_latency_ms_p50", "{:.1f}"), ("checkin_latency_ms_p99", "{:.1f}"),
+            ("gray_release_to_all_s", "{:.1f}"), ("first_failure_to_rollback_everywhere_s", "{:.1f}"),
+            ("client_errors", "{}")]
+    print(" | ".join(c for c, _ in cols))
+    for r in results:
+        print(" | ".join(f.format(r[c]) if r[c] is not None else "-" for c, f in cols))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "results": results}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""`edgerun fleet …` (release server, device agent, keys, releases) and `edgerun task …` (pack, publish)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+TOKEN_ENV = "EDGERUN_FLEET_TOKEN"
+
+
+def _print(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=1, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def _csv(value: str) -> list[str]:
+    return [v for v in value.split(",") if v]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from edgerun.fleet.asgi import ENV, config_to_env
+    from edgerun.fleet.server import ServerConfig, create_app, prepare
+
+    cfg = prepare(ServerConfig(data_dir=Path(args.data), keys_dir=Path(args.keys), db_url=args.db or "",
+                               store=args.store or "", admin_token=args.admin_token or os.environ.get(TOKEN_ENV, ""),
+                               enroll_token=args.enroll_token or ""))
+    print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in {cfg.data_dir}/admin_token, "
+          f"enrolment token in {cfg.data_dir}/enroll_token)", flush=True)
+    if args.workers > 1:
+        os.environ[ENV] = config_to_env(cfg)
+        uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, host=args.host, port=args.port,
+                    workers=args.workers, log_level=args.log_level, access_log=False)
+    else:
+        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from edgerun.fleet.agent import Agent
+
+    agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=args.enroll_token,
+                  app_version=args.app_version, os_name=args.os, device_groups=tuple(args.device_group),
+                  user_groups=tuple(args.user_group), checkin_interval_s=args.interval)
+    hooks = None
+    if not args.no_stream:
+        from edgerun.stream.agent_hooks import StreamHooks
+
+        # Tasks with `triggers` run when their events occur; outputs go to the server's /v1/stream.
+        hooks = StreamHooks.for_agent(agent)
+        agent.hooks = hooks
+    try:
+        if args.once:
+            agent.step()
+            for e in agent.errors:
+                print(f"agent {args.device_id}: {e}", file=sys.stderr)
+            _print({"device": args.device_id, "tasks": agent.profile().tasks, "errors": agent.errors})
+            return 1 if agent.errors else 0
+        agent.run_forever()
+    finally:
+        if hooks is not None:
+            hooks.close()
+        agent.close()
+    return 0
+
+
+def cmd_keys_init(args: argparse.Namespace) -> int:
+    from edgerun.fleet.signing import KeyDir
+
+    root = KeyDir(args.keys).init()
+    print(f"keys and root v{root['signed']['version']} written to {args.keys}; keep root.key and release.key offline")
+    return 0
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    from edgerun.fleet.signing import KeyDir
+
+    keys = KeyDir(args.keys)
+    root = keys.rotate(args.role)
+    print(f"rotated the {args.role} key; root is now v{root['signed']['version']}")
+    if args.server:
+        print(f"server accepted root v{_admin(args).push_roots(keys)}")
+    return 0
+
+
+def _admin(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from edgerun.fleet.admin_client import AdminClient
+
+    return AdminClient(args.server, args.token or os.environ.get(TOKEN_ENV, ""))
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    client = _admin(args)
+    if args.action == "list":
+        rows = client.releases()
+        for r in rows:
+            print(f"#{r['id']:<4} {r['task']:<20} v{r['version']:<5} {r['stage']:<12} {r['exposure_percent']:>5}%  "
+                  f"ok={r['total_success']} fail={r['total_failure']} {'PAUSED ' if r['paused'] else ''}{r['reason']}")
+        return 0
+    if args.id is None:
+        raise SystemExit(f"edgerun fleet release {args.action}: needs a release id")
+    if args.action == "show":
+        _print(client.release(args.id))
+    elif args.action == "audit":
+        _print(client.audit(args.id))
+    else:
+        _print(client.control(args.id, args.action))
+    return 0
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from edgerun.fleet.package import pack_task
+
+    package = pack_task(args.dir, args.output)
+    print(f"packed {package.name} v{package.version}: {len(package.files)} file(s) → {args.output}")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from edgerun.fleet.signing import KeyDir
+
+    policy: dict[str, Any] = {}
+    if args.steps:
+        policy["steps"] = [float(s) for s in _csv(args.steps)]
+    for name in ("min_reports", "error_min_reports", "success_threshold", "error_threshold"):
+        if getattr(args, name) is not None:
+            policy[name] = getattr(args, name)
+    if args.beta:
+        policy["beta_devices"] = _csv(args.beta)
+    if args.simulate is not None:
+        policy["simulation_agents"] = args.simulate
+    release = _admin(args).publish(args.package, KeyDir(args.keys), policy)
+    print(f"published {release['task']} v{release['version']} as release #{release['id']} (stage {release['stage']})")
+    return 0
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=os.environ.get("EDGERUN_FLEET_SERVER", "http://127.0.0.1:8700"))
+    p.add_argument("--token", help=f"admin token (default: ${TOKEN_ENV})")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    fleet = subparsers.add_parser("fleet", help="fleet release server, device agent, keys and releases")
+    fsub = fleet.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND", required=True)
+
+    p = fsub.add_parser("serve", help="run the release server (HTTP API, dashboard at /)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--data", required=True, help="folder for the SQLite database and the file store")
+    p.add_argument("--keys", required=True, help="key folder: the root chain and assignment.key are read")
+    p.add_argument("--db", help="SQLAlchemy URL, e.g. postgresql://user@host/db (default: DATA/fleet.db)")
+    p.add_argument("--store", help="blob store: a folder or s3://bucket/prefix (default: DATA/blobs)")
+    p.add_argument("--admin-token")
+    p.add_argument("--enroll-token")
+    p.add_argument("--workers", type=int, default=1, help="server processes sharing the database and store")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_serve)
+
+    p = fsub.add_parser("agent", help="run a device agent")
+    p.add_argument("--server", required=True)
+    p.add_argument("--device-id", required=True)
+    p.add_argument("--state", required=True, help="folder for the agent's SQLite state and task files")
+    p.add_argument("--root", help="trusted root document (needed on first start)")
+    p.add_argument("--enroll-token", help="the server's enrolment token (needed on first start)")
+    p.add_argument("--app-version", default="1.0")
+    p.add_argument("--os", default=sys.platform)
+    p.add_argument("--device-group", action="append", default=[])
+    p.add_argument("--user-group", action="append", default=[])
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between check-ins")
+    p.add_argument("--once", action="store_true", help="one round (check in, run due tasks, report), then exit")
+    p.add_argument("--no-stream", action="store_true", help="do not run the on-device stream pipeline")
+    p.set_defaults(func=cmd_agent)
+
+    keys = fsub.add_parser("keys", help="signing keys and the root of trust")
+    ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    p = ksub.add_parser("init", help="generate root, release and assignment keys and root v1")
+    p.add_argument("--keys", required=True)
+    p.set_defaults(func=cmd_keys_init)
+    p = ksub.add_parser("rotate", help="replace one role's key and sign the next root version")
+    p.add_argument("--keys", required=True)
+    p.add_argument("--role", required=True, choices=("root", "release", "assignment"))
+    p.add_argument("--server", help="also push the new root to this server")
+    p.add_argument("--token")
+    p.set_defaults(func=cmd_keys_rotate)
+
+    p = fsub.add_parser("release", help="list, show, pause, resume, abort releases; show the audit log")
+    p.add_argument("action", choices=("list", "show", "pause", "resume", "abort", "audit"))
+    p.add_argument("id", type=int, nargs="?")
+    _server_args(p)
+    p.set_defaults(func=cmd_release)
+
+    task = subparsers.add_parser("task", help="pack and publish ML task packages")
+    tsub = task.add_subparsers(dest="task_command", metavar="SUBCOMMAND", required=True)
+    p = tsub.add_parser("pack", help="pack a task folder (task.json + scripts + resources)")
+    p.add_argument("dir")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_pack)
+    p = tsub.add_parser("publish", help="sign a package with the offline release key and start its rollout")
+    p.add_argument("package")
+    p.add_argument("--keys", required=True, help="key folder holding release.key and the root chain")
+    _server_args(p)
+    p.add_argument("--steps", help="gray steps in percent, e.g. 1,5,20,50,100")
+    p.add_argument("--min-reports", type=int)
+    p.add_argument("--error-min-reports", type=int)
+    p.add_argument("--success-threshold", type=float)
+    p.add_argument("--error-threshold", type=float)
+    p.add_argument("--beta", help="comma-separated beta device ids")
+    p.add_argument("--simulate", type=int, help="simulated agents in the cloud simulation stage (0 skips it)")
+    p.set_defaults(func=cmd_publish)

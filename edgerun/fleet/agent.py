@@ -1,0 +1,270 @@
+"""The device agent: check in, pull and verify assigned task versions, activate them atomically, run them
+in the compute container, and report every run.
+
+Usable in-process (`Agent(...).step()` or `.run_forever()`) and as `edgerun fleet agent`. Other parts of
+edgerun plug in through `TaskHooks`: the stream pipeline registers each active task's `triggers` and
+calls the `run_fn` it was handed when a trigger matches.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from edgerun.fleet.agent_state import AgentState
+from edgerun.fleet.container import RunResult, run_in_container
+from edgerun.fleet.errors import FleetError
+from edgerun.fleet.installer import Installer
+from edgerun.fleet.manifest import verify_assignment, verify_release
+from edgerun.fleet.signing import Root, verify_root_update
+from edgerun.fleet.targeting import DeviceProfile
+
+RunFn = Callable[[Any], RunResult]
+
+
+class TaskHooks(Protocol):
+    """What the agent tells the rest of the device about task (de)activation; see docs/fleet.md."""
+
+    def on_task_activated(self, task_id: str, config: dict[str, Any], run_fn: RunFn) -> None: ...
+
+    def on_task_deactivated(self, task_id: str) -> None: ...
+
+    def poll(self) -> None: ...
+
+
+class Agent:
+    def __init__(self, server_url: str, device_id: str, state_dir: str | Path, *,
+                 root_path: str | Path | None = None, enroll_token: str | None = None,
+                 app_version: str = "1.0", os_name: str = platform.system().lower(),
+                 device_groups: tuple[str, ...] = (), user_groups: tuple[str, ...] = (),
+                 hooks: TaskHooks | None = None, checkin_interval_s: float = 5.0,
+                 http_timeout_s: float = 30.0) -> None:
+        self.server_url = server_url.rstrip("/")
+        self.device_id = device_id
+        self.state_dir = Path(state_dir).resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.app_version, self.os_name = app_version, os_name
+        self.device_groups, self.user_groups = tuple(device_groups), tuple(user_groups)
+        self.hooks = hooks
+        self.checkin_interval_s = checkin_interval_s
+        self.errors: list[str] = []  # refusals and failures of the latest check-in, for operators and tests
+        self.state = AgentState(self.state_dir / "agent.db")
+        self.installer = Installer(self.state_dir)
+        # Crash recovery first: drop half-built folders, turn interrupted runs into failure reports.
+        self.installer.recover()
+        self.state.recover_interrupted_runs()
+        self.http = httpx.Client(base_url=self.server_url, timeout=http_timeout_s)
+        self.root = self._load_root(root_path)
+        self._token = self.state.get("token")
+        self._enroll_token = enroll_token
+        self._last_run: dict[str, float] = {}
+        self._announced: set[tuple[str, int]] = set()
+
+    # ---- trust and identity -------------------------------------------------------------------------
+    def _load_root(self, root_path: str | Path | None) -> Root:
+        stored = self.state.get_json("root")
+        if stored is not None:
+            return Root(stored)
+        if root_path is None:
+            raise FleetError("the agent needs a trusted root document the first time (--root keys/root.json)")
+        envelope = json.loads(Path(root_path).read_text())
+        root = Root(envelope)
+        root.verify_role(envelope, "root")
+        self.state.put_json("root", envelope)
+        return root
+
+    def _update_root(self, latest: int) -> None:
+        """Walk the root chain one version at a time; each must be signed by the one before."""
+        while self.root.version < latest:
+            r = self.http.get(f"/v1/roots/{self.root.version + 1}")
+            r.raise_for_status()
+            self.root = verify_root_update(self.root, r.json())
+            self.state.put_json("root", self.root.envelope)
+
+    @property
+    def token(self) -> str:
+        if self._token is None:
+            if not self._enroll_token:
+                raise FleetError("the agent is not enrolled; pass the server's enrolment token (--enroll-token)")
+            r = self.http.post("/v1/devices/register",
+                               json={"enroll_token": self._enroll_token, "profile": self.profile().as_dict()})
+            if r.status_code == 403:
+                raise FleetError("the server refused the enrolment token")
+            r.raise_for_status()
+            self._token = str(r.json()["token"])
+            self.state.put("token", self._token)
+        return self._token
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def profile(self) -> DeviceProfile:
+        return DeviceProfile(self.device_id, self.app_version, self.os_name, self.device_groups,
+                             self.user_groups, {t: v for t, (v, _) in self.installer.active().items()})
+
+    # ---- push: check-in or any business request ------------------------------------------------------
+    def profile_headers(self) -> dict[str, str]:
+        """Headers to add to any business request so the server can say whether this device is stale."""
+        return {**self._auth(), "X-Edgerun-Profile": json.dumps(self.profile().as_dict())}
+
+    def handle_push_header(self, value: str | None) -> bool:
+        """Act on the X-Edgerun-Assignment header of a business response; True if something changed."""
+        if not value or value == "up-to-date":
+            return False
+        r = self.http.get(value, headers=self._auth())
+        r.raise_for_status()
+        return self.apply_assignment(r.json())
+
+    def check_in(self) -> bool:
+        """One push-then-pull round; returns True if some task version changed."""
+        profile = self.profile()
+        r = self.http.post(f"/v1/devices/{self.device_id}/checkin", json=profile.as_dict(), headers=self._auth())
+        r.raise_for_status()
+        body = r.json()
+        if int(body.get("root_version", 0)) > self.root.version:
+            self._update_root(int(body["root_version"]))
+        if body["status"] == "up-to-date":
+            return False
+        return self.apply_assignment(body["assignment"])
+
+    # ---- pull, verify, activate ------------------------------------------------------------------------
+    def _fetch(self, digest: str, offset: int) -> Iterator[bytes]:
+        headers = {**self._auth(), **({"Range": f"bytes={offset}-"} if offset else {})}
+        with self.http.stream("GET", f"/v1/blobs/{digest}", headers=headers) as r:
+            r.raise_for_status()
+            skip = offset if (offset and r.status_code == 200) else 0  # server ignored the Range header
+            for chunk in r.iter_bytes(1 << 16):
+                if skip:
+                    cut = min(skip, len(chunk))
+                    chunk, skip = chunk[cut:], skip - cut
+                if chunk:
+                    yield chunk
+
+    def apply_assignment(self, envelope: dict[str, Any]) -> bool:
+        self.errors = []
+        signed = verify_assignment(self.root, envelope, device_id=self.device_id,
+                                   min_serial=int(self.state.get("assignment_serial", "0") or 0))
+        self.state.raise_int("assignment_serial", int(signed["serial"]))
+        changed = False
+        active = self.installer.active()
+        for task, release_env in sorted(signed["tasks"].items()):
+            try:
+                changed |= self._install(task, release_env, active.get(task))
+            except (FleetError, httpx.HTTPError, OSError) as exc:
+                # One bad task must not block the others; it is retried on the next check-in.
+                self.errors.append(f"{task}: {exc}")
+        return changed
+
+    def _install(self, task: str, envelope: dict[str, Any], current: tuple[int, Path] | None) -> bool:
+        manifest = verify_release(self.root, envelope, task=task, min_version=self.state.seen_version(task))
+        version = int(manifest["version"])
+        if current is not None and current[0] == version:
+            return False
+        # Recorded before download: a replay of anything older is refused from now on, even after a crash.
+        self.state.raise_seen(task, version)
+        if manifest.get("removed"):
+            if current is None:
+                return False  # nothing to remove here; the version is recorded as seen all the same
+            self._deactivate(task)
+            return True
+        for f in manifest["files"]:
+            self.installer.fetch_blob(f["sha256"], int(f["length"]), self._fetch)
+        self.installer.build_version(manifest, envelope)
+        self.installer.activate(task, version)
+        self.installer.prune(task, keep={version})
+        self._announce(task, version, manifest["config"])
+        return True
+
+    def _deactivate(self, task: str) -> None:
+        self.installer.deactivate(task)
+        if self.hooks is not None:
+            self.hooks.on_task_deactivated(task)
+
+    def _announce(self, task: str, version: int, config: dict[str, Any]) -> None:
+        self._announced.add((task, version))
+        if self.hooks is not None:
+            self.hooks.on_task_activated(task, config, lambda inputs: self.run_task(task, inputs))
+
+    def announce_active(self) -> None:
+        """Tell the hooks about tasks that were already active when the agent started."""
+        for task, (version, folder) in self.installer.active().items():
+            if (task, version) not in self._announced:
+                config = json.loads((folder / "release.json").read_text())["signed"]["config"]
+                self._announce(task, version, config)
+
+    # ---- running tasks and reporting ----------------------------------------------------------------
+    def task_config(self, task: str) -> tuple[int, Path, dict[str, Any]]:
+        active = self.installer.active()
+        if task not in active:
+            raise FleetError(f"task {task!r} is not active on {self.device_id}")
+        version, folder = active[task]
+        return version, folder, json.loads((folder / "release.json").read_text())["signed"]["config"]
+
+    def run_task(self, task: str, inputs: Any = None) -> RunResult:
+        """Run the active version of `task` in the compute container and queue its report."""
+        version, folder, config = self.task_config(task)
+        limits = config.get("limits", {})
+        run_id = self.state.begin_run(task, version)
+        result = run_in_container(folder, config.get("entry", "main.py"), inputs if inputs is not None else {},
+                                  timeout_s=float(limits.get("timeout_s", 10)),
+                                  memory_mb=int(limits.get("memory_mb", 512)))
+        self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
+        return result
+
+    def run_scheduled(self, now: float | None = None) -> int:
+        """Run tasks whose config has `schedule: {"every_s": N}` and are due; returns runs started."""
+        now = time.monotonic() if now is None else now
+        started = 0
+        for task in self.installer.active():
+            every = self.task_config(task)[2].get("schedule", {}).get("every_s")
+            if every is None or now - self._last_run.get(task, -1e18) < float(every):
+                continue
+            self._last_run[task] = now
+            self.run_task(task, {"scheduled": True})
+            started += 1
+        return started
+
+    def flush_reports(self) -> int:
+        sent = 0
+        while batch := self.state.pending_reports():
+            r = self.http.post(f"/v1/devices/{self.device_id}/reports", json={"reports": batch},
+                               headers=self._auth())
+            r.raise_for_status()
+            self.state.mark_sent([b["id"] for b in batch])
+            sent += len(batch)
+        return sent
+
+    def step(self) -> None:
+        """One round of the agent loop; network errors are logged and retried next round."""
+        self.errors = []
+        try:
+            self.check_in()
+        except (httpx.HTTPError, FleetError) as exc:
+            self.errors.append(f"check-in: {exc}")
+        self.announce_active()
+        self.run_scheduled()
+        if self.hooks is not None:
+            self.hooks.poll()
+        try:
+            self.flush_reports()
+        except httpx.HTTPError as exc:
+            self.errors.append(f"reports: {exc}")
+
+    def run_forever(self, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            self.step()
+            for e in self.errors:
+                print(f"agent {self.device_id}: {e}", flush=True)
+            stop.wait(self.checkin_interval_s)
+
+    def close(self) -> None:
+        self.http.close()
+        self.state.close()

@@ -1,0 +1,93 @@
+"""The agent's durable state in SQLite: credentials, trust, highest versions seen, and the report outbox.
+
+A run is written to the outbox as 'running' before it starts and as 'done' when it ends; a restart turns
+any 'running' row into a failure ('interrupted'), so every run that began produces exactly one report,
+and the server ignores resent report ids, so a report sent twice counts once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS seen (task TEXT PRIMARY KEY, version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
+    outcome TEXT, latency_ms REAL, error TEXT, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS ix_outbox_state ON outbox (state);
+"""
+
+
+class AgentState:
+    def __init__(self, path: str | Path) -> None:
+        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a report acknowledged to the caller survives power loss
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- key/value ----------------------------------------------------------------------------------
+    def get(self, key: str, default: str | None = None) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def put(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def get_json(self, key: str) -> Any:
+        raw = self.get(key)
+        return json.loads(raw) if raw is not None else None
+
+    def put_json(self, key: str, value: Any) -> None:
+        self.put(key, json.dumps(value))
+
+    def raise_int(self, key: str, value: int) -> None:
+        """Monotonic counters (assignment serial): only ever go up."""
+        if value > int(self.get(key, "0") or 0):
+            self.put(key, str(value))
+
+    # ---- highest versions seen (anti-rollback) -----------------------------------------------------
+    def seen_version(self, task: str) -> int:
+        row = self.db.execute("SELECT version FROM seen WHERE task = ?", (task,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def raise_seen(self, task: str, version: int) -> None:
+        self.db.execute("INSERT INTO seen (task, version) VALUES (?, ?) ON CONFLICT(task) DO UPDATE "
+                        "SET version = MAX(version, excluded.version)", (task, version))
+
+    # ---- report outbox ------------------------------------------------------------------------------
+    def begin_run(self, task: str, version: int) -> str:
+        run_id = uuid.uuid4().hex
+        self.db.execute("INSERT INTO outbox (id, task, version, state, created) VALUES (?, ?, ?, 'running', ?)",
+                        (run_id, task, version, time.time()))
+        return run_id
+
+    def finish_run(self, run_id: str, outcome: str, latency_ms: float, error: str) -> None:
+        self.db.execute("UPDATE outbox SET state = 'done', outcome = ?, latency_ms = ?, error = ? WHERE id = ?",
+                        (outcome, latency_ms, error[:2000], run_id))
+
+    def recover_interrupted_runs(self) -> int:
+        cur = self.db.execute("UPDATE outbox SET state = 'done', outcome = 'crash', latency_ms = 0, "
+                              "error = 'interrupted: the agent stopped during the run' WHERE state = 'running'")
+        return cur.rowcount
+
+    def pending_reports(self, limit: int = 500) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT id, task, version, outcome, latency_ms, error FROM outbox "
+                               "WHERE state = 'done' ORDER BY created LIMIT ?", (limit,)).fetchall()
+        return [{"id": r[0], "task": r[1], "version": r[2], "outcome": r[3], "latency_ms": r[4] or 0.0,
+                 "error": r[5] or ""} for r in rows]
+
+    def mark_sent(self, ids: list[str]) -> None:
+        self.db.executemany("UPDATE outbox SET state = 'sent' WHERE id = ?", [(i,) for i in ids])
+
+    def count(self, state: str) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE state = ?", (state,)).fetchone()[0])

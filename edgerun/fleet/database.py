@@ -1,0 +1,46 @@
+"""Engine creation and migrations: SQLite file by default, PostgreSQL (or any SQLAlchemy URL) for scale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def sqlite_url(data_dir: str | Path) -> str:
+    return f"sqlite:///{Path(data_dir).resolve() / 'fleet.db'}"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    cur = dbapi_conn.cursor()
+    # WAL lets several server processes read while one writes; busy_timeout makes writers queue, not fail.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def create_engine(url: str) -> sa.Engine:
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def upgrade(engine: sa.Engine) -> None:
+    """Bring the schema to the newest Alembic revision; safe to call from several processes at start."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Serialise concurrent upgrades from several server processes starting together.
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(7007001)"))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")

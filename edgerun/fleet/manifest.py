@@ -1,0 +1,85 @@
+"""Release manifests (signed offline) and device assignments (signed online), built and verified here.
+
+Release manifest, role `release`:
+    {"_type": "release", "task", "version", "expires", "config", "files": [{path, sha256, length}],
+     "removed": false, "rollback_of": null}
+A rollback is a new, higher version that points at the files of the last good release (or is
+`removed` when there was none). `task publish` signs it together with the release, so the server can
+roll back automatically without ever holding the offline key.
+
+Assignment, role `assignment`:
+    {"_type": "assignment", "device_id", "serial", "expires", "tasks": {name: release envelope}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgerun.fleet.canonical import iso_after
+from edgerun.fleet.errors import FleetError, RollbackAttackError, SignatureError
+from edgerun.fleet.package import TaskPackage
+from edgerun.fleet.signing import Root, SigningKey, check_expiry, sign_envelope
+
+RELEASE_LIFETIME_S = 365 * 86400
+ASSIGNMENT_LIFETIME_S = 3600
+
+
+def release_manifest(package: TaskPackage, lifetime_s: float = RELEASE_LIFETIME_S) -> dict[str, Any]:
+    config = {k: v for k, v in package.config.items() if k not in ("rollout",)}
+    return {"_type": "release", "task": package.name, "version": package.version,
+            "expires": iso_after(lifetime_s), "config": config,
+            "files": [f.as_dict() for f in package.files], "removed": False, "rollback_of": None}
+
+
+def rollback_manifest(release: dict[str, Any], previous: dict[str, Any] | None,
+                      lifetime_s: float = RELEASE_LIFETIME_S) -> dict[str, Any]:
+    """Version+1 of `release` carrying `previous`'s files and config, or removing the task if none."""
+    base = {"_type": "release", "task": release["task"], "version": release["version"] + 1,
+            "expires": iso_after(lifetime_s), "rollback_of": release["version"]}
+    if previous is None:
+        return {**base, "config": {"name": release["task"]}, "files": [], "removed": True}
+    return {**base, "config": previous["config"], "files": previous["files"], "removed": False}
+
+
+def sign_release(package: TaskPackage, previous: dict[str, Any] | None, key: SigningKey,
+                 lifetime_s: float = RELEASE_LIFETIME_S) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pair `task publish` uploads: the signed release and its pre-signed rollback."""
+    release = release_manifest(package, lifetime_s)
+    return sign_envelope(release, [key]), sign_envelope(rollback_manifest(release, previous, lifetime_s), [key])
+
+
+def verify_release(root: Root, envelope: dict[str, Any], *, task: str | None = None,
+                   min_version: int = 0) -> dict[str, Any]:
+    """Signature by the release role, not expired, and not below the highest version already seen."""
+    signed = root.verify_role(envelope, "release")
+    if signed.get("_type") != "release":
+        raise SignatureError("not a release manifest")
+    if task is not None and signed.get("task") != task:
+        raise SignatureError(f"manifest names task {signed.get('task')!r}, expected {task!r}")
+    check_expiry(signed, f"release {signed['task']} v{signed['version']}")
+    if int(signed["version"]) < min_version:
+        raise RollbackAttackError(f"{signed['task']} v{signed['version']} is below v{min_version}, already seen")
+    for f in signed["files"]:
+        if not isinstance(f.get("sha256"), str) or not isinstance(f.get("length"), int):
+            raise FleetError("manifest file entry lacks sha256/length")
+    return signed
+
+
+def verify_assignment(root: Root, envelope: dict[str, Any], *, device_id: str,
+                      min_serial: int = 0) -> dict[str, Any]:
+    signed = root.verify_role(envelope, "assignment")
+    if signed.get("_type") != "assignment":
+        raise SignatureError("not an assignment")
+    if signed.get("device_id") != device_id:
+        raise SignatureError(f"assignment is for {signed.get('device_id')!r}, not {device_id!r}")
+    check_expiry(signed, f"assignment #{signed['serial']}")
+    if int(signed["serial"]) < min_serial:
+        raise RollbackAttackError(f"assignment #{signed['serial']} is older than #{min_serial}, already seen")
+    return signed
+
+
+def sign_assignment(device_id: str, serial: int, tasks: dict[str, dict[str, Any]], key: SigningKey,
+                    lifetime_s: float = ASSIGNMENT_LIFETIME_S) -> dict[str, Any]:
+    signed = {"_type": "assignment", "device_id": device_id, "serial": serial,
+              "expires": iso_after(lifetime_s), "tasks": tasks}
+    return sign_envelope(signed, [key])

@@ -1,0 +1,188 @@
+"""Release records on the server: publishing, operator actions, and persisting rollout transitions.
+
+Every transition is read-modify-written under a row lock in one transaction, so two server processes
+seeing two breaching report batches at once still produce exactly one rollback (hawkBit PR #2161), and
+a release is created in its first real stage in the same transaction that stores it, so there is no
+'creating' state to get stuck in (hawkBit #1770).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import sqlalchemy as sa
+
+from edgerun.fleet import rollout
+from edgerun.fleet.errors import FleetError
+from edgerun.fleet.manifest import verify_release
+from edgerun.fleet.schema import audit, devices, releases
+from edgerun.fleet.signing import Root
+from edgerun.fleet.store import BlobStore
+from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, validate_targeting
+
+
+def write_audit(conn: sa.Connection, actor: str, action: str, release_id: int | None, detail: str = "") -> None:
+    conn.execute(audit.insert().values(at=time.time(), actor=actor, release_id=release_id,
+                                       action=action, detail=detail))
+
+
+def lock_release(conn: sa.Connection, release_id: int) -> sa.Row[Any]:
+    """Take the row lock before reading, so the read-modify-write cannot interleave with another."""
+    query = sa.select(releases).where(releases.c.id == release_id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    else:
+        # SQLite: a write first takes the database write lock for the rest of the transaction.
+        conn.execute(releases.update().where(releases.c.id == release_id).values(updated_at=releases.c.updated_at))
+    row = conn.execute(query).first()
+    if row is None:
+        raise FleetError(f"no release #{release_id}")
+    return row
+
+
+def state_of(row: sa.Row[Any]) -> rollout.RolloutState:
+    return rollout.RolloutState(stage=row.stage, step=row.step, paused=row.paused,
+                                step_success=row.step_success, step_failure=row.step_failure, reason=row.reason,
+                                population=row.step_population)
+
+
+def step_population(conn: sa.Connection, task: str, version: int, targeting: dict[str, Any],
+                    policy: rollout.RolloutPolicy, state: rollout.RolloutState) -> int:
+    """Active devices (seen within the policy's window) that the current step covers."""
+    if state.stage not in ("beta", "gray"):
+        return 0
+    since = time.time() - policy.active_window_s
+    beta = set(policy.beta_devices)
+    pct = rollout.exposure_percent(state, policy)
+    n = 0
+    for device_id, profile in conn.execute(sa.select(devices.c.id, devices.c.profile).where(devices.c.last_seen >= since)):
+        if not matches(targeting, DeviceProfile.from_dict(profile)):
+            continue
+        if device_id in beta or (state.stage == "gray" and bucket_percent(device_id, f"{task}:{version}") < pct):
+            n += 1
+    return n
+
+
+def count_population(conn: sa.Connection, task: str, version: int, targeting: dict[str, Any],
+                     policy: rollout.RolloutPolicy, state: rollout.RolloutState) -> rollout.RolloutState:
+    """Count who the step covers now; steps that cover nobody are skipped (each skip is audited)."""
+    while True:
+        state = replace(state, population=step_population(conn, task, version, targeting, policy, state))
+        moved = rollout.skip_empty_step(state, policy)
+        if moved is state:
+            return state
+        state = moved
+
+
+def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutState, actor: str,
+                    extra: dict[str, Any] | None = None) -> None:
+    values = {"stage": new.stage, "step": new.step, "paused": new.paused, "step_success": new.step_success,
+              "step_failure": new.step_failure, "reason": new.reason, "updated_at": time.time(), **(extra or {})}
+    if (new.stage, new.step) != (row.stage, row.step) or any(e == "resume" for e in new.events):
+        new = count_population(conn, row.task, row.version, row.targeting, rollout.RolloutPolicy.from_dict(row.policy),
+                               new)
+        values.update(stage=new.stage, step=new.step, step_population=new.population)
+    if new.stage in ("beta", "gray", "completed"):
+        values["exposed"] = True
+    conn.execute(releases.update().where(releases.c.id == row.id).values(**values))
+    for event in new.events:
+        write_audit(conn, actor, event, row.id, new.reason if event.startswith(("rollback", "pause", "abort")) else "")
+
+
+def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str, Any],
+            rollback_envelope: dict[str, Any], policy_dict: dict[str, Any], actor: str) -> int:
+    """Store a release after checking both signatures, the version order and that every file is uploaded."""
+    signed = verify_release(root, envelope)
+    rb = verify_release(root, rollback_envelope, task=signed["task"], min_version=signed["version"] + 1)
+    if rb.get("rollback_of") != signed["version"]:
+        raise FleetError("rollback manifest does not name this release")
+    missing = [f["sha256"] for f in signed["files"] + rb["files"] if not store.exists(f["sha256"])]
+    if missing:
+        raise FleetError(f"{len(missing)} file(s) not uploaded, first {missing[0]}")
+    policy = rollout.RolloutPolicy.from_dict(policy_dict)
+    targeting = validate_targeting(signed["config"].get("targeting", {}))
+    state = rollout.initial_state(policy)
+    now = time.time()
+    with engine.begin() as conn:
+        # Versions are immutable and increase: a new version must exceed every version so far,
+        # including the rollback version reserved by the latest release.
+        top = conn.execute(sa.select(sa.func.max(releases.c.version)).where(releases.c.task == signed["task"])).scalar()
+        if top is not None and signed["version"] <= top + 1:
+            raise FleetError(f"{signed['task']} v{signed['version']} must be above v{top + 1} "
+                             f"(v{top} and its rollback version exist)")
+        result = conn.execute(releases.insert().values(
+            task=signed["task"], version=signed["version"], envelope=envelope, rollback_envelope=rollback_envelope,
+            targeting=targeting, policy=policy.as_dict(), stage=state.stage, step=0, paused=False,
+            exposed=state.stage != "simulation", step_success=0, step_failure=0, total_success=0,
+            total_failure=0, reason="", sim_lease_until=0.0, created_at=now, updated_at=now))
+        assert result.inserted_primary_key is not None
+        release_id = int(result.inserted_primary_key[0])
+        write_audit(conn, actor, "publish", release_id, f"{signed['task']} v{signed['version']} stage={state.stage}")
+        counted = count_population(conn, signed["task"], signed["version"], targeting, policy, state)
+        conn.execute(releases.update().where(releases.c.id == release_id).values(
+            stage=counted.stage, step=counted.step, step_population=counted.population,
+            exposed=counted.stage != "simulation"))
+        for event in counted.events:
+            write_audit(conn, actor, event, release_id)
+    return release_id
+
+
+ACTIONS = {"pause": rollout.pause, "resume": rollout.resume, "abort": rollout.abort}
+
+
+def control(engine: sa.Engine, release_id: int, action: str, actor: str) -> dict[str, Any]:
+    """Pause, resume or abort; idempotent (a repeated action changes nothing and logs nothing)."""
+    fn = ACTIONS.get(action)
+    if fn is None:
+        raise FleetError(f"unknown action {action!r}; choose one of {', '.join(ACTIONS)}")
+    with engine.begin() as conn:
+        row = lock_release(conn, release_id)
+        new = fn(state_of(row))
+        if new.events:
+            save_transition(conn, row, new, actor)
+    return describe(engine, release_id)
+
+
+def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int) -> rollout.RolloutState:
+    row = lock_release(conn, release_id)
+    policy = rollout.RolloutPolicy.from_dict(row.policy)
+    new = rollout.apply_reports(state_of(row), policy, success, failure)
+    totals = {"total_success": row.total_success + success, "total_failure": row.total_failure + failure}
+    save_transition(conn, row, new, "monitor", totals)
+    return replace(new, events=())
+
+
+def describe_row(row: sa.Row[Any]) -> dict[str, Any]:
+    policy = rollout.RolloutPolicy.from_dict(row.policy)
+    state = state_of(row)
+    total = row.total_success + row.total_failure
+    return {"id": row.id, "task": row.task, "version": row.version, "stage": row.stage, "step": row.step,
+            "paused": row.paused, "exposure_percent": rollout.exposure_percent(state, policy),
+            "step_success": row.step_success, "step_failure": row.step_failure, "step_population": row.step_population,
+            "total_success": row.total_success, "total_failure": row.total_failure,
+            "failure_rate": (row.total_failure / total) if total else 0.0, "reason": row.reason,
+            "targeting": row.targeting, "policy": row.policy, "created_at": row.created_at,
+            "updated_at": row.updated_at}
+
+
+def describe(engine: sa.Engine, release_id: int) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(releases).where(releases.c.id == release_id)).first()
+    if row is None:
+        raise FleetError(f"no release #{release_id}")
+    return describe_row(row)
+
+
+def latest_good_manifest(engine: sa.Engine, task: str) -> dict[str, Any] | None:
+    """The manifest a rollback of the next release should return to: what the fleet runs when it is stable."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(releases).where(releases.c.task == task)
+                            .order_by(releases.c.version.desc())).all()
+    for row in rows:
+        if row.stage == "completed":
+            return dict(row.envelope)
+        if row.stage in rollout.TERMINAL and row.exposed:
+            return dict(row.rollback_envelope)
+    return None

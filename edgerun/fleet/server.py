@@ -1,0 +1,255 @@
+"""The release server: a FastAPI app over the fleet database and the content-addressed store.
+
+Several processes may serve one database and one store (PostgreSQL plus a shared folder or S3); every
+piece of state lives there, and each process only caches what it can refresh within `cache_ttl_s`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+
+from edgerun.fleet.admin_api import build_admin_router
+from edgerun.fleet.api_models import (
+    CheckinAnswer,
+    Profile,
+    RegisterRequest,
+    ReportBatch,
+)
+from edgerun.fleet.database import create_engine, sqlite_url, upgrade
+from edgerun.fleet.errors import FleetError
+from edgerun.fleet.group_commit import ReportGroupCommit
+from edgerun.fleet.service import FleetService
+from edgerun.fleet.signing import KeyDir
+from edgerun.fleet.simulation import SimulationWorker
+from edgerun.fleet.store import BlobStore, check_digest, open_store
+from edgerun.fleet.stream_mount import stream_router
+from edgerun.fleet.targeting import DeviceProfile
+
+PROFILE_HEADER = "X-Edgerun-Profile"
+ASSIGNMENT_HEADER = "X-Edgerun-Assignment"
+DASHBOARD = Path(__file__).with_name("dashboard.html")
+
+
+@dataclass
+class ServerConfig:
+    data_dir: Path
+    keys_dir: Path
+    db_url: str = ""
+    store: str = ""
+    admin_token: str = ""
+    enroll_token: str = ""
+    cache_ttl_s: float = 0.2
+
+
+def _secret(data_dir: Path, name: str, given: str) -> str:
+    """An explicit token wins; otherwise one is generated once and kept in DATA/<name> (mode 600)."""
+    if given:
+        return given
+    path = data_dir / name
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _bearer(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if not auth.lower().startswith("bearer "):
+        raise HTTPException(401, "missing bearer token")
+    return auth[7:].strip()
+
+
+def prepare(cfg: ServerConfig) -> ServerConfig:
+    """Resolve tokens and migrate once, before any worker process starts (so workers never race on them)."""
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    cfg.admin_token = _secret(cfg.data_dir, "admin_token", cfg.admin_token)
+    cfg.enroll_token = _secret(cfg.data_dir, "enroll_token", cfg.enroll_token)
+    engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir))
+    upgrade(engine)
+    engine.dispose()
+    return cfg
+
+
+class PiggybackPush:
+    """Pure ASGI middleware (BaseHTTPMiddleware would cost every request a task switch) that adds
+    X-Edgerun-Assignment to the response of any request carrying X-Edgerun-Profile."""
+
+    def __init__(self, app: Any, header_value: Any) -> None:
+        self.app, self.header_value = app, header_value
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if b"x-edgerun-profile" not in headers:
+            await self.app(scope, receive, send)
+            return
+        value = self.header_value(headers)
+
+        async def send_with_header(message: Any) -> None:
+            if message["type"] == "http.response.start" and value is not None:
+                message = {**message, "headers": [*message.get("headers", []),
+                                                   (ASSIGNMENT_HEADER.lower().encode(), value.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def create_app(cfg: ServerConfig) -> FastAPI:
+    cfg = prepare(cfg) if not (cfg.admin_token and cfg.enroll_token) else cfg
+    admin_token, enroll_token = cfg.admin_token, cfg.enroll_token
+    engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir))
+    upgrade(engine)
+    keys = KeyDir(cfg.keys_dir)
+    store: BlobStore = open_store(cfg.store, cfg.data_dir)
+    service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s)
+    service.add_roots(keys.root_chain())
+    simulator = SimulationWorker(engine, store, on_change=service.invalidate)
+    group_commit = ReportGroupCommit(service)
+    stop = threading.Event()
+
+    def flush_loop() -> None:
+        while not stop.wait(1.0):
+            try:
+                service.flush_seen()
+            except Exception as exc:  # a busy database must not end the loop; the next second retries
+                print(f"fleet server: flush failed: {exc!r}", flush=True)
+
+    def on_startup() -> None:
+        simulator.start()
+        simulator.kick()
+        threading.Thread(target=flush_loop, name="fleet-seen-flush", daemon=True).start()
+
+    def on_shutdown() -> None:
+        stop.set()
+        simulator.stop()
+        service.flush_seen()
+
+    app = FastAPI(title="edgerun fleet release server", version="1",
+                  on_startup=[on_startup], on_shutdown=[on_shutdown])
+    app.state.service, app.state.engine, app.state.store = service, engine, store
+
+    def require_admin(request: Request) -> str:
+        token = _bearer(request)
+        if not hmac.compare_digest(token.encode(), admin_token.encode()):
+            raise HTTPException(403, "admin token required")
+        return "admin"
+
+    def require_device(request: Request, device_id: str) -> str:
+        owner = service.device_for_token(_bearer(request))
+        if owner is None or owner != device_id:
+            raise HTTPException(403, "this token does not belong to that device")
+        return owner
+
+    def require_any(request: Request) -> None:
+        token = _bearer(request)
+        if hmac.compare_digest(token.encode(), admin_token.encode()) or service.device_for_token(token):
+            return
+        raise HTTPException(403, "unknown token")
+
+    @app.exception_handler(FleetError)
+    async def fleet_error(_request: Request, exc: FleetError) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    def push_header_value(headers: dict[bytes, bytes]) -> str | None:
+        """Push: any request that carries a device profile learns whether that device is out of date."""
+        raw, auth = headers.get(b"x-edgerun-profile"), headers.get(b"authorization", b"")
+        if not raw or not auth.lower().startswith(b"bearer "):
+            return None
+        try:
+            profile = DeviceProfile.from_dict(Profile.model_validate_json(raw).model_dump())
+        except ValueError:
+            return None  # a bad profile header must not break the business request it rides on
+        if service.device_for_token(auth[7:].strip().decode()) != profile.device_id:
+            return None
+        return f"/v1/devices/{profile.device_id}/assignment" if service.needs_update(profile) else "up-to-date"
+
+    app.add_middleware(PiggybackPush, header_value=push_header_value)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(DASHBOARD.read_text())
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "root_version": service.root().version}
+
+    @app.get("/v1/roots/{version}")
+    def root_document(version: int) -> dict[str, Any]:
+        doc = service.root_document(version)
+        if doc is None:
+            raise HTTPException(404, f"no root v{version}")
+        return doc
+
+    @app.post("/v1/devices/register")
+    def register(body: RegisterRequest) -> dict[str, str]:
+        try:
+            token = service.register(body.enroll_token, DeviceProfile.from_dict(body.profile.model_dump()))
+        except PermissionError as exc:
+            raise HTTPException(403, str(exc)) from exc
+        return {"token": token}
+
+    up_to_date = {}  # root version → the pre-encoded "up-to-date" answer, the hot path's whole response
+
+    @app.post("/v1/devices/{device_id}/checkin", response_model=CheckinAnswer,
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": Profile.model_json_schema()}}}})
+    async def checkin(device_id: str, request: Request) -> Response:
+        # The hot path: parsed and answered by hand (no model validation round trips), on the event loop,
+        # from cached tokens and releases; only an out-of-date device, which needs a serial from the
+        # database, goes to the thread pool.
+        require_device(request, device_id)
+        try:
+            body = Profile.model_validate_json(await request.body())
+        except ValueError as exc:
+            raise HTTPException(422, f"bad profile: {exc}") from exc
+        if body.device_id != device_id:
+            raise HTTPException(400, "profile names another device")
+        profile = DeviceProfile(body.device_id, body.app_version, body.os, tuple(body.device_groups),
+                                tuple(body.user_groups), body.tasks)
+        service.note_seen(profile)
+        root_version = service.root().version
+        if not service.needs_update(profile):
+            if root_version not in up_to_date:
+                up_to_date[root_version] = json.dumps({"status": "up-to-date", "root_version": root_version}).encode()
+            return Response(up_to_date[root_version], media_type="application/json")
+        assignment = await run_in_threadpool(service.assignment, profile)
+        return Response(json.dumps({"status": "update", "root_version": root_version, "assignment": assignment}),
+                        media_type="application/json")
+
+    @app.get("/v1/devices/{device_id}/assignment")
+    def assignment(device_id: str, request: Request) -> dict[str, Any]:
+        require_device(request, device_id)
+        return service.assignment(service.stored_profile(device_id))
+
+    @app.post("/v1/devices/{device_id}/reports")
+    async def add_reports(device_id: str, body: ReportBatch, request: Request) -> dict[str, int]:
+        require_device(request, device_id)
+        return {"accepted": await group_commit.submit(device_id, [r.model_dump() for r in body.reports])}
+
+    @app.get("/v1/blobs/{digest}", dependencies=[Depends(require_any)])
+    def get_blob(digest: str) -> Response:
+        check_digest(digest)
+        path = store.local_path(digest)
+        if path is not None:
+            return FileResponse(path, media_type="application/octet-stream")  # honours Range: resumable
+        if not store.exists(digest):
+            raise HTTPException(404, "no such blob")
+        return Response(store.get(digest), media_type="application/octet-stream")
+
+    app.include_router(build_admin_router(engine, service, store, simulator.kick, require_admin))
+    # The cloud end of the stream tunnel (edgerun.stream.cloud) lives in this server at /v1/stream.
+    app.include_router(stream_router(service, engine, lambda t: hmac.compare_digest(t.encode(), admin_token.encode())),
+                       prefix="/v1/stream")
+    return app

@@ -1,0 +1,107 @@
+"""Helpers of the fleet tests: real servers on loopback (subprocesses on free ports), task packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from edgerun.fleet.admin_client import AdminClient
+from edgerun.fleet.agent import Agent
+from edgerun.fleet.package import pack_task
+from edgerun.fleet.signing import KeyDir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class FleetServer:
+    url: str
+    data: Path
+    keys: KeyDir
+    admin_token: str
+    enroll_token: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    agents: list[Agent] = field(default_factory=list)
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.url, self.admin_token)
+
+    def agent(self, device_id: str, state: Path, **kw: Any) -> Agent:
+        a = Agent(self.url, device_id, state, root_path=self.keys.latest_root_path(),
+                  enroll_token=self.enroll_token, **kw)
+        self.agents.append(a)
+        return a
+
+    def wait_seen(self) -> None:
+        """The server batches last-seen writes once a second; wait for one flush."""
+        time.sleep(1.2)
+
+    def stop(self) -> None:
+        for a in self.agents:
+            a.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_server(base: Path, keys: KeyDir, *extra: str, db_url: str = "") -> FleetServer:
+    port = free_port()
+    data = base / f"data-{port}"
+    log = base / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(data),
+           "--keys", str(keys.path), "--admin-token", "admin-secret", "--enroll-token", "enroll-secret", *extra]
+    if db_url:
+        cmd += ["--db", db_url]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()}")
+        try:
+            if httpx.get(url + "/v1/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {log.read_text()}")
+    return FleetServer(url, data, keys, "admin-secret", "enroll-secret", proc, log)
+
+
+def make_task(base: Path, name: str, version: int, body: str = "def run(inputs):\n    return {'ok': True}\n",
+              files: dict[str, bytes] | None = None, **config: Any) -> Path:
+    """Write a task folder and pack it; returns the package path."""
+    src = base / f"{name}-v{version}-src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "task.json").write_text(json.dumps({"name": name, "version": version, "entry": "main.py", **config}))
+    (src / "main.py").write_text(body)
+    for rel, data in (files or {}).items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    pkg = base / f"{name}-v{version}.tar"
+    pack_task(src, pkg)
+    return pkg
+
+
+FAILING_BODY = "def run(inputs):\n    raise RuntimeError('bad version')\n"
