@@ -76,7 +76,7 @@ def main() -> int:
             arr = np.random.default_rng(0).standard_normal(mb * (1 << 18)).astype(np.float32)
             reps = max(3, args.repeats // max(1, mb // 4))
             handles = []
-            t_put = _median_s(lambda arr=arr: handles.append(remote.tensor(arr)), reps)
+            t_put = _median_s(lambda arr=arr, kept=handles: kept.append(remote.tensor(arr)), reps)
             t_get = _median_s(lambda h=handles[0]: h.numpy(), reps)
             remote.request("free", {"handles": [h.handle for h in handles]})
             rows.append((f"upload {mb} MB tensor", t_put * 1e3, mb * 1.048576 / t_put))
