@@ -29,7 +29,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = prepare(ServerConfig(data_dir=Path(args.data), keys_dir=Path(args.keys), db_url=args.db or "",
                                store=args.store or "", admin_token=args.admin_token or os.environ.get(TOKEN_ENV, ""),
-                               enroll_token=args.enroll_token or ""))
+                               enroll_token=args.enroll_token or "", s3_endpoint_url=args.s3_endpoint_url or "",
+                               s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
+                               s3_secret_access_key=args.s3_secret_access_key or "",
+                               monitor_interval_s=args.monitor_interval))
     print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in {cfg.data_dir}/admin_token, "
           f"enrolment token in {cfg.data_dir}/enroll_token)", flush=True)
     if args.workers > 1:
@@ -127,7 +130,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     policy: dict[str, Any] = {}
     if args.steps:
         policy["steps"] = [float(s) for s in _csv(args.steps)]
-    for name in ("min_reports", "error_min_reports", "success_threshold", "error_threshold"):
+    for name in ("min_reports", "error_min_reports", "success_threshold", "error_threshold", "active_window_s"):
         if getattr(args, name) is not None:
             policy[name] = getattr(args, name)
     if args.beta:
@@ -155,6 +158,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--keys", required=True, help="key folder: the root chain and assignment.key are read")
     p.add_argument("--db", help="SQLAlchemy URL, e.g. postgresql://user@host/db (default: DATA/fleet.db)")
     p.add_argument("--store", help="blob store: a folder or s3://bucket/prefix (default: DATA/blobs)")
+    p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for an s3:// store (default: $AWS_ENDPOINT_URL)")
+    p.add_argument("--s3-region", help="S3 region (default: $AWS_DEFAULT_REGION, else us-east-1)")
+    p.add_argument("--s3-access-key-id", help="S3 access key (default: $AWS_ACCESS_KEY_ID or ~/.aws)")
+    p.add_argument("--s3-secret-access-key",
+                   help="S3 secret key (default: $AWS_SECRET_ACCESS_KEY; prefer the variable, arguments show in ps)")
+    p.add_argument("--monitor-interval", type=float, default=1.0,
+                   help="seconds between re-evaluations of rollout steps against the live device count")
     p.add_argument("--admin-token")
     p.add_argument("--enroll-token")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the database and store")
@@ -209,6 +219,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--error-min-reports", type=int)
     p.add_argument("--success-threshold", type=float)
     p.add_argument("--error-threshold", type=float)
+    p.add_argument("--liveness-window", type=float, dest="active_window_s",
+                   help="seconds since its last check-in after which a device no longer counts toward a step "
+                        "(default 86400)")
     p.add_argument("--beta", help="comma-separated beta device ids")
     p.add_argument("--simulate", type=int, help="simulated agents in the cloud simulation stage (0 skips it)")
     p.set_defaults(func=cmd_publish)

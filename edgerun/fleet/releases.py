@@ -79,7 +79,8 @@ def count_population(conn: sa.Connection, task: str, version: int, targeting: di
 def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutState, actor: str,
                     extra: dict[str, Any] | None = None) -> None:
     values = {"stage": new.stage, "step": new.step, "paused": new.paused, "step_success": new.step_success,
-              "step_failure": new.step_failure, "reason": new.reason, "updated_at": time.time(), **(extra or {})}
+              "step_failure": new.step_failure, "reason": new.reason, "updated_at": time.time(),
+              "step_population": max(0, new.population), **(extra or {})}
     if (new.stage, new.step) != (row.stage, row.step) or any(e == "resume" for e in new.events):
         new = count_population(conn, row.task, row.version, row.targeting, rollout.RolloutPolicy.from_dict(row.policy),
                                new)
@@ -145,10 +146,22 @@ def control(engine: sa.Engine, release_id: int, action: str, actor: str) -> dict
     return describe(engine, release_id)
 
 
-def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int) -> rollout.RolloutState:
+def live_state(conn: sa.Connection, row: sa.Row[Any], policy: rollout.RolloutPolicy) -> rollout.RolloutState:
+    """The row's state with its step population recounted from the devices live now (hawkBit PR #328)."""
+    state = state_of(row)
+    if state.stage not in ("beta", "gray"):
+        return state
+    return replace(state, population=step_population(conn, row.task, row.version, row.targeting, policy, state))
+
+
+def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int,
+                 recount: bool = True) -> rollout.RolloutState:
+    """Add a report batch and evaluate; `recount` first follows the step's population to the live fleet
+    (the caller may skip it when it recounted this release a moment ago: a recount scans the devices)."""
     row = lock_release(conn, release_id)
     policy = rollout.RolloutPolicy.from_dict(row.policy)
-    new = rollout.apply_reports(state_of(row), policy, success, failure)
+    state = live_state(conn, row, policy) if recount else state_of(row)
+    new = rollout.apply_reports(state, policy, success, failure)
     totals = {"total_success": row.total_success + success, "total_failure": row.total_failure + failure}
     save_transition(conn, row, new, "monitor", totals)
     return replace(new, events=())

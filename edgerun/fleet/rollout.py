@@ -10,8 +10,11 @@ Each report batch is applied and then `evaluate` runs in the same transaction, s
 rollback are one step: the very next check-in of any device already sees the rolled-back state.
 Rates are computed over reports received in the current step, never over group sizes, so devices that
 leave a group cannot push a rate past 100% or divide by zero (the hawkBit PR #328 bug). The report counts a
-step needs are capped by its `population` (active devices the step covers, counted when the step starts),
-so a 1% step of a small fleet does not wait forever for reports that cannot come.
+step needs are capped by its `population`: the devices the step covers that checked in within the liveness
+window (`active_window_s`). The server recounts it at every evaluation (`recount`), so a step whose devices
+went offline asks only for the reports its remaining devices can send, and a 1% step of a small fleet does
+not wait forever. A departed device's absence is never evidence: rates are over reports actually received,
+and a step needs at least one report, so a step whose devices all left waits for them (or for new ones).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class RolloutPolicy:
     error_threshold: float = 0.2     # failure rate that triggers automatic rollback
     error_min_reports: int = 5       # reports needed before the error rate is trusted
     inconclusive_after: int = 0      # pause a step that has this many reports but neither passes nor breaches (0 = 10 × min_reports)
-    active_window_s: float = 86400.0  # devices seen within this window count towards a step's population
+    active_window_s: float = 86400.0  # liveness window: devices seen within it count towards a step's population
     beta_devices: tuple[str, ...] = ()
     simulation_agents: int = 0
 
@@ -141,6 +144,15 @@ def apply_reports(state: RolloutState, policy: RolloutPolicy, success: int, fail
         return state
     counted = replace(state, step_success=state.step_success + success, step_failure=state.step_failure + failure)
     return evaluate(counted, policy)
+
+
+def recount(state: RolloutState, policy: RolloutPolicy, population: int) -> RolloutState:
+    """Mid-step: the live devices the step covers changed (some left, some came); evaluate against them.
+    Unlike `skip_empty_step` at a step's start, a step that lost every device does not move on: its
+    devices received the release, and their silence is not a success."""
+    if state.stage not in ("beta", "gray"):
+        return state
+    return evaluate(replace(state, population=max(0, population)), policy)
 
 
 def skip_empty_step(state: RolloutState, policy: RolloutPolicy) -> RolloutState:

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from edgerun.fleet.admin_api import build_admin_router
 from edgerun.fleet.api_models import (
@@ -25,12 +25,15 @@ from edgerun.fleet.api_models import (
     RegisterRequest,
     ReportBatch,
 )
+from edgerun.fleet.blob_response import blob_response
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.group_commit import ReportGroupCommit
+from edgerun.fleet.s3_store import S3Options
 from edgerun.fleet.service import FleetService
 from edgerun.fleet.signing import KeyDir
 from edgerun.fleet.simulation import SimulationWorker
+from edgerun.fleet.step_monitor import StepMonitor
 from edgerun.fleet.store import BlobStore, check_digest, open_store
 from edgerun.fleet.stream_mount import stream_router
 from edgerun.fleet.targeting import DeviceProfile
@@ -49,6 +52,11 @@ class ServerConfig:
     admin_token: str = ""
     enroll_token: str = ""
     cache_ttl_s: float = 0.2
+    s3_endpoint_url: str = ""     # for an s3:// store; empty fields fall back to the AWS_* environment
+    s3_region: str = ""
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    monitor_interval_s: float = 1.0  # how often steps are re-evaluated against the live device count
 
 
 def _secret(data_dir: Path, name: str, given: str) -> str:
@@ -112,11 +120,13 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir))
     upgrade(engine)
     keys = KeyDir(cfg.keys_dir)
-    store: BlobStore = open_store(cfg.store, cfg.data_dir)
+    store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
+        cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id, cfg.s3_secret_access_key))
     service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)
+    step_monitor = StepMonitor(engine, cfg.monitor_interval_s, on_change=service.invalidate)
     stop = threading.Event()
 
     def flush_loop() -> None:
@@ -129,11 +139,13 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     def on_startup() -> None:
         simulator.start()
         simulator.kick()
+        step_monitor.start()
         threading.Thread(target=flush_loop, name="fleet-seen-flush", daemon=True).start()
 
     def on_shutdown() -> None:
         stop.set()
         simulator.stop()
+        step_monitor.stop()
         service.flush_seen()
 
     app = FastAPI(title="edgerun fleet release server", version="1",
@@ -239,14 +251,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return {"accepted": await group_commit.submit(device_id, [r.model_dump() for r in body.reports])}
 
     @app.get("/v1/blobs/{digest}", dependencies=[Depends(require_any)])
-    def get_blob(digest: str) -> Response:
-        check_digest(digest)
-        path = store.local_path(digest)
-        if path is not None:
-            return FileResponse(path, media_type="application/octet-stream")  # honours Range: resumable
-        if not store.exists(digest):
-            raise HTTPException(404, "no such blob")
-        return Response(store.get(digest), media_type="application/octet-stream")
+    def get_blob(digest: str, request: Request) -> Response:
+        return blob_response(store, check_digest(digest), request.headers.get("range"))
 
     app.include_router(build_admin_router(engine, service, store, simulator.kick, require_admin))
     # The cloud end of the stream tunnel (edgerun.stream.cloud) lives in this server at /v1/stream.

@@ -27,6 +27,8 @@ from edgerun.fleet.schema import devices, releases, reports, roots
 from edgerun.fleet.signing import Root, SigningKey, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, precedence
 
+RECOUNT_S = 1.0
+
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -70,6 +72,9 @@ class FleetService:
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         self._root: Root | None = None
         self._serial = 0
+        # Recounting a step's live population scans the device table, so a busy release recounts at most
+        # once per RECOUNT_S in this process; the step monitor covers the quiet moments in between.
+        self._recounted: dict[int, float] = {}
 
     # ---- trust root -------------------------------------------------------------------------------
     def root(self) -> Root:
@@ -210,6 +215,14 @@ class FleetService:
         return DeviceProfile.from_dict(p)
 
     # ---- run reports ------------------------------------------------------------------------------
+    def _recount_due(self, release_id: int) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._recounted.get(release_id, -RECOUNT_S) < RECOUNT_S:
+                return False
+            self._recounted[release_id] = now
+            return True
+
     def add_reports(self, device_id: str, items: list[dict[str, Any]]) -> int:
         return self.add_report_batches([(device_id, items)])[0]
 
@@ -240,7 +253,7 @@ class FleetService:
                                     .where(sa.tuple_(releases.c.task, releases.c.version).in_(keys))).all()
                 for r in sorted(rows, key=lambda r: r.id):  # a fixed lock order: no deadlock between processes
                     ok, bad = counts[(r.task, r.version)]
-                    rel.apply_counts(conn, r.id, ok, bad)
+                    rel.apply_counts(conn, r.id, ok, bad, recount=self._recount_due(r.id))
         if counts:
             self.invalidate()
         return accepted

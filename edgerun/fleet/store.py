@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from edgerun.fleet.errors import FleetError, IntegrityError
 from edgerun.fleet.package import sha256_hex
+
+if TYPE_CHECKING:
+    from edgerun.fleet.s3_store import S3Options
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
@@ -24,6 +28,8 @@ class BlobStore(Protocol):
     def put(self, digest: str, data: bytes) -> None: ...
     def exists(self, digest: str) -> bool: ...
     def get(self, digest: str) -> bytes: ...
+    def size(self, digest: str) -> int | None: ...
+    def read_range(self, digest: str, start: int, end: int) -> Iterator[bytes]: ...
     def local_path(self, digest: str) -> Path | None: ...
 
 
@@ -61,14 +67,29 @@ class LocalBlobStore:
         except FileNotFoundError as exc:
             raise FleetError(f"no blob {digest}") from exc
 
+    def size(self, digest: str) -> int | None:
+        p = self._path(digest)
+        return p.stat().st_size if p.exists() else None
+
+    def read_range(self, digest: str, start: int, end: int) -> Iterator[bytes]:
+        with open(self._path(digest), "rb") as f:
+            f.seek(start)
+            left = end - start + 1
+            while left > 0 and (chunk := f.read(min(left, 1 << 16))):
+                left -= len(chunk)
+                yield chunk
+
     def local_path(self, digest: str) -> Path | None:
         p = self._path(digest)
         return p if p.exists() else None
 
 
-def open_store(spec: str, data_dir: str | Path) -> BlobStore:
-    """`spec` is empty (DATA/blobs) or a folder path, which several servers may share."""
+def open_store(spec: str, data_dir: str | Path, s3: S3Options | None = None) -> BlobStore:
+    """`spec` is empty (DATA/blobs), a folder path, or s3://bucket/prefix; several servers may share any."""
+    if spec.startswith("s3://"):
+        from edgerun.fleet.s3_store import S3BlobStore  # boto3 is needed only by servers that use S3
+
+        return S3BlobStore(spec, s3)
     if "://" in spec:
-        # An S3-compatible store is planned behind this same BlobStore protocol (docs/fleet.md, "What is left").
-        raise FleetError(f"unsupported store {spec!r}: only a local or shared folder is built so far")
+        raise FleetError(f"unsupported store {spec!r}: use a folder or s3://bucket/prefix")
     return LocalBlobStore(spec or Path(data_dir) / "blobs")
