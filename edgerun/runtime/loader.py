@@ -53,7 +53,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     graph = prepare_graph(original)
     if isinstance(backends, str) or tune:  # "auto" (or one backend's name): edgerun.search decides
         from edgerun.search import resolve_request
-        backends, searched, _ = resolve_request(backends, graph, program, tune)
+        backends, searched, graph = resolve_request(backends, graph, program, tune)
         placement = {**(searched or {}), **(placement or {})}
     registry = resolve_backends(backends, placement)
     preference = [b if isinstance(b, str) else b.name for b in (backends or [FALLBACK])]

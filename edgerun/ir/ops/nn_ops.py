@@ -248,7 +248,8 @@ def _sdpa(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
     scores = b.binary("mul", b.emit("matmul", [q, kt]), b.scalar(scale, q))
     if attrs.get("is_causal"):
         L, S = q_shape[-2], k_shape[-2]
-        causal = np.tril(np.ones((L, S), dtype=bool), k=S - L)  # bottom-right aligned, as torch and ONNX
+        # Top-left aligned when L != S, as torch's scaled_dot_product_attention and ONNX Attention define it.
+        causal = np.tril(np.ones((L, S), dtype=bool), k=0)
         scores = b.emit("where", [b.const(causal), scores, b.scalar(-np.inf, scores)])
     if mask:
         if b.dtype(mask) is DType.bool:

@@ -1,0 +1,193 @@
+"""The ONNX Runtime delegate: a partition becomes an in-memory ONNX model run by one InferenceSession.
+
+This is the fast CPU path (XNNPACK's role in ExecuTorch). Weights are handed to ORT as OrtValues over the
+program's own (memory-mapped) arrays instead of being serialised into the model, and each run binds the
+runtime's arena views as ORT's input and output buffers (IO binding), so a call copies nothing on the way in
+or out. Ops ORT cannot run exactly are not claimed (onnx_ops.SUPPORTED); a partition that fails to build
+is the runtime's to put back on the reference backend, with a warning.
+
+Threads: `intra_op_num_threads` from the constructor, else $EDGERUN_ORT_THREADS, else 2. Partitions too
+small to gain from a thread pool get one thread. Pool threads do not spin waiting for work unless asked
+(`spin=True` or $EDGERUN_ORT_SPIN=1): with several partitions each session has its own pool, and spinning
+pools, or other processes on a shared machine, steal each other's cores (on the dev box under load:
+MobileNetV2 all on ORT 90 ms spinning, 10 ms not; idle, spinning wins by 1.2-1.8x on some models, see
+docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
+
+from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
+from edgerun.backends.onnxruntime.onnx_ops import ONNX_DTYPE, OPSET, SUPPORTED, TRANSLATORS, OnnxBuilder
+from edgerun.backends.onnxruntime.onnx_raster import emit_raster
+from edgerun.errors import UnsupportedOpError
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+
+DEFAULT_THREADS = 2
+# Below this many elementary operations a partition runs single-threaded (a pool's wake-up costs more).
+SMALL_PARTITION_FLOPS = 2e6
+# Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
+EXTERNAL_CONSTANT_BYTES = 1024
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    extra = "onnxruntime"
+    supported = {**SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
+    # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
+    throughput = Throughput(flops_per_s=5e10, bytes_per_s=8e9, dispatch_s=1e-6)
+    partition_overhead_s = 1.5e-5  # one run_with_iobinding call, measured on the dev machine
+    fuses_activations = True  # Conv/MatMul + Relu/Clip/Add fusions: the search keeps those pairs together
+
+    def __init__(self, threads: int | None = None, spin: bool | None = None) -> None:
+        self.threads = threads or int(os.environ.get("EDGERUN_ORT_THREADS", DEFAULT_THREADS))
+        self.spin = spin if spin is not None else os.environ.get("EDGERUN_ORT_SPIN", "0") == "1"
+
+    def compile(self, subgraph: Graph) -> CompiledPartition:
+        for node in subgraph.nodes:
+            if node.op not in self.supported:
+                raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
+                                         detail="not supported by the onnxruntime backend")
+        model, external = build_model(subgraph)
+        work = sum(node_work(n, subgraph)[0] for n in subgraph.nodes)
+        threads = 1 if work < SMALL_PARTITION_FLOPS else self.threads
+        session = make_session(model, external, threads, self.spin)
+        runner = BoundSession(session, subgraph, external)
+        return CompiledPartition(self.name, subgraph, runner.run,
+                                 info={"onnx_nodes": len(model.graph.node), "threads": threads,
+                                       "gathered_rasters": sum(1 for n in model.graph.node
+                                                               if n.op_type == "Gather"
+                                                               and "raster_index" in n.input[1])})
+
+
+def create_backend(threads: int | None = None, spin: bool | None = None) -> OnnxRuntimeBackend:
+    return OnnxRuntimeBackend(threads, spin)
+
+
+def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
+    """An ONNX ModelProto for `subgraph`, and the constants to pass as external OrtValues (name -> array)."""
+    b = OnnxBuilder(subgraph)
+    for node in subgraph.nodes:
+        if node.op == "raster":
+            emit_raster(b, node)
+        else:
+            TRANSLATORS[node.op](b, node)
+    helper = b.helper
+    used = {v for n in subgraph.nodes for v in n.inputs if v}
+    external: dict[str, np.ndarray] = {}
+    inits = list(b.initializers)
+    for name, value in subgraph.constants.items():
+        if name not in used:
+            continue
+        if value.nbytes >= EXTERNAL_CONSTANT_BYTES:
+            external[name] = np.ascontiguousarray(value)
+            inits.append(_external_placeholder(name, value))
+        else:
+            inits.append(b.numpy_helper.from_array(np.ascontiguousarray(value), name))
+
+    def info(v: str) -> Any:
+        spec = subgraph.specs[v]
+        return helper.make_tensor_value_info(v, ONNX_DTYPE[spec.dtype], list(spec.shape))
+
+    nodes = b.live_nodes(list(subgraph.outputs))
+    live = {v for n in nodes for v in n.input}
+    inits = [t for t in inits if t.name in live]
+    external = {k: v for k, v in external.items() if k in live}
+    graph = helper.make_graph(nodes, "edgerun_partition", [info(v) for v in subgraph.inputs],
+                              [info(v) for v in subgraph.outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgerun")
+    model.ir_version = 9
+    return model, external
+
+
+def _external_placeholder(name: str, value: np.ndarray) -> Any:
+    """An initializer with no bytes, marked external: add_external_initializers fills it without a copy."""
+    from onnx import TensorProto
+
+    tensor = TensorProto()
+    tensor.name = name
+    tensor.data_type = ONNX_DTYPE[DType.of(value)]
+    tensor.dims.extend(value.shape)
+    tensor.data_location = TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "edgerun-weights"  # never read: the OrtValue replaces it
+    return tensor
+
+
+def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
+                 spin: bool = False) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    keep = [ort.OrtValue.ortvalue_from_numpy(value) for value in external.values()]
+    if keep:
+        options.add_external_initializers(list(external), keep)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session._edgerun_keep = keep  # type: ignore[attr-defined]  # the OrtValues must outlive the session
+    return session
+
+
+class BoundSession:
+    """Runs a session on the caller's arrays through IO binding, rebinding only when the arrays change.
+
+    The runtime calls `run` with the same two lists on every call (views of its arena, fixed at load), so
+    the steady state is one identity check and one run_with_iobinding. Arrays that are not C-contiguous go
+    through a staging buffer.
+    """
+
+    def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray]) -> None:
+        self.session = session
+        self.graph = graph
+        self.external = external  # kept alive with the session
+        self.binding = session.io_binding()
+        # The C++ entry point under session.run_with_iobinding: the Python wrapper adds only a call level.
+        self._run_bound = session._sess.run_with_iobinding
+        self._c_binding = self.binding._iobinding
+        self._bound: tuple[Sequence[np.ndarray], Sequence[np.ndarray]] | None = None
+        self._stage_in: list[tuple[np.ndarray, np.ndarray]] = []
+        self._stage_out: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        bound = self._bound
+        if bound is None or bound[0] is not inputs or bound[1] is not outputs:
+            self._bind(inputs, outputs)
+        for dst, src in self._stage_in:
+            np.copyto(dst, src)
+        self._run_bound(self._c_binding, None)
+        for dst, src in self._stage_out:
+            np.copyto(dst, src)
+
+    def _bind(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        self.binding.clear_binding_inputs()
+        self.binding.clear_binding_outputs()
+        self._stage_in, self._stage_out = [], []
+        for name, array in zip(self.graph.inputs, inputs):
+            target = array
+            if not array.flags.c_contiguous:
+                target = np.empty(array.shape, array.dtype)
+                self._stage_in.append((target, array))
+            self.binding.bind_input(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+        for name, array in zip(self.graph.outputs, outputs):
+            target = array
+            if not array.flags.c_contiguous or not array.flags.writeable:
+                target = np.empty(array.shape, array.dtype)
+                self._stage_out.append((array, target))
+            self.binding.bind_output(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+        self._keep = [*(d for d, _ in self._stage_in), *(s for _, s in self._stage_out)]
+        self._bound = (inputs, outputs)
+
+
+def _address(array: np.ndarray) -> int:
+    # ORT rejects a null pointer even for empty tensors; any valid address will do for zero bytes.
+    return int(array.ctypes.data) if array.size else int(np.empty(1, array.dtype).ctypes.data)

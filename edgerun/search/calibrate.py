@@ -1,0 +1,240 @@
+"""Calibration: a few micro-benchmarks per backend turn into the throughputs the cost model divides by.
+
+Each benchmark is a tiny IR graph compiled and run through the backend exactly as the runtime runs it
+(pre-bound nodes for arena backends, one call per partition for delegates):
+
+    gemm      a 128x256 @ 256x512 matmul             -> flops/s of matrix products
+    conv      a 3x3, 32 -> 32 channel conv on 28x28  -> flops/s of convolutions
+    exp       exp over 256K floats                   -> flops/s of transcendental elementwise work
+    add       an add over 1M floats                  -> bytes/s of memory-bound work
+    chain     32 dependent adds on 4 floats          -> seconds per extra node (dispatch)
+    single    1 add on 4 floats                      -> seconds per partition call (scheduling)
+    conv algorithms (reference only): each variant of algorithms.py on a shape it applies to, giving
+              the ratio of its measured time to its modelled time (`algorithm_scale`)
+
+Times are medians of at least 5 runs, in 3 interleaved rounds: on a shared machine the typical run is what a user gets, and the
+best run can be far from it (numpy's BLAS was seen at 1 and at 190 GFLOP/s on the same GEMM minutes apart).
+
+It runs once per machine: profiles are cached as JSON under the device fingerprint, and a backend is
+measured again only when its configuration (e.g. its thread count) differs from the cached one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun.backends.base import Backend, Throughput
+from edgerun.backends.registry import get_backend
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.search.fingerprint import (
+    cache_dir,
+    device_description,
+    device_fingerprint,
+    read_json,
+    write_json,
+)
+
+FORMAT = 2  # 2: medians over interleaved rounds
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """What one backend achieves on this machine; every figure is measured unless `measured` is False."""
+
+    gemm_flops_per_s: float
+    conv_flops_per_s: float
+    elementwise_flops_per_s: float
+    bytes_per_s: float
+    dispatch_s: float  # per node inside a partition
+    partition_s: float  # per partition call, on top of its nodes
+    transfer_bytes_per_s: float = math.inf  # host <-> backend memory (inf: it works on host memory)
+    transfer_latency_s: float = 0.0
+    config: str = ""
+    measured: bool = True
+    algorithm_scale: dict[str, float] = field(default_factory=dict)  # measured / modelled, per algorithm
+
+    @staticmethod
+    def from_throughput(t: Throughput, partition_s: float = 0.0, config: str = "") -> BackendProfile:
+        """The backend's own declared figures, for a backend that cannot be measured."""
+        return BackendProfile(t.flops_per_s, t.flops_per_s, t.flops_per_s, t.bytes_per_s, t.dispatch_s,
+                              partition_s, t.transfer_bytes_per_s, t.transfer_latency_s, config, measured=False)
+
+
+def backend_config(backend: Backend) -> str:
+    """The settings a backend's speed depends on (a change means measuring again)."""
+    settings = [f"{key}={getattr(backend, key)}" for key in ("threads", "spin") if hasattr(backend, key)]
+    return ",".join(settings)
+
+
+def calibration_path(fingerprint: str | None = None) -> Path:
+    return cache_dir() / "calibration" / f"{fingerprint or device_fingerprint()}.json"
+
+
+def load_profiles(backends: Sequence[Backend], *, recalibrate: bool = False) -> dict[str, BackendProfile]:
+    """Profiles of `backends` on this machine: from the cache, measuring (and caching) the missing ones."""
+    path = calibration_path()
+    cached = read_json(path) if not recalibrate else None
+    stored: dict[str, Any] = cached.get("profiles", {}) if isinstance(cached, dict) \
+        and cached.get("format") == FORMAT else {}
+    profiles: dict[str, BackendProfile] = {}
+    changed = False
+    for backend in backends:
+        entry = stored.get(backend.name)
+        if isinstance(entry, dict) and entry.get("config") == backend_config(backend):
+            try:
+                profiles[backend.name] = BackendProfile(**entry)
+                continue
+            except TypeError:
+                pass  # written by another version: measure again
+        profiles[backend.name] = measure_backend(backend)
+        stored[backend.name] = asdict(profiles[backend.name])
+        changed = True
+    if changed:
+        write_json(path, {"format": FORMAT, "device": device_description(), "profiles": stored})
+    return profiles
+
+
+def calibrate(names: Sequence[str], *, recalibrate: bool = True) -> dict[str, BackendProfile]:
+    """Measure the named backends now (the `edgerun calibrate` command) and cache the result."""
+    return load_profiles([get_backend(n) for n in names], recalibrate=recalibrate)
+
+
+# ---- the micro-benchmarks ------------------------------------------------------------------------------
+
+ROUNDS = 3  # every benchmark is timed once per round, rounds interleaved, and the median round counts
+
+
+def measure_backend(backend: Backend) -> BackendProfile:
+    partition_s = float(getattr(backend, "partition_overhead_s", 0.0))
+    work = {"gemm": 2.0 * 128 * 256 * 512, "conv": 2.0 * 32 * 28 * 28 * 32 * 9, "exp": 8.0 * (1 << 18),
+            "add": 3.0 * 4 * (1 << 20)}
+    try:
+        calls = {"gemm": _runnable(backend, _gemm_graph()), "conv": _runnable(backend, _conv_graph(32, 32, 3, 1)),
+                 "exp": _runnable(backend, _unary_graph("exp", 1 << 18)),
+                 "add": _runnable(backend, _add_chain(1 << 20, 1)), "chain": _runnable(backend, _add_chain(4, 32)),
+                 "single": _runnable(backend, _add_chain(4, 1))}
+        algorithms = _algorithm_runs() if backend.name == "reference" else {}
+        calls.update({name: call for name, (call, _) in algorithms.items()})
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(ROUNDS):
+            for name, call in calls.items():
+                samples[name].append(_median_time(call))
+    except Exception:  # a backend that cannot run the benchmarks keeps its declared figures
+        return BackendProfile.from_throughput(backend.throughput, partition_s, backend_config(backend))
+    t = {name: statistics.median(times) for name, times in samples.items()}
+    dispatch = max((t["chain"] - t["single"]) / 31, 1e-8)
+    partition = max(t["single"] - dispatch, 0.0)
+    rate = {name: work[name] / max(t[name] - partition, 1e-9) for name in work}
+    th = backend.throughput
+    profile = BackendProfile(rate["gemm"], rate["conv"], rate["exp"], rate["add"], dispatch, partition,
+                             th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend))
+    for name, (_, shape_work) in algorithms.items():
+        profile.algorithm_scale[name] = t[name] / max(shape_work.seconds(profile), 1e-12)
+    return profile
+
+
+def _algorithm_runs() -> dict[str, tuple[Callable[[], None], Any]]:
+    """Per reference conv variant: a call running it on a shape it applies to, and that shape's Work."""
+    from edgerun.backends.reference.algorithms import CONV_ALGORITHMS, ConvShape
+
+    shapes = [_conv_graph(64, 64, 1, 1), _conv_graph(64, 64, 3, 64), _conv_graph(32, 32, 3, 1)]
+    runs: dict[str, tuple[Callable[[], None], Any]] = {}
+    for algorithm in CONV_ALGORITHMS:
+        for graph in shapes:
+            node = graph.nodes[0]
+            shape = ConvShape.of(node, graph)
+            if algorithm.applies(shape):
+                ins = [graph.constants.get(v, np.ones(graph.specs[v].shape, np.float32)) for v in node.inputs]
+                out = np.empty(graph.specs[node.outputs[0]].shape, np.float32)
+                runs[algorithm.name] = (functools.partial(algorithm.kernel, ins, dict(node.attrs), [out]),
+                                        algorithm.work(shape))
+                break
+    return runs
+
+
+def _bench(backend: Backend, graph: Graph, budget_s: float = 0.05, max_reps: int = 200) -> float:
+    """Median seconds of one run of `graph` on `backend`, run the way the runtime runs it."""
+    return _median_time(_runnable(backend, graph), budget_s, max_reps)
+
+
+def _median_time(call: Callable[[], None], budget_s: float = 0.05, max_reps: int = 200) -> float:
+    call()
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < max_reps and (len(times) < 5 or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _runnable(backend: Backend, graph: Graph) -> Callable[[], None]:
+    compiled = backend.compile(graph)
+    rng = np.random.default_rng(0)
+    arrays = {v: (graph.constants[v] if v in graph.constants
+                  else rng.standard_normal(s.shape).astype(s.dtype.np)) for v, s in graph.specs.items()}
+    if compiled.bind_node is not None:
+        calls = [compiled.bind_node(n, arrays) for n in graph.nodes]
+
+        def run_bound() -> None:
+            with np.errstate(all="ignore"):
+                for c in calls:
+                    c()
+        return run_bound
+    ins = [arrays[v] for v in graph.inputs]
+    outs = [arrays[v] for v in graph.outputs]
+    return lambda: compiled.run(ins, outs)
+
+
+def _f32(shape: tuple[int, ...]) -> TensorSpec:
+    return TensorSpec(shape, DType.float32)
+
+
+def _gemm_graph() -> Graph:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", _f32((128, 256)))
+    w = b.const(np.random.default_rng(1).standard_normal((256, 512)).astype(np.float32))
+    g.outputs = [b.emit("matmul", [x, w])]
+    return g
+
+
+def _conv_graph(c: int, o: int, k: int, groups: int) -> Graph:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", _f32((1, c, 28, 28)))
+    w = b.const(np.random.default_rng(2).standard_normal((o, c // groups, k, k)).astype(np.float32))
+    p = k // 2
+    g.outputs = [b.emit("conv2d", [x, w], padding=[p, p, p, p], groups=groups)]
+    return g
+
+
+def _unary_graph(op: str, n: int) -> Graph:
+    g = Graph()
+    x = g.add_input("x", _f32((n,)))
+    g.outputs = [Builder(g).emit(op, [x])]
+    return g
+
+
+def _add_chain(n: int, length: int) -> Graph:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", _f32((n,)))
+    y = g.add_input("y", _f32((n,)))
+    v = x
+    for _ in range(length):
+        v = b.emit("add", [v, y])
+    g.outputs = [v]
+    return g

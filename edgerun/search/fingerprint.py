@@ -1,0 +1,83 @@
+"""Where the search keeps what it learns, keyed by what makes one machine differ from another.
+
+A device fingerprint hashes the CPU model, the core count, the OS and machine type, and the versions of
+Python, numpy and every backend library present: any of these changing invalidates calibrations and tuned
+placements. The cache lives under $EDGERUN_CACHE_DIR, else ~/.cache/edgerun.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE_ENV = "EDGERUN_CACHE_DIR"
+# Libraries whose version changes a backend's speed; absent ones are recorded as absent.
+_LIBRARIES = ("onnxruntime",)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "edgerun"
+
+
+@functools.lru_cache(maxsize=1)
+def device_description() -> dict[str, Any]:
+    """The facts the fingerprint is made of (shown by `edgerun calibrate`); read once per process."""
+    versions: dict[str, str | None] = {}
+    for lib in _LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "affinity": _usable_cores(),
+            "system": platform.system(), "machine": platform.machine(),
+            "python": platform.python_version(), "numpy": np.__version__, "libraries": versions}
+
+
+@functools.lru_cache(maxsize=1)
+def device_fingerprint() -> str:
+    text = json.dumps(device_description(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON at `path`, or None when it is missing or unreadable (a cache is never worth a crash)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically, so a concurrent reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

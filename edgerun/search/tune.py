@@ -1,0 +1,100 @@
+"""Tuning: measure the best few candidate placements on this device and remember the winner.
+
+Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
+partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
+latency. Each is loaded and timed on synthetic inputs (zeros for integers, which are always valid indices;
+normal noise for floats). The winner is cached under (device fingerprint, program hash), so the next load
+of the same program on the same machine skips the measurement.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun.ir.graph import Graph
+from edgerun.search.cost_model import CostTable
+from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
+from edgerun.search.placement_search import SearchResult, search_placement
+
+DEFAULT_CANDIDATES = 3
+DEFAULT_RUNS = 5
+
+
+def tuned_path(program_hash: str, fingerprint: str | None = None) -> Path:
+    return cache_dir() / "tuned" / (fingerprint or device_fingerprint()) / f"{program_hash}.json"
+
+
+def cached_placement(graph: Graph, program_hash: str) -> dict[str, str] | None:
+    """The tuned winner for this program on this machine, if one is cached and still fits the graph."""
+    data = read_json(tuned_path(program_hash))
+    if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
+        return None
+    placement = {str(k): str(v) for k, v in data["placement"].items()}
+    return placement if set(placement) == {n.name for n in graph.nodes} else None
+
+
+def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
+                         count: int = DEFAULT_CANDIDATES) -> list[tuple[str, dict[str, str], float]]:
+    """(label, placement, modelled seconds) for the `count` most promising distinct candidates."""
+    names = [n.name for n in graph.nodes]
+    found: list[tuple[str, list[str], float]] = [("search", best.backend_of, best.seconds)]
+    fewer = search_placement(table, partition_scale=8.0)
+    found.append(("search, fewer partitions", fewer.backend_of, fewer.seconds))
+    for b, backend in enumerate(table.backends):
+        per_node = [backend if np.isfinite(table.seconds[k, b]) else "reference" for k in range(len(names))]
+        cost = float(sum(table.seconds[k, table.backends.index(x)] for k, x in enumerate(per_node)))
+        found.append((f"all {backend}", per_node, cost))
+    unique: dict[tuple[str, ...], tuple[str, list[str], float]] = {}
+    for label, per_node, cost in found:
+        unique.setdefault(tuple(per_node), (label, per_node, cost))
+    ranked = sorted(unique.values(), key=lambda c: c[2])[:count]
+    return [(label, dict(zip(names, per_node)), cost) for label, per_node, cost in ranked]
+
+
+def measure_placement(graph: Graph, placement: Mapping[str, str], runs: int = DEFAULT_RUNS) -> float:
+    """Median seconds of one call of `graph` loaded with `placement`, after one warm-up call."""
+    from edgerun.runtime.loader import load  # the runtime calls the search: import it late
+
+    loaded = load(graph, placement=placement)
+    inputs = synthetic_inputs(graph)
+    loaded.run(inputs)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        loaded.run(inputs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = []
+    for name in graph.inputs:
+        spec = graph.specs[name]
+        if spec.dtype.is_float:
+            arrays.append(rng.standard_normal(spec.shape).astype(spec.dtype.np))
+        else:
+            arrays.append(np.zeros(spec.shape, spec.dtype.np))
+    return arrays
+
+
+def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
+                   count: int = DEFAULT_CANDIDATES, runs: int = DEFAULT_RUNS) -> tuple[dict[str, str], dict[str, Any]]:
+    """The measured-fastest candidate placement, and a report of every candidate; cached."""
+    cached = cached_placement(graph, program_hash)
+    if cached is not None:
+        return cached, {"source": "cache"}
+    measured = []
+    for label, placement, modelled in candidate_placements(graph, table, best, count):
+        measured.append((measure_placement(graph, placement, runs), label, placement, modelled))
+    _, label, placement, _ = min(measured, key=lambda m: m[0])
+    report = {"source": "measured", "winner": label,
+              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m} for s, lb, _, m in measured]}
+    write_json(tuned_path(program_hash), {"placement": placement, **report})
+    return placement, report

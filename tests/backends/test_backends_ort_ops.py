@@ -1,0 +1,217 @@
+"""The ONNX Runtime delegate op by op: every atomic op it claims, in every claimed dtype, against reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from backends_testkit import assert_matches_reference, one_node_graph, run_on
+
+from edgerun.backends.onnxruntime import OnnxRuntimeBackend
+from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED
+
+ORT = OnnxRuntimeBackend(threads=1)
+RNG = np.random.default_rng(0)
+
+
+def f32(*shape: int, low: float = -3.0, high: float = 3.0) -> np.ndarray:
+    return RNG.uniform(low, high, shape).astype(np.float32)
+
+
+def ints(dtype: type, *shape: int, low: int = -9, high: int = 10) -> np.ndarray:
+    return RNG.integers(low, high, shape).astype(dtype)
+
+
+def boolean(*shape: int) -> np.ndarray:
+    return RNG.random(shape) > 0.5
+
+
+POSITIVE = {"log", "sqrt", "rsqrt"}
+UNARY_FLOAT = ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round",
+               "reciprocal"]
+NUMERIC_BINARY = ["add", "sub", "mul", "maximum", "minimum"]
+COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
+REDUCE = ["reduce_sum", "reduce_max", "reduce_min"]
+
+CASES: list[tuple[str, str, list[np.ndarray], dict[str, Any]]] = []
+for _op in UNARY_FLOAT:
+    _x = f32(3, 5, low=0.1) if _op in POSITIVE else f32(3, 5)
+    if _op == "round":
+        _x = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.4, -0.6], np.float32)
+    CASES.append((_op, _op, [_x], {}))
+for _dt in (np.int32, np.int64):
+    for _op in ("neg", "abs", "sign"):
+        CASES.append((f"{_op}-{_dt.__name__}", _op, [ints(_dt, 4, 3)], {}))
+    for _op in NUMERIC_BINARY:
+        CASES.append((f"{_op}-{_dt.__name__}", _op, [ints(_dt, 3, 1, 4), ints(_dt, 5, 4)], {}))
+    for _op in COMPARE:
+        CASES.append((f"{_op}-{_dt.__name__}", _op, [ints(_dt, 2, 6, low=-2, high=3), ints(_dt, 6, low=-2, high=3)], {}))
+    for _op in REDUCE:
+        CASES.append((f"{_op}-{_dt.__name__}", _op, [ints(_dt, 3, 4, 5)], {"axes": [1], "keepdims": True}))
+    CASES.append((f"argmax-{_dt.__name__}", "argmax", [ints(_dt, 4, 6, low=0, high=3)], {"axis": 1}))
+for _op in ("neg", "abs", "sign"):
+    CASES.append((_op, _op, [f32(4, 3)], {}))
+for _op in [*NUMERIC_BINARY, "pow"]:
+    CASES.append((_op, _op, [f32(3, 1, 4, low=0.2), f32(5, 4)], {}))
+for _op in COMPARE:
+    CASES.append((_op, _op, [np.round(f32(2, 6)), np.round(f32(6))], {}))
+for _op in ("logical_and", "logical_or", "logical_xor"):
+    CASES.append((_op, _op, [boolean(3, 4), boolean(4)], {}))
+CASES += [
+    ("logical_not", "logical_not", [boolean(5)], {}),
+    ("div", "div", [f32(4, 5), f32(5, low=0.5)], {}),
+    ("div-floor", "div", [f32(4, 5), f32(5, low=0.5) * np.where(RNG.random(5) > 0.5, 1, -1).astype(np.float32)],
+     {"rounding": "floor"}),
+    ("div-trunc", "div", [f32(4, 5), f32(5, low=0.5) * np.where(RNG.random(5) > 0.5, 1, -1).astype(np.float32)],
+     {"rounding": "trunc"}),
+    ("mod-fmod", "mod", [f32(4, 5), f32(5, low=0.5)], {"fmod": True}),
+    ("where", "where", [boolean(3, 4), f32(3, 4), f32(4)], {}),
+    ("where-int64", "where", [boolean(3, 4), ints(np.int64, 3, 4), ints(np.int64, 1)], {}),
+    ("where-int32", "where", [boolean(3, 4), ints(np.int32, 3, 4), ints(np.int32, 4)], {}),
+    ("cast-int32-float32", "cast", [ints(np.int32, 6)], {"dtype": "float32"}),
+    ("cast-bool-float32", "cast", [boolean(6)], {"dtype": "float32"}),
+    ("cast-int64-int32", "cast", [ints(np.int64, 6)], {"dtype": "int32"}),
+    ("cast-int64-bool", "cast", [ints(np.int64, 6)], {"dtype": "bool"}),
+    ("cast-float32-float16", "cast", [f32(6)], {"dtype": "float16"}),
+    ("reduce_sum-all", "reduce_sum", [f32(3, 4, 5)], {}),
+    ("reduce_mean", "reduce_mean", [f32(3, 4, 5)], {"axes": [-1, 0]}),
+    ("reduce_max", "reduce_max", [f32(3, 4, 5)], {"axes": [2], "keepdims": False}),
+    ("reduce_min-keep", "reduce_min", [f32(3, 4, 5)], {"axes": [0, 2], "keepdims": True}),
+    ("argmax-last", "argmax", [np.array([[1, 3, 3, 0], [2, 2, 1, 2]], np.float32)],
+     {"axis": -1, "select_last_index": True, "keepdims": True}),
+    ("argmin", "argmin", [f32(4, 6)], {"axis": 0}),
+    ("matmul-batched", "matmul", [f32(2, 1, 3, 4), f32(5, 4, 6)], {}),
+    ("conv2d-asym-pads", "conv2d", [f32(1, 3, 9, 8), f32(4, 3, 3, 3), f32(4)],
+     {"padding": [1, 0, 2, 1], "stride": [2, 1]}),
+    ("conv2d-groups-dilation", "conv2d", [f32(2, 4, 10, 10), f32(6, 2, 3, 3)],
+     {"padding": [2, 2, 2, 2], "dilation": [2, 2], "groups": 2}),
+    ("conv2d-depthwise", "conv2d", [f32(1, 8, 7, 7), f32(8, 1, 3, 3), f32(8)],
+     {"padding": [1, 1, 1, 1], "groups": 8}),
+    ("max_pool2d-ceil", "max_pool2d", [f32(1, 2, 9, 9)],
+     {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1, 1, 1], "ceil_mode": True}),
+    ("max_pool2d-dilation", "max_pool2d", [f32(1, 2, 9, 9)], {"kernel": [2, 2], "dilation": [2, 2]}),
+    ("avg_pool2d-include-pad", "avg_pool2d", [f32(1, 2, 8, 8)],
+     {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1, 1, 1], "count_include_pad": True}),
+    ("avg_pool2d-exclude-pad", "avg_pool2d", [f32(1, 2, 8, 8)],
+     {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1, 1, 1], "count_include_pad": False}),
+    ("avg_pool2d-ceil", "avg_pool2d", [f32(1, 2, 8, 8)],
+     {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1, 1, 1], "ceil_mode": True,
+      "count_include_pad": False}),
+    ("gather-negative", "gather", [f32(4, 6, 3), np.array([[0, -1], [5, 2]], np.int64)], {"axis": 1}),
+    ("gather-int32-idx", "gather", [ints(np.int64, 7, 3), np.array([6, 0, -7], np.int32)], {"axis": 0}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_op_matches_reference(case: tuple[str, str, list[np.ndarray], dict[str, Any]]) -> None:
+    _, op, inputs, attrs = case
+    graph = one_node_graph(op, inputs, **attrs)
+    assert ORT.supports(graph.nodes[0], graph), f"the delegate should claim {op} here"
+    assert_matches_reference(graph, inputs, run_on(ORT, graph, inputs), rtol=2e-5, atol=2e-6)
+
+
+def test_every_claimed_op_has_a_case() -> None:
+    covered = {c[1] for c in CASES}
+    assert set(SUPPORTED) - covered == set()
+
+
+def test_weights_as_constants_are_bound_without_serialising() -> None:
+    x, w = f32(1, 16, 12, 12), f32(32, 16, 3, 3)
+    graph = one_node_graph("conv2d", [x, w], constant=[False, True], padding=[1, 1, 1, 1])
+    compiled = ORT.compile(graph)
+    # The weight goes to ORT as an OrtValue over our array: the serialised model holds no weight bytes.
+    from edgerun.backends.onnxruntime import build_model
+
+    model, external = build_model(graph)
+    assert list(external) == [graph.nodes[0].inputs[1]]
+    assert model.ByteSize() < w.nbytes / 10
+    assert_matches_reference(graph, [x], compiled(x), rtol=1e-3, atol=1e-4)
+
+
+def test_unclaimed_edge_cases_stay_on_reference() -> None:
+    # float -> int casts (NaN, saturation) and Python-style float modulo have no exact ONNX twin.
+    cast = one_node_graph("cast", [f32(3)], dtype="int32")
+    mod = one_node_graph("mod", [f32(3), f32(3, low=0.5)])
+    idiv = one_node_graph("div", [ints(np.int32, 3), ints(np.int32, 3, low=1)])
+    for graph in (cast, mod, idiv):
+        assert not ORT.supports(graph.nodes[0], graph)
+
+
+def test_io_binding_writes_into_the_callers_arrays() -> None:
+    x = f32(2, 8)
+    graph = one_node_graph("tanh", [x])
+    compiled = ORT.compile(graph)
+    out = np.empty((2, 8), np.float32)
+    inputs, outputs = [x], [out]
+    compiled.run(inputs, outputs)
+    np.testing.assert_allclose(out, np.tanh(x), rtol=1e-6)
+    x[...] = 0.5  # same arrays, new contents: the binding is reused and reads the new values
+    compiled.run(inputs, outputs)
+    np.testing.assert_allclose(out, np.tanh(np.float32(0.5)), rtol=1e-6)
+    strided = np.empty((2, 16), np.float32)[:, ::2]  # not contiguous: goes through a staging buffer
+    compiled.run([x], [strided])
+    np.testing.assert_allclose(strided, np.tanh(np.float32(0.5)), rtol=1e-6)
+
+
+def test_clamps_against_constants_become_relu_and_clip() -> None:
+    from edgerun.backends.onnxruntime import build_model
+    from edgerun.ir.builder import Builder
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((2, 8), DType.float32))
+    relu = b.emit("maximum", [x, b.scalar(0.0, x)])
+    relu6 = b.emit("minimum", [b.emit("maximum", [b.scalar(0.0, x), x]), b.scalar(6.0, x)])
+    upper = b.emit("minimum", [x, b.scalar(1.5, x)])
+    g.outputs = [relu, relu6, upper]
+    model, _ = build_model(g)
+    assert sorted(n.op_type for n in model.graph.node) == ["Clip", "Clip", "Relu"]
+    inputs = [f32(2, 8, low=-8, high=8)]
+    assert_matches_reference(g, inputs, run_on(ORT, g, inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_decomposed_softmax_becomes_one_softmax(axis: int) -> None:
+    from edgerun.backends.onnxruntime import build_model
+    from edgerun.ir.builder import Builder
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+    from edgerun.passes.decompose_pass import DecomposePass
+
+    g = Graph()
+    x = g.add_input("x", TensorSpec((2, 5, 7), DType.float32))
+    g.outputs = [Builder(g).emit("softmax", [x], axis=axis)]
+    g = DecomposePass().call(g).graph
+    model, _ = build_model(g)
+    assert [n.op_type for n in model.graph.node] == ["Softmax"]
+    inputs = [f32(2, 5, 7, low=-20, high=20)]
+    assert_matches_reference(g, inputs, run_on(ORT, g, inputs), rtol=1e-5, atol=1e-7)
+
+
+def test_decomposed_layer_norm_becomes_layer_normalization() -> None:
+    from edgerun.backends.onnxruntime import build_model
+    from edgerun.ir.builder import Builder
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+    from edgerun.passes.decompose_pass import DecomposePass
+
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((2, 6, 16), DType.float32))
+    w, bias = b.const(f32(16)), b.const(f32(16))
+    g.outputs = [b.emit("layer_norm", [x, w, bias], normalized_ndim=1, eps=1e-5)]
+    g = DecomposePass().call(g).graph
+    model, _ = build_model(g)
+    assert "LayerNormalization" in [n.op_type for n in model.graph.node]
+    assert "ReduceMean" not in [n.op_type for n in model.graph.node]
+    inputs = [f32(2, 6, 16) * 3 + 1]
+    assert_matches_reference(g, inputs, run_on(ORT, g, inputs), rtol=1e-4, atol=1e-5)

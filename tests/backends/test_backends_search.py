@@ -1,0 +1,202 @@
+"""Load-time search: calibration cached per device fingerprint, the cost model's choices, tuning, and the
+reference backend's conv algorithm variants."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgerun.backends.reference.algorithms import CONV_ALGORITHMS, ConvShape, choose_conv_algorithm
+from edgerun.backends.reference.kernels import KERNELS
+from edgerun.backends.registry import get_backend
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.runtime import load
+from edgerun.search import (
+    CACHE_ENV,
+    BackendProfile,
+    calibration_path,
+    cost_table,
+    device_fingerprint,
+    load_profiles,
+    plan_auto,
+    search_placement,
+    tuned_path,
+)
+
+RNG = np.random.default_rng(3)
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("edgerun-cache")  # one calibration for the module's tests
+
+
+@pytest.fixture
+def cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(shared_cache))
+    return shared_cache
+
+
+def conv_net(channels: int = 8, size: int = 16, blocks: int = 2) -> Graph:
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x", TensorSpec((1, channels, size, size), DType.float32))
+    for _ in range(blocks):
+        w = b.const(RNG.standard_normal((channels, channels, 3, 3)).astype(np.float32) * 0.1)
+        v = b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])
+        v = b.emit("tanh", [v])
+    g.outputs = [b.emit("reduce_mean", [v], axes=[2, 3])]
+    return g
+
+
+def profile(gemm: float, conv: float, partition_s: float = 0.0) -> BackendProfile:
+    return BackendProfile(gemm, conv, 1e9, 1e10, 1e-6, partition_s, algorithm_scale={})
+
+
+def test_calibration_is_cached_under_the_device_fingerprint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    cache = tmp_path
+    reference = get_backend("reference")
+    first = load_profiles([reference])["reference"]
+    path = calibration_path()
+    assert path.parent.parent == cache and path.stem == device_fingerprint()
+    stored = json.loads(path.read_text())
+    assert stored["profiles"]["reference"]["gemm_flops_per_s"] == first.gemm_flops_per_s
+    assert first.measured and first.gemm_flops_per_s > 0 and set(first.algorithm_scale) == {
+        a.name for a in CONV_ALGORITHMS}
+    # A second load reads the cache instead of measuring (the figures are identical, not re-measured).
+    assert load_profiles([reference])["reference"] == first
+    # Another machine (another fingerprint) does not see this one's figures.
+    assert not calibration_path("another-device").exists()
+
+
+def test_search_puts_big_convs_on_the_faster_backend_and_tiny_work_where_calls_are_cheap() -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    reference = get_backend("reference")
+    backends = {"onnxruntime": ort, "reference": reference}
+    profiles = {"onnxruntime": profile(5e10, 5e10, partition_s=2e-5), "reference": profile(1e10, 1e9)}
+    big = conv_net(channels=64, size=32)
+    result = search_placement(cost_table(big, backends, profiles))
+    assert set(result.backend_of) == {"onnxruntime"}
+    # Four tiny nodes: a 20 us partition call costs more than the reference's whole work.
+    tiny = conv_net(channels=1, size=2, blocks=2)
+    result = search_placement(cost_table(tiny, backends, profiles))
+    assert set(result.backend_of) == {"reference"}
+
+
+def test_search_cuts_a_partition_only_when_it_pays() -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    backends = {"onnxruntime": ort, "reference": get_backend("reference")}
+    g = conv_net(channels=32, size=16)
+    cheap = {"onnxruntime": profile(5e10, 5e10, partition_s=1e-6), "reference": profile(1e10, 1e9)}
+    table = cost_table(g, backends, cheap)
+    # Make tanh far cheaper on reference: with cheap partitions the search alternates ...
+    tanh = [k for k, n in enumerate(g.nodes) if n.op == "tanh"]
+    table.seconds[tanh, table.backends.index("onnxruntime")] = 1e-3
+    assert search_placement(table).switches > 1
+    # ... and with a partition bound of one it does not.
+    assert search_placement(table, max_partitions=1).switches == 1
+
+
+def test_auto_load_matches_reference_and_records_conv_algorithms(cache: Path) -> None:
+    g = conv_net()
+    x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    want = load(g).run([x])[0]
+    plan = plan_auto(g.copy(), candidates=["reference"])
+    assert set(plan.placement.values()) == {"reference"}
+    assert set(plan.algorithms.values()) <= {a.name for a in CONV_ALGORITHMS} and len(plan.algorithms) == 2
+    loaded = load(g, backends="auto:reference")
+    np.testing.assert_allclose(loaded.run([x])[0], want, rtol=1e-4, atol=1e-5)
+    assert plan.search_s < 1.0
+    # The runtime's copy carries the choice; the caller's graph (which a Program may save) does not.
+    assert {n.meta.get("algorithm") for n in loaded.graph.nodes if n.op == "conv2d"} == set(plan.algorithms.values())
+    assert all("algorithm" not in n.meta for n in g.nodes)
+
+
+def test_tune_measures_candidates_and_caches_the_winner(cache: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    g = conv_net()
+    x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    plan = plan_auto(g.copy(), tune=True)
+    assert plan.tuning["source"] == "measured" and len(plan.tuning["candidates"]) >= 2
+    files = [f for f in (cache / "tuned" / device_fingerprint()).glob("*.json")
+             if json.loads(f.read_text())["placement"] == plan.placement]
+    assert len(files) == 1
+    winner = json.loads(files[0].read_text())["placement"]
+    assert winner == plan.placement
+    again = plan_auto(g.copy(), tune=True)
+    assert again.tuning["source"] == "cache" and again.placement == plan.placement
+    assert tuned_path("x").parent == files[0].parent
+    got = load(g.copy(), backends="auto", tune=True).run([x])[0]
+    np.testing.assert_allclose(got, load(g).run([x])[0], rtol=1e-4, atol=1e-5)
+
+
+CONV_CASES = [
+    ("3x3", (2, 16, 13, 13), (24, 16, 3, 3), {"padding": [1, 1, 1, 1]}),
+    ("3x3-asym-pad", (1, 8, 10, 9), (8, 8, 3, 3), {"padding": [0, 2, 1, 0]}),
+    ("pointwise", (1, 32, 7, 7), (16, 32, 1, 1), {}),
+    ("depthwise", (1, 12, 9, 9), (12, 1, 3, 3), {"padding": [1, 1, 1, 1], "groups": 12, "stride": [2, 2]}),
+    ("grouped-dilated", (1, 8, 12, 12), (8, 4, 3, 3), {"padding": [2, 2, 2, 2], "groups": 2, "dilation": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_every_applicable_conv_algorithm_agrees_with_the_default_kernel(
+        case: tuple[str, tuple[int, ...], tuple[int, ...], dict[str, object]]) -> None:
+    name, xs, ws, attrs = case
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    bias = RNG.standard_normal(ws[0]).astype(np.float32)
+    g = Graph()
+    b = Builder(g)
+    out = b.emit("conv2d", [g.add_input("x", TensorSpec(xs, DType.float32)), b.const(w), b.const(bias)], **attrs)
+    node = g.nodes[0]
+    want = np.empty(g.specs[out].shape, np.float32)
+    KERNELS["conv2d"]([x, w, bias], node.attrs, [want])
+    shape = ConvShape.of(node, g)
+    applicable = [a for a in CONV_ALGORITHMS if a.applies(shape)]
+    assert len(applicable) >= (1 if name == "grouped-dilated" else 2)  # im2col and a specialised variant
+    for algorithm in applicable:
+        got = np.empty_like(want)
+        algorithm.kernel([x, w, bias], dict(node.attrs), [got])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()),
+                                   err_msg=algorithm.name)
+        chosen = choose_conv_algorithm(node, g)
+        assert chosen.algorithm in applicable and math.isfinite(chosen.seconds)
+
+
+def test_algorithm_choice_follows_the_measured_rates() -> None:
+    g = Graph()
+    b = Builder(g)
+    w = b.const(np.ones((64, 64, 3, 3), np.float32))
+    b.emit("conv2d", [g.add_input("x", TensorSpec((1, 64, 56, 56), DType.float32)), w], padding=[1, 1, 1, 1])
+    node = g.nodes[0]
+    fast_gemm = BackendProfile(1e11, 1e9, 1e10, 1e11, 1e-6, 0.0)
+    assert choose_conv_algorithm(node, g, fast_gemm).algorithm.name == "winograd_f2x3"
+    slow_winograd = BackendProfile(1e11, 1e9, 1e10, 1e11, 1e-6, 0.0, algorithm_scale={"winograd_f2x3": 100.0})
+    assert choose_conv_algorithm(node, g, slow_winograd).algorithm.name == "im2col_gemm"
+
+
+def test_activations_stay_fused_with_their_conv_on_a_fusing_backend() -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((1, 32, 56, 56), DType.float32))
+    w = b.const(RNG.standard_normal((32, 32, 3, 3)).astype(np.float32))
+    y = b.emit("conv2d", [x, w], padding=[1, 1, 1, 1])
+    y = b.emit("minimum", [b.emit("maximum", [y, b.scalar(0.0, y)]), b.scalar(6.0, y)])
+    g.outputs = [b.emit("conv2d", [y, w], padding=[1, 1, 1, 1])]
+    # Elementwise work is modelled a little cheaper on reference and a partition call is nearly free ...
+    profiles = {"onnxruntime": BackendProfile(5e10, 5e10, 1e9, 9e9, 1e-6, 1e-7),
+                "reference": BackendProfile(1e10, 1e9, 1e9, 1e10, 1e-6, 0.0)}
+    table = cost_table(g, {"onnxruntime": ort, "reference": get_backend("reference")}, profiles)
+    # ... yet the clamp stays on ORT, which folds it into the conv before it.
+    assert search_placement(table).backend_of == ["onnxruntime"] * 4
+    assert table.fused_saving[1:3, 0].min() > 0 and table.fused_saving[:, 1].max() == 0
