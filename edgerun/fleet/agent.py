@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import httpx
 
 from edgerun.fleet.agent_state import AgentState
-from edgerun.fleet.container import RunResult, run_in_container
+from edgerun.fleet.container import RunResult, clear_scratch, run_in_container
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import verify_assignment, verify_release
@@ -60,6 +60,7 @@ class Agent:
         # Crash recovery first: drop half-built folders, turn interrupted runs into failure reports.
         self.installer.recover()
         self.state.recover_interrupted_runs()
+        clear_scratch(self.state_dir / "scratch")
         self.http = httpx.Client(base_url=self.server_url, timeout=http_timeout_s)
         self.root = self._load_root(root_path)
         self._token = self.state.get("token")
@@ -214,7 +215,8 @@ class Agent:
         run_id = self.state.begin_run(task, version)
         result = run_in_container(folder, config.get("entry", "main.py"), inputs if inputs is not None else {},
                                   timeout_s=float(limits.get("timeout_s", 10)),
-                                  memory_mb=int(limits.get("memory_mb", 512)))
+                                  memory_mb=int(limits.get("memory_mb", 512)),
+                                  work_root=self.state_dir / "scratch")
         self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         return result
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,10 +44,16 @@ def _limit_memory(memory_mb: int):  # type: ignore[no-untyped-def]
 
 
 def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s: float = 10.0,
-                     memory_mb: int = 512) -> RunResult:
-    """Run `run(inputs)` from `entry` in `task_dir` in a worker process; never raises for task faults."""
+                     memory_mb: int = 512, work_root: str | Path | None = None) -> RunResult:
+    """Run `run(inputs)` from `entry` in `task_dir` in a worker process; never raises for task faults.
+
+    The worker's scratch folder goes under `work_root` (the agent's state folder), so a run cut short by
+    kill -9 leaves its leftovers where the next start sweeps them (`clear_scratch`), not in /tmp.
+    """
     task_dir = Path(task_dir).resolve()
-    with tempfile.TemporaryDirectory(prefix="edgerun-run-") as tmp:
+    if work_root is not None:
+        Path(work_root).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edgerun-run-", dir=work_root) as tmp:
         result_path = Path(tmp) / "result.json"
         start = time.perf_counter()
         try:
@@ -68,3 +75,11 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
         if record.get("ok"):
             return RunResult("success", latency, output=record.get("output"))
         return RunResult("failure", latency, error=str(record.get("error", ""))[-2000:])
+
+
+def clear_scratch(work_root: str | Path) -> None:
+    """Remove scratch folders of runs that a crash interrupted (only ever called before any run starts)."""
+    root = Path(work_root)
+    if root.is_dir():
+        for leftover in root.glob("edgerun-run-*"):
+            shutil.rmtree(leftover, ignore_errors=True)

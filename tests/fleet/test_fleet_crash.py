@@ -88,7 +88,9 @@ def test_kill_dash_nine_at_random_points(server: FleetServer, tmp_path: Path) ->
     for trial in range(TRIALS):
         version = 2 * trial + 2
         payload = rng.randbytes(1024 * 1024)
-        admin.publish(make_task(tmp_path, "crash", version, files={"data.bin": payload}, schedule={"every_s": 0}),
+        # Targeted at the victim alone: the server is shared with other test files' devices.
+        admin.publish(make_task(tmp_path, "crash", version, files={"data.bin": payload}, schedule={"every_s": 0},
+                                targeting={"kind": "device", "values": ["victim"]}),
                       server.keys, {"steps": [100], "min_reports": 10**6, "error_min_reports": 10**6})
         proc = ctx.Process(target=agent_loop, args=(server.url, str(server.keys.latest_root_path()), str(state)))
         marks = state / "marks"
@@ -129,3 +131,18 @@ def test_kill_dash_nine_at_random_points(server: FleetServer, tmp_path: Path) ->
         agent.close()
     print(f"kill -9 landed: {phases} over {TRIALS} trials")
     assert phases["mid-download"] > 0 and phases["mid-run"] > 0
+
+
+def test_restart_sweeps_scratch_left_by_a_killed_run(server: FleetServer, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    leftovers = [state / "scratch" / f"edgerun-run-{k}" for k in range(3)]
+    for d in leftovers:
+        d.mkdir(parents=True)
+        (d / "result.json").write_text("{}")
+    agent = Agent(server.url, "sweeper", state, root_path=server.keys.latest_root_path(),
+                  enroll_token="enroll-secret")
+    try:
+        assert not any(d.exists() for d in leftovers)
+        assert (state / "scratch").is_dir()
+    finally:
+        agent.close()
