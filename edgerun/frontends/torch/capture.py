@@ -1,0 +1,65 @@
+"""Capture: torch.export with our choice of decompositions, and clear errors when capture itself fails."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgerun.errors import EdgerunError
+
+# Ops the core-ATen table would decompose but that map one-to-one onto our composites; keeping them makes
+# the graph smaller and lets backends see attention, linear layers and activations whole.
+KEEP_WHOLE = (
+    "aten.scaled_dot_product_attention.default",
+    "aten.linear.default",
+    "aten.silu.default",
+    "aten.hardswish.default",
+    "aten.hardsigmoid.default",
+    "aten.rms_norm.default",
+)
+
+
+class ExportFailedError(EdgerunError):
+    """torch.export could not capture the model (data-dependent control flow, unsupported Python, ...)."""
+
+
+def decomposition_table() -> Any:
+    import torch
+
+    table = torch.export.default_decompositions()
+    for key in list(table.keys()):
+        if str(key) in KEEP_WHOLE:
+            table.pop(key)
+    return table
+
+
+def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    """The ExportedProgram of `module` on `args`, lowered to core ATen (minus KEEP_WHOLE)."""
+    import torch
+
+    module = module.eval()
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(module, tuple(args), kwargs=kwargs or None)
+    except Exception as exc:  # torch raises many unrelated types here; all mean "capture failed"
+        raise ExportFailedError(_explain(exc)) from exc
+    try:
+        return ep.run_decompositions(decomposition_table())
+    except Exception as exc:
+        raise ExportFailedError(f"torch.export captured the model but could not decompose it: "
+                                f"{type(exc).__name__}: {_first_lines(exc)}") from exc
+
+
+def _first_lines(exc: BaseException, n: int = 6) -> str:
+    return "\n".join(str(exc).strip().splitlines()[:n])
+
+
+def _explain(exc: BaseException) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    hint = ("make the forward pass traceable by torch.export: no Python control flow that depends on tensor "
+            "values (use torch.where or torch.cond), no .item()/.tolist() on tensors, no data-dependent "
+            "output shapes, and no unsupported Python side effects")
+    if "data-dependent" in text or "GuardOnDataDependent" in name or "Could not guard" in text:
+        hint = ("the model branches on tensor values (data-dependent control flow); replace `if tensor...` "
+                "with torch.where(...) or torch.cond(...), or compute the condition from shapes only")
+    return f"torch.export failed to capture the model ({name}): {_first_lines(exc)}\nHow to fix: {hint}"

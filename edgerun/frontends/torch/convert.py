@@ -1,0 +1,154 @@
+"""Convert a core-ATen ExportedProgram into an edgerun Graph: inputs, weights, one handler per ATen node."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from edgerun.errors import EdgerunError, UnsupportedOpError
+from edgerun.frontends.torch import (
+    aten_creation,
+    aten_elementwise,
+    aten_nn,
+    aten_pooling,
+    aten_reductions,
+    aten_shape,
+)
+from edgerun.frontends.torch.context import HANDLERS, ConvertContext
+from edgerun.frontends.torch.source_info import module_path, node_meta, source_line
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+
+_HANDLER_MODULES = (aten_creation, aten_elementwise, aten_nn, aten_pooling, aten_reductions, aten_shape)  # registration
+
+
+class FrontendBugError(RuntimeError):
+    """A handler produced a value whose shape differs from torch's: a bug in this frontend, not user error."""
+
+
+def convert_exported_program(ep: Any) -> Graph:
+    import torch
+
+    graph = Graph()
+    ctx = ConvertContext(graph)
+    sig = ep.graph_signature
+    kinds = {spec.arg.name: spec for spec in sig.input_specs}
+    ctx.user_outputs = set(sig.user_outputs)
+    for node in ep.graph.nodes:
+        ctx.node = node
+        if node.op == "placeholder":
+            ctx.env[node] = _placeholder(ctx, ep, node, kinds.get(node.name))
+        elif node.op == "call_function":
+            ctx.b.meta = node_meta(node)
+            ctx.env[node] = _call(ctx, node)
+        elif node.op == "output":
+            graph.outputs = _outputs(ctx, node, sig)
+        elif node.op == "get_attr":
+            ctx.env[node] = ctx.const_like_torch(getattr(ep.graph_module, str(node.target)))
+        else:
+            raise EdgerunError(f"unexpected FX node kind {node.op!r} ({node.name})")
+    del torch
+    graph.prune_specs()
+    return graph
+
+
+def _placeholder(ctx: ConvertContext, ep: Any, node: Any, spec: Any) -> Any:
+    from torch.export.graph_signature import InputKind
+
+    kind = spec.kind if spec is not None else InputKind.USER_INPUT
+    if kind is InputKind.PARAMETER or kind is InputKind.BUFFER:
+        data = ep.state_dict.get(spec.target) if spec.target in ep.state_dict else ep.constants[spec.target]
+        return ctx.const_like_torch(data)
+    if kind is InputKind.CONSTANT_TENSOR:
+        return ctx.const_like_torch(ep.constants[spec.target])
+    if kind is not InputKind.USER_INPUT:
+        raise EdgerunError(f"exported input {node.name!r} of kind {kind.name} is not supported")
+    val = node.meta.get("val")
+    if not hasattr(val, "shape"):
+        return val  # a Python scalar input torch.export specialised; handlers see the constant
+    dtype = ctx.dtype_of_torch(val.dtype)
+    return ctx.graph.add_input(node.name, TensorSpec(tuple(int(d) for d in val.shape), dtype))
+
+
+def _call(ctx: ConvertContext, node: Any) -> Any:
+    if node.target is operator.getitem:
+        values = ctx.env[node.args[0]]
+        picked = values[int(node.args[1])]
+        read = any(u.op != "output" for u in node.users) or node.name in ctx.user_outputs
+        if picked is None and read:
+            ctx.unsupported("reading an output this frontend does not produce")
+        return picked
+    name = str(node.target)
+    handler = HANDLERS.get(name)
+    if handler is None:
+        raise UnsupportedOpError(name, module_path=module_path(node) or None, source=source_line(node) or None,
+                                 detail="no edgerun handler for this ATen op")
+    if not _static_shapes(node.meta.get("val")):
+        ctx.unsupported("its output shape depends on tensor values (e.g. boolean-mask indexing, nonzero); "
+                        "edgerun programs have static shapes")
+    empty = _empty_result(ctx, node)
+    if empty is not None:
+        return empty
+    try:
+        result = handler(ctx, node)
+    except EdgerunError:
+        raise
+    except ValueError as exc:  # an IR shape rule refused the arguments
+        ctx.unsupported(f"arguments the IR does not accept ({exc})")
+    return _check_against_torch(ctx, node, result)
+
+
+def _static_shapes(val: Any) -> bool:
+    vals = list(val) if isinstance(val, list | tuple) else [val]
+    return all(not hasattr(v, "shape") or all(isinstance(d, int) for d in v.shape) for v in vals)
+
+
+def _empty_result(ctx: ConvertContext, node: Any) -> Any:
+    """Constants for an op whose every output has zero elements: there are no values to compute."""
+    import numpy as np
+
+    val = node.meta.get("val")
+    vals = list(val) if isinstance(val, list | tuple) else [val]
+    if not vals or not all(hasattr(v, "shape") and v.numel() == 0 for v in vals):
+        return None
+    consts = [ctx.b.const(np.zeros(tuple(v.shape), ctx.dtype_of_torch(v.dtype).np)) for v in vals]
+    return consts if isinstance(val, list | tuple) else consts[0]
+
+
+def _check_against_torch(ctx: ConvertContext, node: Any, result: Any) -> Any:
+    """Match each result to torch's fake tensor: cast when only the dtype differs, refuse a shape mismatch."""
+    val = node.meta.get("val")
+    if result is None or val is None:
+        return result
+    if isinstance(result, str):
+        return _match(ctx, node, result, val)
+    return [None if r is None else _match(ctx, node, r, v) for r, v in zip(result, val)]
+
+
+def _match(ctx: ConvertContext, node: Any, value: str, val: Any) -> str:
+    shape = tuple(int(d) for d in val.shape)
+    if ctx.b.shape(value) != shape:
+        raise FrontendBugError(f"{node.target} in {module_path(node)!r}: produced shape {ctx.b.shape(value)}, "
+                               f"torch has {shape}")
+    return ctx.cast(value, ctx.dtype_of_torch(val.dtype))
+
+
+def _outputs(ctx: ConvertContext, node: Any, sig: Any) -> list[str]:
+    import torch.fx
+
+    user_outputs = set(sig.user_outputs)
+    outs = []
+    for arg in node.args[0]:
+        if isinstance(arg, torch.fx.Node):
+            if arg.name not in user_outputs:
+                continue  # buffer mutations and other non-user outputs
+            value = ctx.env[arg]
+            if not isinstance(value, str):
+                raise EdgerunError(f"model output {arg.name!r} is not a tensor; edgerun programs return tensors")
+            outs.append(value)
+        else:
+            raise EdgerunError(f"model output {arg!r} is not a tensor (a {type(arg).__name__}); "
+                               "return only tensors (a tensor, or a tuple/list/dict of tensors)")
+    if not outs:
+        raise EdgerunError("the model returns no tensors")
+    return outs
