@@ -194,3 +194,12 @@ def test_bad_user_inputs_get_clear_errors() -> None:
         interpret(g, [])
     with pytest.raises(EdgerunError, match="must be float32"):
         interpret(g, [np.zeros((2, 3), np.complex64)])
+
+
+def test_erf_is_correctly_rounded_float32_across_its_range() -> None:
+    import math
+
+    x = np.concatenate([np.linspace(-9, 9, 20001), [0.0, -0.0, 2.5, -2.5, 1e-30, np.inf, -np.inf]]).astype(np.float32)
+    (got,) = interpret(_graph("erf", [TensorSpec(x.shape, "float32")]), [x])
+    want = np.array([math.erf(float(v)) for v in x]).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
