@@ -9,8 +9,17 @@ Each benchmark is a tiny IR graph compiled and run through the backend exactly a
     add       an add over 1M floats                  -> bytes/s of memory-bound work
     chain     32 dependent adds on 4 floats          -> seconds per extra node (dispatch)
     single    1 add on 4 floats                      -> seconds per partition call (scheduling)
+    small     4 x (1x256 @ 256x256, tanh), a tiny model -> seconds per node of real kernels: `dispatch` is
+              the larger of chain's figure and small's time beyond its modelled work, per node (a numpy
+              matmul on a vector costs microseconds of overhead that an add on 4 floats does not show)
     conv algorithms (reference only): each variant of algorithms.py on a shape it applies to, giving
               the ratio of its measured time to its modelled time (`algorithm_scale`)
+    spinning (backends with `spin_setting` None, i.e. ORT left to choose): gemm, conv and exp, the
+              benchmarks big enough for a thread pool, plus `small` (4 matmuls of a 1x256 vector, a tiny
+              model: one thread without spinning, the pool with it) are also compiled with spinning pool
+              threads and timed in the same rounds; spinning is chosen (`spin`) when it is at least
+              SPIN_GAIN faster in geometric mean, and the chosen setting's times make the profile
+              (about +0.5 s)
 
 Times are medians of at least 5 runs, in 3 interleaved rounds: on a shared machine the typical run is what a user gets, and the
 best run can be far from it (numpy's BLAS was seen at 1 and at 190 GFLOP/s on the same GEMM minutes apart).
@@ -64,6 +73,7 @@ class BackendProfile:
     config: str = ""
     measured: bool = True
     algorithm_scale: dict[str, float] = field(default_factory=dict)  # measured / modelled, per algorithm
+    spin: bool | None = None  # the faster pool-thread setting, for a backend that left it to calibration
 
     @staticmethod
     def from_throughput(t: Throughput, partition_s: float = 0.0, config: str = "") -> BackendProfile:
@@ -74,7 +84,7 @@ class BackendProfile:
 
 def backend_config(backend: Backend) -> str:
     """The settings a backend's speed depends on (a change means measuring again)."""
-    settings = [f"{key}={getattr(backend, key)}" for key in ("threads", "spin") if hasattr(backend, key)]
+    settings = [f"{key}={getattr(backend, key)}" for key in ("threads", "spin_setting") if hasattr(backend, key)]
     return ",".join(settings)
 
 
@@ -101,6 +111,8 @@ def load_profiles(backends: Sequence[Backend], *, recalibrate: bool = False) -> 
         profiles[backend.name] = measure_backend(backend)
         stored[backend.name] = asdict(profiles[backend.name])
         changed = True
+    for backend in backends:
+        apply_profile(backend, profiles[backend.name])
     if changed:
         write_json(path, {"format": FORMAT, "device": device_description(), "profiles": stored})
     return profiles
@@ -114,6 +126,16 @@ def calibrate(names: Sequence[str], *, recalibrate: bool = True) -> dict[str, Ba
 # ---- the micro-benchmarks ------------------------------------------------------------------------------
 
 ROUNDS = 3  # every benchmark is timed once per round, rounds interleaved, and the median round counts
+SPIN_BENCHMARKS = ("gemm", "conv", "exp", "small")  # those that run on a thread pool, at least when spinning
+# Spinning must win by this much: it also costs every other process on the machine a core.
+SPIN_GAIN = 1.05
+SPIN_BUDGET_S = 0.02  # per round for each spinning run: enough for a median, and keeps calibration cheap
+
+
+def apply_profile(backend: Backend, profile: BackendProfile) -> None:
+    """Give the backend the settings calibration chose for it (pool-thread spinning, for ORT)."""
+    if profile.spin is not None and getattr(backend, "spin_setting", False) is None:
+        backend.spin = profile.spin  # type: ignore[attr-defined]
 
 
 def measure_backend(backend: Backend) -> BackendProfile:
@@ -127,22 +149,46 @@ def measure_backend(backend: Backend) -> BackendProfile:
                  "single": _runnable(backend, _add_chain(4, 1))}
         algorithms = _algorithm_runs() if backend.name == "reference" else {}
         calls.update({name: call for name, (call, _) in algorithms.items()})
+        choose_spin = getattr(backend, "spin_setting", False) is None
+        calls["small"] = _runnable(backend, _small_mlp_graph())
+        if choose_spin:
+            calls.update(_spinning_runs(backend))
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(ROUNDS):
             for name, call in calls.items():
-                samples[name].append(_median_time(call))
+                samples[name].append(_median_time(call, SPIN_BUDGET_S if name.endswith("@spin") else 0.05))
     except Exception:  # a backend that cannot run the benchmarks keeps its declared figures
         return BackendProfile.from_throughput(backend.throughput, partition_s, backend_config(backend))
     t = {name: statistics.median(times) for name, times in samples.items()}
+    spin = None
+    if choose_spin:
+        gain = math.exp(statistics.mean(math.log(t[n] / t[n + "@spin"]) for n in SPIN_BENCHMARKS))
+        spin = gain >= SPIN_GAIN
+        if spin:
+            t.update({n: t[n + "@spin"] for n in SPIN_BENCHMARKS})
     dispatch = max((t["chain"] - t["single"]) / 31, 1e-8)
     partition = max(t["single"] - dispatch, 0.0)
     rate = {name: work[name] / max(t[name] - partition, 1e-9) for name in work}
+    small_work_s = SMALL_GEMM_FLOPS / rate["gemm"] + SMALL_TANH_FLOPS / rate["exp"]
+    dispatch = max(dispatch, (t["small"] - partition - small_work_s) / SMALL_NODES)
     th = backend.throughput
     profile = BackendProfile(rate["gemm"], rate["conv"], rate["exp"], rate["add"], dispatch, partition,
-                             th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend))
+                             th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend), spin=spin)
     for name, (_, shape_work) in algorithms.items():
         profile.algorithm_scale[name] = t[name] / max(shape_work.seconds(profile), 1e-12)
     return profile
+
+
+def _spinning_runs(backend: Backend) -> dict[str, Callable[[], None]]:
+    """The SPIN_BENCHMARKS compiled with spinning pool threads, named "<benchmark>@spin"."""
+    graphs = {"gemm": _gemm_graph(), "conv": _conv_graph(32, 32, 3, 1), "exp": _unary_graph("exp", 1 << 18),
+              "small": _small_mlp_graph()}
+    before = backend.spin  # type: ignore[attr-defined]
+    backend.spin = True  # type: ignore[attr-defined]
+    try:
+        return {f"{name}@spin": _runnable(backend, graph) for name, graph in graphs.items()}
+    finally:
+        backend.spin = before  # type: ignore[attr-defined]
 
 
 def _algorithm_runs() -> dict[str, tuple[Callable[[], None], Any]]:
@@ -218,6 +264,22 @@ def _conv_graph(c: int, o: int, k: int, groups: int) -> Graph:
     w = b.const(np.random.default_rng(2).standard_normal((o, c // groups, k, k)).astype(np.float32))
     p = k // 2
     g.outputs = [b.emit("conv2d", [x, w], padding=[p, p, p, p], groups=groups)]
+    return g
+
+
+SMALL_NODES = 8  # _small_mlp_graph: 4 matmuls and 4 tanh
+SMALL_GEMM_FLOPS = 4 * 2.0 * 256 * 256
+SMALL_TANH_FLOPS = 4 * 8.0 * 256
+
+
+def _small_mlp_graph() -> Graph:
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x", _f32((1, 256)))
+    for seed in range(4):
+        w = b.const(np.random.default_rng(seed).standard_normal((256, 256)).astype(np.float32) * 0.05)
+        v = b.emit("tanh", [b.emit("matmul", [v, w])])
+    g.outputs = [v]
     return g
 
 

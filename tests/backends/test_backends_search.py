@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgerun.backends.reference.algorithms import CONV_ALGORITHMS, ConvShape, choose_conv_algorithm
+from edgerun.backends.reference.interpreter import interpret
 from edgerun.backends.reference.kernels import KERNELS
 from edgerun.backends.registry import get_backend
 from edgerun.ir.builder import Builder
@@ -29,6 +31,7 @@ from edgerun.search import (
     search_placement,
     tuned_path,
 )
+from edgerun.search.calibrate import apply_profile, backend_config, measure_backend
 
 RNG = np.random.default_rng(3)
 
@@ -200,3 +203,40 @@ def test_activations_stay_fused_with_their_conv_on_a_fusing_backend() -> None:
     # ... yet the clamp stays on ORT, which folds it into the conv before it.
     assert search_placement(table).backend_of == ["onnxruntime"] * 4
     assert table.fused_saving[1:3, 0].min() > 0 and table.fused_saving[:, 1].max() == 0
+
+
+def test_calibration_chooses_ort_spinning_unless_the_user_fixed_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    ort_backend = pytest.importorskip("edgerun.backends.onnxruntime")
+    monkeypatch.delenv("EDGERUN_ORT_SPIN", raising=False)
+    free = ort_backend.OnnxRuntimeBackend()
+    assert free.spin_setting is None and free.spin is False  # off until calibration says otherwise
+    chosen = measure_backend(free)
+    assert isinstance(chosen.spin, bool) and chosen.gemm_flops_per_s > 0
+    apply_profile(free, replace(chosen, spin=True))
+    assert free.spin is True and "spin_setting=None" in chosen.config
+    monkeypatch.setenv("EDGERUN_ORT_SPIN", "0")  # the variable still overrides calibration
+    fixed = ort_backend.OnnxRuntimeBackend()
+    assert fixed.spin_setting is False and backend_config(fixed) != backend_config(free)
+    apply_profile(fixed, replace(chosen, spin=True))
+    assert fixed.spin is False
+
+
+def test_a_delegate_only_program_runs_without_errstate_and_still_matches() -> None:
+    pytest.importorskip("onnxruntime")
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((4, 8), DType.float32))
+    w = b.const(RNG.standard_normal((8, 8)).astype(np.float32))
+    g.outputs = [b.emit("tanh", [b.emit("matmul", [x, w])])]
+    xs = [RNG.standard_normal((4, 8)).astype(np.float32)]
+    delegated = load(g, backends=["onnxruntime"])
+    assert {i.backend for i in delegated.instructions} == {"onnxruntime"}
+    assert not delegated._executor._uses_numpy_math
+    assert load(g)._executor._uses_numpy_math
+    before = np.geterr()
+    first = delegated(*xs)
+    np.testing.assert_allclose(first, interpret(g, xs)[0], rtol=1e-5, atol=1e-6)
+    assert np.geterr() == before
+    delegated(*[-v for v in xs])
+    assert not np.shares_memory(first, delegated.parts.arena)  # the first result survives the second call
+    np.testing.assert_allclose(first, interpret(g, xs)[0], rtol=1e-5, atol=1e-6)

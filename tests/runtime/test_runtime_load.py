@@ -104,6 +104,26 @@ def test_input_errors_are_clear() -> None:
     np.testing.assert_array_equal(m(x.astype(np.float64)), m(x))  # a safe conversion is accepted
 
 
+def test_exact_inputs_take_the_fast_path_and_everything_else_the_full_check() -> None:
+    graph = small_cnn()
+    m = load(graph)
+    x = random_inputs(graph)[0]
+    want = interpret(graph, [x])[0]
+    strided = np.repeat(x, 2, axis=-1)[..., ::2]  # exact shape and dtype, not contiguous: still fast
+    for value in (x, strided):
+        assert m._exact_inputs((value,)) is not None and m._exact_inputs([value]) is not None
+        np.testing.assert_array_equal(m(value), want)
+    # Anything else goes through bind_inputs, which checks and converts: another byte order, float64, a
+    # list, a mapping. Each must give the same result as the exact array.
+    big_endian = x.astype(">f4")
+    for value in (big_endian, x.astype(np.float64), x.tolist()):
+        assert m._exact_inputs((value,)) is None
+        np.testing.assert_array_equal(m(value), want)
+    np.testing.assert_array_equal(m.run({"image": x})[0], want)
+    with pytest.raises(EdgerunError, match="shape"):
+        m(x[..., :-1])
+
+
 def test_profiling_sink_sees_every_instruction_in_order() -> None:
     graph = small_cnn()
     m = load(graph)

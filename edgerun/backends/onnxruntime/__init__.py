@@ -7,11 +7,11 @@ or out. Ops ORT cannot run exactly are not claimed (onnx_ops.SUPPORTED); a parti
 is the runtime's to put back on the reference backend, with a warning.
 
 Threads: `intra_op_num_threads` from the constructor, else $EDGERUN_ORT_THREADS, else 2. Partitions too
-small to gain from a thread pool get one thread. Pool threads do not spin waiting for work unless asked
-(`spin=True` or $EDGERUN_ORT_SPIN=1): with several partitions each session has its own pool, and spinning
-pools, or other processes on a shared machine, steal each other's cores (on the dev box under load:
-MobileNetV2 all on ORT 90 ms spinning, 10 ms not; idle, spinning wins by 1.2-1.8x on some models, see
-docs/benchmarks.md).
+small to gain from a thread pool get one thread. Whether pool threads spin waiting for work is
+`spin=True/False`, else $EDGERUN_ORT_SPIN=1/0, else calibration's choice (edgerun.search.calibrate times
+the threaded benchmarks both ways and sets `spin`), else off: spinning pools, or other processes on a
+shared machine, steal each other's cores (on the dev box under load: MobileNetV2 all on ORT 90 ms
+spinning, 10 ms not), while on an idle machine spinning wins by 1.2-1.8x on some models (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 
 DEFAULT_THREADS = 2
-# Below this many elementary operations a partition runs single-threaded (a pool's wake-up costs more).
+# Below this many elementary operations a partition runs single-threaded, unless the pool spins (a
+# sleeping pool's wake-up costs more than the work).
 SMALL_PARTITION_FLOPS = 2e6
+# With a spinning pool, a small partition still uses it when its ops average at least this much work.
+SPIN_POOL_NODE_FLOPS = 2e4
 # Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
 EXTERNAL_CONSTANT_BYTES = 1024
 
@@ -48,7 +51,11 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, threads: int | None = None, spin: bool | None = None) -> None:
         self.threads = threads or int(os.environ.get("EDGERUN_ORT_THREADS", DEFAULT_THREADS))
-        self.spin = spin if spin is not None else os.environ.get("EDGERUN_ORT_SPIN", "0") == "1"
+        env_spin = os.environ.get("EDGERUN_ORT_SPIN")
+        # What the user fixed (None: calibration decides); `spin` is what compile uses.
+        self.spin_setting: bool | None = spin if spin is not None else (None if env_spin is None
+                                                                         else env_spin == "1")
+        self.spin = bool(self.spin_setting)
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
         for node in subgraph.nodes:
@@ -57,10 +64,15 @@ class OnnxRuntimeBackend(Backend):
                                          detail="not supported by the onnxruntime backend")
         model, external = build_model(subgraph)
         work = sum(node_work(n, subgraph)[0] for n in subgraph.nodes)
-        threads = 1 if work < SMALL_PARTITION_FLOPS else self.threads
+        # A spinning pool has no wake-up to pay, so a small partition of a few sizeable ops gains from it (the
+        # MLP, 30K flops a node: 14 us on 2 spinning threads, 21 on one); one of many tiny ops does not (DIN,
+        # 7K a node: 40 us against 28).
+        pooled = work >= SMALL_PARTITION_FLOPS or (
+            self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
+        threads = self.threads if pooled else 1
         session = make_session(model, external, threads, self.spin)
         runner = BoundSession(session, subgraph, external)
-        return CompiledPartition(self.name, subgraph, runner.run,
+        return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "gathered_rasters": sum(1 for n in model.graph.node
                                                                if n.op_type == "Gather"
