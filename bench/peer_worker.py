@@ -34,6 +34,14 @@ def _edgerun(base: str, inputs: list[np.ndarray], threads: int) -> Runner:
     return lambda: model.run(inputs)
 
 
+def _edgerun_reference(base: str, inputs: list[np.ndarray], threads: int) -> Runner:
+    # The numpy reference backend alone: issue 2's baseline (numpy's BLAS gets OPENBLAS_NUM_THREADS).
+    from edgerun.runtime import load
+
+    model = load(f"{base}.edgerun", backends=["reference"])
+    return lambda: model.run(inputs)
+
+
 def _torch(base: str, inputs: list[np.ndarray], threads: int) -> Runner:
     import torch
 
@@ -106,11 +114,12 @@ def _mnn_order(interpreter: Any, session: Any, inputs: list[np.ndarray]) -> list
 
 # Imported before the load timer starts: load time is making the model runnable, not importing a library.
 PREIMPORT = {"edgerun": ["edgerun.runtime", "edgerun.search", "edgerun.backends.onnxruntime"],
+             "edgerun-reference": ["edgerun.runtime"],
              "torch": ["torch"], "onnxruntime": ["onnxruntime"], "onnxruntime-nospin": ["onnxruntime"],
              "executorch": ["torch", "executorch.runtime", "executorch.extension.pybindings.portable_lib"],
              "mnn": ["MNN"]}
 RUNTIMES: dict[str, Callable[[str, list[np.ndarray], int], Runner]] = {
-    "edgerun": _edgerun, "torch": _torch, "onnxruntime": _onnxruntime, "executorch": _executorch, "mnn": _mnn,
+    "edgerun": _edgerun, "edgerun-reference": _edgerun_reference, "torch": _torch, "onnxruntime": _onnxruntime, "executorch": _executorch, "mnn": _mnn,
     # ORT with its pool threads not spinning, as edgerun's delegate runs it: the fairer ORT baseline on a
     # machine whose cores are shared.
     "onnxruntime-nospin": lambda base, inputs, threads: _onnxruntime(base, inputs, threads, spin=False),

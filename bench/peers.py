@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RUNTIMES = ["edgerun", "torch", "onnxruntime", "onnxruntime-nospin", "executorch", "mnn"]
 # What each runtime needs from peer_prepare.py.
-ARTEFACT = {"edgerun": "edgerun", "torch": "torch", "onnxruntime": "onnxruntime",
+ARTEFACT = {"edgerun": "edgerun", "edgerun-reference": "edgerun", "torch": "torch", "onnxruntime": "onnxruntime",
             "onnxruntime-nospin": "onnxruntime", "executorch": "executorch", "mnn": "mnn"}
 
 
@@ -75,7 +75,7 @@ def format_table(results: list[dict[str, Any]], models: list[str]) -> str:
              "|---|---|---:|---:|---:|---:|"]
     for model in models:
         rows = [r for r in results if r["model"] == model]
-        peers = [r["latency_ms"] for r in rows if r["runtime"] != "edgerun" and "latency_ms" in r]
+        peers = [r["latency_ms"] for r in rows if not r["runtime"].startswith("edgerun") and "latency_ms" in r]
         fastest = min(peers) if peers else None
         for r in rows:
             if "error" in r:

@@ -31,6 +31,7 @@ def _kernel(*names: str) -> Callable[[Kernel], Kernel]:
 # ---- elementwise -------------------------------------------------------------------------------------
 
 _ERF_SERIES_TERMS = 36  # Maclaurin terms for |x| < 2.5: the last is below 1e-16 of the sum
+_ERF_SMALL = 512  # below this many elements, per-element math.erf beats the passes' fixed cost
 _ERFC_FRACTION_TERMS = 24  # continued-fraction depth for |x| >= 2.5: erfc is then < 4.1e-4, so 1e-12 suffices
 
 
@@ -40,6 +41,11 @@ def _erf(x: np.ndarray) -> np.ndarray:
     numpy has no erf and scipy is not a runtime dependency. Abramowitz-Stegun 7.1.26 is only 1.5e-7 accurate
     (an ulp or more in float32), and math.erf element by element is 2.5x slower than these whole-array passes.
     """
+    if x.size <= _ERF_SMALL:
+        # ~70 whole-array passes cost ~80 us however small the array; per element math.erf is cheaper here.
+        import math
+
+        return np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), dtype=x.dtype)
     xd = np.asarray(x, dtype=np.float64)
     ax = np.abs(xd)
     out = np.empty_like(xd)
