@@ -4,7 +4,6 @@ headless Chromium with its plots drawn."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,6 @@ from edgerun.devtools.html_report import render_html
 from edgerun.devtools.inspect import inspect_program
 from edgerun.devtools.profile import Profile, profile_program
 from edgerun.devtools.trace import chrome_trace
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
@@ -61,25 +58,6 @@ def test_html_is_self_contained(hybrid_profile: Profile) -> None:
     for plot in ("plot-op-time", "plot-timeline", "plot-error"):
         assert f'id="{plot}"' in page
     assert "first divergence: tanh" in page
-
-
-@pytest.fixture
-def browser(tmp_path: Path):  # type: ignore[no-untyped-def]
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    yield driver
-    driver.quit()
-    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
 
 
 @pytest.mark.chromium

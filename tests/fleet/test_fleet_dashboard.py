@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,26 +15,6 @@ pytestmark = [pytest.mark.chromium, pytest.mark.xdist_group("fleet-dashboard")]
 def server(shared_server: FleetServer) -> FleetServer:
     return shared_server
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-@pytest.fixture
-def browser(tmp_path: Path):  # type: ignore[no-untyped-def]
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    yield driver
-    driver.quit()
-    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
 
 
 def test_dashboard_shows_releases_stages_failure_rates_and_devices(server: FleetServer, tmp_path: Path,
