@@ -18,7 +18,7 @@ import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.backends.reference.algorithms import chosen_conv_kernel
-from edgerun.backends.reference.kernels import KERNELS
+from edgerun.backends.reference.kernels import KERNELS, raster_views
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.graph import Graph, Node
 
@@ -104,22 +104,7 @@ def _rsqrt(x: np.ndarray, out: np.ndarray) -> None:
 
 def _bind_raster(ins: list[np.ndarray], attrs: Mapping[str, object], out: np.ndarray) -> BoundCall:
     flat_out = out.reshape(-1)
-    flats = [np.ascontiguousarray(x).reshape(-1) for x in ins]
-    pairs: list[tuple[np.ndarray, np.ndarray]] = []
-    for r in attrs["regions"]:  # type: ignore[attr-defined]
-        src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = (int(v) for v in r)
-        if n0 * n1 * n2 == 0:
-            continue
-        s = flats[src]
-        item = s.itemsize
-        # ndarray over the flat buffer (not as_strided): bounds-checked against the buffer, and ~100x
-        # cheaper to make on memory-mapped constants.
-        view_in = np.ndarray((n0, n1, n2), s.dtype, buffer=s, offset=soff * item,
-                             strides=(s0 * item, s1 * item, s2 * item))
-        view_in.flags.writeable = False
-        view_out = np.ndarray((n0, n1, n2), flat_out.dtype, buffer=flat_out, offset=doff * item,
-                              strides=(d0 * item, d1 * item, d2 * item))
-        pairs.append((view_out, view_in))
+    pairs = raster_views(ins, attrs["regions"], out)
     fill = attrs.get("fill")
     if fill is None and len(pairs) == 1:
         return functools.partial(np.copyto, *pairs[0])

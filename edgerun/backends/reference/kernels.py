@@ -322,24 +322,35 @@ def _gather(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
 # ---- raster ------------------------------------------------------------------------------------------
 
 
-@_kernel("raster")
-def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
-    out = outs[0]
+def raster_views(ins: list[np.ndarray], regions: Any, out: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(destination, source) 3-D views for each non-empty region: the raster kernel is copying each pair.
+
+    The views are ndarrays over the flat buffers rather than as_strided: bounds-checked against the buffer,
+    and far cheaper to make on memory-mapped constants (as_strided takes ~80 us there). Sources are
+    read-only so a binding can never write through them.
+    """
     flat_out = out.reshape(-1)
-    fill = attrs.get("fill")
-    if fill is not None:
-        flat_out[...] = fill
     flats = [np.ascontiguousarray(x).reshape(-1) for x in ins]
-    for r in attrs["regions"]:
-        src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = r
+    pairs = []
+    for r in regions:
+        src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = (int(v) for v in r)
         if n0 * n1 * n2 == 0:
             continue
         s = flats[src]
         item = s.itemsize
-        # ndarray over the flat buffers rather than as_strided: bounds-checked, and far cheaper to make on
-        # memory-mapped constants (as_strided takes ~80 us there).
         view_in = np.ndarray((n0, n1, n2), s.dtype, buffer=s, offset=soff * item,
                              strides=(s0 * item, s1 * item, s2 * item))
+        view_in.flags.writeable = False
         view_out = np.ndarray((n0, n1, n2), flat_out.dtype, buffer=flat_out, offset=doff * item,
                               strides=(d0 * item, d1 * item, d2 * item))
-        np.copyto(view_out, view_in)
+        pairs.append((view_out, view_in))
+    return pairs
+
+
+@_kernel("raster")
+def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
+    fill = attrs.get("fill")
+    if fill is not None:
+        outs[0].reshape(-1)[...] = fill
+    for dst, src in raster_views(ins, attrs["regions"], outs[0]):
+        np.copyto(dst, src)
