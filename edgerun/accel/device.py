@@ -180,6 +180,8 @@ class NpuDevice:
         if nbytes > self.memory_bytes:
             raise EdgerunError(f"npu{self.index}: {nbytes} bytes cannot be held in {self.memory_bytes} bytes of "
                                "device memory")
+        if self.used_bytes + nbytes <= self.memory_bytes:
+            return
         for key in list(self._resident):
             if self.used_bytes + nbytes <= self.memory_bytes:
                 break

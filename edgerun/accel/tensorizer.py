@@ -219,8 +219,10 @@ def _tiles2d(shape: tuple[int, int], tile: int) -> list[tuple[int, int, int, int
 
 
 def _as2d(x: np.ndarray) -> np.ndarray:
-    if x.ndim == 1:
-        return x.reshape(1, -1)
+    if x.ndim == 1:  # a vector is laid out as rows of one tile width, zero-padded (the caller drops the pad)
+        rows = -(-x.size // TILE) if x.size > TILE else 1
+        width = TILE if x.size > TILE else x.size
+        return np.pad(x, (0, rows * width - x.size)).reshape(rows, width)
     if x.ndim != 2:
         raise EdgerunError(f"the npu's tensor ops take 1-D or 2-D data, got shape {x.shape}")
     return x
@@ -271,7 +273,7 @@ def pairwise_plan(op: str, a: np.ndarray, b: np.ndarray, *, flags: str, bits: in
         for q, (r, c, h, w, shift, zp, mult) in zip(outs, places):
             acc = _acc(q, zp)
             total[r:r + h, c:c + w] += (acc << shift) if exact else acc / mult
-        return (total.astype(np.float64) * fin).reshape(shape)
+        return (total.astype(np.float64) * fin).reshape(-1)[: int(np.prod(shape))].reshape(shape)
 
     return Plan(instructions, finish)
 
@@ -291,7 +293,7 @@ def elementwise_plan(op: str, a: np.ndarray, *, key: Hashable) -> Plan:
         total = np.zeros(a2.shape)
         for o, (r, c, h, w) in zip(outs, places):
             total[r:r + h, c:c + w] = o.astype(np.float64) * out_scale
-        return total.reshape(a.shape)
+        return total.reshape(-1)[: a.size].reshape(a.shape)
 
     return Plan(instructions, finish)
 
@@ -315,28 +317,28 @@ def reduce_plan(op: str, a: np.ndarray, *, key: Hashable) -> Plan:
     return Plan(instructions, finish)
 
 
-def move_plan(op: str, a: np.ndarray, *, bits: int, key: Hashable, **params: Any) -> Plan:
-    """crop (box = (r0, c0, h, w)) and ext (pad with zeros to shape = (H, W)): exact, digit by digit."""
-    a2 = _as2d(a)
-    fx = to_fixed(a2, bits, name=f"{op} input")
-    digits = slice_digits(fx, ADD_WIDTH)
+def move_plan(op: str, a: np.ndarray, *, key: Hashable, **params: Any) -> Plan:
+    """crop (box = (r0, c0, h, w)) and ext (zero-pad to shape = (H, W)) of a 2-D array: pure data movement,
+    so the float64 bytes travel as int8 (8 per value, exact) and no scale is involved."""
+    if a.ndim != 2:
+        raise EdgerunError(f"{op} takes a 2-D array, got shape {a.shape}")
+    data = np.ascontiguousarray(a, dtype="<f8").view(np.int8)  # (H, W * 8)
     if op == "crop":
         r0, c0, h, w = params["box"]
-        if r0 < 0 or c0 < 0 or h < 1 or w < 1 or r0 + h > a2.shape[0] or c0 + w > a2.shape[1]:
-            raise EdgerunError(f"crop box {params['box']} is outside an array of shape {a2.shape}")
-        dev_params: dict[str, Any] = {"box": (r0, c0, h, w)}
+        if r0 < 0 or c0 < 0 or h < 1 or w < 1 or r0 + h > a.shape[0] or c0 + w > a.shape[1]:
+            raise EdgerunError(f"crop box {params['box']} is outside an array of shape {a.shape}")
+        dev_params: dict[str, Any] = {"box": (r0, c0 * 8, h, w * 8)}
     else:
         h, w = params["shape"]
-        if h < a2.shape[0] or w < a2.shape[1]:
-            raise EdgerunError(f"ext to {(h, w)} would shrink an array of shape {a2.shape}")
-        dev_params = {"shape": (h, w)}
-    instructions = [Instruction(op, (((key, i), d.values),), dev_params) for i, d in enumerate(digits)]
+        if h < a.shape[0] or w < a.shape[1]:
+            raise EdgerunError(f"ext to {(h, w)} would shrink an array of shape {a.shape}")
+        dev_params = {"shape": (h, w * 8)}
+    ins = Instruction(op, ((key, data),), dev_params)
 
     def finish(outs: list[np.ndarray]) -> np.ndarray:
-        total = sum((o.astype(np.int64) << d.shift) for o, d in zip(outs, digits))
-        return np.ldexp(np.asarray(total, dtype=np.float64), -fx.frac_bits)
+        return np.ascontiguousarray(outs[0]).view("<f8").astype(np.float64)
 
-    return Plan(instructions, finish)
+    return Plan([ins], finish)
 
 
 def plan_operation(op: str, flags: str, arrays: tuple[np.ndarray, ...], params: dict[str, Any], *, bits: int,
@@ -366,4 +368,5 @@ def plan_operation(op: str, flags: str, arrays: tuple[np.ndarray, ...], params: 
         return elementwise_plan(op, arrays[0], key=key)
     if op in ("mean", "max"):
         return reduce_plan(op, arrays[0], key=key)
-    return move_plan(op, arrays[0], bits=bits, key=key, **params)
+    check_finite(f"{op} input", arrays[0])
+    return move_plan(op, arrays[0], key=key, **params)
