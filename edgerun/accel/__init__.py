@@ -10,4 +10,4 @@ from edgerun.accel.gemm import gemm
 from edgerun.accel.openctpu import SCALE, SLICED, DeviceArray, OpenCtpu
 from edgerun.accel.runtime import Runtime
 
-__all__ = ["gemm", "OpenCtpu", "DeviceArray", "Runtime", "SCALE", "SLICED"]
+__all__ = ["SCALE", "SLICED", "DeviceArray", "OpenCtpu", "Runtime", "gemm"]

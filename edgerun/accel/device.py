@@ -12,8 +12,8 @@ here but modelled (`costmodel`): what the same instructions would cost on the de
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -120,7 +120,7 @@ def compute_accumulator(ins: Instruction) -> tuple[np.ndarray, bool]:
     if op == "ext":
         h, w = p["shape"]
         x = arrays[0]
-        out = np.zeros(x.shape[:-2] + (h, w), dtype=np.int8)
+        out = np.zeros((*x.shape[:-2], h, w), dtype=np.int8)
         out[..., : x.shape[-2], : x.shape[-1]] = x
         return out, True
     if op == "mean":

@@ -29,7 +29,7 @@ from edgerun.accel.quant import SCALE, SLICED
 from edgerun.accel.runtime import DEFAULT_BITS, Runtime
 from edgerun.errors import EdgerunError
 
-__all__ = ["SCALE", "SLICED", "Dimension", "Buffer", "DeviceArray", "OpenCtpu"]
+__all__ = ["SCALE", "SLICED", "Buffer", "DeviceArray", "Dimension", "OpenCtpu"]
 
 
 @dataclass(frozen=True)

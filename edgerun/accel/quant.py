@@ -46,7 +46,7 @@ def output_requant(lo: int, hi: int) -> tuple[float, int]:
     if span <= 255:
         return 1.0, -128 - lo
     s = 255.0 / span
-    return s, int(round(-128 - lo * s))
+    return s, round(-128 - lo * s)
 
 
 def check_finite(name: str, x: np.ndarray) -> None:
@@ -85,7 +85,7 @@ def to_fixed(x: np.ndarray, bits: int, *, name: str = "input", others: tuple[np.
     """Fixed point for x (and a shared scale with `others`, for add/sub); integers that fit stay exact."""
     if not 2 <= bits <= MAX_BITS:
         raise EdgerunError(f"precision of {bits} bits is outside 2..{MAX_BITS}")
-    arrays = (x,) + others
+    arrays = (x, *others)
     for a in arrays:
         check_finite(name, a)
     sample = np.concatenate([canary(np.asarray(a, dtype=np.float64)) for a in arrays])

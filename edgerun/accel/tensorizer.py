@@ -20,7 +20,16 @@ import numpy as np
 from edgerun.accel.costmodel import OPERATORS
 from edgerun.accel.device import Instruction
 from edgerun.accel.quant import (
-    SCALE, SLICED, Digit, Fixed, check_finite, output_requant, quantize_int8, scaling_factor, slice_digits, to_fixed,
+    SCALE,
+    SLICED,
+    Digit,
+    Fixed,
+    check_finite,
+    output_requant,
+    quantize_int8,
+    scaling_factor,
+    slice_digits,
+    to_fixed,
 )
 from edgerun.errors import EdgerunError
 
@@ -125,7 +134,8 @@ def _mac_plan(da: list[Digit], db: list[Digit], m: int, kdim: int, n: int, metho
             places.append((r0, c0, ia_idx, ib_idx, zp, mult))
 
     # the host's accumulation of partial products: exact in float64 while every sum stays below 2^53
-    dtype = np.float64 if (not exact or total_bits <= 52) else np.int64
+    dtype: type[np.floating[Any]] | type[np.signedinteger[Any]] = (
+        np.float64 if (not exact or total_bits <= 52) else np.int64)
 
     def finish(outs: list[np.ndarray]) -> np.ndarray:
         total = np.zeros((m, n), dtype=dtype)
@@ -269,10 +279,13 @@ def pairwise_plan(op: str, a: np.ndarray, b: np.ndarray, *, flags: str, bits: in
             places.append((r, c, h, w, x.shift + (y.shift if op == "mul" else 0), zp, mult))
 
     def finish(outs: list[np.ndarray]) -> np.ndarray:
-        total = np.zeros(a2.shape, dtype=np.int64 if exact else np.float64)
+        total: np.ndarray = np.zeros(a2.shape, dtype=np.int64 if exact else np.float64)
         for q, (r, c, h, w, shift, zp, mult) in zip(outs, places):
             acc = _acc(q, zp)
-            total[r:r + h, c:c + w] += (acc << shift) if exact else acc / mult
+            if exact:
+                total[r:r + h, c:c + w] += acc << shift
+            else:
+                total[r:r + h, c:c + w] += acc / mult
         return (total.astype(np.float64) * fin).reshape(-1)[: int(np.prod(shape))].reshape(shape)
 
     return Plan(instructions, finish)
