@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import time
-
 import warnings
 
 import numpy as np

@@ -46,15 +46,24 @@ def main() -> None:
             prog = edgerun.export(lin, (torch.zeros(1, args.size),))
             prog.save(os.path.join(tmp, "m.edgerun"))
             full.append(time.perf_counter() - t0)
+    from edgerun.accel.quant import SCALE
+    from edgerun.accel.tensorizer import plan_operation
+
+    t0 = time.perf_counter()
+    plan = plan_operation("conv2D", SCALE, (x, x), {}, bits=16, key=0)
+    plan_s = time.perf_counter() - t0
+    count = len(plan.instructions)
     d, f = statistics.median(direct), statistics.median(full)
     print(f"| path ({args.size}x{args.size}) | median s | ratio |")
     print("|---|---:|---:|")
     print(f"| Tensorizer: quantize + tile + write model bytes | {d:.4f} | 1 |")
     print(f"| edgerun.export(nn.Linear) + save | {f:.4f} | {f / d:.0f}x |")
+    print(f"| Tensorizer: all {count} conv2D instructions of a {args.size}^3 GEMM (SCALE) | {plan_s:.4f} | "
+          f"{plan_s / count * 1e3:.2f} ms each |")
     print(f"load average: {os.getloadavg()[0]:.1f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"size": args.size, "direct_s": direct, "export_s": full, "loadavg": os.getloadavg()[0]}, fh)
+        json.dump({"size": args.size, "direct_s": direct, "export_s": full, "plan_s": plan_s, "instructions": count, "loadavg": os.getloadavg()[0]}, fh)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from edgerun.accel.tensorizer import Plan, plan_operation
 from edgerun.errors import EdgerunError
 
 DEFAULT_BITS = 16
+AFFINITY_SLACK = 2  # queued instructions a device may lead the least loaded one by and still keep affinity
 
 
 class Batch:
@@ -54,7 +55,11 @@ class Batch:
 
 
 class Scheduler:
-    """The IQ: per-device queues and worker threads, affinity first, then FCFS to the least loaded device."""
+    """The IQ: per-device queues and worker threads, affinity first, then FCFS to the least loaded device.
+
+    Affinity is the seed's rule (same input, flags and task -> same device) with one guard: when the device
+    holding the shared data is more than AFFINITY_SLACK instructions behind the least loaded one, the next
+    instruction moves there (copying the shared data once more) instead of waiting."""
 
     def __init__(self, devices: int, memory_bytes: int = DEVICE_MEMORY_BYTES) -> None:
         if not isinstance(devices, int) or devices < 1:
@@ -73,9 +78,10 @@ class Scheduler:
         placed: dict[Hashable, int] = {}  # affinity within this operation (same input, flags, task)
         with self._lock:
             for i, ins in enumerate(instructions):
+                free = min(range(len(self.devices)), key=lambda j: self._pending[j])
                 d = placed.get(ins.affinity) if ins.affinity is not None else None
-                if d is None:
-                    d = min(range(len(self.devices)), key=lambda j: self._pending[j])
+                if d is None or self._pending[d] > self._pending[free] + AFFINITY_SLACK:
+                    d = free  # first come, first served; a long queue gives its shared data up to an idle device
                     if ins.affinity is not None:
                         placed[ins.affinity] = d
                 self._pending[d] += 1

@@ -38,6 +38,7 @@ REDUCE_TILE = 64
 MAC_WIDTH = 1  # bit planes: a K-block of 255 plane products still fits one 8-bit output
 ADD_WIDTH = 7  # digit sums and differences fit 8 bits
 MUL_WIDTH = 4  # 4-bit digit products fit 8 bits
+MODEL_DIGITS = 4  # model digits per product instruction: bounds its output (<= 1 MB) and spreads the work
 
 
 @dataclass
@@ -54,12 +55,15 @@ def _sum_bits(fa: Fixed, fb: Fixed, k: int) -> int:
     return fa.bits + fb.bits + max(1, math.ceil(math.log2(k + 1)))
 
 
-def _class_groups(digits: list[Digit]) -> list[list[int]]:
-    """Digits with the same value range, so one instruction (one zero point) serves them together."""
+def _class_groups(digits: list[Digit], chunk: int = 0) -> list[list[int]]:
+    """Digits with the same value range, so one instruction (one zero point) serves them together; with
+    `chunk`, at most that many per group (smaller outputs, more instructions for more devices)."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, d in enumerate(digits):
         groups.setdefault((d.lo, d.hi), []).append(i)
-    return list(groups.values())
+    if not chunk:
+        return list(groups.values())
+    return [g[i:i + chunk] for g in groups.values() for i in range(0, len(g), chunk)]
 
 
 def _mac_interval(da: Digit, db: Digit, k: int) -> tuple[int, int]:
@@ -108,7 +112,7 @@ def _mac_plan(da: list[Digit], db: list[Digit], m: int, kdim: int, n: int, metho
               total_bits: int = 0) -> Plan:
     if method not in ("conv2D", "FullyConnected"):
         raise EdgerunError(f"GEMM method must be conv2D or FullyConnected, got {method!r}")
-    ga, gb = _class_groups(da), _class_groups(db)
+    ga, gb = _class_groups(da), _class_groups(db, MODEL_DIGITS)
     instructions: list[Instruction] = []
     places: list[tuple[int, int, list[int], list[int], int, float]] = []
     for r0, c0, k0 in itertools.product(range(0, m, TILE), range(0, n, TILE), range(0, kdim, kblock)):
@@ -190,7 +194,7 @@ def stencil_plan(x: np.ndarray, w: np.ndarray, *, flags: str, bits: int, key: Ha
         fx, fw = to_fixed(x, bits, name="stencil input"), to_fixed(w, bits, name="stencil kernel")
         dx, dw = slice_digits(fx, MAC_WIDTH), slice_digits(fw, MAC_WIDTH)
         scale_fin, exact, fixed_scale = 2.0 ** -(fx.frac_bits + fw.frac_bits), True, None
-    gx, gw = _class_groups(dx), _class_groups(dw)
+    gx, gw = _class_groups(dx), _class_groups(dw, MODEL_DIGITS)
     instructions, places = [], []
     for r0, c0 in itertools.product(range(0, ho, TILE), range(0, wo, TILE)):
         th, tw = min(TILE, ho - r0), min(TILE, wo - c0)
