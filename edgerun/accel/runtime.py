@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from edgerun.accel.device import DEVICE_MEMORY_BYTES, Instruction, NpuDevice
 from edgerun.accel.quant import SLICED
@@ -130,8 +131,12 @@ class OpEntry:
 class Runtime:
     """OPQ -> Tensorizer -> IQ -> devices. `run` is the one entry; the rest are named conveniences."""
 
-    def __init__(self, devices: int = 1, *, bits: int = DEFAULT_BITS, memory_bytes: int = DEVICE_MEMORY_BYTES) -> None:
+    def __init__(self, devices: int = 1, *, bits: int = DEFAULT_BITS, memory_bytes: int = DEVICE_MEMORY_BYTES,
+                 blas_threads: int | None = 1) -> None:
         self.bits = bits
+        # the devices are the parallelism: BLAS's own threads would fight the device workers for the cores
+        # (and cost 5-10x on small products when the box is busy). Process-wide while this runtime is open.
+        self._blas_limit = threadpool_limits(limits=blas_threads, user_api="blas") if blas_threads else None
         self.scheduler = Scheduler(devices, memory_bytes)
         self.opq: queue.Queue[OpEntry | None] = queue.Queue()
         self.device_model_s = 0.0  # sum over operations of the slowest device's modelled time
@@ -189,6 +194,9 @@ class Runtime:
         self.opq.put(None)
         self._tensorizer.join()
         self.scheduler.close()
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
 
     def __enter__(self) -> Runtime:
         return self
