@@ -166,7 +166,8 @@ class NpuDevice:
     def model_s(self) -> float:
         return self.compute_s + self.transfer_s
 
-    def _copy_in(self, key: Hashable, array: np.ndarray, pinned: set[Hashable]) -> None:
+    def copy_in(self, key: Hashable, array: np.ndarray, pinned: frozenset[Hashable] = frozenset()) -> None:
+        """Make `array` resident under `key` (a no-op when it already is), evicting unpinned data if needed."""
         if key in self._resident:
             self._resident.move_to_end(key)
             return
@@ -176,7 +177,15 @@ class NpuDevice:
         self.bytes_in += array.nbytes
         self.transfer_s += transfer_seconds(array.nbytes)
 
-    def _reserve(self, nbytes: int, pinned: set[Hashable]) -> None:
+    def free(self, key: Hashable) -> None:
+        """Drop resident data."""
+        if key in self._resident:
+            self.used_bytes -= self._resident.pop(key)
+
+    def resident(self, key: Hashable) -> bool:
+        return key in self._resident
+
+    def _reserve(self, nbytes: int, pinned: frozenset[Hashable]) -> None:
         if nbytes > self.memory_bytes:
             raise EdgerunError(f"npu{self.index}: {nbytes} bytes cannot be held in {self.memory_bytes} bytes of "
                                "device memory")
@@ -195,9 +204,9 @@ class NpuDevice:
         """Copy operands in (unless resident), run the instruction, copy its int8 output out."""
         if ins.op not in OPERATORS:
             raise EdgerunError(f"unknown npu operator {ins.op!r}; the device runs {', '.join(sorted(OPERATORS))}")
-        pinned = {k for k, _ in ins.operands}
+        pinned = frozenset(k for k, _ in ins.operands)
         for key, array in ins.operands:
-            self._copy_in(key, array, pinned)
+            self.copy_in(key, array, pinned)
         acc, final = compute_accumulator(ins)
         out_bytes = int(np.prod(acc.shape))
         self._reserve(out_bytes, pinned)  # the output buffer must fit beside the operands
@@ -210,6 +219,10 @@ class NpuDevice:
                                    "(the Tensorizer's bound was wrong)")
         self.instructions += 1
         self.compute_s += instruction_seconds(ins.op, max(1, out.size))
+        return self.copy_out(out)
+
+    def copy_out(self, out: np.ndarray) -> np.ndarray:
+        """Move a result to the host (its transfer is what costs)."""
         self.bytes_out += out.nbytes
         self.transfer_s += transfer_seconds(out.nbytes)
         return out

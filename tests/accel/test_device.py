@@ -49,7 +49,12 @@ def test_memory_limit_residency_and_unknown_operator():
     x = np.ones((10, 10), np.int8)
     dev.execute(Instruction("ReLU", (("x", x),)))
     dev.execute(Instruction("ReLU", (("x", x),)))  # resident: not copied again
-    assert dev.bytes_in == 100 and dev.instructions == 2
+    assert dev.bytes_in == 100 and dev.instructions == 2 and dev.resident("x")
+    dev.free("x")
+    assert not dev.resident("x") and dev.used_bytes == 0
+    dev.copy_in("y", x)  # explicit copy-in: the next instruction on "y" moves nothing
+    dev.execute(Instruction("ReLU", (("y", x),)))
+    assert dev.bytes_in == 200 and dev.bytes_out == 300
     with pytest.raises(EdgerunError, match="cannot be held"):
         dev.execute(Instruction("ReLU", (("big", np.ones((40, 40), np.int8)),)))
     with pytest.raises(EdgerunError, match="unknown npu operator 'softmax'"):
