@@ -85,6 +85,8 @@ def gemm_plan(a: np.ndarray, b: np.ndarray, *, method: str, flags: str, bits: in
     check_finite("B", b)
     m, kdim = a.shape
     n = b.shape[1]
+    if min(m, kdim, n) == 0:  # nothing for the device to do: numpy's answer
+        return Plan([], lambda outs: np.zeros((m, n)))
     bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * kdim
     if not math.isfinite(bound):
         raise EdgerunError(f"GEMM of {a.shape} @ {b.shape}: products of this range overflow float64")

@@ -19,7 +19,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--size", type=int, required=True, help="problem size (matrix side; size^2 options for "
                    "blackscholes)")
     p.add_argument("--devices", type=int, default=1, help="emulated npus, one worker thread each (default 1)")
-    p.add_argument("--range", dest="value_range", help="random data in [LO, HI) instead of the default dataset")
+    p.add_argument("--range", dest="value_range", help="random data in [LO, HI) instead of the default dataset; "
+                   "write --range=LO,HI when LO is negative (powers allowed: --range=-2^31,2^31)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", help="also write the result as JSON to this file")
     p.set_defaults(func=_app)

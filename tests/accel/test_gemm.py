@@ -74,3 +74,8 @@ def test_shape_the_device_cannot_hold():
 def test_bad_devices_count():
     with pytest.raises(EdgerunError, match="devices"):
         gemm(np.ones((2, 2)), np.ones((2, 2)), devices=0)
+
+
+def test_empty_products_match_numpy():
+    assert gemm(np.ones((0, 3)), np.ones((3, 2))).shape == (0, 2)
+    assert np.array_equal(gemm(np.ones((2, 0)), np.ones((0, 3))), np.zeros((2, 3)))
