@@ -28,8 +28,8 @@ from pathlib import Path
 
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.sandbox_cgroup import cgroups_available
+from edgerun.fleet.task_schema import ISOLATION_LEVELS
 
-ISOLATION_LEVELS = ("rlimit-only", "cgroup", "bwrap+rlimit", "bwrap+cgroup")
 LEVEL_ENV = "EDGERUN_ISOLATION"  # caps the level (e.g. to test a weaker device); never raises it
 UID_BASE = 1 << 30  # per-run uids are UID_BASE + 24 random bits: far above any login or app uid
 TASK_MOUNT = "/task"
