@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgerun.fleet.sandbox import bwrap_command, detect_level, run_uid
+from edgerun.fleet.sandbox import bwrap_command, detect_level, package_root, run_uid
 from edgerun.fleet.sandbox_cgroup import RunCgroup
 
 WORKER = Path(__file__).with_name("container_worker.py")
@@ -98,7 +98,8 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
         prefix, run_dir, worker = [], str(task_dir), str(WORKER)
         scratch_host = _make_scratch(work_root, uid)
         cwd = str(scratch_host)
-    spec = {"task_dir": run_dir, "entry": entry, "uid": uid, "limits": limits.as_worker_spec()}
+    spec = {"task_dir": run_dir, "entry": entry, "uid": uid, "limits": limits.as_worker_spec(),
+            "python_path": [str(package_root())]}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1"}
     if scratch_host is not None:

@@ -52,7 +52,7 @@ def main() -> int:
     task_dir, entry, result_fd = spec["task_dir"], spec["entry"], int(spec["result_fd"])
     inputs = json.loads(sys.stdin.buffer.read() or b"null")
     confine(spec)
-    sys.path.insert(0, task_dir)
+    sys.path[:0] = [task_dir, *spec.get("python_path", [])]
     os.chdir(task_dir)
     try:
         namespace = runpy.run_path(os.path.join(task_dir, entry), run_name="__edgerun_task__")

@@ -87,15 +87,20 @@ class MountPlan:
     scratch: str
 
 
+def package_root() -> Path:
+    """The folder holding the `edgerun` package the agent runs; tasks import the same one."""
+    import edgerun
+
+    return Path(edgerun.__file__).resolve().parents[1]
+
+
 def _python_roots() -> list[Path]:
     """Folders the interpreter and its packages live in (read-only in the sandbox)."""
     roots = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent}
     for entry in sys.path:
         if entry and Path(entry).exists():
             roots.add(Path(entry).resolve())
-    import edgerun  # editable installs map the package to the source tree; tasks may import edgerun
-
-    roots.add(Path(edgerun.__file__).resolve().parents[1])
+    roots.add(package_root())
     # Keep only the outermost folders, so no folder is bound twice.
     ordered = sorted(roots, key=lambda p: len(p.parts))
     kept: list[Path] = []
@@ -132,19 +137,28 @@ def bwrap_command(task_dir: Path, worker: Path, *, scratch_mb: int, network: boo
         p = Path("/etc") / name
         if p.exists():
             args += ["--ro-bind", str(p), str(p)]
-    for root in _python_roots():
-        if root.parts[1] not in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "etc", "proc", "dev", "tmp"):
-            args += ["--ro-bind", str(root), str(root)]
-    for share in readonly_shares:
-        if share.exists():
-            args += ["--ro-bind", str(share), str(share)]
+    # Scratch first: a bind below /tmp (a venv, a shared file) must land on top of it, not under it.
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(scratch_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
+    roots = [r for r in _python_roots()
+             if r.parts[1] not in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "etc", "proc", "dev")]
+    shares = [share for share in readonly_shares if share.exists()]
+    # Folders bubblewrap makes on the way to a mount point are 0700; the run's uid must pass through them.
+    made: set[Path] = {Path("/"), Path(SCRATCH_MOUNT)}
+    for target in roots + shares:
+        for parent in reversed(target.parents):
+            if parent not in made:
+                made.add(parent)
+                args += ["--perms", "0755", "--dir", str(parent)]
+    for target in roots:
+        args += ["--ro-bind", str(target), str(target)]
     # The agent's state may lie under a bound folder (a source checkout): cover it with an empty tmpfs.
     for secret in hide:
-        if any(secret == r or r in secret.parents for r in _python_roots()):
+        if any(secret == r or r in secret.parents for r in roots):
             args += ["--tmpfs", str(secret)]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(scratch_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", SCRATCH_MOUNT,
-             "--ro-bind", str(task_dir), TASK_MOUNT,
+    for target in shares:
+        args += ["--ro-bind", str(target), str(target)]
+    args += ["--ro-bind", str(task_dir), TASK_MOUNT,
              "--ro-bind", str(worker), WORKER_MOUNT,
              "--chdir", TASK_MOUNT]
     return args, MountPlan(TASK_MOUNT, WORKER_MOUNT, SCRATCH_MOUNT)
