@@ -26,9 +26,9 @@ from edgerun.fleet.errors import FleetError, IntegrityError
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import validate_release_manifest, verify_assignment, verify_release
 from edgerun.fleet.sandbox import detect_level, meets
-from edgerun.fleet.task_schema import validate_task_config
 from edgerun.fleet.signing import Root, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile
+from edgerun.fleet.task_schema import validate_task_config
 
 RunFn = Callable[[Any], RunResult]
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class Agent:
         except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:
             result = RunResult("failure", 0.0, error=f"not run: {exc}")
         else:
-            shares = getattr(self.hooks, "shared_paths", lambda: [])()
+            shares: list[str | Path] = getattr(self.hooks, "shared_paths", list)()
             result = run_in_container(folder, config["entry"], inputs if inputs is not None else {},
                                       limits=Limits.from_config(config["limits"]), network=config["network"],
                                       level=self.isolation, work_root=self.state_dir / "scratch",

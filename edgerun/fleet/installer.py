@@ -120,6 +120,8 @@ class Installer:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise IntegrityError(f"blob {f['sha256'][:12]}… for {f['path']} changed on disk since it was verified")
             os.chmod(target, 0o444)
+        for sub in [staging, *(p for p in staging.rglob("*") if p.is_dir())]:
+            os.chmod(sub, 0o755)  # readable by the run's own uid, whatever the agent's umask
         with open(staging / "release.json", "w") as out:
             json.dump(envelope, out)
             out.flush()

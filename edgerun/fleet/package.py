@@ -17,7 +17,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from edgerun.fleet.errors import FleetError
-from edgerun.fleet.task_schema import MAX_CONFIG_BYTES, config_to_json, parse_config_json, validate_task_config
+from edgerun.fleet.task_schema import (
+    MAX_CONFIG_BYTES,
+    config_to_json,
+    parse_config_json,
+    validate_task_config,
+)
 
 CONFIG_NAME = "task.json"
 MANIFEST_NAME = "manifest.json"

@@ -28,7 +28,7 @@ class Hostile(BaseHTTPRequestHandler):
 
     answer: tuple[int, str, bytes] = (200, "application/json", b"{}")
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
         if self.path == "/v1/devices/register":
             status, kind, body = 200, "application/json", b'{"token": "t"}'

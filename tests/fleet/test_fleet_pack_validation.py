@@ -144,7 +144,7 @@ def test_release_manifest_validation_for_the_server(tmp_path: Path) -> None:
             "files": [{"path": "main.py", "sha256": "a" * 64, "length": 10}], "removed": False}
     assert validate_release_manifest(json.loads(json.dumps(good)))["task"] == "t"
     bad_config = {**good, "config": {"name": "t", "version": 2, "limits": {"timeout_s": float("nan")}}}
-    with pytest.raises(FleetError, match="limits.timeout_s"):
+    with pytest.raises(FleetError, match=r"limits\.timeout_s"):
         validate_release_manifest(bad_config)
     for files, needle in (([{"path": "../x", "sha256": "a" * 64, "length": 1}], "unsafe file path"),
                           ([{"path": "m.py", "sha256": "zz", "length": 1}], "sha256 must be"),
