@@ -99,7 +99,8 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
         scratch_host = _make_scratch(work_root, uid)
         cwd = str(scratch_host)
     spec = {"task_dir": run_dir, "entry": entry, "uid": uid, "limits": limits.as_worker_spec(),
-            "python_path": [str(package_root())]}
+            "python_path": [str(package_root())], "set_no_new_privs": not level.startswith("bwrap"),
+            "limit_nproc": uid is not None or level.startswith("bwrap")}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1"}
     if scratch_host is not None:

@@ -9,7 +9,6 @@ the outcome from what it observes (exit status, signal, wall clock, one well-for
 at most claim its own return value, which it could do by returning it.
 """
 
-import ctypes
 import json
 import os
 import pkgutil  # noqa: F401 - runpy needs it; imported before the uid drop, which may hide the stdlib
@@ -28,23 +27,27 @@ def _limit(which: int, value: int) -> None:
 
 def confine(spec: dict) -> None:
     limits = spec["limits"]
+    libc = None
+    if spec.get("set_no_new_privs", True):  # bubblewrap has already set it for everything it starts
+        import ctypes  # before the uid drop, which may hide the standard library
+
+        libc = ctypes.CDLL(None, use_errno=True)
     _limit(resource.RLIMIT_CORE, 0)
     _limit(resource.RLIMIT_AS, int(limits["memory_mb"]) * _MIB)
     _limit(resource.RLIMIT_CPU, int(limits["cpu_s"]))
     _limit(resource.RLIMIT_NOFILE, int(limits["open_files"]))
     _limit(resource.RLIMIT_FSIZE, int(limits["scratch_mb"]) * _MIB)
+    if spec.get("limit_nproc"):
+        # Counted per uid (per user namespace): it bounds this run alone only where its uid or namespace is
+        # its own; the container asks for it only then, not for a non-root agent's shared uid.
+        _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
     uid = spec.get("uid")
     if uid is not None and os.geteuid() == 0:
-        # Counted per uid, so it bounds this run alone: the uid is fresh for every run.
-        _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    elif os.geteuid() != 0:
-        _limit(resource.RLIMIT_NPROC, int(limits["processes"]))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc is not None and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError("prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
 def main() -> int:
