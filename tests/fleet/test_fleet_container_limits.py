@@ -73,16 +73,20 @@ def run(inputs):
             os.execv("/bin/sh", ["/bin/sh", "-c", "sleep 30; true", inputs["marker"]])
         os._exit(0)
     os.wait()
+    if inputs["hang"]:
+        while True:
+            pass
     return {"detached": True}
 '''
 
 
+@pytest.mark.parametrize("hang", [False, True], ids=["returns", "times-out"])
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_detached_child_does_not_outlive_its_run(tmp_path: Path, level: str) -> None:
+def test_a_detached_child_does_not_outlive_its_run(tmp_path: Path, level: str, hang: bool) -> None:
     marker = f"edgerun-detached-{uuid.uuid4().hex}"
-    r = run_in_container(task(tmp_path, DETACH), "main.py", {"marker": marker}, level=level,
-                         work_root=tmp_path / "scratch")
-    assert r.outcome == "success", r.error
+    r = run_in_container(task(tmp_path, DETACH), "main.py", {"marker": marker, "hang": hang}, level=level,
+                         limits=Limits(timeout_s=1.5 if hang else 10), work_root=tmp_path / "scratch")
+    assert r.outcome == ("timeout" if hang else "success"), r.error
     deadline = time.monotonic() + 3
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
