@@ -27,6 +27,7 @@ from typing import Any
 
 from edgerun.fleet.sandbox import bwrap_command, detect_level, package_root, run_uid
 from edgerun.fleet.sandbox_cgroup import RunCgroup
+from edgerun.fleet.sandbox_seccomp import filter_fd
 
 WORKER = Path(__file__).with_name("container_worker.py")
 OUTCOMES = ("success", "failure", "timeout", "crash")
@@ -90,9 +91,11 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
     if level.endswith("cgroup") and cgroup is None:
         level = "bwrap+rlimit" if level.startswith("bwrap") else "rlimit-only"
     scratch_host: Path | None = None
+    seccomp_fd = filter_fd() if level.startswith("bwrap") else None
     if level.startswith("bwrap"):
         prefix, plan = bwrap_command(task_dir, WORKER, scratch_mb=limits.scratch_mb, network=network,
-                                     hide=list(hide or []), readonly_shares=list(readonly_shares or []))
+                                     hide=list(hide or []), readonly_shares=list(readonly_shares or []),
+                                     seccomp_fd=seccomp_fd)
         run_dir, worker, cwd = plan.task_dir, plan.worker, None
     else:
         prefix, run_dir, worker = [], str(task_dir), str(WORKER)
@@ -108,8 +111,10 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
     start = time.perf_counter()
     try:
         result = _spawn_and_watch(prefix, [sys.executable, "-I", worker], spec, env, cwd, inputs, limits.timeout_s,
-                              cgroup, start)
+                                  cgroup, start, extra_fds=(seccomp_fd,) if seccomp_fd is not None else ())
     finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
         if uid is not None and not level.startswith("bwrap"):
             _kill_uid(uid)  # no pid namespace: every process of the run's own uid goes
         if cgroup is not None:
@@ -121,7 +126,7 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
             result_extra = {}
         if scratch_host is not None:
             shutil.rmtree(scratch_host, ignore_errors=True)
-    result.extra.update(isolation=level, **result_extra)
+    result.extra.update(isolation=level, seccomp=seccomp_fd is not None, **result_extra)
     if result.extra.get("oom_killed") and result.outcome == "crash":
         result.error = f"the run's processes together exceeded memory_mb={limits.memory_mb}; {result.error}"
     return result
@@ -139,12 +144,12 @@ def _make_scratch(work_root: str | Path | None, uid: int | None) -> Path:
 
 def _spawn_and_watch(prefix: list[str], worker: list[str], spec: dict[str, Any], env: dict[str, str],
                      cwd: str | None, inputs: Any, timeout_s: float, cgroup: RunCgroup | None,
-                     start: float) -> RunResult:
+                     start: float, extra_fds: tuple[int, ...] = ()) -> RunResult:
     result_r, result_w = os.pipe()  # the agent's end stays here; the task never sees the agent's side
     command = [*prefix, *worker, json.dumps({**spec, "result_fd": result_w})]
     try:
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=cwd, pass_fds=(result_w,), start_new_session=True,
+                                env=env, cwd=cwd, pass_fds=(result_w, *extra_fds), start_new_session=True,
                                 preexec_fn=cgroup.enter if cgroup is not None else None)
     except OSError as exc:
         os.close(result_r)

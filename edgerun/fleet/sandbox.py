@@ -111,8 +111,9 @@ def _python_roots() -> list[Path]:
 
 
 def bwrap_command(task_dir: Path, worker: Path, *, scratch_mb: int, network: bool, hide: list[Path],
-                  readonly_shares: list[Path]) -> tuple[list[str], MountPlan]:
-    """The bubblewrap prefix for one run; the caller appends the worker command (paths from the plan)."""
+                  readonly_shares: list[Path], seccomp_fd: int | None = None) -> tuple[list[str], MountPlan]:
+    """The bubblewrap prefix for one run; the caller appends the worker command (paths from the plan) and
+    passes `seccomp_fd` (sandbox_seccomp.filter_fd) to the child."""
     bwrap = _bwrap_path()
     if bwrap is None:
         raise FleetError("bubblewrap is not usable on this device")
@@ -127,6 +128,8 @@ def bwrap_command(task_dir: Path, worker: Path, *, scratch_mb: int, network: boo
     elif "--unshare-all" in args:
         args.append("--share-net")
     args += ["--die-with-parent", "--new-session"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64"):
         p = Path("/") / name
         if p.is_symlink():

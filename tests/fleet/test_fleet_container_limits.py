@@ -20,6 +20,7 @@ from fleet_helpers import REPO
 
 from edgerun.fleet.container import Limits, run_in_container
 from edgerun.fleet.sandbox import detect_level
+from edgerun.fleet.sandbox_seccomp import seccomp_filter
 
 LEVEL = detect_level()
 needs_bwrap = pytest.mark.skipif(not LEVEL.startswith("bwrap"),
@@ -234,3 +235,25 @@ def run(inputs):
 def test_a_forged_result_frame_does_not_turn_a_crash_into_a_success(tmp_path: Path) -> None:
     r = run_in_container(task(tmp_path, FORGE), "main.py", {}, level=LEVEL)
     assert r.outcome == "crash" and r.output is None, r
+
+
+SYSCALLS = r'''
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    return "ok" if getattr(libc, name)(*args) >= 0 else os.strerror(ctypes.get_errno())
+def run(inputs):
+    return {"unshare_user": call("unshare", 0x10000000),  # a new user namespace: kernel attack surface
+            "keyctl": call("syscall", 250, 0, 0, 0, 0),  # the kernel keyring is not namespaced (x86-64 number)
+            "subprocess": subprocess.run(["/bin/true"]).returncode}  # ordinary fork and exec still work
+'''
+
+
+@needs_bwrap
+@pytest.mark.skipif(seccomp_filter() is None, reason="libseccomp (libseccomp2) is not installed")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the keyctl number in the task is x86-64's")
+def test_seccomp_refuses_new_user_namespaces_and_the_keyring(tmp_path: Path) -> None:
+    r = run_in_container(task(tmp_path, SYSCALLS), "main.py", {}, level=LEVEL)
+    assert r.extra["seccomp"] is True
+    assert r.output == {"unshare_user": "Operation not permitted", "keyctl": "Operation not permitted",
+                        "subprocess": 0}, r.error
