@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.fleet.sandbox import bwrap_command, detect_level, package_root, run_uid
-from edgerun.fleet.sandbox_cgroup import RunCgroup
+from edgerun.fleet.sandbox_cgroup import RunCgroup, sweep_stale
 from edgerun.fleet.sandbox_seccomp import filter_fd
 
 WORKER = Path(__file__).with_name("container_worker.py")
@@ -263,7 +263,8 @@ def _kill_uid(uid: int) -> None:
 
 
 def clear_scratch(work_root: str | Path) -> None:
-    """Remove scratch folders of runs that a crash interrupted (only ever called before any run starts)."""
+    """Remove scratch folders and empty cgroups of runs that a crash interrupted (called at agent start)."""
+    sweep_stale()
     root = Path(work_root)
     if root.is_dir():
         for leftover in root.glob("edgerun-run-*"):

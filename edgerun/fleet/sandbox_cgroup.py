@@ -188,3 +188,21 @@ def _try_mkdir(parent: Path) -> bool:
 
 def cgroups_available() -> bool:
     return _bases() is not None
+
+
+def sweep_stale(min_age_s: float = 60.0) -> int:
+    """Remove run cgroups a killed agent left behind: only empty ones, and only older than `min_age_s`, so
+    a run that has just made its cgroup and not yet entered it (another agent, another thread) keeps it."""
+    base = _bases()
+    if base is None:
+        return 0
+    removed = 0
+    for parent in {base[1], base[2]}:
+        for d in parent.glob("edgerun-run-*"):
+            try:
+                if time.time() - d.stat().st_mtime > min_age_s and not (d / "cgroup.procs").read_text().strip():
+                    d.rmdir()
+                    removed += 1
+            except OSError:
+                pass
+    return removed
