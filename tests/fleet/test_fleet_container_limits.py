@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from fleet_helpers import REPO
 
-from edgerun.fleet.container import Limits, run_in_container
+from edgerun.fleet.container import Limits, clear_scratch, run_in_container
 from edgerun.fleet.sandbox import detect_level
+from edgerun.fleet.sandbox_cgroup import RunCgroup
 from edgerun.fleet.sandbox_seccomp import seccomp_filter
 
 LEVEL = detect_level()
@@ -257,3 +258,16 @@ def test_seccomp_refuses_new_user_namespaces_and_the_keyring(tmp_path: Path) -> 
     assert r.extra["seccomp"] is True
     assert r.output == {"unshare_user": "Operation not permitted", "keyctl": "Operation not permitted",
                         "subprocess": 0}, r.error
+
+
+@needs_cgroup
+def test_cgroups_left_by_a_killed_agent_are_swept_but_fresh_ones_kept(tmp_path: Path) -> None:
+    left = RunCgroup.create(64, 4)  # as a kill -9 between create and remove leaves it
+    fresh = RunCgroup.create(64, 4)  # made a moment ago by another run that has not entered it yet
+    assert left is not None and fresh is not None
+    for d in {left.memory_dir, left.pids_dir}:
+        os.utime(d, (time.time() - 120, time.time() - 120))
+    clear_scratch(tmp_path / "scratch")  # what the agent calls at start
+    assert not left.memory_dir.exists() and not left.pids_dir.exists()
+    assert fresh.memory_dir.exists() and fresh.pids_dir.exists()
+    fresh.remove()
