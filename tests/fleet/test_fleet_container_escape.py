@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_hostile_task_cannot_reach_agent_state_other_tasks_or_blobs(shared_serve
     for attack in ("read_token", "read_raw", "replace_root", "delete_outbox", "append_other", "swap_blob",
                    "write_own_files", "list_state"):
         assert got[attack].startswith("refused"), (attack, got[attack])
-    assert got["uid"] not in (0, __import__("os").getuid())  # its own identity, never the agent's
+    assert got["uid"] not in (0, os.getuid())  # its own identity, never the agent's
     assert agent.state.get("root") == root_before
     assert {p: _sha(p) for p in before} == before
     # Its report was queued by the agent, where the task cannot reach, and reaches the server.
