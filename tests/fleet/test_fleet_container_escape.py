@@ -68,7 +68,7 @@ def run(inputs):
             "replace_root": attempt(replace_root), "delete_outbox": attempt(delete_outbox),
             "append_other": attempt(append_other), "swap_blob": attempt(swap_blob),
             "write_own_files": attempt(write_own_files), "list_state": attempt(list_state),
-            "uid": os.getuid()}
+            "uid": os.getuid(), "env": sorted(os.environ)}
 '''
 
 
@@ -76,8 +76,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_hostile_task_cannot_reach_agent_state_other_tasks_or_blobs(shared_server: FleetServer,
-                                                                      tmp_path: Path) -> None:
+def test_hostile_task_cannot_reach_agent_state_other_tasks_or_blobs(shared_server: FleetServer, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGERUN_ENROLL_TOKEN", "enrol-secret-in-the-agents-environment")
     admin = shared_server.admin()
     admin.publish(make_task(tmp_path, "esc-victim", 2), shared_server.keys, {"steps": [100], "min_reports": 100})
     admin.publish(make_task(tmp_path, "esc-attacker", 2, body=ATTACKS, files={"data.bin": b"\x05" * 1000}),
@@ -97,6 +98,7 @@ def test_hostile_task_cannot_reach_agent_state_other_tasks_or_blobs(shared_serve
                    "write_own_files", "list_state"):
         assert got[attack].startswith("refused"), (attack, got[attack])
     assert got["uid"] not in (0, os.getuid())  # its own identity, never the agent's
+    assert not [name for name in got["env"] if "TOKEN" in name or name.startswith("EDGERUN")]  # nor its environment
     assert agent.state.get("root") == root_before
     assert {p: _sha(p) for p in before} == before
     # Its report was queued by the agent, where the task cannot reach, and reaches the server.
