@@ -164,6 +164,8 @@ def _spawn_and_watch(prefix: list[str], worker: list[str], spec: dict[str, Any],
     if timed_out:
         _kill_tree(proc)
     code = proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # children still in its session (all a non-root rlimit run can do)
     os.close(result_r)
     proc.stdout.close()  # type: ignore[union-attr]
     proc.stderr.close()  # type: ignore[union-attr]
