@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 TOKEN_ENV = "EDGERUN_FLEET_TOKEN"
+ENROLL_ENV = "EDGERUN_ENROLL_TOKEN"
 
 
 def _print(obj: Any) -> None:
@@ -47,7 +48,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from edgerun.fleet.agent import Agent
 
-    agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=args.enroll_token,
+    enroll_token = os.environ.get(ENROLL_ENV) or None
+    if args.enroll_token_file:  # a file or the environment, never argv: argv shows in `ps` to every user
+        enroll_token = Path(args.enroll_token_file).read_text().strip()
+    agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=enroll_token,
                   app_version=args.app_version, os_name=args.os, device_groups=tuple(args.device_group),
                   user_groups=tuple(args.user_group), checkin_interval_s=args.interval)
     hooks = None
@@ -124,6 +128,27 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_task_run(args: argparse.Namespace) -> int:
+    from edgerun.fleet.container import Limits, run_in_container
+    from edgerun.fleet.errors import FleetError
+    from edgerun.fleet.package import CONFIG_NAME
+    from edgerun.fleet.task_schema import parse_config_json, validate_task_config
+
+    folder = Path(args.dir)
+    if not (folder / CONFIG_NAME).is_file():
+        raise FleetError(f"{folder} has no {CONFIG_NAME}")
+    config = validate_task_config(parse_config_json((folder / CONFIG_NAME).read_bytes(), str(folder / CONFIG_NAME)))
+    inputs = parse_config_json(args.inputs, "--inputs") if args.inputs else {}
+    result = run_in_container(folder, config["entry"], inputs, limits=Limits.from_config(config["limits"]),
+                              network=config["network"])
+    record = {"outcome": result.outcome, "output": result.output, "error": result.error,
+              "latency_ms": round(result.latency_ms, 1), **result.extra}
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+    _print(record)
+    return 0 if result.ok else 1
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from edgerun.fleet.signing import KeyDir
 
@@ -176,7 +201,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device-id", required=True)
     p.add_argument("--state", required=True, help="folder for the agent's SQLite state and task files")
     p.add_argument("--root", help="trusted root document (needed on first start)")
-    p.add_argument("--enroll-token", help="the server's enrolment token (needed on first start)")
+    p.add_argument("--enroll-token-file",
+                   help=f"file holding the server's enrolment token, needed on first start (or ${ENROLL_ENV})")
     p.add_argument("--app-version", default="1.0")
     p.add_argument("--os", default=sys.platform)
     p.add_argument("--device-group", action="append", default=[])
@@ -210,6 +236,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_pack)
+    p = tsub.add_parser("run", help="run a task folder once in the device's compute container")
+    p.add_argument("dir")
+    p.add_argument("--inputs", help="JSON given to run(inputs) (default {})")
+    p.add_argument("--json", help="also write the result (outcome, output, error, isolation, ...) to this file")
+    p.set_defaults(func=cmd_task_run)
     p = tsub.add_parser("publish", help="sign a package with the offline release key and start its rollout")
     p.add_argument("package")
     p.add_argument("--keys", required=True, help="key folder holding release.key and the root chain")

@@ -9,7 +9,9 @@ calls the `run_fn` it was handed when a trigger matches.
 from __future__ import annotations
 
 import json
+import logging
 import platform
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,14 +21,19 @@ from typing import Any, Protocol
 import httpx
 
 from edgerun.fleet.agent_state import AgentState
-from edgerun.fleet.container import RunResult, clear_scratch, run_in_container
-from edgerun.fleet.errors import FleetError
+from edgerun.fleet.container import Limits, RunResult, clear_scratch, run_in_container
+from edgerun.fleet.errors import FleetError, IntegrityError
 from edgerun.fleet.installer import Installer
-from edgerun.fleet.manifest import verify_assignment, verify_release
+from edgerun.fleet.manifest import validate_release_manifest, verify_assignment, verify_release
+from edgerun.fleet.sandbox import detect_level, meets
 from edgerun.fleet.signing import Root, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile
+from edgerun.fleet.task_schema import validate_task_config
 
 RunFn = Callable[[Any], RunResult]
+log = logging.getLogger(__name__)
+# What a malformed or unexpected server answer raises while we read it; the round is logged and retried.
+ANSWER_ERRORS = (httpx.HTTPError, FleetError, ValueError, KeyError, TypeError, AttributeError)
 
 
 class TaskHooks(Protocol):
@@ -67,6 +74,8 @@ class Agent:
         self._enroll_token = enroll_token
         self._last_run: dict[str, float] = {}
         self._announced: set[tuple[str, int]] = set()
+        self.isolation = detect_level()  # reported on every check-in as "isolation"
+        self.failed_rounds = 0  # consecutive rounds whose check-in failed; the wait backs off with it
 
     # ---- trust and identity -------------------------------------------------------------------------
     def _load_root(self, root_path: str | Path | None) -> Root:
@@ -86,7 +95,7 @@ class Agent:
         while self.root.version < latest:
             r = self.http.get(f"/v1/roots/{self.root.version + 1}")
             r.raise_for_status()
-            self.root = verify_root_update(self.root, r.json())
+            self.root = verify_root_update(self.root, _json_object(r))
             self.state.put_json("root", self.root.envelope)
 
     @property
@@ -99,7 +108,10 @@ class Agent:
             if r.status_code == 403:
                 raise FleetError("the server refused the enrolment token")
             r.raise_for_status()
-            self._token = str(r.json()["token"])
+            token = _json_object(r).get("token")
+            if not isinstance(token, str) or not token:
+                raise FleetError("the server's enrolment answer has no token")
+            self._token = token
             self.state.put("token", self._token)
         return self._token
 
@@ -126,13 +138,19 @@ class Agent:
     def check_in(self) -> bool:
         """One push-then-pull round; returns True if some task version changed."""
         profile = self.profile()
-        r = self.http.post(f"/v1/devices/{self.device_id}/checkin", json=profile.as_dict(), headers=self._auth())
+        r = self.http.post(f"/v1/devices/{self.device_id}/checkin",
+                           json={**profile.as_dict(), "isolation": self.isolation}, headers=self._auth())
         r.raise_for_status()
-        body = r.json()
-        if int(body.get("root_version", 0)) > self.root.version:
-            self._update_root(int(body["root_version"]))
-        if body["status"] == "up-to-date":
+        body = _json_object(r)
+        root_version = body.get("root_version", 0)
+        if not isinstance(root_version, int) or isinstance(root_version, bool):
+            raise FleetError(f"malformed check-in answer: root_version {str(root_version)[:40]!r}")
+        if root_version > self.root.version:
+            self._update_root(root_version)
+        if body.get("status") == "up-to-date":
             return False
+        if body.get("status") != "update" or not isinstance(body.get("assignment"), dict):
+            raise FleetError(f"malformed check-in answer: status {str(body.get('status'))[:40]!r}")
         return self.apply_assignment(body["assignment"])
 
     # ---- pull, verify, activate ------------------------------------------------------------------------
@@ -158,7 +176,7 @@ class Agent:
         for task, release_env in sorted(signed["tasks"].items()):
             try:
                 changed |= self._install(task, release_env, active.get(task))
-            except (FleetError, httpx.HTTPError, OSError) as exc:
+            except (FleetError, httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
                 # One bad task must not block the others; it is retried on the next check-in.
                 self.errors.append(f"{task}: {exc}")
         return changed
@@ -168,6 +186,14 @@ class Agent:
         version = int(manifest["version"])
         if current is not None and current[0] == version:
             return False
+        try:  # signed, yet unusable here: refuse it and say so once, so the rollout can roll it back
+            validate_release_manifest(manifest)
+            minimum = None if manifest.get("removed") else manifest["config"].get("min_isolation")
+            if not meets(self.isolation, minimum):
+                raise FleetError(f"needs isolation {minimum}; this device runs at {self.isolation}")
+        except FleetError as exc:
+            self.state.report_refusal(task, version, f"refused: {exc}")
+            raise
         # Recorded before download: a replay of anything older is refused from now on, even after a crash.
         self.state.raise_seen(task, version)
         if manifest.get("removed"):
@@ -211,12 +237,24 @@ class Agent:
     def run_task(self, task: str, inputs: Any = None) -> RunResult:
         """Run the active version of `task` in the compute container and queue its report."""
         version, folder, config = self.task_config(task)
-        limits = config.get("limits", {})
         run_id = self.state.begin_run(task, version)
-        result = run_in_container(folder, config.get("entry", "main.py"), inputs if inputs is not None else {},
-                                  timeout_s=float(limits.get("timeout_s", 10)),
-                                  memory_mb=int(limits.get("memory_mb", 512)),
-                                  work_root=self.state_dir / "scratch")
+        try:
+            # Before every run: the files are exactly the signed ones, and the config is one we can honour.
+            self.installer.verify_version(folder)
+            config = validate_task_config(dict(config))
+            if not meets(self.isolation, config.get("min_isolation")):
+                raise FleetError(f"needs isolation {config['min_isolation']}; this device runs at {self.isolation}")
+        except IntegrityError as exc:
+            self.installer.remove_version(task, version)  # rebuilt from re-verified blobs on the next check-in
+            result = RunResult("crash", 0.0, error=f"not run: {exc}")
+        except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:
+            result = RunResult("failure", 0.0, error=f"not run: {exc}")
+        else:
+            shares: list[str | Path] = getattr(self.hooks, "shared_paths", list)()
+            result = run_in_container(folder, config["entry"], inputs if inputs is not None else {},
+                                      limits=Limits.from_config(config["limits"]), network=config["network"],
+                                      level=self.isolation, work_root=self.state_dir / "scratch",
+                                      hide=[self.state_dir], readonly_shares=[Path(p) for p in shares])
         self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         return result
 
@@ -225,9 +263,10 @@ class Agent:
         now = time.monotonic() if now is None else now
         started = 0
         for task in self.installer.active():
-            every = self.task_config(task)[2].get("schedule", {}).get("every_s")
-            if every is None or now - self._last_run.get(task, -1e18) < float(every):
-                continue
+            schedule = self.task_config(task)[2].get("schedule")
+            every = schedule.get("every_s") if isinstance(schedule, dict) else None
+            if not isinstance(every, (int, float)) or now - self._last_run.get(task, -1e18) < float(every):
+                continue  # no schedule, or not due (a malformed one was refused at install)
             self._last_run[task] = now
             self.run_task(task, {"scheduled": True})
             started += 1
@@ -248,16 +287,19 @@ class Agent:
         self.errors = []
         try:
             self.check_in()
-        except (httpx.HTTPError, FleetError) as exc:
-            self.errors.append(f"check-in: {exc}")
+            self.failed_rounds = 0
+        except ANSWER_ERRORS as exc:
+            self.failed_rounds += 1
+            self.errors.append(f"check-in: {type(exc).__name__}: {exc}"[:500])
+            log.warning("agent %s: check-in failed (%d in a row): %s", self.device_id, self.failed_rounds, exc)
         self.announce_active()
         self.run_scheduled()
         if self.hooks is not None:
             self.hooks.poll()
         try:
             self.flush_reports()
-        except httpx.HTTPError as exc:
-            self.errors.append(f"reports: {exc}")
+        except ANSWER_ERRORS as exc:
+            self.errors.append(f"reports: {type(exc).__name__}: {exc}"[:500])
 
     def run_forever(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
@@ -265,8 +307,25 @@ class Agent:
             self.step()
             for e in self.errors:
                 print(f"agent {self.device_id}: {e}", flush=True)
-            stop.wait(self.checkin_interval_s)
+            stop.wait(self.next_wait_s())
+
+    def next_wait_s(self) -> float:
+        """The check-in interval, doubled per consecutive failed round up to 64×, with jitter (no stampede)."""
+        factor = 2.0 ** min(self.failed_rounds, 6)
+        return self.checkin_interval_s * factor * (random.uniform(0.5, 1.0) if self.failed_rounds else 1.0)
 
     def close(self) -> None:
         self.http.close()
         self.state.close()
+
+
+def _json_object(r: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object, or a FleetError saying what came instead (an HTML page, bad JSON, a list)."""
+    try:
+        body = r.json()
+    except ValueError as exc:
+        kind = r.headers.get("content-type", "no content type")
+        raise FleetError(f"malformed answer from {r.request.url.path} ({kind}): {r.text[:80]!r}") from exc
+    if not isinstance(body, dict):
+        raise FleetError(f"malformed answer from {r.request.url.path}: expected an object, got {type(body).__name__}")
+    return body

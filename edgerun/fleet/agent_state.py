@@ -7,7 +7,9 @@ and the server ignores resent report ids, so a report sent twice counts once.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sqlite3
 import time
 import uuid
@@ -24,8 +26,21 @@ CREATE INDEX IF NOT EXISTS ix_outbox_state ON outbox (state);
 """
 
 
+def _private(path: Path) -> None:
+    """Make `path` (and SQLite's -wal/-shm beside it, which copy its mode when made) readable by us alone."""
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            os.chmod(p, 0o600)
+
+
 class AgentState:
+    """agent.db holds the device token and the trusted root: mode 0600, in a state folder of mode 0711."""
+
     def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        _private(path)
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a report acknowledged to the caller survives power loss
@@ -74,6 +89,12 @@ class AgentState:
     def finish_run(self, run_id: str, outcome: str, latency_ms: float, error: str) -> None:
         self.db.execute("UPDATE outbox SET state = 'done', outcome = ?, latency_ms = ?, error = ? WHERE id = ?",
                         (outcome, latency_ms, error[:2000], run_id))
+
+    def report_refusal(self, task: str, version: int, error: str) -> None:
+        """One failure report for a signed version this device refuses to run (same id on every retry)."""
+        run_id = hashlib.sha256(f"refused:{task}:{version}".encode()).hexdigest()[:32]
+        self.db.execute("INSERT OR IGNORE INTO outbox (id, task, version, state, outcome, latency_ms, error, created) "
+                        "VALUES (?, ?, ?, 'done', 'failure', 0, ?, ?)", (run_id, task, version, error[:2000], time.time()))
 
     def recover_interrupted_runs(self) -> int:
         cur = self.db.execute("UPDATE outbox SET state = 'done', outcome = 'crash', latency_ms = 0, "

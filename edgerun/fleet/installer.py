@@ -34,14 +34,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _hash_file(path: Path) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
 class Installer:
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir)
         self.blobs = self.root / "blobs"
         self.partial = self.root / "partial"
         self.tasks = self.root / "tasks"
-        for d in (self.blobs, self.partial, self.tasks):
+        # Blobs and partial downloads are the agent's alone; task folders are traversable (not listable), so
+        # a run under its own uid can read its files where no private mount view hides the rest (rlimit levels).
+        for d, mode in ((self.root, 0o711), (self.blobs, 0o700), (self.partial, 0o700), (self.tasks, 0o711)):
             d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, mode)
 
     # ---- startup recovery ---------------------------------------------------------------------------
     def recover(self) -> None:
@@ -58,7 +71,9 @@ class Installer:
         """Make blobs/<digest> exist and match; resume a partial download; never keep a bad file."""
         final = self.blobs / digest
         if final.exists():
-            return final
+            if _hash_file(final) == (length, digest):
+                return final
+            final.unlink()  # a cached blob that changed on disk is never used again; fetch it anew
         part = self.partial / f"{digest}.part"
         offset = part.stat().st_size if part.exists() else 0
         if offset > length:
@@ -101,6 +116,12 @@ class Installer:
             target = staging / f["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.blobs / f["sha256"], target)
+            if _hash_file(target) != (int(f["length"]), f["sha256"]):
+                shutil.rmtree(staging, ignore_errors=True)
+                raise IntegrityError(f"blob {f['sha256'][:12]}… for {f['path']} changed on disk since it was verified")
+            os.chmod(target, 0o444)
+        for sub in [staging, *(p for p in staging.rglob("*") if p.is_dir())]:
+            os.chmod(sub, 0o755)  # readable by the run's own uid, whatever the agent's umask
         with open(staging / "release.json", "w") as out:
             json.dump(envelope, out)
             out.flush()
@@ -109,6 +130,34 @@ class Installer:
         os.rename(staging, final)
         _fsync_dir(final.parent)
         return final
+
+    def verify_version(self, folder: Path) -> dict[str, Any]:
+        """Re-check a version folder against its signed manifest before a run: exactly the manifest's files,
+        regular, with their lengths and SHA-256; returns the manifest. Raises IntegrityError otherwise."""
+        manifest = json.loads((folder / "release.json").read_text())["signed"]
+        expected = {f["path"]: f for f in manifest["files"]}
+        seen: set[str] = set()
+        for dirpath, dirnames, filenames in os.walk(folder):
+            for name in dirnames + filenames:
+                path = Path(dirpath) / name
+                rel = path.relative_to(folder).as_posix()
+                if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                    raise IntegrityError(f"{folder.name}: {rel} is not a plain file or folder")
+                if path.is_file() and rel != "release.json":
+                    if rel not in expected:
+                        raise IntegrityError(f"{folder.name}: {rel} is not in the signed manifest")
+                    f = expected[rel]
+                    if _hash_file(path) != (int(f["length"]), f["sha256"]):
+                        raise IntegrityError(f"{folder.name}: {rel} does not match its signed digest")
+                    seen.add(rel)
+        missing = sorted(set(expected) - seen)
+        if missing:
+            raise IntegrityError(f"{folder.name}: {missing[0]} is missing")
+        return dict(manifest)
+
+    def remove_version(self, task: str, version: int) -> None:
+        """Drop a version folder that failed verification; the next check-in builds it again."""
+        shutil.rmtree(self.version_dir(task, version), ignore_errors=True)
 
     def activate(self, task: str, version: int) -> None:
         """Point tasks/<task>/current at <version> with one atomic rename."""

@@ -13,12 +13,16 @@ Assignment, role `assignment`:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from edgerun.fleet.canonical import iso_after
 from edgerun.fleet.errors import FleetError, RollbackAttackError, SignatureError
-from edgerun.fleet.package import TaskPackage
+from edgerun.fleet.package import MAX_FILE_BYTES, TaskPackage
 from edgerun.fleet.signing import Root, SigningKey, check_expiry, sign_envelope
+from edgerun.fleet.task_schema import check_depth, validate_task_config
+
+__all__ = ["validate_release_manifest", "validate_task_config"]  # the server's checks on publish
 
 RELEASE_LIFETIME_S = 365 * 86400
 ASSIGNMENT_LIFETIME_S = 3600
@@ -62,6 +66,48 @@ def verify_release(root: Root, envelope: dict[str, Any], *, task: str | None = N
     for f in signed["files"]:
         if not isinstance(f.get("sha256"), str) or not isinstance(f.get("length"), int):
             raise FleetError("manifest file entry lacks sha256/length")
+    return signed
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MAX_FILES = 10_000
+
+
+def validate_release_manifest(signed: Any) -> dict[str, Any]:
+    """Check the shape of a release (or rollback) manifest's `signed` part before storing or installing it.
+
+    The server calls this on publish, the agent before install: its config passes `validate_task_config`
+    (a removed-task rollback has none to check), and every file entry has a safe relative path, a SHA-256
+    hex digest and a length in range. Raises FleetError naming the problem; returns `signed`.
+    """
+    if not isinstance(signed, dict):
+        raise FleetError("release manifest: not an object")
+    check_depth(signed, limit=40)
+    if not isinstance(signed.get("task"), str) or isinstance(signed.get("version"), bool) or \
+            not isinstance(signed.get("version"), int) or signed["version"] < 1:
+        raise FleetError("release manifest: 'task' must be a string and 'version' a positive integer")
+    files = signed.get("files")
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        raise FleetError(f"release manifest: 'files' must be a list of at most {MAX_FILES} entries")
+    for f in files:
+        if not isinstance(f, dict):
+            raise FleetError("release manifest: a file entry is not an object")
+        path, digest, length = f.get("path"), f.get("sha256"), f.get("length")
+        if not isinstance(path, str) or not path or path.startswith("/") or "\x00" in path or \
+                any(part in ("", ".", "..") for part in path.split("/")):
+            raise FleetError(f"release manifest: unsafe file path {str(path)[:80]!r}")
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise FleetError(f"release manifest: {path}: sha256 must be 64 lowercase hex digits")
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= MAX_FILE_BYTES:
+            raise FleetError(f"release manifest: {path}: length must be an integer in [0, {MAX_FILE_BYTES}]")
+    if signed.get("removed"):
+        return signed
+    config = signed.get("config")
+    if not isinstance(config, dict):
+        raise FleetError("release manifest: 'config' must be an object")
+    validate_task_config(dict(config))  # a copy: the signed bytes must stay as they were signed
+    if config.get("name") != signed["task"]:
+        raise FleetError(f"release manifest: config names task {config.get('name')!r}, not {signed['task']!r}")
     return signed
 
 

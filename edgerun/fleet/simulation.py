@@ -8,6 +8,7 @@ column lets any server process pick up a simulation whose runner died, so no rel
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 
 from edgerun.fleet import releases as rel
 from edgerun.fleet import rollout
-from edgerun.fleet.container import run_in_container
+from edgerun.fleet.container import Limits, run_in_container
 from edgerun.fleet.schema import releases
 from edgerun.fleet.store import BlobStore
 
@@ -39,12 +40,12 @@ def simulate_release(store: BlobStore, manifest: dict[str, Any], agents: int) ->
     limits = config.get("limits", {})
     with tempfile.TemporaryDirectory(prefix="edgerun-sim-") as tmp:
         materialise(store, manifest, Path(tmp))
+        os.chmod(tmp, 0o755)  # each run reads it under its own uid
 
         def one_agent(i: int) -> str:
             for inp in inputs:
-                r = run_in_container(tmp, config.get("entry", "main.py"), inp,
-                                     timeout_s=float(limits.get("timeout_s", 10)),
-                                     memory_mb=int(limits.get("memory_mb", 512)))
+                r = run_in_container(tmp, config.get("entry", "main.py"), inp, limits=Limits.from_config(limits),
+                                     network=bool(config.get("network", False)))
                 if not r.ok:
                     return f"agent {i}: {r.outcome}: {r.error.strip().splitlines()[-1] if r.error else ''}"
             return ""

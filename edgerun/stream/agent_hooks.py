@@ -80,6 +80,11 @@ class StreamHooks:
 
         return run
 
+    def shared_paths(self) -> list[Path]:
+        """Collective storage, which the agent binds read-only into every task's compute container."""
+        db = Path(self.pipeline.store.path)
+        return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+
     def on_task_deactivated(self, task_id: str) -> None:
         self.pipeline.unregister_task(task_id)
 
