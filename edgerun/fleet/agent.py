@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +21,11 @@ import httpx
 
 from edgerun.fleet.agent_state import AgentState
 from edgerun.fleet.container import RunResult, clear_scratch, run_in_container
-from edgerun.fleet.errors import FleetError
+from edgerun.fleet.errors import ExpiredError, FleetError
+from edgerun.fleet.freshness import verify_timestamp
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import verify_assignment, verify_release
-from edgerun.fleet.signing import Root, verify_root_update
+from edgerun.fleet.signing import Root, check_expiry, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile
 
 RunFn = Callable[[Any], RunResult]
@@ -86,20 +88,40 @@ class Agent:
         while self.root.version < latest:
             r = self.http.get(f"/v1/roots/{self.root.version + 1}")
             r.raise_for_status()
-            self.root = verify_root_update(self.root, r.json())
+            new = verify_root_update(self.root, r.json())
+            self._reset_floors_of_rotated_roles(self.root, new)
+            self.root = new
             self.state.put_json("root", self.root.envelope)
+
+    def _reset_floors_of_rotated_roles(self, old: Root, new: Root) -> None:
+        """TUF resets version floors when a role's keys rotate: what the old key signed can no longer be
+        verified, so its floors protect nothing, and a floor a stolen key pushed to 2^62 must not lock the
+        device out of the honest metadata the new key signs."""
+        def keyids(root: Root, role: str) -> list[str]:
+            return sorted(root.signed["roles"][role]["keyids"])
+
+        if keyids(old, "assignment") != keyids(new, "assignment"):
+            self.state.put("assignment_serial", "0")
+        if keyids(old, "release") != keyids(new, "release"):
+            self.state.reset_seen()
 
     @property
     def token(self) -> str:
         if self._token is None:
             if not self._enroll_token:
                 raise FleetError("the agent is not enrolled; pass the server's enrolment token (--enroll-token)")
-            r = self.http.post("/v1/devices/register",
-                               json={"enroll_token": self._enroll_token, "profile": self.profile().as_dict()})
-            if r.status_code == 403:
-                raise FleetError("the server refused the enrolment token")
+            # The device chooses its token and keeps it before asking, so a retry after a lost answer is
+            # recognised; the server never issues a token for an id that is already enrolled.
+            proposed = self.state.get("proposed_token")
+            if proposed is None:
+                proposed = secrets.token_urlsafe(32)
+                self.state.put("proposed_token", proposed)
+            r = self.http.post("/v1/devices/register", json={
+                "enroll_token": self._enroll_token, "profile": self.profile().as_dict(), "device_token": proposed})
+            if r.status_code in (403, 409):
+                raise FleetError(f"the server refused enrolment: {r.text[:300]}")
             r.raise_for_status()
-            self._token = str(r.json()["token"])
+            self._token = proposed
             self.state.put("token", self._token)
         return self._token
 
@@ -119,6 +141,11 @@ class Agent:
         """Act on the X-Edgerun-Assignment header of a business response; True if something changed."""
         if not value or value == "up-to-date":
             return False
+        if value != f"/v1/devices/{self.device_id}/assignment":
+            # Only ever this device's assignment on its own server: an absolute URL would carry the bearer
+            # token to whatever origin the header names.
+            self.errors.append(f"push header ignored: {value[:200]!r} is not this device's assignment path")
+            return False
         r = self.http.get(value, headers=self._auth())
         r.raise_for_status()
         return self.apply_assignment(r.json())
@@ -132,8 +159,18 @@ class Agent:
         if int(body.get("root_version", 0)) > self.root.version:
             self._update_root(int(body["root_version"]))
         if body["status"] == "up-to-date":
+            self.accept_timestamp(body.get("timestamp"))
             return False
         return self.apply_assignment(body["assignment"])
+
+    def accept_timestamp(self, envelope: Any) -> dict[str, Any]:
+        """Believe an "up to date" answer only with a fresh timestamp signed for this device (TUF's
+        timestamp role): a replayed old answer is refused once it expires, or at once if a newer serial
+        was seen."""
+        signed = verify_timestamp(self.root, envelope, device_id=self.device_id,
+                                  min_serial=int(self.state.get("assignment_serial", "0") or 0))
+        self.state.raise_int("assignment_serial", int(signed["serial"]))
+        return signed
 
     # ---- pull, verify, activate ------------------------------------------------------------------------
     def _fetch(self, digest: str, offset: int) -> Iterator[bytes]:
@@ -211,6 +248,9 @@ class Agent:
     def run_task(self, task: str, inputs: Any = None) -> RunResult:
         """Run the active version of `task` in the compute container and queue its report."""
         version, folder, config = self.task_config(task)
+        expired = self._expired_release(task, folder)
+        if expired is not None:
+            return expired
         limits = config.get("limits", {})
         run_id = self.state.begin_run(task, version)
         result = run_in_container(folder, config.get("entry", "main.py"), inputs if inputs is not None else {},
@@ -219,6 +259,15 @@ class Agent:
                                   work_root=self.state_dir / "scratch")
         self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         return result
+
+    def _expired_release(self, task: str, folder: Path) -> RunResult | None:
+        """An active release past its signed expiry is not run any more (it is reported in `errors`)."""
+        try:
+            check_expiry(json.loads((folder / "release.json").read_text())["signed"], f"release of {task}")
+        except ExpiredError as exc:
+            self.errors.append(f"{task}: {exc}; not run")
+            return RunResult("expired", 0.0, error=str(exc))
+        return None
 
     def run_scheduled(self, now: float | None = None) -> int:
         """Run tasks whose config has `schedule: {"every_s": N}` and are due; returns runs started."""

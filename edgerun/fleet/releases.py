@@ -8,6 +8,7 @@ a release is created in its first real stage in the same transaction that stores
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -17,10 +18,20 @@ import sqlalchemy as sa
 from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.manifest import verify_release
-from edgerun.fleet.schema import audit, devices, releases
+from edgerun.fleet.schema import audit, devices, releases, roots
 from edgerun.fleet.signing import Root
 from edgerun.fleet.store import BlobStore
 from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, validate_targeting
+
+
+def write_lock(conn: sa.Connection, key: str) -> None:
+    """Serialise transactions on `key`: an advisory lock on PostgreSQL; SQLite's single write lock, taken
+    by a write that changes nothing, before anything is read (so the reads see the latest commit)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
+                     {"k": int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)})
+    else:
+        conn.execute(roots.update().where(sa.false()).values(version=roots.c.version))
 
 
 def write_audit(conn: sa.Connection, actor: str, action: str, release_id: int | None, detail: str = "") -> None:
@@ -57,8 +68,9 @@ def step_population(conn: sa.Connection, task: str, version: int, targeting: dic
     beta = set(policy.beta_devices)
     pct = rollout.exposure_percent(state, policy)
     n = 0
-    for device_id, profile in conn.execute(sa.select(devices.c.id, devices.c.profile).where(devices.c.last_seen >= since)):
-        if not matches(targeting, DeviceProfile.from_dict(profile)):
+    for device_id, profile, groups in conn.execute(sa.select(devices.c.id, devices.c.profile, devices.c.device_groups)
+                                                   .where(devices.c.last_seen >= since)):
+        if not matches(targeting, DeviceProfile.from_dict({**profile, "device_groups": groups})):
             continue
         if device_id in beta or (state.stage == "gray" and bucket_percent(device_id, f"{task}:{version}") < pct):
             n += 1
@@ -107,6 +119,8 @@ def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str,
     state = rollout.initial_state(policy)
     now = time.time()
     with engine.begin() as conn:
+        # Publishes of one task are serialised, so two at once cannot both pass the version check below.
+        write_lock(conn, f"publish:{signed['task']}")
         # Versions are immutable and increase: a new version must exceed every version so far,
         # including the rollback version reserved by the latest release.
         top = conn.execute(sa.select(sa.func.max(releases.c.version)).where(releases.c.task == signed["task"])).scalar()
