@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -88,7 +89,8 @@ def send_huge(port: int, method: str, path: str, total: int, headers: dict[str, 
 
 @dataclass
 class Responsiveness:
-    """Small requests sent in a loop beside an attack; the slowest answer tells whether the loop froze."""
+    """Small requests sent in a loop beside an attack (any answer below 500 counts); the slowest answer
+    tells whether the event loop froze."""
 
     url: str
     latencies: list[float] = field(default_factory=list)
@@ -102,15 +104,18 @@ class Responsiveness:
                 while not self._stop.is_set():
                     start = time.perf_counter()
                     try:
-                        ok = client.get(self.url).status_code == 200
+                        ok = client.get(self.url).status_code < 500
                     except httpx.HTTPError:
                         ok = False
                     self.latencies.append(time.perf_counter() - start)
                     self.failures += not ok
+                    answered.set()
                     self._stop.wait(0.02)
 
+        answered = threading.Event()
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
+        answered.wait(30)  # the loop is running before the attack starts
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -123,11 +128,11 @@ class Responsiveness:
         return max(self.latencies, default=0.0)
 
 
-def memory_growth(pid: int, attack: Callable[[], Answer]) -> tuple[Answer, float]:
+def memory_growth(pid: int, attack: Callable[..., Answer], *args: Any, **kwargs: Any) -> tuple[Answer, float]:
     """Run `attack`; return its answer and how far the server's peak resident memory rose above what it
     held before (MB): a body buffered even for a moment shows in the peak."""
     with open(f"/proc/{pid}/clear_refs", "w") as clear:
         clear.write("5")  # reset the peak (VmHWM) to what the process holds now
     before = rss_mb(pid)
-    answer = attack()
+    answer = attack(*args, **kwargs)
     return answer, rss_mb(pid, "VmHWM") - before

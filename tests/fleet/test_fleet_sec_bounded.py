@@ -22,10 +22,10 @@ def port_of(server: FleetServer) -> int:
 def test_unauthenticated_80mb_publish_is_refused_before_a_byte_is_read(server: FleetServer) -> None:
     # Before: FastAPI parsed the whole JSON body of /v1/admin/releases and only then checked the token.
     port, pid = port_of(server), server.proc.pid
-    answer, grew = memory_growth(pid, lambda: send_huge(port, "POST", "/v1/admin/releases", HUGE))
+    answer, grew = memory_growth(pid, send_huge, port, "POST", "/v1/admin/releases", HUGE)
     assert answer.status == 401 and grew < GREW_AT_MOST_MB
-    answer, grew = memory_growth(pid, lambda: send_huge(
-        port, "POST", "/v1/admin/releases", HUGE, {"Authorization": "Bearer guess"}, chunked=True))
+    answer, grew = memory_growth(pid, send_huge, port, "POST", "/v1/admin/releases", HUGE,
+                                 {"Authorization": "Bearer guess"}, chunked=True)
     assert answer.status == 403 and grew < GREW_AT_MOST_MB
     assert answer.sent < HUGE // 4  # refused from the headers: the body was never waited for
 
@@ -44,7 +44,7 @@ def test_80mb_bodies_on_open_and_device_routes_get_413_and_the_loop_stays_respon
     ]
     with Responsiveness(server.url + "/v1/health") as beside:
         for method, path, headers, chunked in attacks:
-            answer, grew = memory_growth(pid, lambda: send_huge(port, method, path, HUGE, headers, chunked=chunked))
+            answer, grew = memory_growth(pid, send_huge, port, method, path, HUGE, headers, chunked=chunked)
             assert answer.status == 413, (path, answer)
             assert grew < GREW_AT_MOST_MB, (path, grew)
             assert answer.sent < HUGE // 2, (path, answer.sent)  # cut off near the limit, not read to the end
