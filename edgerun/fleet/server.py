@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from edgerun.fleet.admin_api import build_admin_router
@@ -181,6 +182,12 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if hmac.compare_digest(token.encode(), admin_token.encode()) or service.device_for_token(token):
             return
         raise HTTPException(403, "unknown token")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> Response:
+        # Without the offending input: a NaN or infinity in it would make the error answer itself fail (500).
+        return JSONResponse({"detail": [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                                        for e in exc.errors()]}, status_code=422)
 
     @app.exception_handler(FleetError)
     async def fleet_error(_request: Request, exc: FleetError) -> Response:
