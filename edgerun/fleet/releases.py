@@ -8,6 +8,7 @@ a release is created in its first real stage in the same transaction that stores
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import time
 from dataclasses import replace
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.manifest import verify_release
+from edgerun.fleet.package import validate_config
 from edgerun.fleet.schema import audit, devices, releases, roots
 from edgerun.fleet.signing import Root
 from edgerun.fleet.store import BlobStore
@@ -104,11 +106,24 @@ def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutS
         write_audit(conn, actor, event, row.id, new.reason if event.startswith(("rollback", "pause", "abort")) else "")
 
 
+def check_published_manifest(signed: dict[str, Any]) -> dict[str, Any]:
+    """The shape of a release the server stores, beyond its signature: a config that `task pack` would accept
+    (checked on a copy: the signed bytes stay as they were signed), so a config that would crash agents
+    is refused at publish, not discovered on every device."""
+    if not signed.get("removed"):
+        config = signed.get("config")
+        if not isinstance(config, dict):
+            raise FleetError("release manifest: 'config' must be an object")
+        validate_config(copy.deepcopy(config))
+    return signed
+
+
 def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str, Any],
             rollback_envelope: dict[str, Any], policy_dict: dict[str, Any], actor: str) -> int:
     """Store a release after checking both signatures, the version order and that every file is uploaded."""
-    signed = verify_release(root, envelope)
-    rb = verify_release(root, rollback_envelope, task=signed["task"], min_version=signed["version"] + 1)
+    signed = check_published_manifest(verify_release(root, envelope))
+    rb = check_published_manifest(verify_release(root, rollback_envelope, task=signed["task"],
+                                                 min_version=signed["version"] + 1))
     if rb.get("rollback_of") != signed["version"]:
         raise FleetError("rollback manifest does not name this release")
     missing = [f["sha256"] for f in signed["files"] + rb["files"] if not store.exists(f["sha256"])]
@@ -118,29 +133,32 @@ def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str,
     targeting = validate_targeting(signed["config"].get("targeting", {}))
     state = rollout.initial_state(policy)
     now = time.time()
-    with engine.begin() as conn:
-        # Publishes of one task are serialised, so two at once cannot both pass the version check below.
-        write_lock(conn, f"publish:{signed['task']}")
-        # Versions are immutable and increase: a new version must exceed every version so far,
-        # including the rollback version reserved by the latest release.
-        top = conn.execute(sa.select(sa.func.max(releases.c.version)).where(releases.c.task == signed["task"])).scalar()
-        if top is not None and signed["version"] <= top + 1:
-            raise FleetError(f"{signed['task']} v{signed['version']} must be above v{top + 1} "
-                             f"(v{top} and its rollback version exist)")
-        result = conn.execute(releases.insert().values(
-            task=signed["task"], version=signed["version"], envelope=envelope, rollback_envelope=rollback_envelope,
-            targeting=targeting, policy=policy.as_dict(), stage=state.stage, step=0, paused=False,
-            exposed=state.stage != "simulation", step_success=0, step_failure=0, total_success=0,
-            total_failure=0, reason="", sim_lease_until=0.0, created_at=now, updated_at=now))
-        assert result.inserted_primary_key is not None
-        release_id = int(result.inserted_primary_key[0])
-        write_audit(conn, actor, "publish", release_id, f"{signed['task']} v{signed['version']} stage={state.stage}")
-        counted = count_population(conn, signed["task"], signed["version"], targeting, policy, state)
-        conn.execute(releases.update().where(releases.c.id == release_id).values(
-            stage=counted.stage, step=counted.step, step_population=counted.population,
-            exposed=counted.stage != "simulation"))
-        for event in counted.events:
-            write_audit(conn, actor, event, release_id)
+    try:
+        with engine.begin() as conn:
+            # Publishes of one task are serialised, so two at once cannot both pass the version check below.
+            write_lock(conn, f"publish:{signed['task']}")
+            # Versions are immutable and increase: a new version must exceed every version so far,
+            # including the rollback version reserved by the latest release.
+            top = conn.execute(sa.select(sa.func.max(releases.c.version)).where(releases.c.task == signed["task"])).scalar()
+            if top is not None and signed["version"] <= top + 1:
+                raise FleetError(f"{signed['task']} v{signed['version']} must be above v{top + 1} "
+                                 f"(v{top} and its rollback version exist)")
+            result = conn.execute(releases.insert().values(
+                task=signed["task"], version=signed["version"], envelope=envelope, rollback_envelope=rollback_envelope,
+                targeting=targeting, policy=policy.as_dict(), stage=state.stage, step=0, paused=False,
+                exposed=state.stage != "simulation", step_success=0, step_failure=0, total_success=0,
+                total_failure=0, reason="", sim_lease_until=0.0, created_at=now, updated_at=now))
+            assert result.inserted_primary_key is not None
+            release_id = int(result.inserted_primary_key[0])
+            write_audit(conn, actor, "publish", release_id, f"{signed['task']} v{signed['version']} stage={state.stage}")
+            counted = count_population(conn, signed["task"], signed["version"], targeting, policy, state)
+            conn.execute(releases.update().where(releases.c.id == release_id).values(
+                stage=counted.stage, step=counted.step, step_population=counted.population,
+                exposed=counted.stage != "simulation"))
+            for event in counted.events:
+                write_audit(conn, actor, event, release_id)
+    except sa.exc.IntegrityError as exc:  # serialised above, so only a foreign writer gets here
+        raise FleetError(f"{signed['task']} v{signed['version']} is already stored") from exc
     return release_id
 
 

@@ -135,7 +135,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     keys = KeyDir(cfg.keys_dir)
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id, cfg.s3_secret_access_key))
-    service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s, cfg.timestamp_ttl_s)
+    service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s, cfg.timestamp_ttl_s,
+                           online_key_loader=lambda: keys.key("assignment"))
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)

@@ -18,6 +18,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +35,7 @@ from edgerun.fleet.signing import Root, SigningKey, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, precedence
 
 RECOUNT_S = 1.0
+ROOT_TTL_S = 5.0  # how soon a root accepted by another server process is noticed here
 # How long another server process may keep using a revoked token or a device's old groups.
 IDENTITY_TTL_S = 10.0
 SERVER_TOKEN_LABEL = "server"
@@ -84,9 +86,11 @@ class CachedRelease:
 
 class FleetService:
     def __init__(self, engine: sa.Engine, online_key: SigningKey, enroll_token: str,
-                 cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S) -> None:
+                 cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
+                 online_key_loader: Callable[[], SigningKey] | None = None) -> None:
         self.engine = engine
         self.online_key = online_key
+        self.online_key_loader = online_key_loader
         self.cache_ttl_s = cache_ttl_s
         self.timestamp_ttl_s = timestamp_ttl_s
         self._lock = threading.Lock()
@@ -95,6 +99,7 @@ class FleetService:
         self._tokens: dict[str, DeviceIdentity] = {}
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         self._root: Root | None = None
+        self._root_at = 0.0
         self._serial = 0
         # Recounting a step's live population scans the device table, so a busy release recounts at most
         # once per RECOUNT_S in this process; the step monitor covers the quiet moments in between.
@@ -104,13 +109,32 @@ class FleetService:
 
     # ---- trust root -------------------------------------------------------------------------------
     def root(self) -> Root:
-        if self._root is None:
+        """The newest root, re-read every ROOT_TTL_S (another server process may have accepted a rotation);
+        a root that names a new assignment key makes this process switch to it (see `_follow_online_key`)."""
+        now = time.monotonic()
+        if self._root is None or now - self._root_at >= ROOT_TTL_S:
             with self.engine.connect() as conn:
                 env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
             if env is None:
                 raise FleetError("the server has no root metadata")
-            self._root = Root(env)
+            if self._root is None or int(env["signed"]["version"]) != self._root.version:
+                self._root = Root(env)
+                self._follow_online_key(self._root)
+            self._root_at = now
         return self._root
+
+    def _follow_online_key(self, root: Root) -> None:
+        """After `keys rotate --role assignment`, sign with the key the root names, read from the key folder;
+        until it is there, devices refuse what this server signs, so say so in the log."""
+        named = root.signed["roles"]["assignment"]["keyids"]
+        if self.online_key.keyid in named:
+            return
+        fresh = self.online_key_loader() if self.online_key_loader is not None else None
+        if fresh is not None and fresh.keyid in named:
+            self.online_key = fresh
+        else:
+            print(f"fleet server: root v{root.version} names an assignment key this server does not hold; "
+                  f"put it in the key folder's assignment.key", flush=True)
 
     def root_document(self, version: int) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
