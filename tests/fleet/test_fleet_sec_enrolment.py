@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from fleet_helpers import FAILING_BODY, FleetServer, make_task
+
+from edgerun.fleet.database import create_engine, sqlite_url, upgrade
+from edgerun.fleet.group_commit import ReportGroupCommit
+from edgerun.fleet.schema import reports
+from edgerun.fleet.service import FleetService
+from edgerun.fleet.signing import KeyDir
 
 ONE_STEP = {"steps": [100], "min_reports": 3, "error_min_reports": 3, "error_threshold": 0.5}
 
@@ -176,3 +183,27 @@ def test_a_nan_report_fails_only_its_own_request(server: FleetServer, tmp_path: 
     assert good == [200] * 40
     assert bad == [422] * len(bad_bodies)
     assert release_of(server, "nan")["total_success"] == 40
+
+
+def test_a_report_group_that_fails_to_commit_fails_only_the_bad_request(tmp_path: Path) -> None:
+    # Defence in depth behind the API's validation: a value the database refuses (SQLite stores NaN as NULL,
+    # which NOT NULL refuses) fails its own request; the requests grouped with it commit alone.
+    keys = KeyDir(tmp_path / "keys")
+    keys.init()
+    engine = create_engine(sqlite_url(tmp_path))
+    upgrade(engine)
+    service = FleetService(engine, keys.key("assignment"), "")
+    service.add_roots(keys.root_chain())
+    group = ReportGroupCommit(service, gather_s=0.05)
+
+    async def together() -> list[int | BaseException]:
+        good = [group.submit(f"grp-{i}", [report(f"grp-{i}", "t", 1, "success")]) for i in range(10)]
+        bad = group.submit("grp-bad", [report("grp-bad", "t", 1, "failure", latency_ms=float("nan"))])
+        return await asyncio.gather(*good, bad, return_exceptions=True)
+
+    answers = asyncio.run(together())
+    assert answers[:10] == [1] * 10
+    assert isinstance(answers[10], Exception)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(reports)).scalar() == 10
+    engine.dispose()
