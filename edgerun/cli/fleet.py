@@ -32,7 +32,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                enroll_token=args.enroll_token or "", s3_endpoint_url=args.s3_endpoint_url or "",
                                s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
                                s3_secret_access_key=args.s3_secret_access_key or "",
-                               monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl))
+                               monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl,
+                               max_blob_mb=args.max_blob_mb))
     print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in {cfg.data_dir}/admin_token, "
           f"enrolment token in {cfg.data_dir}/enroll_token)", flush=True)
     if args.workers > 1:
@@ -181,6 +182,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--enroll-token", help="the server's own enrolment token: new device ids only, no groups")
     p.add_argument("--timestamp-ttl", type=float, default=600.0,
                    help="seconds a signed 'up to date' answer stays valid (TUF's timestamp role)")
+    p.add_argument("--max-blob-mb", type=int, default=1024, help="largest file an admin may upload")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the database and store")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)
@@ -190,7 +192,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device-id", required=True)
     p.add_argument("--state", required=True, help="folder for the agent's SQLite state and task files")
     p.add_argument("--root", help="trusted root document (needed on first start)")
-    p.add_argument("--enroll-token", help="an enrolment token (needed on first start)")
+    p.add_argument("--enroll-token", help="the server's enrolment token (needed on first start)")
     p.add_argument("--app-version", default="1.0")
     p.add_argument("--os", default=sys.platform)
     p.add_argument("--device-group", action="append", default=[])
