@@ -4,7 +4,11 @@ and sees it refused."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -13,7 +17,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from fleet_helpers import FAILING_BODY, FleetServer, make_task
+from fleet_helpers import FAILING_BODY, REPO, FleetServer, make_task
 
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.group_commit import ReportGroupCommit
@@ -207,3 +211,20 @@ def test_a_report_group_that_fails_to_commit_fails_only_the_bad_request(tmp_path
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(reports)).scalar() == 10
     engine.dispose()
+
+
+def test_the_admin_cli_mints_tokens_sets_groups_and_revokes(server: FleetServer) -> None:
+    env = {**os.environ, "EDGERUN_FLEET_TOKEN": server.admin_token, "PYTHONPATH": str(REPO)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "edgerun", "fleet", "device", *args, "--server", server.url],
+                              capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+
+    minted = cli("enrol-token", "cli-dev", "--group", "rpi5")
+    assert minted.returncode == 0, minted.stderr
+    r = register(server, "cli-dev", minted.stdout.strip(), secrets.token_urlsafe(32))
+    assert r.status_code == 200 and r.json()["device_groups"] == ["rpi5"]
+    assert json.loads(cli("groups", "cli-dev", "--group", "rpi5", "--group", "lab").stdout) == ["lab", "rpi5"]
+    assert cli("revoke", "cli-dev").returncode == 0
+    gone = cli("revoke", "cli-dev")
+    assert gone.returncode == 1 and "no device" in gone.stderr and "Traceback" not in gone.stderr
