@@ -77,3 +77,5 @@ class CheckinAnswer(BaseModel):
     status: str = Field(description="'up-to-date' or 'update'")
     root_version: int
     assignment: dict[str, Any] | None = Field(None, description="signed assignment, when status is 'update'")
+    timestamp: dict[str, Any] | None = Field(None, description=(
+        "signed timestamp for this device, when status is 'up-to-date' (edgerun.fleet.freshness)"))

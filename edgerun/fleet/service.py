@@ -4,7 +4,7 @@ Check-ins are the hot path. Releases are cached per process for `cache_ttl_s` (e
 the cache at once), device identities (token → id and admin-set groups) for `IDENTITY_TTL_S`, and
 last-seen/profile writes are batched once a second, so an up-to-date check-in touches no database at all.
 
-Trust (docs/fleet.md, "Enrolment, reports and freshness"): an enrolment token creates a device id that does
+Trust (docs/fleet.md, "Enrolment, reports, freshness and bounded bodies"): an enrolment token creates a device id that does
 not exist yet and never replaces an existing device's token; the device groups (the hardware class that
 targeting relies on) come from the admin, never from a check-in; a run report counts towards a rollout only
 if that device was assigned that release version, once per (device, run id).

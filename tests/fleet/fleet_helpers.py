@@ -45,7 +45,7 @@ class FleetServer:
     def agent(self, device_id: str, state: Path, **kw: Any) -> Agent:
         """An agent enrolled with the server's token, or, when it names device groups (which only the admin
         may vouch for), with a single-use token the admin minted for it carrying those groups."""
-        token = self.enroll_token
+        token = kw.pop("enroll_token", self.enroll_token)
         if kw.get("device_groups"):
             admin = self.admin()
             token = admin.enrolment_token(device_id, tuple(kw["device_groups"]))

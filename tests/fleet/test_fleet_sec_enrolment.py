@@ -19,6 +19,7 @@ import httpx
 import sqlalchemy as sa
 from fleet_helpers import FAILING_BODY, REPO, FleetServer, make_task
 
+from edgerun.fleet.agent import Agent
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.group_commit import ReportGroupCommit
 from edgerun.fleet.schema import reports
@@ -61,6 +62,18 @@ def test_enrolment_never_takes_over_an_existing_device(server: FleetServer, tmp_
     # A retry of the victim's own enrolment (its answer was lost) is recognised, and issues nothing new.
     r = register(server, "enrol-victim", server.enroll_token, victim.token)
     assert r.status_code == 200 and r.json()["token"] == victim.token
+
+
+def test_an_agent_whose_enrolment_answer_was_lost_enrols_again(server: FleetServer, tmp_path: Path) -> None:
+    # The agent keeps the token it proposes before asking; losing the answer (a crash, a dropped
+    # connection) must not leave it locked out by the "never an existing id" rule.
+    first = server.agent("enrol-lost", tmp_path / "agent", enroll_token=server.admin().enrolment_token("enrol-lost"))
+    proposed = first.token
+    first.state.db.execute("DELETE FROM meta WHERE key = 'token'")  # as if the answer never arrived
+    first.close()
+    again = Agent(server.url, "enrol-lost", tmp_path / "agent", enroll_token="the single-use token is spent")
+    server.agents.append(again)
+    assert again.token == proposed and again.check_in() is False
 
 
 def test_minted_enrolment_tokens_are_single_use_scoped_and_expire(server: FleetServer) -> None:
