@@ -33,7 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
                                s3_secret_access_key=args.s3_secret_access_key or "",
                                monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl,
-                               max_blob_mb=args.max_blob_mb))
+                               max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses))
     print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in {cfg.data_dir}/admin_token, "
           f"enrolment token in {cfg.data_dir}/enroll_token)", flush=True)
     if args.workers > 1:
@@ -183,6 +183,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timestamp-ttl", type=float, default=600.0,
                    help="seconds a signed 'up to date' answer stays valid (TUF's timestamp role)")
     p.add_argument("--max-blob-mb", type=int, default=1024, help="largest file an admin may upload")
+    p.add_argument("--enroll-token-uses", type=int, default=0,
+                   help="how many new devices the server's own enrolment token may enrol in all (0: any)")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the database and store")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)

@@ -63,6 +63,7 @@ class ServerConfig:
     monitor_interval_s: float = 1.0  # how often steps are re-evaluated against the live device count
     timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S  # lifetime of the signed timestamp on "up to date" answers
     max_blob_mb: int = 1024          # largest file an admin may upload (the body is held in memory)
+    enroll_token_uses: int = 0       # new devices the server's own enrolment token may enrol in all; 0: any
 
 
 # Body limits per route, enforced while the body is read (edgerun.stream.body_limit), after the caller's
@@ -136,7 +137,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id, cfg.s3_secret_access_key))
     service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s, cfg.timestamp_ttl_s,
-                           online_key_loader=lambda: keys.key("assignment"))
+                           online_key_loader=lambda: keys.key("assignment"),
+                           enroll_token_uses=cfg.enroll_token_uses or None)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)

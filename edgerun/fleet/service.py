@@ -87,7 +87,8 @@ class CachedRelease:
 class FleetService:
     def __init__(self, engine: sa.Engine, online_key: SigningKey, enroll_token: str,
                  cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
-                 online_key_loader: Callable[[], SigningKey] | None = None) -> None:
+                 online_key_loader: Callable[[], SigningKey] | None = None,
+                 enroll_token_uses: int | None = None) -> None:
         self.engine = engine
         self.online_key = online_key
         self.online_key_loader = online_key_loader
@@ -105,7 +106,7 @@ class FleetService:
         # once per RECOUNT_S in this process; the step monitor covers the quiet moments in between.
         self._recounted: dict[int, float] = {}
         if enroll_token:
-            self.set_server_enrolment_token(enroll_token)
+            self.set_server_enrolment_token(enroll_token, enroll_token_uses)
 
     # ---- trust root -------------------------------------------------------------------------------
     def root(self) -> Root:
@@ -158,9 +159,10 @@ class FleetService:
         return self.root().version
 
     # ---- enrolment and device identity --------------------------------------------------------------
-    def set_server_enrolment_token(self, token: str) -> None:
-        """The server's own enrolment token (`--enroll-token`, DATA/enroll_token): any number of new devices,
-        no device groups. Replaces the previous one, so a changed token takes the old one out of service."""
+    def set_server_enrolment_token(self, token: str, max_uses: int | None = None) -> None:
+        """The server's own enrolment token (`--enroll-token`, DATA/enroll_token): new devices only, no device
+        groups, `max_uses` of them in all (None: any number; uses survive restarts). Replaces the previous
+        one, so a changed token takes the old one out of service."""
         h = token_hash(token)
         with self.engine.begin() as conn:
             rel.write_lock(conn, "enrolment")
@@ -168,8 +170,11 @@ class FleetService:
                                                          enrolment_tokens.c.token_hash != h))
             if conn.execute(sa.select(enrolment_tokens.c.token_hash).where(enrolment_tokens.c.token_hash == h)).first() is None:
                 conn.execute(enrolment_tokens.insert().values(
-                    token_hash=h, label=SERVER_TOKEN_LABEL, device_id=None, device_groups=[], max_uses=None,
+                    token_hash=h, label=SERVER_TOKEN_LABEL, device_id=None, device_groups=[], max_uses=max_uses,
                     uses=0, expires_at=None, created_at=time.time()))
+            else:
+                conn.execute(enrolment_tokens.update().where(enrolment_tokens.c.token_hash == h)
+                             .values(max_uses=max_uses))
 
     def create_enrolment_token(self, *, device_id: str | None = None, device_groups: list[str] | None = None,
                                uses: int = 1, ttl_s: float = 86400.0, label: str = "admin") -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from fleet_helpers import FAILING_BODY, REPO, FleetServer, make_task
+from fleet_helpers import FAILING_BODY, REPO, FleetServer, make_task, start_server
 
 from edgerun.fleet.agent import Agent
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
@@ -96,6 +96,16 @@ def test_minted_enrolment_tokens_are_single_use_scoped_and_expire(server: FleetS
     admin.revoke_device("enrol-once-a")
     again = admin.enrolment_token("enrol-once-a")
     assert register(server, "enrol-once-a", again, secrets.token_urlsafe(32)).status_code == 200
+
+
+def test_the_servers_own_token_can_be_bounded(keys: KeyDir, tmp_path: Path) -> None:
+    bounded = start_server(tmp_path, keys, "--enroll-token-uses", "2")
+    try:
+        answers = [register(bounded, f"bounded-{i}", bounded.enroll_token, secrets.token_urlsafe(32)).status_code
+                   for i in range(3)]
+        assert answers == [200, 200, 403]
+    finally:
+        bounded.stop()
 
 
 def test_a_single_use_token_used_at_once_by_many_enrols_one_device(server: FleetServer) -> None:
