@@ -33,7 +33,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                enroll_token=args.enroll_token or "", s3_endpoint_url=args.s3_endpoint_url or "",
                                s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
                                s3_secret_access_key=args.s3_secret_access_key or "",
-                               monitor_interval_s=args.monitor_interval))
+                               monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl,
+                               max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses))
     print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in {cfg.data_dir}/admin_token, "
           f"enrolment token in {cfg.data_dir}/enroll_token)", flush=True)
     if args.workers > 1:
@@ -120,6 +121,18 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_device(args: argparse.Namespace) -> int:
+    client = _admin(args)
+    if args.action == "enrol-token":
+        print(client.enrolment_token(args.device_id, tuple(args.group), args.uses, args.ttl))
+        return 0
+    if args.device_id is None:
+        raise SystemExit(f"edgerun fleet device {args.action}: needs a device id")
+    _print(client.set_device_groups(args.device_id, tuple(args.group)) if args.action == "groups"
+           else client.revoke_device(args.device_id))
+    return 0
+
+
 def cmd_pack(args: argparse.Namespace) -> int:
     from edgerun.fleet.package import pack_task
 
@@ -191,7 +204,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--monitor-interval", type=float, default=1.0,
                    help="seconds between re-evaluations of rollout steps against the live device count")
     p.add_argument("--admin-token")
-    p.add_argument("--enroll-token")
+    p.add_argument("--enroll-token", help="the server's own enrolment token: new device ids only, no groups")
+    p.add_argument("--timestamp-ttl", type=float, default=600.0,
+                   help="seconds a signed 'up to date' answer stays valid (TUF's timestamp role)")
+    p.add_argument("--max-blob-mb", type=int, default=1024, help="largest file an admin may upload")
+    p.add_argument("--enroll-token-uses", type=int, default=0,
+                   help="how many new devices the server's own enrolment token may enrol in all (0: any)")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the database and store")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)
@@ -229,6 +247,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("id", type=int, nargs="?")
     _server_args(p)
     p.set_defaults(func=cmd_release)
+
+    p = fsub.add_parser("device", help="enrolment tokens, device groups (hardware class), revoking a device")
+    p.add_argument("action", choices=("enrol-token", "groups", "revoke"))
+    p.add_argument("device_id", nargs="?", help="enrol-token: only this id may use it; groups/revoke: the device")
+    p.add_argument("--group", action="append", default=[], help="device group the admin vouches for (repeat)")
+    p.add_argument("--uses", type=int, default=1, help="enrol-token: how many new devices may use it")
+    p.add_argument("--ttl", type=float, default=86400.0, help="enrol-token: lifetime in seconds")
+    _server_args(p)
+    p.set_defaults(func=cmd_device)
 
     task = subparsers.add_parser("task", help="pack and publish ML task packages")
     tsub = task.add_subparsers(dest="task_command", metavar="SUBCOMMAND", required=True)

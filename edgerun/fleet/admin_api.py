@@ -10,7 +10,13 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from edgerun.fleet import releases as rel
-from edgerun.fleet.api_models import DigestList, PublishRequest, RootChain
+from edgerun.fleet.api_models import (
+    DeviceGroups,
+    DigestList,
+    EnrolmentTokenRequest,
+    PublishRequest,
+    RootChain,
+)
 from edgerun.fleet.schema import audit, devices, releases, reports
 from edgerun.fleet.service import FleetService
 from edgerun.fleet.store import BlobStore, check_digest
@@ -74,8 +80,25 @@ def build_admin_router(engine: sa.Engine, service: FleetService, store: BlobStor
                 raise HTTPException(404, f"no device {device_id!r}")
             counts = conn.execute(sa.select(reports.c.outcome, sa.func.count()).where(reports.c.device_id == device_id)
                                   .group_by(reports.c.outcome)).all()
-        return {"id": row.id, "profile": row.profile, "last_seen": row.last_seen,
+        return {"id": row.id, "profile": row.profile, "device_groups": row.device_groups, "last_seen": row.last_seen,
                 "reports": {outcome: n for outcome, n in counts}}
+
+    @admin.post("/enrolment-tokens")
+    def create_enrolment_token(body: EnrolmentTokenRequest) -> dict[str, Any]:
+        token = service.create_enrolment_token(device_id=body.device_id, device_groups=body.device_groups,
+                                               uses=body.uses, ttl_s=body.ttl_s, label=body.label)
+        return {"token": token, "device_id": body.device_id, "device_groups": sorted(set(body.device_groups)),
+                "uses": body.uses, "ttl_s": body.ttl_s}
+
+    @admin.put("/devices/{device_id}/groups")
+    def set_device_groups(device_id: str, body: DeviceGroups) -> dict[str, Any]:
+        return {"id": device_id, "device_groups": service.set_device_groups(device_id, body.device_groups)}
+
+    @admin.post("/devices/{device_id}/revoke")
+    def revoke_device(device_id: str) -> dict[str, Any]:
+        if not service.revoke_device(device_id):
+            raise HTTPException(404, f"no device {device_id!r}")
+        return {"id": device_id, "revoked": True}
 
     @admin.post("/roots")
     def add_roots(body: RootChain) -> dict[str, int]:
@@ -94,6 +117,7 @@ def overview_data(engine: sa.Engine) -> dict[str, Any]:
         failed = sa.func.sum(sa.case((reports.c.outcome != "success", 1), else_=0))
         versions = conn.execute(sa.select(reports.c.task, reports.c.version, sa.func.count().label("runs"),
                                           failed.label("failures"), sa.func.avg(reports.c.latency_ms).label("lat"))
+                                .where(reports.c.counted)
                                 .group_by(reports.c.task, reports.c.version)
                                 .order_by(reports.c.task, reports.c.version.desc())).all()
         dev_rows = conn.execute(sa.select(devices.c.id, devices.c.profile, devices.c.last_seen)

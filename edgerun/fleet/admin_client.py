@@ -71,3 +71,16 @@ class AdminClient:
 
     def device(self, device_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/admin/devices/{device_id}"))
+
+    def enrolment_token(self, device_id: str | None = None, device_groups: tuple[str, ...] = (), uses: int = 1,
+                        ttl_s: float = 86400.0) -> str:
+        """Mint an enrolment token: single-use by default, optionally for one device id, with its groups."""
+        body = {"device_id": device_id, "device_groups": list(device_groups), "uses": uses, "ttl_s": ttl_s}
+        return str(self._call("POST", "/v1/admin/enrolment-tokens", json=body)["token"])
+
+    def set_device_groups(self, device_id: str, device_groups: tuple[str, ...]) -> list[str]:
+        body = {"device_groups": list(device_groups)}
+        return list(self._call("PUT", f"/v1/admin/devices/{device_id}/groups", json=body)["device_groups"])
+
+    def revoke_device(self, device_id: str) -> dict[str, Any]:
+        return dict(self._call("POST", f"/v1/admin/devices/{device_id}/revoke"))

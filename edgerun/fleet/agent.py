@@ -12,6 +12,7 @@ import json
 import logging
 import platform
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,11 +23,12 @@ import httpx
 
 from edgerun.fleet.agent_state import AgentState
 from edgerun.fleet.container import Limits, RunResult, clear_scratch, run_in_container
-from edgerun.fleet.errors import FleetError, IntegrityError
+from edgerun.fleet.errors import ExpiredError, FleetError, IntegrityError
+from edgerun.fleet.freshness import verify_timestamp
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import validate_release_manifest, verify_assignment, verify_release
 from edgerun.fleet.sandbox import detect_level, meets
-from edgerun.fleet.signing import Root, verify_root_update
+from edgerun.fleet.signing import Root, check_expiry, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile
 from edgerun.fleet.task_schema import validate_task_config
 
@@ -95,23 +97,42 @@ class Agent:
         while self.root.version < latest:
             r = self.http.get(f"/v1/roots/{self.root.version + 1}")
             r.raise_for_status()
-            self.root = verify_root_update(self.root, _json_object(r))
+            new = verify_root_update(self.root, _json_object(r))
+            self._reset_floors_of_rotated_roles(self.root, new)
+            self.root = new
             self.state.put_json("root", self.root.envelope)
+
+    def _reset_floors_of_rotated_roles(self, old: Root, new: Root) -> None:
+        """TUF resets version floors when a role's keys rotate: what the old key signed can no longer be
+        verified, so its floors protect nothing, and a floor a stolen key pushed to 2^62 must not lock the
+        device out of the honest metadata the new key signs."""
+        def keyids(root: Root, role: str) -> list[str]:
+            return sorted(root.signed["roles"][role]["keyids"])
+
+        if keyids(old, "assignment") != keyids(new, "assignment"):
+            self.state.put("assignment_serial", "0")
+        if keyids(old, "release") != keyids(new, "release"):
+            self.state.reset_seen()
 
     @property
     def token(self) -> str:
         if self._token is None:
             if not self._enroll_token:
                 raise FleetError("the agent is not enrolled; pass the server's enrolment token (--enroll-token)")
-            r = self.http.post("/v1/devices/register",
-                               json={"enroll_token": self._enroll_token, "profile": self.profile().as_dict()})
-            if r.status_code == 403:
-                raise FleetError("the server refused the enrolment token")
+            # The device chooses its token and keeps it before asking, so a retry after a lost answer is
+            # recognised; the server never issues a token for an id that is already enrolled.
+            proposed = self.state.get("proposed_token")
+            if proposed is None:
+                proposed = secrets.token_urlsafe(32)
+                self.state.put("proposed_token", proposed)
+            r = self.http.post("/v1/devices/register", json={
+                "enroll_token": self._enroll_token, "profile": self.profile().as_dict(), "device_token": proposed})
+            if r.status_code in (403, 409):
+                raise FleetError(f"the server refused enrolment: {r.text[:300]}")
             r.raise_for_status()
-            token = _json_object(r).get("token")
-            if not isinstance(token, str) or not token:
-                raise FleetError("the server's enrolment answer has no token")
-            self._token = token
+            # The server's answer may not override the token this device chose and stored before asking.
+            _json_object(r)
+            self._token = proposed
             self.state.put("token", self._token)
         return self._token
 
@@ -131,6 +152,11 @@ class Agent:
         """Act on the X-Edgerun-Assignment header of a business response; True if something changed."""
         if not value or value == "up-to-date":
             return False
+        if value != f"/v1/devices/{self.device_id}/assignment":
+            # Only ever this device's assignment on its own server: an absolute URL would carry the bearer
+            # token to whatever origin the header names.
+            self.errors.append(f"push header ignored: {value[:200]!r} is not this device's assignment path")
+            return False
         r = self.http.get(value, headers=self._auth())
         r.raise_for_status()
         return self.apply_assignment(r.json())
@@ -148,10 +174,20 @@ class Agent:
         if root_version > self.root.version:
             self._update_root(root_version)
         if body.get("status") == "up-to-date":
+            self.accept_timestamp(body.get("timestamp"))
             return False
         if body.get("status") != "update" or not isinstance(body.get("assignment"), dict):
             raise FleetError(f"malformed check-in answer: status {str(body.get('status'))[:40]!r}")
         return self.apply_assignment(body["assignment"])
+
+    def accept_timestamp(self, envelope: Any) -> dict[str, Any]:
+        """Believe an "up to date" answer only with a fresh timestamp signed for this device (TUF's
+        timestamp role): a replayed old answer is refused once it expires, or at once if a newer serial
+        was seen."""
+        signed = verify_timestamp(self.root, envelope, device_id=self.device_id,
+                                  min_serial=int(self.state.get("assignment_serial", "0") or 0))
+        self.state.raise_int("assignment_serial", int(signed["serial"]))
+        return signed
 
     # ---- pull, verify, activate ------------------------------------------------------------------------
     def _fetch(self, digest: str, offset: int) -> Iterator[bytes]:
@@ -237,6 +273,9 @@ class Agent:
     def run_task(self, task: str, inputs: Any = None) -> RunResult:
         """Run the active version of `task` in the compute container and queue its report."""
         version, folder, config = self.task_config(task)
+        expired = self._expired_release(task, folder)
+        if expired is not None:
+            return expired
         run_id = self.state.begin_run(task, version)
         try:
             # Before every run: the files are exactly the signed ones, and the config is one we can honour.
@@ -257,6 +296,15 @@ class Agent:
                                       hide=[self.state_dir], readonly_shares=[Path(p) for p in shares])
         self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         return result
+
+    def _expired_release(self, task: str, folder: Path) -> RunResult | None:
+        """An active release past its signed expiry is not run any more (it is reported in `errors`)."""
+        try:
+            check_expiry(json.loads((folder / "release.json").read_text())["signed"], f"release of {task}")
+        except ExpiredError as exc:
+            self.errors.append(f"{task}: {exc}; not run")
+            return RunResult("expired", 0.0, error=str(exc))
+        return None
 
     def run_scheduled(self, now: float | None = None) -> int:
         """Run tasks whose config has `schedule: {"every_s": N}` and are due; returns runs started."""

@@ -79,6 +79,10 @@ class AgentState:
         self.db.execute("INSERT INTO seen (task, version) VALUES (?, ?) ON CONFLICT(task) DO UPDATE "
                         "SET version = MAX(version, excluded.version)", (task, version))
 
+    def reset_seen(self) -> None:
+        """Forget every version floor (the release key rotated: what the old key signed no longer verifies)."""
+        self.db.execute("DELETE FROM seen")
+
     # ---- report outbox ------------------------------------------------------------------------------
     def begin_run(self, task: str, version: int) -> str:
         run_id = uuid.uuid4().hex

@@ -2,7 +2,8 @@
 
 Each request is answered only after the transaction holding its reports has committed, so an
 acknowledged report is durable (the agent deletes it from its outbox on that answer), while a busy
-server pays one commit and one rollout evaluation per group instead of per request.
+server pays one commit and one rollout evaluation per group instead of per request. A group whose
+transaction fails is retried one request at a time, so one request's failure is only its own.
 """
 
 from __future__ import annotations
@@ -37,11 +38,24 @@ class ReportGroupCommit:
             group, self._pending = self._pending, []
             try:
                 counts = await run_in_threadpool(self.service.add_report_batches, [(d, items) for d, items, _ in group])
-            except Exception as exc:  # the whole group failed to commit: every request in it gets the error
-                for _, _, future in group:
-                    if not future.done():
-                        future.set_exception(exc)
+            except Exception as exc:
+                if len(group) == 1:
+                    _settle(group[0][2], exc)
+                    continue
+                for device_id, items, future in group:  # alone, each request commits or fails on its own
+                    try:
+                        _settle(future, await run_in_threadpool(self.service.add_reports, device_id, items))
+                    except Exception as alone:
+                        _settle(future, alone)
                 continue
             for (_, _, future), n in zip(group, counts):
-                if not future.done():
-                    future.set_result(n)
+                _settle(future, n)
+
+
+def _settle(future: asyncio.Future[int], outcome: int | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -8,6 +8,8 @@ a release is created in its first real stage in the same transaction that stores
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -16,11 +18,21 @@ import sqlalchemy as sa
 
 from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
-from edgerun.fleet.manifest import verify_release
-from edgerun.fleet.schema import audit, devices, releases
+from edgerun.fleet.manifest import validate_release_manifest, verify_release
+from edgerun.fleet.schema import audit, devices, releases, roots
 from edgerun.fleet.signing import Root
 from edgerun.fleet.store import BlobStore
 from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, validate_targeting
+
+
+def write_lock(conn: sa.Connection, key: str) -> None:
+    """Serialise transactions on `key`: an advisory lock on PostgreSQL; SQLite's single write lock, taken
+    by a write that changes nothing, before anything is read (so the reads see the latest commit)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
+                     {"k": int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)})
+    else:
+        conn.execute(roots.update().where(sa.false()).values(version=roots.c.version))
 
 
 def write_audit(conn: sa.Connection, actor: str, action: str, release_id: int | None, detail: str = "") -> None:
@@ -57,8 +69,9 @@ def step_population(conn: sa.Connection, task: str, version: int, targeting: dic
     beta = set(policy.beta_devices)
     pct = rollout.exposure_percent(state, policy)
     n = 0
-    for device_id, profile in conn.execute(sa.select(devices.c.id, devices.c.profile).where(devices.c.last_seen >= since)):
-        if not matches(targeting, DeviceProfile.from_dict(profile)):
+    for device_id, profile, groups in conn.execute(sa.select(devices.c.id, devices.c.profile, devices.c.device_groups)
+                                                   .where(devices.c.last_seen >= since)):
+        if not matches(targeting, DeviceProfile.from_dict({**profile, "device_groups": groups})):
             continue
         if device_id in beta or (state.stage == "gray" and bucket_percent(device_id, f"{task}:{version}") < pct):
             n += 1
@@ -92,11 +105,20 @@ def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutS
         write_audit(conn, actor, event, row.id, new.reason if event.startswith(("rollback", "pause", "abort")) else "")
 
 
+def check_published_manifest(signed: dict[str, Any]) -> dict[str, Any]:
+    """The shape of a release the server stores, beyond its signature: the config `task pack` would accept and
+    well-formed file entries (manifest.validate_release_manifest, checked on a copy: the signed bytes stay as
+    they were signed), so a release that would crash agents is refused at publish, not on every device."""
+    validate_release_manifest(copy.deepcopy(signed))
+    return signed
+
+
 def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str, Any],
             rollback_envelope: dict[str, Any], policy_dict: dict[str, Any], actor: str) -> int:
     """Store a release after checking both signatures, the version order and that every file is uploaded."""
-    signed = verify_release(root, envelope)
-    rb = verify_release(root, rollback_envelope, task=signed["task"], min_version=signed["version"] + 1)
+    signed = check_published_manifest(verify_release(root, envelope))
+    rb = check_published_manifest(verify_release(root, rollback_envelope, task=signed["task"],
+                                                 min_version=signed["version"] + 1))
     if rb.get("rollback_of") != signed["version"]:
         raise FleetError("rollback manifest does not name this release")
     missing = [f["sha256"] for f in signed["files"] + rb["files"] if not store.exists(f["sha256"])]
@@ -106,27 +128,32 @@ def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str,
     targeting = validate_targeting(signed["config"].get("targeting", {}))
     state = rollout.initial_state(policy)
     now = time.time()
-    with engine.begin() as conn:
-        # Versions are immutable and increase: a new version must exceed every version so far,
-        # including the rollback version reserved by the latest release.
-        top = conn.execute(sa.select(sa.func.max(releases.c.version)).where(releases.c.task == signed["task"])).scalar()
-        if top is not None and signed["version"] <= top + 1:
-            raise FleetError(f"{signed['task']} v{signed['version']} must be above v{top + 1} "
-                             f"(v{top} and its rollback version exist)")
-        result = conn.execute(releases.insert().values(
-            task=signed["task"], version=signed["version"], envelope=envelope, rollback_envelope=rollback_envelope,
-            targeting=targeting, policy=policy.as_dict(), stage=state.stage, step=0, paused=False,
-            exposed=state.stage != "simulation", step_success=0, step_failure=0, total_success=0,
-            total_failure=0, reason="", sim_lease_until=0.0, created_at=now, updated_at=now))
-        assert result.inserted_primary_key is not None
-        release_id = int(result.inserted_primary_key[0])
-        write_audit(conn, actor, "publish", release_id, f"{signed['task']} v{signed['version']} stage={state.stage}")
-        counted = count_population(conn, signed["task"], signed["version"], targeting, policy, state)
-        conn.execute(releases.update().where(releases.c.id == release_id).values(
-            stage=counted.stage, step=counted.step, step_population=counted.population,
-            exposed=counted.stage != "simulation"))
-        for event in counted.events:
-            write_audit(conn, actor, event, release_id)
+    try:
+        with engine.begin() as conn:
+            # Publishes of one task are serialised, so two at once cannot both pass the version check below.
+            write_lock(conn, f"publish:{signed['task']}")
+            # Versions are immutable and increase: a new version must exceed every version so far,
+            # including the rollback version reserved by the latest release.
+            top = conn.execute(sa.select(sa.func.max(releases.c.version)).where(releases.c.task == signed["task"])).scalar()
+            if top is not None and signed["version"] <= top + 1:
+                raise FleetError(f"{signed['task']} v{signed['version']} must be above v{top + 1} "
+                                 f"(v{top} and its rollback version exist)")
+            result = conn.execute(releases.insert().values(
+                task=signed["task"], version=signed["version"], envelope=envelope, rollback_envelope=rollback_envelope,
+                targeting=targeting, policy=policy.as_dict(), stage=state.stage, step=0, paused=False,
+                exposed=state.stage != "simulation", step_success=0, step_failure=0, total_success=0,
+                total_failure=0, reason="", sim_lease_until=0.0, created_at=now, updated_at=now))
+            assert result.inserted_primary_key is not None
+            release_id = int(result.inserted_primary_key[0])
+            write_audit(conn, actor, "publish", release_id, f"{signed['task']} v{signed['version']} stage={state.stage}")
+            counted = count_population(conn, signed["task"], signed["version"], targeting, policy, state)
+            conn.execute(releases.update().where(releases.c.id == release_id).values(
+                stage=counted.stage, step=counted.step, step_population=counted.population,
+                exposed=counted.stage != "simulation"))
+            for event in counted.events:
+                write_audit(conn, actor, event, release_id)
+    except sa.exc.IntegrityError as exc:  # serialised above, so only a foreign writer gets here
+        raise FleetError(f"{signed['task']} v{signed['version']} is already stored") from exc
     return release_id
 
 

@@ -44,18 +44,44 @@ devices = sa.Table(
     sa.Column("profile", sa.JSON, nullable=False),
     sa.Column("registered_at", sa.Float, nullable=False),
     sa.Column("last_seen", sa.Float, nullable=False),
+    # rev 0003: the hardware class, set by the admin (enrolment token or admin API), never by a check-in
+    sa.Column("device_groups", sa.JSON, nullable=False, server_default="[]"),
+)
+
+enrolment_tokens = sa.Table(  # rev 0003
+    "enrolment_tokens", metadata,
+    sa.Column("token_hash", sa.String(64), primary_key=True),
+    sa.Column("label", sa.String(64), nullable=False),
+    sa.Column("device_id", sa.String(128), nullable=True),  # scope: only this id may enrol with it
+    sa.Column("device_groups", sa.JSON, nullable=False),     # the groups a device enrolled with it gets
+    sa.Column("max_uses", sa.Integer, nullable=True),        # None: any number of new devices
+    sa.Column("uses", sa.Integer, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+deliveries = sa.Table(  # rev 0003: which device was assigned which release version; only their reports count
+    "deliveries", metadata,
+    sa.Column("device_id", sa.String(128), primary_key=True),
+    sa.Column("task", sa.String(64), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("issued_at", sa.Float, nullable=False),
 )
 
 reports = sa.Table(
     "reports", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),  # chosen by the device, so a resent report is a no-op
-    sa.Column("device_id", sa.String(128), nullable=False, index=True),
+    # (device, run id): the device chooses the run id, so a resent report is a no-op, and one device's ids
+    # can never shadow another's (rev 0003)
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("device_id", sa.String(128), primary_key=True, index=True),
     sa.Column("task", sa.String(64), nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("outcome", sa.String(16), nullable=False),
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("error", sa.Text, nullable=False, default=""),
     sa.Column("received_at", sa.Float, nullable=False),
+    # rev 0003: False for a report of a release version this device was never assigned (kept, never counted)
+    sa.Column("counted", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Index("ix_reports_task_version", "task", "version"),
 )
 

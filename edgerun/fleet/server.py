@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from edgerun.fleet.admin_api import build_admin_router
@@ -28,15 +29,18 @@ from edgerun.fleet.api_models import (
 from edgerun.fleet.blob_response import blob_response
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.errors import FleetError
+from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S
 from edgerun.fleet.group_commit import ReportGroupCommit
 from edgerun.fleet.s3_store import S3Options
-from edgerun.fleet.service import FleetService
+from edgerun.fleet.service import DeviceIdentity, EnrolmentError, FleetService
 from edgerun.fleet.signing import KeyDir
 from edgerun.fleet.simulation import SimulationWorker
 from edgerun.fleet.step_monitor import StepMonitor
 from edgerun.fleet.store import BlobStore, check_digest, open_store
 from edgerun.fleet.stream_mount import stream_router
 from edgerun.fleet.targeting import DeviceProfile
+from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
+from edgerun.stream.cloud import MAX_BATCH_BYTES
 
 PROFILE_HEADER = "X-Edgerun-Profile"
 ASSIGNMENT_HEADER = "X-Edgerun-Assignment"
@@ -57,6 +61,16 @@ class ServerConfig:
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
     monitor_interval_s: float = 1.0  # how often steps are re-evaluated against the live device count
+    timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S  # lifetime of the signed timestamp on "up to date" answers
+    max_blob_mb: int = 1024          # largest file an admin may upload (the body is held in memory)
+    enroll_token_uses: int = 0       # new devices the server's own enrolment token may enrol in all; 0: any
+
+
+# Body limits per route, enforced while the body is read (edgerun.stream.body_limit), after the caller's
+# token is checked from the headers alone.
+SMALL_BODY = 64 * 1024               # enrolment, check-in, anything unlisted
+REPORTS_BODY = 4 * 1024 * 1024       # 500 reports with 2,000-character errors fit
+ADMIN_BODY = 16 * 1024 * 1024        # release manifests, root chains
 
 
 def _secret(data_dir: Path, name: str, given: str) -> str:
@@ -122,7 +136,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     keys = KeyDir(cfg.keys_dir)
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id, cfg.s3_secret_access_key))
-    service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s)
+    service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s, cfg.timestamp_ttl_s,
+                           online_key_loader=lambda: keys.key("assignment"),
+                           enroll_token_uses=cfg.enroll_token_uses or None)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)
@@ -158,9 +174,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             raise HTTPException(403, "admin token required")
         return "admin"
 
-    def require_device(request: Request, device_id: str) -> str:
-        owner = service.device_for_token(_bearer(request))
-        if owner is None or owner != device_id:
+    def require_device(request: Request, device_id: str) -> DeviceIdentity:
+        owner = service.identity(_bearer(request))
+        if owner is None or owner.device_id != device_id:
             raise HTTPException(403, "this token does not belong to that device")
         return owner
 
@@ -169,6 +185,12 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if hmac.compare_digest(token.encode(), admin_token.encode()) or service.device_for_token(token):
             return
         raise HTTPException(403, "unknown token")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> Response:
+        # Without the offending input: a NaN or infinity in it would make the error answer itself fail (500).
+        return JSONResponse({"detail": [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                                        for e in exc.errors()]}, status_code=422)
 
     @app.exception_handler(FleetError)
     async def fleet_error(_request: Request, exc: FleetError) -> Response:
@@ -183,11 +205,45 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             profile = DeviceProfile.from_dict(Profile.model_validate_json(raw).model_dump())
         except ValueError:
             return None  # a bad profile header must not break the business request it rides on
-        if service.device_for_token(auth[7:].strip().decode()) != profile.device_id:
+        owner = service.identity(auth[7:].strip().decode("latin-1"))
+        if owner is None or owner.device_id != profile.device_id:
             return None
-        return f"/v1/devices/{profile.device_id}/assignment" if service.needs_update(profile) else "up-to-date"
+        stale = service.needs_update(service.trusted_profile(profile, owner))
+        return f"/v1/devices/{profile.device_id}/assignment" if stale else "up-to-date"
+
+    def body_rule(scope: Scope) -> BodyRule:
+        """Who may send a body to this route, and how large; judged before a byte of it is read."""
+        path, method = scope["path"], scope["method"]
+        if path.startswith("/v1/admin/"):
+            limit = cfg.max_blob_mb * 1024 * 1024 if method == "PUT" and path.startswith("/v1/admin/blobs/") else ADMIN_BODY
+            return BodyRule(limit, admin_from_headers)
+        if path == "/v1/devices/register":
+            return BodyRule(SMALL_BODY)
+        if path.startswith("/v1/devices/"):
+            device_id = path.split("/")[3]
+            limit = REPORTS_BODY if path.endswith("/reports") else SMALL_BODY
+            return BodyRule(limit, lambda s: device_from_headers(s, device_id))
+        if path == "/v1/stream/batches":
+            return BodyRule(MAX_BATCH_BYTES, lambda s: device_from_headers(s, None))
+        return BodyRule(SMALL_BODY)
+
+    def admin_from_headers(scope: Scope) -> tuple[int, str] | None:
+        token = bearer(scope)
+        if token is None:
+            return 401, "missing bearer token"
+        return None if hmac.compare_digest(token.encode(), admin_token.encode()) else (403, "admin token required")
+
+    def device_from_headers(scope: Scope, device_id: str | None) -> tuple[int, str] | None:
+        token = bearer(scope)
+        if token is None:
+            return 401, "missing bearer token"
+        owner = service.identity(token)
+        if owner is None or (device_id is not None and owner.device_id != device_id):
+            return 403, "this token does not belong to that device"
+        return None
 
     app.add_middleware(PiggybackPush, header_value=push_header_value)
+    app.add_middleware(BodyLimit, rule_for=body_rule)  # added last, so it runs first
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> HTMLResponse:
@@ -205,14 +261,16 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return doc
 
     @app.post("/v1/devices/register")
-    def register(body: RegisterRequest) -> dict[str, str]:
+    def register(body: RegisterRequest) -> dict[str, Any]:
+        profile = DeviceProfile.from_dict(body.profile.model_dump())
         try:
-            token = service.register(body.enroll_token, DeviceProfile.from_dict(body.profile.model_dump()))
-        except PermissionError as exc:
-            raise HTTPException(403, str(exc)) from exc
-        return {"token": token}
-
-    up_to_date = {}  # root version → the pre-encoded "up-to-date" answer, the hot path's whole response
+            if body.device_token is not None:
+                token, identity = body.device_token, service.register(body.enroll_token, profile, body.device_token)
+            else:
+                token, identity = service.register_with_server_token(body.enroll_token, profile)
+        except EnrolmentError as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
+        return {"token": token, "device_id": identity.device_id, "device_groups": list(identity.device_groups)}
 
     @app.post("/v1/devices/{device_id}/checkin", response_model=CheckinAnswer,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
@@ -221,29 +279,29 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         # The hot path: parsed and answered by hand (no model validation round trips), on the event loop,
         # from cached tokens and releases; only an out-of-date device, which needs a serial from the
         # database, goes to the thread pool.
-        require_device(request, device_id)
+        owner = require_device(request, device_id)
         try:
             body = Profile.model_validate_json(await request.body())
         except ValueError as exc:
             raise HTTPException(422, f"bad profile: {exc}") from exc
         if body.device_id != device_id:
             raise HTTPException(400, "profile names another device")
-        profile = DeviceProfile(body.device_id, body.app_version, body.os, tuple(body.device_groups),
+        # The device's word for its app, OS, user groups and tasks; the admin's for its device groups.
+        profile = DeviceProfile(body.device_id, body.app_version, body.os, owner.device_groups,
                                 tuple(body.user_groups), body.tasks)
         service.note_seen(profile)
         root_version = service.root().version
         if not service.needs_update(profile):
-            if root_version not in up_to_date:
-                up_to_date[root_version] = json.dumps({"status": "up-to-date", "root_version": root_version}).encode()
-            return Response(up_to_date[root_version], media_type="application/json")
+            return Response(json.dumps({"status": "up-to-date", "root_version": root_version,
+                                        "timestamp": service.timestamp(device_id)}), media_type="application/json")
         assignment = await run_in_threadpool(service.assignment, profile)
         return Response(json.dumps({"status": "update", "root_version": root_version, "assignment": assignment}),
                         media_type="application/json")
 
     @app.get("/v1/devices/{device_id}/assignment")
     def assignment(device_id: str, request: Request) -> dict[str, Any]:
-        require_device(request, device_id)
-        return service.assignment(service.stored_profile(device_id))
+        owner = require_device(request, device_id)
+        return service.assignment(service.trusted_profile(service.stored_profile(device_id), owner))
 
     @app.post("/v1/devices/{device_id}/reports")
     async def add_reports(device_id: str, body: ReportBatch, request: Request) -> dict[str, int]:

@@ -1,8 +1,13 @@
 """The device side of the release server: enrolment, check-in (push), assignments, run reports.
 
 Check-ins are the hot path. Releases are cached per process for `cache_ttl_s` (each local write drops
-the cache at once), device tokens are cached after the first lookup, and last-seen/profile writes are
-batched once a second, so an up-to-date check-in touches no database at all.
+the cache at once), device identities (token → id and admin-set groups) for `IDENTITY_TTL_S`, and
+last-seen/profile writes are batched once a second, so an up-to-date check-in touches no database at all.
+
+Trust (docs/fleet.md, "Enrolment, reports, freshness and bounded bodies"): an enrolment token creates a device id that does
+not exist yet and never replaces an existing device's token; the device groups (the hardware class that
+targeting relies on) come from the admin, never from a check-in; a run report counts towards a rollout only
+if that device was assigned that release version, once per (device, run id).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,16 +28,36 @@ from sqlalchemy.dialects import postgresql, sqlite
 from edgerun.fleet import releases as rel
 from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
+from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S, sign_timestamp
 from edgerun.fleet.manifest import sign_assignment
-from edgerun.fleet.schema import devices, releases, reports, roots
+from edgerun.fleet.schema import deliveries, devices, enrolment_tokens, releases, reports, roots
 from edgerun.fleet.signing import Root, SigningKey, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, precedence
 
 RECOUNT_S = 1.0
+ROOT_TTL_S = 5.0  # how soon a root accepted by another server process is noticed here
+# How long another server process may keep using a revoked token or a device's old groups.
+IDENTITY_TTL_S = 10.0
+SERVER_TOKEN_LABEL = "server"
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+class EnrolmentError(FleetError):
+    """An enrolment the server refuses; `status` is the HTTP answer (403 bad token, 409 id taken)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    device_id: str
+    device_groups: tuple[str, ...]  # set by the admin, never by the device
+    cached_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,31 +86,56 @@ class CachedRelease:
 
 class FleetService:
     def __init__(self, engine: sa.Engine, online_key: SigningKey, enroll_token: str,
-                 cache_ttl_s: float = 0.2) -> None:
+                 cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
+                 online_key_loader: Callable[[], SigningKey] | None = None,
+                 enroll_token_uses: int | None = None) -> None:
         self.engine = engine
         self.online_key = online_key
-        self.enroll_token = enroll_token
+        self.online_key_loader = online_key_loader
         self.cache_ttl_s = cache_ttl_s
+        self.timestamp_ttl_s = timestamp_ttl_s
         self._lock = threading.Lock()
         self._releases: dict[str, list[CachedRelease]] = {}
         self._releases_at = 0.0
-        self._tokens: dict[str, str] = {}
+        self._tokens: dict[str, DeviceIdentity] = {}
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         self._root: Root | None = None
+        self._root_at = 0.0
         self._serial = 0
         # Recounting a step's live population scans the device table, so a busy release recounts at most
         # once per RECOUNT_S in this process; the step monitor covers the quiet moments in between.
         self._recounted: dict[int, float] = {}
+        if enroll_token:
+            self.set_server_enrolment_token(enroll_token, enroll_token_uses)
 
     # ---- trust root -------------------------------------------------------------------------------
     def root(self) -> Root:
-        if self._root is None:
+        """The newest root, re-read every ROOT_TTL_S (another server process may have accepted a rotation);
+        a root that names a new assignment key makes this process switch to it (see `_follow_online_key`)."""
+        now = time.monotonic()
+        if self._root is None or now - self._root_at >= ROOT_TTL_S:
             with self.engine.connect() as conn:
                 env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
             if env is None:
                 raise FleetError("the server has no root metadata")
-            self._root = Root(env)
+            if self._root is None or int(env["signed"]["version"]) != self._root.version:
+                self._root = Root(env)
+                self._follow_online_key(self._root)
+            self._root_at = now
         return self._root
+
+    def _follow_online_key(self, root: Root) -> None:
+        """After `keys rotate --role assignment`, sign with the key the root names, read from the key folder;
+        until it is there, devices refuse what this server signs, so say so in the log."""
+        named = root.signed["roles"]["assignment"]["keyids"]
+        if self.online_key.keyid in named:
+            return
+        fresh = self.online_key_loader() if self.online_key_loader is not None else None
+        if fresh is not None and fresh.keyid in named:
+            self.online_key = fresh
+        else:
+            print(f"fleet server: root v{root.version} names an assignment key this server does not hold; "
+                  f"put it in the key folder's assignment.key", flush=True)
 
     def root_document(self, version: int) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -107,35 +158,130 @@ class FleetService:
         self._root = None
         return self.root().version
 
-    # ---- devices ----------------------------------------------------------------------------------
-    def register(self, enroll_token: str, profile: DeviceProfile) -> str:
-        if not hmac.compare_digest(enroll_token.encode(), self.enroll_token.encode()):
-            raise PermissionError("bad enrolment token")
+    # ---- enrolment and device identity --------------------------------------------------------------
+    def set_server_enrolment_token(self, token: str, max_uses: int | None = None) -> None:
+        """The server's own enrolment token (`--enroll-token`, DATA/enroll_token): new devices only, no device
+        groups, `max_uses` of them in all (None: any number; uses survive restarts). Replaces the previous
+        one, so a changed token takes the old one out of service."""
+        h = token_hash(token)
+        with self.engine.begin() as conn:
+            rel.write_lock(conn, "enrolment")
+            conn.execute(enrolment_tokens.delete().where(enrolment_tokens.c.label == SERVER_TOKEN_LABEL,
+                                                         enrolment_tokens.c.token_hash != h))
+            if conn.execute(sa.select(enrolment_tokens.c.token_hash).where(enrolment_tokens.c.token_hash == h)).first() is None:
+                conn.execute(enrolment_tokens.insert().values(
+                    token_hash=h, label=SERVER_TOKEN_LABEL, device_id=None, device_groups=[], max_uses=max_uses,
+                    uses=0, expires_at=None, created_at=time.time()))
+            else:
+                conn.execute(enrolment_tokens.update().where(enrolment_tokens.c.token_hash == h)
+                             .values(max_uses=max_uses))
+
+    def create_enrolment_token(self, *, device_id: str | None = None, device_groups: list[str] | None = None,
+                               uses: int = 1, ttl_s: float = 86400.0, label: str = "admin") -> str:
+        """A token minted by the admin: single-use by default, optionally scoped to one device id, and
+        carrying the device groups (hardware class) the enrolled device gets."""
+        if uses < 1 or not ttl_s > 0:
+            raise FleetError("an enrolment token needs uses >= 1 and a positive lifetime")
+        if label == SERVER_TOKEN_LABEL:
+            raise FleetError(f"the label {SERVER_TOKEN_LABEL!r} is the server's own token")
         token = secrets.token_urlsafe(32)
         now = time.time()
         with self.engine.begin() as conn:
-            exists = conn.execute(sa.select(devices.c.id).where(devices.c.id == profile.device_id)).first()
-            values = {"token_hash": token_hash(token), "profile": profile.as_dict(), "last_seen": now}
-            if exists:
-                # Re-enrolment (a wiped device) replaces the token; the old one stops working.
-                conn.execute(devices.update().where(devices.c.id == profile.device_id).values(**values))
-            else:
-                conn.execute(devices.insert().values(id=profile.device_id,
-                                                     registered_at=now, **values))
-        with self._lock:
-            self._tokens = {t: d for t, d in self._tokens.items() if d != profile.device_id}
+            conn.execute(enrolment_tokens.insert().values(
+                token_hash=token_hash(token), label=label[:64], device_id=device_id,
+                device_groups=sorted(set(device_groups or ())), max_uses=uses, uses=0, expires_at=now + ttl_s,
+                created_at=now))
         return token
 
-    def device_for_token(self, token: str) -> str | None:
+    def register(self, enroll_token: str, profile: DeviceProfile, device_token: str) -> DeviceIdentity:
+        """Enrol a new device id. The device proposes its own token (`device_token`), so a retry after a lost
+        answer is recognised and answered again; the server never hands out a token for an existing id."""
+        now = time.time()
+        proposed = token_hash(device_token)
+        with self.engine.begin() as conn:
+            rel.write_lock(conn, "enrolment")
+            existing = conn.execute(sa.select(devices.c.token_hash, devices.c.device_groups)
+                                    .where(devices.c.id == profile.device_id)).first()
+            if existing is not None:
+                if hmac.compare_digest(existing.token_hash, proposed):
+                    return DeviceIdentity(profile.device_id, tuple(existing.device_groups))
+                raise EnrolmentError(409, f"device {profile.device_id!r} is already enrolled; an admin must revoke "
+                                          f"it before it can enrol again")
+            row = conn.execute(sa.select(enrolment_tokens)
+                               .where(enrolment_tokens.c.token_hash == token_hash(enroll_token))).first()
+            if row is None:
+                raise EnrolmentError(403, "bad enrolment token")
+            if row.expires_at is not None and row.expires_at <= now:
+                raise EnrolmentError(403, "this enrolment token has expired")
+            if row.max_uses is not None and row.uses >= row.max_uses:
+                raise EnrolmentError(403, "this enrolment token has been used")
+            if row.device_id is not None and row.device_id != profile.device_id:
+                raise EnrolmentError(403, "this enrolment token is for another device id")
+            conn.execute(enrolment_tokens.update().where(enrolment_tokens.c.token_hash == row.token_hash)
+                         .values(uses=enrolment_tokens.c.uses + 1))
+            identity = DeviceIdentity(profile.device_id, tuple(row.device_groups))
+            if conn.execute(sa.select(devices.c.id).where(devices.c.token_hash == proposed)).first() is not None:
+                raise EnrolmentError(409, "choose another device token")
+            conn.execute(devices.insert().values(id=profile.device_id, token_hash=proposed,
+                                                 profile=self.trusted_profile(profile, identity).as_dict(),
+                                                 device_groups=list(identity.device_groups),
+                                                 registered_at=now, last_seen=now))
+        return identity
+
+    def register_with_server_token(self, enroll_token: str, profile: DeviceProfile) -> tuple[str, DeviceIdentity]:
+        """Enrolment for a client that does not choose its own token: the server makes one (no retry after a
+        lost answer: the id then needs an admin's revoke)."""
+        token = secrets.token_urlsafe(32)
+        return token, self.register(enroll_token, profile, token)
+
+    def set_device_groups(self, device_id: str, groups: list[str]) -> list[str]:
+        groups = sorted(set(groups))
+        with self.engine.begin() as conn:
+            profile = conn.execute(sa.select(devices.c.profile).where(devices.c.id == device_id)).scalar()
+            if profile is None:
+                raise FleetError(f"unknown device {device_id!r}")
+            conn.execute(devices.update().where(devices.c.id == device_id)
+                         .values(device_groups=groups, profile={**profile, "device_groups": groups}))
+        self._forget(device_id)
+        return groups
+
+    def revoke_device(self, device_id: str) -> bool:
+        """Remove a device's enrolment (its reports stay): its token stops working and the id may enrol again."""
+        with self.engine.begin() as conn:
+            gone = conn.execute(devices.delete().where(devices.c.id == device_id)).rowcount
+            conn.execute(deliveries.delete().where(deliveries.c.device_id == device_id))
+        self._forget(device_id)
+        return bool(gone)
+
+    def _forget(self, device_id: str) -> None:
+        with self._lock:
+            self._tokens = {t: i for t, i in self._tokens.items() if i.device_id != device_id}
+            self._seen.pop(device_id, None)
+
+    def identity(self, token: str) -> DeviceIdentity | None:
         h = token_hash(token)
-        device = self._tokens.get(h)
-        if device is None:
-            with self.engine.connect() as conn:
-                device = conn.execute(sa.select(devices.c.id).where(devices.c.token_hash == h)).scalar()
-            if device is not None:
-                with self._lock:
-                    self._tokens[h] = device
-        return device
+        now = time.monotonic()
+        cached = self._tokens.get(h)
+        if cached is not None and now - cached.cached_at < IDENTITY_TTL_S:
+            return cached
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(devices.c.id, devices.c.device_groups).where(devices.c.token_hash == h)).first()
+        with self._lock:
+            if row is None:
+                self._tokens.pop(h, None)
+                return None
+            found = DeviceIdentity(row.id, tuple(row.device_groups), now)
+            self._tokens[h] = found
+        return found
+
+    def device_for_token(self, token: str) -> str | None:
+        found = self.identity(token)
+        return found.device_id if found is not None else None
+
+    @staticmethod
+    def trusted_profile(profile: DeviceProfile, identity: DeviceIdentity) -> DeviceProfile:
+        """The device's profile with what targeting must not take from its word replaced by the admin's."""
+        return replace(profile, device_groups=identity.device_groups)
 
     def note_seen(self, profile: DeviceProfile) -> None:
         with self._lock:
@@ -195,14 +341,31 @@ class FleetService:
         return {t: env for t, env in want.items() if int(env["signed"]["version"]) > profile.tasks.get(t, 0)
                 and not (env["signed"].get("removed") and t not in profile.tasks)}
 
-    def assignment(self, profile: DeviceProfile) -> dict[str, Any]:
-        """The signed assignment; its serial is the server clock in microseconds, strictly increasing per
-        process, so issuing one needs no database write. Server clocks must be synchronised (NTP): a device
-        refuses a serial below the highest it has seen."""
+    def _next_serial(self) -> int:
+        """The server clock in microseconds, strictly increasing per process, so a serial needs no database
+        write. Server clocks must be synchronised (NTP): a device refuses a serial below the highest it has
+        seen, from assignments and timestamps alike."""
         with self._lock:
             self._serial = max(self._serial + 1, time.time_ns() // 1000)
-            serial = self._serial
-        return sign_assignment(profile.device_id, serial, self.desired(profile), self.online_key)
+            return self._serial
+
+    def timestamp(self, device_id: str) -> dict[str, Any]:
+        """The signed, short-lived proof that an "up to date" answer is current (TUF's timestamp role)."""
+        return sign_timestamp(device_id, self._next_serial(), self.root().version, self.online_key,
+                              self.timestamp_ttl_s)
+
+    def assignment(self, profile: DeviceProfile) -> dict[str, Any]:
+        """The signed assignment. Each release version in it is recorded as delivered to this device first:
+        only the reports of devices a version was delivered to count towards its rollout."""
+        tasks = self.desired(profile)
+        if tasks:
+            now = time.time()
+            rows = [{"device_id": profile.device_id, "task": t, "version": int(env["signed"]["version"]),
+                     "issued_at": now} for t, env in tasks.items()]
+            with self.engine.begin() as conn:
+                insert = postgresql.insert(deliveries) if conn.dialect.name == "postgresql" else sqlite.insert(deliveries)
+                conn.execute(insert.on_conflict_do_nothing(), rows)
+        return sign_assignment(profile.device_id, self._next_serial(), tasks, self.online_key)
 
     def stored_profile(self, device_id: str) -> DeviceProfile:
         pending = self._seen.get(device_id)
@@ -227,25 +390,31 @@ class FleetService:
         return self.add_report_batches([(device_id, items)])[0]
 
     def add_report_batches(self, batches: list[tuple[str, list[dict[str, Any]]]]) -> list[int]:
-        """Store reports of several devices in one transaction (a resent report id is ignored) and run the
-        rollout monitor in that same transaction; returns how many reports of each batch were new."""
+        """Store reports of several devices in one transaction and run the rollout monitor in that same
+        transaction; returns how many reports of each batch were new. Items were validated by the API
+        (`ReportItem`). A resent (device, run id) is ignored; a report of a version that was never delivered
+        to its device is kept for the record but never counted."""
         now = time.time()
         counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
         accepted = []
         with self.engine.begin() as conn:
             insert = (postgresql.insert(reports) if conn.dialect.name == "postgresql"
                       else sqlite.insert(reports))
+            delivered = self._delivered(conn, batches)
             for device_id, items in batches:
                 n = 0
                 for item in items:
+                    key = (str(item["task"]), int(item["version"]))
                     outcome = str(item["outcome"])
+                    counted = (device_id, *key) in delivered
                     res = conn.execute(insert.values(
-                        id=str(item["id"])[:64], device_id=device_id, task=str(item["task"]),
-                        version=int(item["version"]), outcome=outcome, latency_ms=float(item.get("latency_ms", 0.0)),
-                        error=str(item.get("error", ""))[:2000], received_at=now).on_conflict_do_nothing())
+                        id=str(item["id"]), device_id=device_id, task=key[0], version=key[1], outcome=outcome,
+                        latency_ms=float(item.get("latency_ms", 0.0)), error=str(item.get("error", ""))[:2000],
+                        received_at=now, counted=counted).on_conflict_do_nothing())
                     if res.rowcount:
                         n += 1
-                        counts[(str(item["task"]), int(item["version"]))][0 if outcome == "success" else 1] += 1
+                        if counted:
+                            counts[key][0 if outcome == "success" else 1] += 1
                 accepted.append(n)
             if counts:
                 keys = list(counts)
@@ -257,3 +426,14 @@ class FleetService:
         if counts:
             self.invalidate()
         return accepted
+
+    @staticmethod
+    def _delivered(conn: sa.Connection, batches: list[tuple[str, list[dict[str, Any]]]]) -> set[tuple[str, str, int]]:
+        """Which (device, task, version) of these batches were delivered to their device."""
+        wanted = {(d, str(i["task"]), int(i["version"])) for d, items in batches for i in items}
+        if not wanted:
+            return set()
+        rows = conn.execute(sa.select(deliveries.c.device_id, deliveries.c.task, deliveries.c.version)
+                            .where(deliveries.c.device_id.in_({w[0] for w in wanted}),
+                                   deliveries.c.task.in_({w[1] for w in wanted}))).all()
+        return {(r.device_id, r.task, r.version) for r in rows} & wanted

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,8 @@ class SigningKey:
     def public(self) -> Ed25519PublicKey:
         return self.private.public_key()
 
-    @property
-    def keyid(self) -> str:
+    @cached_property
+    def keyid(self) -> str:  # cached: the server signs a timestamp on every "up to date" check-in
         return key_id(self.public)
 
     def public_entry(self) -> dict[str, str]:

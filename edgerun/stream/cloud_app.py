@@ -13,7 +13,10 @@ import hmac
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from edgerun.stream.cloud import build_router
+from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
+from edgerun.stream.cloud import MAX_BATCH_BYTES, build_router
+
+SMALL_BODY = 64 * 1024
 
 
 def sqlite_engine(url: str) -> sa.Engine:
@@ -46,6 +49,23 @@ def create_app(db_url: str, device_tokens: dict[str, str] | None = None, admin_t
 
     app = FastAPI(title="edgerun stream cloud end")
     app.include_router(build_router(engine, verify_device, verify_admin), prefix="/v1/stream")
+    known = set(device_tokens.values()) if device_tokens is not None else None
+
+    def upload_caller(scope: Scope) -> tuple[int, str] | None:
+        """Before a byte of a batch is read: some device's token (the batch names which device)."""
+        if known is None:
+            return None
+        token = bearer(scope)
+        if token is None:
+            return 401, "missing bearer token"
+        return None if any(hmac.compare_digest(token, t) for t in known) else (403, "unknown device token")
+
+    def body_rule(scope: Scope) -> BodyRule:
+        if scope["path"] == "/v1/stream/batches":
+            return BodyRule(MAX_BATCH_BYTES, upload_caller)
+        return BodyRule(SMALL_BODY)
+
+    app.add_middleware(BodyLimit, rule_for=body_rule)
     return app
 
 

@@ -43,8 +43,14 @@ class FleetServer:
         return AdminClient(self.url, self.admin_token)
 
     def agent(self, device_id: str, state: Path, **kw: Any) -> Agent:
-        a = Agent(self.url, device_id, state, root_path=self.keys.latest_root_path(),
-                  enroll_token=self.enroll_token, **kw)
+        """An agent enrolled with the server's token, or, when it names device groups (which only the admin
+        may vouch for), with a single-use token the admin minted for it carrying those groups."""
+        token = kw.pop("enroll_token", self.enroll_token)
+        if kw.get("device_groups"):
+            admin = self.admin()
+            token = admin.enrolment_token(device_id, tuple(kw["device_groups"]))
+            admin.close()
+        a = Agent(self.url, device_id, state, root_path=self.keys.latest_root_path(), enroll_token=token, **kw)
         self.agents.append(a)
         return a
 

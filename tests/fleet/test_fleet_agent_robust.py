@@ -16,6 +16,7 @@ from fleet_helpers import FleetServer
 
 from edgerun.fleet.agent import Agent
 from edgerun.fleet.canonical import iso_after
+from edgerun.fleet.freshness import sign_timestamp
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import sign_assignment
 from edgerun.fleet.signing import KeyDir, sign_envelope
@@ -80,7 +81,9 @@ def test_agent_survives_malformed_answers_and_backs_off(hostile: tuple[str, KeyD
             waits.append(agent.next_wait_s())
         assert agent.failed_rounds == 3
         assert waits[2] > waits[0] and waits[2] >= 4.0  # 1 s doubled per failed round, with jitter in [0.5, 1]
-        Hostile.answer = (200, "application/json", b'{"status": "up-to-date", "root_version": 1}')
+        stamp = sign_timestamp("robust-dev", 1, 1, keys.key("assignment"))
+        Hostile.answer = (200, "application/json",
+                          json.dumps({"status": "up-to-date", "root_version": 1, "timestamp": stamp}).encode())
         agent.step()
         assert agent.errors == [] and agent.failed_rounds == 0 and agent.next_wait_s() == 1.0
     finally:

@@ -72,8 +72,12 @@ def test_migrations_upgrade_an_old_database(tmp_path: Path) -> None:
             "INSERT INTO releases (task, version, envelope, rollback_envelope, targeting, policy, stage, step, paused,"
             " exposed, step_success, step_failure, total_success, total_failure, reason, sim_lease_until, created_at,"
             " updated_at) VALUES ('t', 1, '{}', '{}', '{}', '{}', 'gray', 0, 0, 1, 0, 0, 0, 0, '', 0, 0, 0)"))
+        conn.execute(sa.text("INSERT INTO reports (id, device_id, task, version, outcome, latency_ms, error, received_at)"
+                             " VALUES ('run-1', 'd', 't', 1, 'success', 1.5, '', 0)"))
     upgrade(engine)  # what the server does at start
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0003"
         assert conn.execute(sa.text("SELECT step_population FROM releases")).scalar() == 0
+        # 0003 rebuilt reports under the key (device, run id); old reports survive and stay counted.
+        assert conn.execute(sa.text("SELECT device_id, latency_ms, counted FROM reports")).one() == ("d", 1.5, 1)
     engine.dispose()

@@ -33,12 +33,12 @@ def agent_loop(url: str, root: str, state: str) -> None:
     """The victim: a real agent looping check-in → download → activate → run → report until killed.
 
     The download is throttled like a slow network (64 KiB per 5 ms) and the start of each phase is marked
-    with a file, so the parent can aim its kill inside the download or inside the activation.
+    with a file, so the parent can aim its kill inside the download, the activation or the run.
     """
     agent = Agent(url, "victim", state, root_path=root, enroll_token="enroll-secret")
     marks = Path(state) / "marks"
     marks.mkdir(exist_ok=True)
-    real_fetch, real_build = agent._fetch, agent.installer.build_version
+    real_fetch, real_build, real_begin = agent._fetch, agent.installer.build_version, agent.state.begin_run
 
     def slow_fetch(digest: str, offset: int) -> Iterator[bytes]:
         (marks / "download").touch()
@@ -50,7 +50,13 @@ def agent_loop(url: str, root: str, state: str) -> None:
         (marks / "activation").touch()
         return real_build(manifest, envelope)
 
+    def marked_begin(task: str, version: int) -> str:
+        run_id = real_begin(task, version)
+        (marks / "run").touch()
+        return run_id
+
     agent._fetch = slow_fetch  # type: ignore[method-assign]
+    agent.state.begin_run = marked_begin  # type: ignore[method-assign]
     agent.installer.build_version = marked_build  # type: ignore[method-assign]
     while True:
         agent.step()
@@ -94,16 +100,21 @@ def test_kill_dash_nine_at_random_points(server: FleetServer, tmp_path: Path) ->
                       server.keys, {"steps": [100], "min_reports": 10**6, "error_min_reports": 10**6})
         proc = ctx.Process(target=agent_loop, args=(server.url, str(server.keys.latest_root_path()), str(state)))
         marks = state / "marks"
-        for m in ("download", "activation"):
+        for m in ("download", "activation", "run"):
             (marks / m).unlink(missing_ok=True)
         proc.start()
-        aim = trial % 3  # 0: anywhere in the loop, 1: inside the download, 2: inside the activation
+        # 0: anywhere in the loop, 1: inside the download, 2: inside the activation, 3: inside the run (the
+        # container start alone takes tens of ms, so a loaded machine rarely lands there by chance).
+        aim = trial % 4
         if aim == 1:
             wait_for_mark(marks / "download")
             time.sleep(rng.uniform(0.0, 0.06))
         elif aim == 2:
             wait_for_mark(marks / "activation")
             time.sleep(rng.uniform(0.0, 0.004))
+        elif aim == 3:
+            wait_for_mark(marks / "run")
+            time.sleep(rng.uniform(0.0, 0.01))
         else:
             time.sleep(rng.uniform(0.0, 0.35))
         assert proc.pid is not None

@@ -40,6 +40,7 @@ def test_dashboard_shows_releases_stages_failure_rates_and_devices(server: Fleet
         a.check_in()  # everyone now runs the rollback version v5
     for a in agents:
         a.check_in()  # the server's device table gets the latest profile on the next flush
+    server.wait_seen()  # that flush, before the page first reads the table (dash-2 had v5 one flush earlier)
 
     browser.get(server.url + "/")
     assert browser.find_element(By.ID, "status").text == "not connected"

@@ -57,7 +57,7 @@ def test_two_servers_share_postgres_and_the_store(postgres: LocalPostgres, tmp_p
         assert {ag.profile().tasks["pg"] for ag in agents} == {5}
         engine = sa.create_engine(postgres.url.replace("postgresql://", "postgresql+psycopg://"))
         with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0003"
             n = conn.execute(sa.text("SELECT count(*) FROM reports WHERE version = 4")).scalar()
         engine.dispose()
         assert n == 2
