@@ -77,6 +77,7 @@ class RemoteDevice:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
             if self._curve is not None:
                 server_public, mine = self._curve
                 sock.setsockopt(zmq.CURVE_SERVERKEY, server_public)
@@ -120,7 +121,8 @@ class RemoteDevice:
                 if self._curve is not None:
                     return (f"the CURVE handshake with {self.url} failed: the server key in "
                             f"{self._server_key_file} is not that device's public key")
-                return f"the handshake with {self.url} failed (protocol error {value:#x})"
+                return (f"the remote device at {self.url} closed the handshake: it probably uses another security "
+                        "mechanism (CURVE: connect with server_key= and client_key=)")
         return None
 
     def request(self, method: str, args: dict[str, Any] | None = None,
@@ -141,7 +143,14 @@ class RemoteDevice:
         wait = self.timeout if timeout is None else timeout
         with self._lock:
             sock = self._socket()
-            sock.send_multipart(frames, copy=False)
+            try:
+                # Bounded: after a refused handshake libzmq drops the connection and a send finds no peer.
+                sock.send_multipart(frames, copy=False)
+            except zmq.Again:
+                failure = self._handshake_failure()
+                self._reset()
+                raise EdgerunError(failure or f"the remote device at {self.url} did not take {method!r} within "
+                                              f"{self.timeout:g} s (is the server running?)") from None
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
             poller.register(self._monitor, zmq.POLLIN)
