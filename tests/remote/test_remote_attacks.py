@@ -275,3 +275,18 @@ def test_keys_are_files_written_0600_and_never_argv(tmp_path: Path) -> None:
     # A token-only server is plaintext: not beyond loopback unless asked for.
     with pytest.raises(EdgerunError, match="without CURVE would send the token"):
         DeviceServer("t" * 32, host="0.0.0.0")
+
+
+def test_curve_keys_from_the_environment_for_the_remote_backend(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = start_curve_server(tmp_path, clients=1)
+    try:
+        monkeypatch.delenv("EDGERUN_TOKEN", raising=False)
+        monkeypatch.setenv("EDGERUN_SERVER_KEY", str(srv.server_key))
+        monkeypatch.setenv("EDGERUN_CLIENT_KEY", str(srv.client_keys[0]))
+        backend = f"remote:{srv.address}"
+        m = edgerun.load(_relu((4,)), backends=[backend])
+        assert {p.backend for p in m.partitions} == {backend}
+        np.testing.assert_array_equal(m(np.float32([-1, 2, -3, 4])), [0, 2, 0, 4])
+    finally:
+        srv.stop()
