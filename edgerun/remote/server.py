@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import threading
 import time
 import traceback
@@ -254,7 +255,7 @@ class DeviceServer:
                 not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
             raise EdgerunError("empty needs a shape: a list of non-negative integers")
         dt = DType(str(dtype))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(shape) * dt.itemsize  # exact: np.prod in int64 wraps around for hostile shapes
         if nbytes > self.limits.max_tensor_bytes:
             raise EdgerunError(f"{nbytes} bytes exceeds the tensor limit of {self.limits.max_tensor_bytes}")
         self.sessions.admit(s, 1, nbytes)

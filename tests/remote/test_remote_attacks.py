@@ -129,6 +129,8 @@ def test_declared_empty_tensors_count_against_the_device_budget(tmp_path: Path) 
             except RemoteError as exc:
                 refusals.append(str(exc))
         assert accepted <= 12 * GIB
+        with pytest.raises(RemoteError, match="exceeds the tensor limit"):
+            remotes[0].empty((1 << 32, 1 << 32), "float32")  # 2^64 elements: 0 in int64 arithmetic
         assert any("the device's sessions would hold more than 12,884,901,888 B" in r for r in refusals)
         assert any("this client already holds 4 sessions" in r for r in refusals)
         assert any("the device already holds 16 sessions" in r for r in refusals)
