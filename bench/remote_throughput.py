@@ -1,9 +1,10 @@
 """Remote runtime on loopback: round trip of a tiny call and bulk tensor transfer, against a local call.
 
 The server runs in its own process (`edgerun serve`), as on a real device. Prints a table of medians and
-writes bench/results/remote_throughput.json.
+writes bench/results/remote_throughput.json (remote_throughput_curve.json with --curve: the same over a
+CURVE-encrypted connection, to show what encryption costs).
 
-    .venv/bin/python bench/remote_throughput.py [--repeats 50]
+    .venv/bin/python bench/remote_throughput.py [--repeats 50] [--curve]
 """
 
 from __future__ import annotations
@@ -49,17 +50,30 @@ def _median_s(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--curve", action="store_true", help="CURVE keys instead of a token (encrypted)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     token = secrets.token_hex(24)
     (tmp / "token").write_text(token)
-    proc = subprocess.Popen([sys.executable, "-m", "edgerun", "serve", "--port", "0", "--token-file",
-                             str(tmp / "token")], stdout=subprocess.PIPE, text=True)
+    auth = ["--token-file", str(tmp / "token")]
+    keys: dict[str, Path] = {}
+    if args.curve:
+        from edgerun.remote.keys import init_keys
+
+        keys["server"] = init_keys(tmp / "server", "server")[0]
+        client_public, keys["client"] = init_keys(tmp / "clients", "bench")
+        auth = ["--curve-secret", str(tmp / "server" / "server.key_secret"), "--curve-allow", str(client_public)]
+    proc = subprocess.Popen([sys.executable, "-m", "edgerun", "serve", "--port", "0", *auth],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     url = proc.stdout.readline().split("listening on ")[1].split()[0]
     rows = []
+    results = RESULTS.with_name("remote_throughput_curve.json") if args.curve else RESULTS
     try:
-        remote = edgerun.connect(url, token)
+        if args.curve:
+            remote = edgerun.connect(url, server_key=keys["server"], client_key=keys["client"])
+        else:
+            remote = edgerun.connect(url, token)
         program = _tiny_program()
         remote.upload(program, name="tiny")
         fn = remote.function("tiny")
@@ -89,8 +103,8 @@ def main() -> int:
     for what, ms, mbps in rows:
         print(f"{what:45s} {ms:10.3f} {'' if mbps is None else f'{mbps:10.0f}':>10s}")
     print(f"remote tiny call / local call: {rows[1][1] / rows[0][1]:.1f}x")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps([{"what": w, "median_ms": ms, "mb_per_s": m} for w, ms, m in rows], indent=1))
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps([{"what": w, "median_ms": ms, "mb_per_s": m} for w, ms, m in rows], indent=1))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The remote backend: a device running `edgerun serve` becomes one more backend of a local program.
 
-Named `remote:HOST:PORT`; the token comes from EDGERUN_TOKEN (or `RemoteBackend(url, token=...)` registered
-under a name of your choosing). Each partition is sent to the device as a program file, compiled there by the
+Named `remote:HOST:PORT`; credentials come from the environment: EDGERUN_TOKEN, and/or the CURVE key files
+named by EDGERUN_SERVER_KEY and EDGERUN_CLIENT_KEY (or `RemoteBackend(url, token=..., server_key=...,
+client_key=...)` registered under a name of your choosing). Each partition is sent to the device as a program file, compiled there by the
 device's own backends, and called with its inputs inline; outputs come back in the same round trip.
 """
 
@@ -26,11 +27,13 @@ class RemoteBackend(Backend):
     throughput = Throughput(transfer_bytes_per_s=1e9, transfer_latency_s=2e-4)
 
     def __init__(self, url: str, token: str | None = None, *, name: str | None = None,
-                 device_backends: Sequence[str] | None = None, timeout: float = 60.0) -> None:
+                 device_backends: Sequence[str] | None = None, timeout: float = 60.0,
+                 server_key: str | os.PathLike[str] | None = None,
+                 client_key: str | os.PathLike[str] | None = None) -> None:
         from edgerun.remote.client import connect
 
         self.name = name or f"{PREFIX}{url.removeprefix('tcp://')}"  # type: ignore[misc]
-        self.device = connect(url, token, timeout=timeout)
+        self.device = connect(url, token, timeout=timeout, server_key=server_key, client_key=client_key)
         self.device_backends = list(device_backends) if device_backends else None
         # What the device can run is what its backends declare; shape/dtype limits are checked there.
         self.supported = {op: OpSupport() for op in self.device.info["ops"]}  # type: ignore[misc]
@@ -53,11 +56,12 @@ class RemoteBackend(Backend):
 
 
 def create_remote_backend(name: str) -> RemoteBackend:
-    """The backend for a registry name `remote:HOST:PORT`, with the token from EDGERUN_TOKEN."""
+    """The backend for a registry name `remote:HOST:PORT`, with credentials from the environment."""
     address = name[len(PREFIX):]
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise EdgerunError(f"remote backend names look like remote:HOST:PORT, got {name!r}")
-    if not os.environ.get("EDGERUN_TOKEN"):
-        raise EdgerunError(f"backend {name!r} needs the device's token in the EDGERUN_TOKEN environment variable")
+    if not (os.environ.get("EDGERUN_TOKEN") or os.environ.get("EDGERUN_CLIENT_KEY")):
+        raise EdgerunError(f"backend {name!r} needs the device's token in EDGERUN_TOKEN, or CURVE key files "
+                           "named by EDGERUN_SERVER_KEY and EDGERUN_CLIENT_KEY")
     return RemoteBackend(f"tcp://{address}", name=name)

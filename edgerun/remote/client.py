@@ -14,42 +14,80 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from edgerun.errors import EdgerunError, RemoteError
 from edgerun.ir.dtypes import DType
+from edgerun.remote.keys import KeyPair, read_key_pair, read_public_key
 from edgerun.remote.wire import Limits, WireError, decode_header, decode_tensors, encode
 
 DEFAULT_TIMEOUT_S = 60.0
 
 
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
 class RemoteDevice:
-    def __init__(self, url: str, token: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """A session on a device. Authenticates in the ZeroMQ handshake: with CURVE when `server_key` (the
+    server's public key file) and `client_key` (this client's secret key file) are given, else with the token
+    as the PLAIN password. The token, when given, also travels in every request header."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 server_key: str | os.PathLike[str] | None = None,
+                 client_key: str | os.PathLike[str] | None = None) -> None:
         if not url.startswith("tcp://"):
             url = f"tcp://{url}"
         self.url = url
         self.timeout = timeout
         self._token = token
+        self._curve: tuple[bytes, KeyPair] | None = None
+        if server_key is not None or client_key is not None:
+            if server_key is None or client_key is None:
+                raise EdgerunError("CURVE needs both the server's public key file and this client's secret key file")
+            self._curve = (read_public_key(server_key), read_key_pair(client_key))
+            self._server_key_file = str(server_key)
+        elif not token:
+            raise EdgerunError("connect needs a token or CURVE keys (server_key= and client_key=)")
         self._ctx = zmq.Context()
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # one request in flight per device object
         self.limits = Limits()
-        info = self.request("hello")[0]
-        self.info = info
-        self.limits = Limits(**info["limits"])
-        self.session: str = self.request("open_session")[0]["session"]
+        try:
+            info = self.request("hello")[0]
+            self.info = info
+            self.limits = Limits(**info["limits"])
+            self.session: str = self.request("open_session")[0]["session"]
+        except BaseException:
+            self._reset()
+            self._ctx.term()
+            raise
 
     # -- transport -----------------------------------------------------------------------------------
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
+            if self._curve is not None:
+                server_public, mine = self._curve
+                sock.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+                sock.setsockopt(zmq.CURVE_PUBLICKEY, mine.public)
+                sock.setsockopt(zmq.CURVE_SECRETKEY, mine.secret)
+            else:
+                sock.setsockopt(zmq.PLAIN_USERNAME, b"edgerun")
+                sock.setsockopt(zmq.PLAIN_PASSWORD, (self._token or "").encode())
+            # Handshake events tell a refused key or token, or a wrong server key, apart from a dead server.
+            self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
             sock.connect(self.url)
             self._sock = sock
         return self._sock
@@ -57,8 +95,35 @@ class RemoteDevice:
     def _reset(self) -> None:
         # After a timeout the socket may still deliver a stale reply; a fresh socket never does.
         if self._sock is not None:
+            self._sock.disable_monitor()
+            if self._monitor is not None:
+                self._monitor.close(0)
+                self._monitor = None
             self._sock.close(0)
             self._sock = None
+
+    def _handshake_failure(self) -> str | None:
+        """The reason a handshake failed, from the monitor's pending events (None: no failure seen)."""
+        assert self._monitor is not None
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            kind, value = int(event["event"]), int(event["value"])
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                if self._curve is not None:
+                    return (f"the remote device at {self.url} refused this client's CURVE key "
+                            f"{self._curve[1].public.decode()} (it is not in the device's --curve-allow list)")
+                return f"the remote device at {self.url} refused the token"
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                mine = "CURVE" if self._curve is not None else "a token (no CURVE keys)"
+                return (f"the remote device at {self.url} uses another security mechanism than this client's "
+                        f"{mine}: give both sides CURVE keys, or neither")
+            if kind in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                if self._curve is not None:
+                    return (f"the CURVE handshake with {self.url} failed: the server key in "
+                            f"{self._server_key_file} is not that device's public key")
+                return (f"the remote device at {self.url} closed the handshake: it probably uses another security "
+                        "mechanism (CURVE: connect with server_key= and client_key=)")
+        return None
 
     def request(self, method: str, args: dict[str, Any] | None = None,
                 tensors: Sequence[np.ndarray] = (), timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -67,7 +132,9 @@ class RemoteDevice:
         body = dict(args or {})
         if method not in ("hello", "open_session"):
             body.setdefault("session", self.session)
-        header = {"id": req_id, "token": self._token, "method": method, "args": body}
+        header: dict[str, Any] = {"id": req_id, "method": method, "args": body}
+        if self._token:
+            header["token"] = self._token
         frames = encode(header, list(tensors))
         size = sum(len(f) for f in frames)
         if size > self.limits.max_message_bytes:
@@ -76,10 +143,27 @@ class RemoteDevice:
         wait = self.timeout if timeout is None else timeout
         with self._lock:
             sock = self._socket()
-            sock.send_multipart(frames, copy=False)
-            deadline_ms = int(wait * 1000)
+            try:
+                # Bounded: after a refused handshake libzmq drops the connection and a send finds no peer.
+                sock.send_multipart(frames, copy=False)
+            except zmq.Again:
+                failure = self._handshake_failure()
+                self._reset()
+                raise EdgerunError(failure or f"the remote device at {self.url} did not take {method!r} within "
+                                              f"{self.timeout:g} s (is the server running?)") from None
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(self._monitor, zmq.POLLIN)
+            deadline = time.monotonic() + wait
             while True:
-                if not sock.poll(deadline_ms):
+                ready = dict(poller.poll(max(0, int((deadline - time.monotonic()) * 1000))))
+                failure = self._handshake_failure() if self._monitor in ready else None
+                if failure is not None:
+                    self._reset()
+                    raise EdgerunError(failure)
+                if sock not in ready:
+                    if time.monotonic() < deadline:
+                        continue
                     self._reset()
                     raise EdgerunError(f"the remote device at {self.url} did not answer {method!r} within "
                                        f"{wait:g} s (is the server running? raise timeout= for long calls)")
@@ -103,7 +187,8 @@ class RemoteDevice:
         if self._sock is not None:
             with contextlib.suppress(EdgerunError):
                 self.request("close_session", timeout=2.0)
-        self._reset()
+        with self._lock:
+            self._reset()
         self._ctx.term()
 
     def __enter__(self) -> RemoteDevice:
@@ -197,9 +282,22 @@ class RemoteFunction:
                      for h, sp in zip(result["handles"], result["specs"]))
 
 
-def connect(url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> RemoteDevice:
-    """Connect to `edgerun serve`. The token comes from `token=` or the EDGERUN_TOKEN environment variable."""
+SERVER_KEY_ENV = "EDGERUN_SERVER_KEY"  # path of the device's public key file (NAME.key)
+CLIENT_KEY_ENV = "EDGERUN_CLIENT_KEY"  # path of this client's secret key file (NAME.key_secret)
+
+
+def connect(url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S,
+            server_key: str | os.PathLike[str] | None = None,
+            client_key: str | os.PathLike[str] | None = None) -> RemoteDevice:
+    """Connect to `edgerun serve`.
+
+    The token comes from `token=` or EDGERUN_TOKEN; CURVE key files from `server_key=`/`client_key=` or
+    EDGERUN_SERVER_KEY/EDGERUN_CLIENT_KEY (paths: keys never travel in argv or in the environment itself).
+    """
     token = token or os.environ.get("EDGERUN_TOKEN")
-    if not token:
-        raise EdgerunError("connect needs a token: pass token= or set EDGERUN_TOKEN")
-    return RemoteDevice(url, token, timeout=timeout)
+    server_key = server_key or os.environ.get(SERVER_KEY_ENV) or None
+    client_key = client_key or os.environ.get(CLIENT_KEY_ENV) or None
+    if not token and server_key is None and client_key is None:
+        raise EdgerunError("connect needs a token (token= or EDGERUN_TOKEN) or CURVE keys (server_key= and "
+                           f"client_key=, or {SERVER_KEY_ENV} and {CLIENT_KEY_ENV})")
+    return RemoteDevice(url, token, timeout=timeout, server_key=server_key, client_key=client_key)

@@ -27,6 +27,7 @@ from edgerun.ir.verifier import verify
 from edgerun.passes.decompose_pass import DecomposePass
 from edgerun.passes.pipeline import restore_output_names
 from edgerun.program import Program
+from edgerun.runtime.arena_limit import check_arena_budget
 from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
 from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
@@ -39,7 +40,7 @@ from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_life
 def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *,
          placement: Mapping[str, str] | None = None, verify_weights: bool = True,
-         alias_reshapes: bool = True, tune: bool = False) -> LoadedProgram:
+         alias_reshapes: bool = True, tune: bool = False, arena_limit: int | None = None) -> LoadedProgram:
     """Make a program runnable.
 
     `source`: a program file path, a Program, or a Graph. `backends`: names or instances in order of
@@ -48,6 +49,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     developer tool migrating ops one at a time); node names are those of the decomposed graph.
     `backends="auto"`: the device chooses the placement with edgerun.search (cost model over calibrated
     throughputs); `tune=True` also measures the best few placements and caches the winner per device.
+    `arena_limit`: the most arena bytes to allocate (default: EDGERUN_MAX_ARENA_BYTES, else 75% of available
+    memory); a larger plan raises ArenaLimitError before anything is allocated.
     """
     program, original = _read(source, verify_weights)
     graph = prepare_graph(original)
@@ -66,6 +69,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
     plan = plan_memory(lifetimes, arena_aliases)
     verify_plan(plan, lifetimes)
+    check_arena_budget(plan.arena_bytes, arena_limit)  # before allocating: a clear error, never a MemoryError
     arena = allocate_arena(plan.arena_bytes)
     views = bind_views(graph, plan, arena, const_aliases)
     instructions = build_instructions(steps, elided, partitions, compiled, views)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import random
@@ -10,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from remote_testkit import ServerProcess, start_server
+from remote_testkit import RawPeer, ServerProcess, header, start_server
 
 import edgerun
 from edgerun.cli import build_parser
@@ -20,33 +21,27 @@ from edgerun.remote.server import DeviceServer
 METHODS = ["hello", "open_session", "close_session", "upload", "put", "empty", "get", "free", "call", "describe"]
 
 
-class RawPeer:
-    """A hand-driven DEALER socket: sends whatever frames a test wants, waits a bounded time for a reply."""
-
-    def __init__(self, url: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(url)
-
-    def ask(self, frames: list[bytes], timeout_ms: int = 5000) -> dict | None:
-        self.sock.send_multipart(frames)
-        if not self.sock.poll(timeout_ms):
-            return None
-        return json.loads(self.sock.recv_multipart()[0])
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
-
-
 def _header(**fields: object) -> bytes:
-    return json.dumps({"v": 1, "id": 1, "args": {}, "tensors": [], **fields}).encode()
+    return header(**fields)
 
 
 def test_every_method_refuses_a_missing_or_wrong_token(server: ServerProcess) -> None:
-    peer = RawPeer(server.url)
+    # In the handshake: a peer without the token (no mechanism, empty, wrong, near misses) is refused before
+    # any of its messages is accepted, whatever method they name; none reaches the application.
+    peers = [RawPeer(server.url, token) for token in (None, " ", "wrong" * 8, server.token[:-1], server.token + "x")]
     try:
+        for peer in peers:
+            peer.sock.setsockopt(zmq.SNDTIMEO, 1000)  # once refused, libzmq has no peer left to queue for
+            for method in METHODS:
+                with contextlib.suppress(zmq.Again):
+                    peer.sock.send_multipart([_header(method=method, token=server.token)])
+        assert all(not peer.sock.poll(300) for peer in peers)
+    finally:
+        for peer in peers:
+            peer.close()
+    peer = RawPeer(server.url, server.token)
+    try:
+        # In the header, the token is a second check: an authenticated peer must still send it.
         for method in METHODS:
             for token in (None, "", "wrong" * 8, server.token[:-1], server.token + "x"):
                 fields = {"method": method} if token is None else {"method": method, "token": token}
@@ -55,6 +50,9 @@ def test_every_method_refuses_a_missing_or_wrong_token(server: ServerProcess) ->
                 assert reply["error"]["type"] == "Unauthorized"
         ok = peer.ask([_header(method="hello", token=server.token)])
         assert ok is not None and ok["ok"] and ok["result"]["sessions"] == 0  # nothing was opened
+        # Only this peer's 51 requests reached the application; the refused peers' 50 never did.
+        assert ok["result"]["stats"]["requests"] == len(METHODS) * 5 + 1
+        assert ok["result"]["stats"]["handshakes_refused"] >= 4  # the peer with no mechanism never gets to ZAP
     finally:
         peer.close()
     with pytest.raises(EdgerunError, match="refused the token"):
@@ -68,12 +66,12 @@ def test_sizes_are_bounded_with_clear_errors(tmp_path) -> None:
             assert remote.limits.max_message_bytes == 1 << 20
             with pytest.raises(EdgerunError, match="exceeds the device's limit"):
                 remote.tensor(np.zeros(1 << 19, np.float32))  # 2 MiB
-            peer = RawPeer(srv.url)
+            peer = RawPeer(srv.url, srv.token)
             # libzmq drops an oversized message (and that peer) before buffering it; the server lives on.
             assert peer.ask([_header(method="put", token=srv.token), b"\0" * (2 << 20)], 1000) is None
             peer.close()
             big_header = _header(method="hello", token=srv.token, pad="x" * 70_000)
-            peer = RawPeer(srv.url)
+            peer = RawPeer(srv.url, srv.token)
             reply = peer.ask([big_header])
             assert reply is not None and reply["error"]["type"] == "BadRequest" and "exceeds" in reply["error"]["message"]
             lying = json.dumps({"v": 1, "id": 2, "token": srv.token, "method": "put",
@@ -123,7 +121,7 @@ def _malformed_messages(token: str, rng: random.Random) -> list[list[bytes]]:
 
 
 def test_server_survives_a_thousand_malformed_messages(server: ServerProcess) -> None:
-    peer = RawPeer(server.url)
+    peer = RawPeer(server.url, server.token)
     replies = 0
     try:
         for frames in _malformed_messages(server.token, random.Random(7)):
@@ -140,7 +138,7 @@ def test_server_survives_a_thousand_malformed_messages(server: ServerProcess) ->
 
 
 def test_no_client_can_run_arbitrary_python(server: ServerProcess) -> None:
-    peer = RawPeer(server.url)
+    peer = RawPeer(server.url, server.token)
     try:
         for method in ("__init__", "_upload", "serve_forever", "stop", "handle", "__class__", "exec", "eval"):
             reply = peer.ask([_header(method=method, token=server.token)])
