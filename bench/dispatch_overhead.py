@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
 from edgerun.runtime import EventRecorder, load
 from edgerun.runtime.executor import Executor
 from edgerun.runtime.instructions import Instruction

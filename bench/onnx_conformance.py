@@ -118,9 +118,9 @@ def zoo_check() -> int:
     import torch
 
     import edgerun.zoo as zoo
-    from edgerun.backends.reference.interpreter import interpret
     from edgerun.frontends.onnx import from_onnx
     from edgerun.frontends.torch import export
+    from edgerun.oracle import interpret
 
     rows: list[dict[str, object]] = []
     worst = 0.0

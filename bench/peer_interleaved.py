@@ -39,7 +39,7 @@ def _ort(path: Path, inputs: list[np.ndarray], threads: int) -> Callable[[], Any
 
 
 def compare(model: str, workdir: Path, blocks: int, runs: int, threads: int) -> dict[str, Any]:
-    from edgerun.runtime import load
+    from edgerun.search import load
 
     with np.load(workdir / f"{model}.inputs.npz") as data:
         inputs = [np.ascontiguousarray(data[f"arr_{k}"]) for k in range(len(data.files))]

@@ -28,7 +28,7 @@ Runner = Callable[[], Any]
 
 
 def _edgerun(base: str, inputs: list[np.ndarray], threads: int) -> Runner:
-    from edgerun.runtime import load
+    from edgerun.search import load
 
     model = load(f"{base}.edgerun", backends="auto")
     return lambda: model.run(inputs)

@@ -49,9 +49,8 @@ def _error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
 
 
 def measure(name: str, workdir: Path | None, repeats: int, check: bool = True) -> dict[str, Any]:
-    from edgerun.runtime import load
     from edgerun.runtime.loader import prepare_graph
-    from edgerun.search import plan_auto
+    from edgerun.search import load, plan_auto
 
     program, inputs = _program(name, workdir)
     graph = prepare_graph(program.graph)

@@ -30,7 +30,7 @@ _LAZY = {
     "Program": "edgerun.program:Program",
     "export": "edgerun.frontends.torch:export",
     "from_onnx": "edgerun.frontends.onnx:from_onnx",
-    "load": "edgerun.runtime:load",
+    "load": "edgerun.search:load",
     "connect": "edgerun.remote.client:connect",
 }
 

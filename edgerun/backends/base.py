@@ -1,8 +1,9 @@
 """The backend interface: what a backend can run, what it costs, and how it compiles a partition.
 
 A backend is one module under edgerun/backends/ exposing `create_backend() -> Backend` (see registry.py).
-The runtime asks each backend, per node, `supports(node, graph)`; the search asks `cost(node, graph)` and
-`transfer_cost(nbytes)`; the partitioner hands each backend maximal subgraphs of the nodes placed on it and
+The runtime asks each backend, per node, `supports(node, graph)`; the search asks what the class declares
+(`cost`, `throughput`, `partition_overhead_s`, `fuses_activations`, `algorithm_choices`, `settings`,
+`tunable_settings`) and never probes for anything else; the partitioner hands each backend maximal subgraphs of the nodes placed on it and
 calls `compile(subgraph)`. A compiled partition runs on arrays the runtime owns (views of its one arena):
 either as one call per partition (a delegate: ONNX Runtime, a remote device), or, when the backend offers
 `bind_node`, as one pre-bound call per node, so its intermediates are memory-planned too (the reference
@@ -11,6 +12,7 @@ backend's fast path).
 
 from __future__ import annotations
 
+import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -19,8 +21,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from edgerun.ir.decompose import decompose
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import copied_elements, regions_of
+from edgerun.ir.registry import OpKind, get_op
+from edgerun.oracle.conv_algorithms import Work
 
 # Runs a partition: reads `inputs` (subgraph.inputs order) and writes every array in `outputs`
 # (subgraph.outputs order) in place. The arrays are the runtime's; a backend never keeps them.
@@ -48,6 +54,15 @@ class Throughput:
     dispatch_s: float = 2e-6  # fixed cost of launching one kernel
     transfer_bytes_per_s: float = math.inf  # into and out of the backend's memory (inf: host memory)
     transfer_latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class AlgorithmChoice:
+    """One way a backend can compute a node, and the work it does that way (the search costs each choice
+    with the backend's measured rates and hands the cheapest to `compile_with_algorithms`)."""
+
+    name: str
+    work: Work
 
 
 @dataclass(frozen=True)
@@ -89,25 +104,60 @@ class Backend(ABC):
     name: ClassVar[str] = ""
     extra: ClassVar[str | None] = None  # the `pip install edgerun[extra]` that provides its dependencies
     supported: ClassVar[Mapping[str, OpSupport]] = {}
-    throughput: Throughput = Throughput()
+    throughput: Throughput = Throughput()  # declared figures, until calibration measures this machine
+    # Seconds one call of a compiled partition costs beyond its nodes (a delegate's session call), until
+    # calibration measures it.
+    partition_overhead_s: ClassVar[float] = 0.0
+    # Folds an activation or bias add (max, min, add) into the conv or matmul before it, so the search
+    # keeps such pairs together on this backend.
+    fuses_activations: ClassVar[bool] = False
+
+    # Composite ops this backend runs whole, as one kernel, with the same kind of constraints as `supported`
+    # (ExecuTorch's ops_to_not_decompose). At load, a composite some candidate backend claims stays whole
+    # until placement; wherever it lands on a backend that does not claim it, the runtime lowers it there.
+    composites: ClassVar[Mapping[str, OpSupport]] = {}
+    # Runs any composite through its decomposition (the runtime lowers it after placement): the reference.
+    runs_decomposed: ClassVar[bool] = False
 
     def supports(self, node: Node, graph: Graph) -> bool:
-        rule = self.supported.get(node.op)
-        if rule is None:
-            return False
-        specs = [graph.specs[v] for v in (*node.inputs, *node.outputs) if v]
-        if rule.dtypes is not None and any(s.dtype not in rule.dtypes for s in specs):
-            return False
-        if rule.max_rank is not None and any(s.rank > rule.max_rank for s in specs):
-            return False
-        return rule.check is None or rule.check(node, graph)
+        if is_composite(node.op):
+            return self.runs_decomposed or self.keeps_whole(node, graph)
+        return _fits(self.supported.get(node.op), node, graph)
+
+    def keeps_whole(self, node: Node, graph: Graph) -> bool:
+        """Whether this backend runs composite `node` as one kernel (see `composites`)."""
+        return _fits(self.composites.get(node.op), node, graph)
 
     def cost(self, node: Node, graph: Graph) -> OpCost:
+        if is_composite(node.op):
+            work = composite_work(node, graph)
+            if self.keeps_whole(node, graph):
+                return OpCost(work.flops, work.boundary_bytes, self.throughput.dispatch_s)
+            return OpCost(work.flops, work.bytes_moved, self.throughput.dispatch_s * work.pieces)
         flops, moved = node_work(node, graph)
         return OpCost(flops, moved, self.throughput.dispatch_s)
 
     def estimate_seconds(self, node: Node, graph: Graph) -> float:
         return self.cost(node, graph).seconds(self.throughput)
+
+    def algorithm_choices(self, node: Node, graph: Graph) -> Sequence[AlgorithmChoice]:
+        """The ways this backend can compute `node`, when it has a choice (none: it decides alone)."""
+        return ()
+
+    def settings(self) -> dict[str, object]:
+        """The configuration this backend's speed depends on (thread count, ...): a change means measuring
+        again, so it is part of the calibration cache's key."""
+        return {}
+
+    def tunable_settings(self) -> dict[str, tuple[object, ...]]:
+        """Settings calibration may choose, each with the values to try (the current one first). Only
+        settings the user left open belong here."""
+        return {}
+
+    def apply_settings(self, chosen: Mapping[str, object]) -> None:
+        """Take the values calibration chose for (some of) `tunable_settings`."""
+        if chosen:
+            raise ValueError(f"backend {self.name!r} has no tunable settings {sorted(chosen)}")
 
     def transfer_cost(self, nbytes: int) -> float:
         """Seconds to move `nbytes` between host memory and this backend (each way)."""
@@ -118,25 +168,84 @@ class Backend(ABC):
     def compile(self, subgraph: Graph) -> CompiledPartition:
         """Make `subgraph` executable. Raise anything on failure: the runtime falls back to reference."""
 
+    def compile_with_algorithms(self, subgraph: Graph, algorithms: Mapping[str, str]) -> CompiledPartition:
+        """`compile`, binding the algorithm the search chose for some nodes (node name -> algorithm name,
+        one of `algorithm_choices`). Only a backend that declares choices is ever called with some."""
+        return self.compile(subgraph)
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 
 
+def _fits(rule: OpSupport | None, node: Node, graph: Graph) -> bool:
+    if rule is None:
+        return False
+    specs = [graph.specs[v] for v in (*node.inputs, *node.outputs) if v]
+    if rule.dtypes is not None and any(s.dtype not in rule.dtypes for s in specs):
+        return False
+    if rule.max_rank is not None and any(s.rank > rule.max_rank for s in specs):
+        return False
+    return rule.check is None or rule.check(node, graph)
+
+
+def is_composite(op: str) -> bool:
+    return get_op(op).kind is OpKind.COMPOSITE
+
+
 # ---- work counting: shared by every backend's default cost ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompositeWork:
+    """What a composite node does, counted over its decomposition."""
+
+    flops: float
+    bytes_moved: float  # every piece's reads and writes: the composite run decomposed
+    boundary_bytes: float  # its own inputs and outputs: the composite run as one kernel
+    pieces: int  # atomic nodes and rasters it lowers to
+
+
+def composite_work(node: Node, graph: Graph) -> CompositeWork:
+    """Work of a composite node, from its decomposition at these shapes (cached per op, attrs and specs)."""
+    key = json.dumps([node.op, node.attrs, [str(graph.specs[v]) if v else "" for v in node.inputs]],
+                     sort_keys=True, default=str)
+    work = _COMPOSITE_WORK.get(key)
+    if work is None:
+        scratch = Graph()
+        for v in dict.fromkeys(v for v in node.inputs if v):
+            scratch.add_input(v, graph.specs[v])
+        scratch.nodes.append(Node(node.op, list(node.inputs), list(node.outputs), dict(node.attrs), name="c"))
+        scratch.specs.update({o: graph.specs[o] for o in node.outputs})
+        scratch.outputs = list(node.outputs)
+        try:
+            decompose(scratch)
+        except (ValueError, KeyError, RuntimeError):  # a decomposition that needs constant values: count it whole
+            scratch.nodes = []
+        counted = [node_work(n, scratch) for n in scratch.nodes]
+        boundary = float(sum(graph.specs[v].nbytes for v in (*node.inputs, *node.outputs) if v))
+        work = CompositeWork(sum(f for f, _ in counted), sum(b for _, b in counted), boundary, len(scratch.nodes))
+        _COMPOSITE_WORK[key] = work
+    return work
+
+
+_COMPOSITE_WORK: dict[str, CompositeWork] = {}
 
 _TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "pow", "rsqrt", "sqrt"}
 _TRANSCENDENTAL_FLOPS = 8  # a polynomial evaluation, roughly; only the ratio to a multiply-add matters
 
 
 def node_work(node: Node, graph: Graph) -> tuple[float, float]:
-    """(elementary operations, bytes read + written) of one atomic node or raster."""
+    """(elementary operations, bytes read + written) of one node (a composite: over its decomposition)."""
+    if is_composite(node.op):
+        work = composite_work(node, graph)
+        return work.flops, work.bytes_moved
     ins = [graph.specs[v] for v in node.inputs if v]
     outs = [graph.specs[v] for v in node.outputs]
     out_elems = sum(s.numel for s in outs)
     moved = float(sum(s.nbytes for s in ins) + sum(s.nbytes for s in outs))
     op = node.op
     if op == "raster":
-        copied = sum(int(r[9]) * int(r[10]) * int(r[11]) for r in node.attrs.get("regions", []))
+        copied = copied_elements(regions_of(node.attrs))
         item = outs[0].dtype.itemsize
         return 0.0, float(2 * copied * item + (outs[0].nbytes if node.attrs.get("fill") is not None else 0))
     if op == "matmul":

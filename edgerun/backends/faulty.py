@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport
-from edgerun.backends.reference.backend import bind_node as reference_bind_node
-from edgerun.backends.reference.kernels import KERNELS, Kernel
+from edgerun.backends.reference import bind_node as reference_bind_node
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import regions_of
+from edgerun.oracle import KERNELS, Kernel, run_partition
 
 Attrs = dict[str, Any]
 LONG_REDUCTION = 1024
@@ -75,18 +77,17 @@ def _raster_off_by_one(ins: list[np.ndarray], attrs: Attrs, outs: list[np.ndarra
     if attrs.get("fill") is not None:
         flat_out[...] = attrs["fill"]
     flats = [np.ascontiguousarray(x).reshape(-1) for x in ins]
-    for r in attrs["regions"]:
-        src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = (int(v) for v in r)
-        if n0 * n1 * n2 == 0:
+    for r in regions_of(attrs):
+        if r.numel == 0:
             continue
-        strides = [s0, s1, s2]
-        for axis, (n, s) in enumerate(zip((n0, n1, n2), strides)):
+        strides = list(r.src_strides)
+        for axis, (n, s) in enumerate(zip(r.size, strides)):
             if n > 1 and abs(s) > 1:
                 strides[axis] = s + 1
                 break
-        i, j, k = np.meshgrid(np.arange(n0), np.arange(n1), np.arange(n2), indexing="ij")
-        src_idx = np.clip(soff + i * strides[0] + j * strides[1] + k * strides[2], 0, flats[src].size - 1)
-        flat_out[doff + i * d0 + j * d1 + k * d2] = flats[src][src_idx]
+        wrong = replace(r, src_strides=(strides[0], strides[1], strides[2]))
+        dst, src_idx = wrong.index_grids()
+        flat_out[dst] = flats[r.src][np.clip(src_idx, 0, flats[r.src].size - 1)]
 
 
 def _exp_wrapping(ins: list[np.ndarray], attrs: Attrs, outs: list[np.ndarray]) -> None:
@@ -139,6 +140,7 @@ class FaultyBackend(Backend):
 
     name = "faulty"
     supported = {op: OpSupport() for op in KERNELS}
+    runs_decomposed = True
 
     def __init__(self, bug: str = "none") -> None:
         if bug not in BUGS:
@@ -160,17 +162,7 @@ class FaultyBackend(Backend):
             return functools.partial(kernel, [arrays[i] for i in node.inputs if i], node.attrs,
                                      [arrays[o] for o in node.outputs])
 
-        def run(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-            env: dict[str, np.ndarray] = dict(subgraph.constants)
-            env.update(zip(subgraph.inputs, inputs))
-            with np.errstate(all="ignore"):
-                for node in subgraph.nodes:
-                    outs = [np.empty(subgraph.specs[o].shape, subgraph.specs[o].dtype.np) for o in node.outputs]
-                    kernel = kernels.get(node.name) or KERNELS[node.op]
-                    kernel([env[i] for i in node.inputs if i], node.attrs, outs)
-                    env.update(zip(node.outputs, outs))
-            for name, dst in zip(subgraph.outputs, outputs):
-                np.copyto(dst, env[name])
+        run = functools.partial(run_partition, subgraph, kernel_for=lambda node: kernels.get(node.name))
         return CompiledPartition(self.name, subgraph, run, bind, info={"fault": self.bug})
 
     def __repr__(self) -> str:

@@ -15,7 +15,8 @@ from edgerun.errors import BackendUnavailableError
 
 BackendFactory = Callable[[], Backend]
 
-_MODULES = {"reference": "edgerun.backends.reference.backend"}
+# The module of a backend that does not live at edgerun.backends.<name> (an out-of-tree plug-in).
+_MODULES: dict[str, str] = {}
 # The pip extra per backend, where it differs from "the backend's name" or the module cannot be imported to ask.
 _EXTRAS = {"onnxruntime": "onnxruntime", "remote": "remote", "webgpu": "webgpu"}
 # Backends the project ships or plans; listed in error messages so a typo is easy to spot.

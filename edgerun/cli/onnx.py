@@ -35,12 +35,7 @@ def _import_onnx(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise EdgerunError(f"import-onnx needs the onnx package ({exc.name} is missing): "
                            "pip install 'edgerun[onnx]'") from None
-    program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None)
-    if not args.no_optimize:
-        from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
-        graph, records = optimize(program.graph)
-        program.graph = graph
-        program.metadata[METADATA_KEY] = records_to_json(records)
+    program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None, optimize=not args.no_optimize)
     program.save(args.output)
     g = program.graph
     print(f"wrote {args.output}: {len(g.nodes)} nodes, {len(g.inputs)} inputs, {len(g.outputs)} outputs, "

@@ -58,7 +58,7 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from edgerun.runtime import load
+    from edgerun.search import load  # the runtime's load, with "auto" resolved by the search
 
     path = Path(args.file)
     if not path.is_file():
@@ -152,7 +152,29 @@ def _plan(args: argparse.Namespace) -> int:
     m = _load(args)
     inputs = None if args.no_measure else random_inputs(m.graph)
     print(format_placement_table(partition_costs(m, inputs, max(1, args.runs))))
+    _print_candidates(m.search)
     return 0
+
+
+def _print_candidates(plan: object) -> None:
+    """The placements the load-time search considered: modelled against measured time, winner marked."""
+    from edgerun.search import AutoPlan
+
+    if not isinstance(plan, AutoPlan):
+        return
+    tuning = plan.tuning
+    if tuning.get("source") == "cache":
+        print("search: placement from the tuning cache (measured on an earlier load of this program here)")
+        return
+    print(f"search: {len(plan.placement)} nodes over {', '.join(plan.backends)}; "
+          f"modelled {plan.modelled_s * 1e3:.3f} ms, search {plan.search_s * 1e3:.1f} ms")
+    if not tuning.get("candidates"):
+        return
+    print("candidate                    modelled ms  measured ms")
+    for c in tuning["candidates"]:
+        measured = "-" if c["measured_s"] is None else f"{c['measured_s'] * 1e3:.3f}"
+        mark = "  <- chosen" if c["label"] == tuning.get("winner") else ""
+        print(f"{c['label']:<28} {c['modelled_s'] * 1e3:>11.3f}  {measured:>11}{mark}")
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -94,12 +94,13 @@ def _export_factory(args: argparse.Namespace) -> int:
 
 def _export_and_save(module: Any, example: tuple[Any, ...], name: str, args: argparse.Namespace,
                      status: _Status) -> None:
-    from edgerun.frontends.torch.export import export_graph, program_from_graph
+    from edgerun.frontends.program_maker import make_program
+    from edgerun.frontends.torch.export import export_graph, torch_version
 
     status("capturing with torch.export and converting to edgerun IR")
     graph = export_graph(module, example)
     status("running the default pass pipeline" if not args.no_optimize else "skipping passes (--no-optimize)")
-    program = program_from_graph(graph, name=name, optimize=not args.no_optimize)
+    program = make_program(graph, frontend=f"torch {torch_version()}", name=name, run_passes=not args.no_optimize)
     status(f"saving {args.output}")
     program.save(args.output)
     counts = program.graph.op_counts()

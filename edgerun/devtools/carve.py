@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.devtools.bundle import BundlePolicy, TestBundle
 from edgerun.devtools.programs import InputSet, LoadedGraph
 from edgerun.ir.graph import Node
+from edgerun.oracle import interpret
 
 
 def carve(loaded: LoadedGraph, input_sets: Sequence[InputSet], policy: BundlePolicy | None = None,

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import Backend
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.devtools.backends import backend_label
 from edgerun.devtools.compare import ErrorStats, Tolerances, compare_arrays
 from edgerun.devtools.programs import InputSet, LoadedGraph
 from edgerun.ir.graph import Node
+from edgerun.oracle import interpret
 from edgerun.runtime.instructions import InstructionEvent
 from edgerun.runtime.loader import load
 

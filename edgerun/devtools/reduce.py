@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgerun.backends.base import Backend
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.devtools.compare import Tolerances, compare_arrays
 from edgerun.devtools.programs import InputSet, LoadedGraph, save_inputs
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
+from edgerun.oracle import interpret
 from edgerun.runtime.loader import load
 
 PREDICATES = ("fail", "crash", "error")

@@ -1,4 +1,4 @@
-"""ConstantFoldPass: evaluate nodes whose inputs are all constants with the reference kernels.
+"""ConstantFoldPass: evaluate nodes whose inputs are all constants with the oracle's kernels (edgerun.oracle).
 
 Size rule: a node is folded only when its result is no larger than the constant bytes the fold frees (inputs
 that nothing else reads) plus `SMALL_CONSTANT_BYTES`. So a transpose of a weight is folded (the program
@@ -14,6 +14,7 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.registry import OpKind, get_op
+from edgerun.oracle import run_node
 from edgerun.passes.base import Pass, PassResult
 
 # Below this a constant costs less than the node that would compute it at run time.
@@ -52,8 +53,6 @@ class ConstantFoldPass(Pass):
         return PassResult(graph, changed)
 
     def _fold(self, graph: Graph, node: Node, readers: dict[str, int]) -> list[np.ndarray] | None:
-        from edgerun.backends.reference.interpreter import run_node
-
         inputs = [i for i in node.inputs if i]
         if not inputs or any(i not in graph.constants for i in inputs):
             return None

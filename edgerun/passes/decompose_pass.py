@@ -1,53 +1,33 @@
-"""DecomposePass: replace every composite op by its registered decomposition, until only atomic ops and raster remain."""
+"""DecomposePass: replace composite ops by their registered decompositions (edgerun.ir.decompose).
+
+Export keeps the composites a backend may implement whole (`PROGRAM_COMPOSITES`): the program file stays
+portable, and at load each backend claims the ones it runs as one kernel (Backend.composites); the runtime
+decomposes the rest after placement. Everything else is lowered here, because later passes need the pieces:
+linear (its weight transpose folds into the stored weight), batch norm (folds into the conv before it), the
+layout ops (rasters merge), attention (its transposes merge with the head split around it).
+"""
 
 from __future__ import annotations
 
-from edgerun.ir.builder import Builder
+from collections.abc import Collection
+
+from edgerun.ir.decompose import decompose
 from edgerun.ir.graph import Graph
-from edgerun.ir.registry import OpKind, get_op
 from edgerun.passes.base import Pass, PassResult
 
-_MAX_ROUNDS = 16  # decompositions may emit composites (split -> slice); nesting is shallow
+# Composites kept in program files: activations and normalisations that fast engines have single kernels for.
+PROGRAM_COMPOSITES = frozenset({"relu", "clamp", "gelu", "silu", "softmax", "log_softmax", "layer_norm",
+                                "rms_norm"})
 
 
 class DecomposePass(Pass):
-    """Lower composite ops to atomic ops and raster."""
+    """Lower composite ops to atomic ops and raster, except those named in `keep`."""
 
     name = "decompose"
 
-    def call(self, graph: Graph) -> PassResult:
-        changed = False
-        for _ in range(_MAX_ROUNDS):
-            if not self._one_round(graph):
-                break
-            changed = True
-        else:
-            raise RuntimeError("decomposition did not converge; a decomposition emits its own op")
-        graph.prune_specs()
-        return PassResult(graph, changed)
+    def __init__(self, keep: Collection[str] = ()) -> None:
+        self.keep = frozenset(keep)
 
-    @staticmethod
-    def _one_round(graph: Graph) -> bool:
-        old_nodes = graph.nodes
-        graph.nodes = []
-        rename: dict[str, str] = {}
-        changed = False
-        for node in old_nodes:
-            node.inputs = [rename.get(i, i) for i in node.inputs]
-            opdef = get_op(node.op)
-            if opdef.kind is not OpKind.COMPOSITE:
-                graph.nodes.append(node)
-                continue
-            changed = True
-            assert opdef.decompose is not None
-            outs = opdef.decompose(Builder(graph, node.meta), list(node.inputs), node.attrs)
-            if len(outs) != len(node.outputs):
-                raise RuntimeError(f"decomposition of {node.op} returned {len(outs)} values, "
-                                   f"expected {len(node.outputs)}")
-            for old, new in zip(node.outputs, outs):
-                if graph.specs[old] != graph.specs[new]:
-                    raise RuntimeError(f"decomposition of {node.op} changed {graph.specs[old]} "
-                                       f"to {graph.specs[new]}")
-                rename[old] = new
-        graph.outputs = [rename.get(o, o) for o in graph.outputs]
-        return changed
+    def call(self, graph: Graph) -> PassResult:
+        keep = self.keep
+        return PassResult(graph, decompose(graph, (lambda node, _: node.op in keep) if keep else None))

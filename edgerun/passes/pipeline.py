@@ -1,7 +1,7 @@
 """The default pass pipeline, and the per-pass op-count records that program metadata carries.
 
-Order (measured on the zoo, see docs/passes.md): decompose first, since every later pass works on atomic ops
-and rasters; constant folding before the conv fold, so batch-norm statistics are already two vectors (the
+Order (measured on the zoo, see docs/passes.md): decompose first (all but PROGRAM_COMPOSITES, which stay
+whole until a backend claims them at load), since every later pass works on atomic ops and rasters; constant folding before the conv fold, so batch-norm statistics are already two vectors (the
 other way round folds no batch norm at all); common subexpressions next, so raster merging sees one copy of
 each; dead code last, to drop what the others orphaned. Running the whole list a second time removes
 nothing more on the zoo, so there is no outer loop.
@@ -12,15 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from edgerun.ir.graph import Graph, Node
-from edgerun.ir.ops.raster import strided_copy_regions
-from edgerun.ir.tensor_spec import contiguous_strides
+from edgerun.ir.decompose import restore_output_names
+from edgerun.ir.graph import Graph
 from edgerun.passes.base import Pass, PassRecord, run_pipeline
 from edgerun.passes.common_subexpression_pass import CommonSubexpressionPass
 from edgerun.passes.constant_fold_pass import ConstantFoldPass
 from edgerun.passes.conv_affine_fold_pass import ConvAffineFoldPass
 from edgerun.passes.dead_code_pass import DeadCodePass
-from edgerun.passes.decompose_pass import DecomposePass
+from edgerun.passes.decompose_pass import PROGRAM_COMPOSITES, DecomposePass
 from edgerun.passes.raster_merge_pass import RasterMergePass
 
 # The program metadata key under which `optimize`'s records are stored (see records_to_json).
@@ -29,7 +28,7 @@ METADATA_KEY = "passes"
 
 def default_pipeline() -> list[Pass]:
     """The passes export runs, in order."""
-    return [DecomposePass(), ConstantFoldPass(), ConvAffineFoldPass(), CommonSubexpressionPass(),
+    return [DecomposePass(keep=PROGRAM_COMPOSITES), ConstantFoldPass(), ConvAffineFoldPass(), CommonSubexpressionPass(),
             RasterMergePass(), DeadCodePass()]
 
 
@@ -43,37 +42,6 @@ def optimize(graph: Graph, passes: Sequence[Pass] | None = None,
                                       verify_each=verify_each)
     restore_output_names(optimized, graph.outputs)
     return optimized, records
-
-
-def restore_output_names(graph: Graph, names: Sequence[str]) -> None:
-    """Give graph outputs back the names in `names` where that name is free.
-
-    A node's result or a constant is renamed everywhere it is read; a graph input that became an output
-    (an identity model, or a reshape that decomposed to nothing) keeps its name and gets a copy under the
-    output's name, and so does a value listed more than once among the outputs, for all but its last place.
-    """
-    producers = graph.producers()
-    for position, (current, wanted) in enumerate(zip(list(graph.outputs), names)):
-        if current == wanted or wanted in graph.specs:
-            continue
-        if current in graph.inputs or graph.outputs.count(current) > 1:
-            spec = graph.specs[current]
-            strides = contiguous_strides(spec.shape)
-            regions = strided_copy_regions(0, 0, strides, 0, strides, spec.shape)
-            graph.nodes.append(Node("raster", [current], [wanted],
-                                    {"regions": regions, "shape": list(spec.shape), "fill": None}, name=wanted))
-            graph.specs[wanted] = spec
-            graph.outputs[position] = wanted
-            continue
-        if current in producers:
-            node = producers[current]
-            node.outputs = [wanted if o == current else o for o in node.outputs]
-        else:
-            graph.constants[wanted] = graph.constants.pop(current)
-        for n in graph.nodes:
-            n.inputs = [wanted if i == current else i for i in n.inputs]
-        graph.specs[wanted] = graph.specs.pop(current)
-        graph.outputs[position] = wanted
 
 
 def records_to_json(records: Sequence[PassRecord]) -> list[dict[str, Any]]:

@@ -9,11 +9,13 @@ downstream nodes are untouched; the inner raster dies when nothing else reads it
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import Region
 from edgerun.passes.base import Pass, PassResult
 from edgerun.passes.common_subexpression_pass import merge_identical_nodes
 from edgerun.passes.dead_code_pass import remove_dead_nodes
@@ -94,12 +96,12 @@ def _compose(graph: Graph, outer: Node, inner: dict[int, Node]) -> tuple[list[st
     regions = fit_regions(sid.reshape(shape), idx.reshape(shape), budget)
     if regions is None:
         return None
-    used = sorted({int(r[0]) for r in regions})
+    fitted = [Region.of(r) for r in regions]
+    used = sorted({r.src for r in fitted})
     if not used:  # all fill; a raster still needs one source, so keep the first it had
         sources, used = [outer.inputs[0]], [0]
     renumber = {old: new for new, old in enumerate(used)}
-    for r in regions:
-        r[0] = renumber[int(r[0])]
+    regions = [replace(r, src=renumber[r.src]).to_list() for r in fitted]
     fill = needed_fills[0] if needed_fills and (sid < 0).any() else None
     attrs = dict(outer.attrs, regions=regions, fill=fill)
     return [sources[i] for i in used], attrs

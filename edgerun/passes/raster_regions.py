@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgerun.ir.ops.raster import Region, strided_copy_regions
+from edgerun.ir.ops.raster import StoredRegion, strided_copy_regions
+from edgerun.ir.region import Region
 from edgerun.ir.tensor_spec import contiguous_strides
 
 # Index maps are int64 arrays of the output's size; past this many elements merging is not worth the memory.
@@ -24,17 +25,13 @@ def raster_index_map(regions: Sequence[Sequence[int]], numel: int) -> tuple[np.n
     """(source id, flat source index) of every output element; id -1 marks elements no region writes."""
     sid = np.full(numel, -1, dtype=np.int64)
     idx = np.zeros(numel, dtype=np.int64)
-    for r in regions:
-        src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = (int(v) for v in r)
-        if n0 * n1 * n2 == 0:
+    for r in map(Region.of, regions):
+        if r.numel == 0:
             continue
-        i = np.arange(n0, dtype=np.int64)[:, None, None]
-        j = np.arange(n1, dtype=np.int64)[None, :, None]
-        k = np.arange(n2, dtype=np.int64)[None, None, :]
-        dst = (doff + i * d0 + j * d1 + k * d2).reshape(-1)
+        dst, src = r.index_grids()
         # Later regions overwrite earlier ones, exactly as the kernel applies them in order.
-        sid[dst] = src
-        idx[dst] = (soff + i * s0 + j * s1 + k * s2).reshape(-1)
+        sid[dst] = r.src
+        idx[dst] = src
     return sid, idx
 
 
@@ -61,7 +58,7 @@ def _factor_profile(profile: np.ndarray) -> list[tuple[int, int]] | None:
     return dims[::-1]
 
 
-def _fit_affine_cell(src: int, idx: np.ndarray, dst_offset: int, out_strides: Sequence[int]) -> list[Region] | None:
+def _fit_affine_cell(src: int, idx: np.ndarray, dst_offset: int, out_strides: Sequence[int]) -> list[StoredRegion] | None:
     """Regions for a block that reads one source, when its index map is a sum of per-axis nests.
 
     `out_strides` are the output strides of the block's axes, so a block may be a strided lattice too.
@@ -166,7 +163,7 @@ class _Fitter:
     def __init__(self, sid: np.ndarray, idx: np.ndarray, budget: int) -> None:
         self.sid, self.idx, self.budget = sid, idx, budget
         self.out_strides = contiguous_strides(tuple(sid.shape))
-        self.regions: list[Region] = []
+        self.regions: list[StoredRegion] = []
 
     def _offset(self, lo: Sequence[int]) -> int:
         return sum(int(a) * int(s) for a, s in zip(lo, self.out_strides))
@@ -176,7 +173,7 @@ class _Fitter:
         lattices = _lattices(sid)
         if lattices is None:
             return False
-        found: list[Region] = []
+        found: list[StoredRegion] = []
         for src, progressions in lattices.items():
             at = np.ix_(*[a + start + step * np.arange(n) for a, (start, step, n) in zip(lo, progressions)])
             strides = [s * step for s, (_, step, _) in zip(self.out_strides, progressions)]
@@ -237,7 +234,7 @@ def _periodic_view(sid: np.ndarray) -> tuple[int, ...] | None:
     return tuple(shape) if len(shape) > sid.ndim else None
 
 
-def fit_regions(sid: np.ndarray, idx: np.ndarray, budget: int) -> list[Region] | None:
+def fit_regions(sid: np.ndarray, idx: np.ndarray, budget: int) -> list[StoredRegion] | None:
     """Regions that reproduce the map (`sid`, `idx` shaped like the output), or None past `budget` regions."""
     if sid.size == 0:
         return []

@@ -16,7 +16,9 @@ MAGIC = b"EDGR"
 # Major: bumped when an old reader would misread a new file. Minor: bumped for additions old readers may
 # safely ignore (new optional JSON keys, a longer header). A reader accepts every minor of its own major.
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+# Minor 1: graphs keep some composite ops (softmax, layer_norm, gelu, ...) for the device to lower at load;
+# a 1.0 reader already decomposed every composite at load, so it reads 1.1 files correctly.
+FORMAT_MINOR = 1
 
 # 64 bytes is a cache line on x86 and most ARM cores and the width of an AVX-512 register, so a kernel can
 # use aligned vector loads on any weight straight out of the mapped file. Page alignment (4 KiB) would only

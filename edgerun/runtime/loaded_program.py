@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition
-from edgerun.backends.reference.interpreter import bind_inputs
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import bind_inputs
 from edgerun.runtime.executor import Executor
 from edgerun.runtime.instructions import EventSink, Instruction
 from edgerun.runtime.memory_plan import ArenaPlan
@@ -53,6 +53,9 @@ class LoadedProgram:
         self.graph = parts.graph
         self.program = parts.program
         self.plan = parts.plan
+        # What chose the placement, when the load-time search did (edgerun.search.AutoPlan; shown by
+        # `edgerun plan`). The runtime never reads it.
+        self.search: object = None
         by_index = {p.index: cp for p, cp in zip(parts.partitions, parts.compiled)}
         self._executor = Executor(parts.instructions,
                                   uses_numpy_math=any(by_index[i.partition].uses_numpy_math

@@ -1,8 +1,10 @@
 """load(): program file -> placement -> partitions -> compiled partitions -> memory plan -> instructions.
 
 The sequence, each step in its own module:
-1. read the program (weights memory-mapped, never copied), decompose composites, verify the graph;
-2. place each node on a backend (placement.py) and cut the graph into partitions (partition.py);
+1. read the program (weights memory-mapped, never copied), decompose the composites no candidate backend
+   keeps whole, verify the graph;
+2. place each node on a backend (placement.py), lower the composites placed where they are not kept, and
+   cut the graph into partitions (partition.py);
 3. compile each partition on its backend, falling back to reference with a warning if that fails;
 4. schedule: one step per node of arena-bound partitions, one per delegate partition (schedule.py);
 5. elide no-op rasters (reshapes) by aliasing their output to their input's bytes;
@@ -15,55 +17,71 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition
 from edgerun.errors import EdgerunError
+from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph
-from edgerun.ir.registry import OpKind, get_op
 from edgerun.ir.verifier import verify
-from edgerun.passes.decompose_pass import DecomposePass
-from edgerun.passes.pipeline import restore_output_names
 from edgerun.program import Program
 from edgerun.runtime.arena_limit import check_arena_budget
 from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
 from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
 from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
-from edgerun.runtime.placement import FALLBACK, assign_backends, resolve_backends
+from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *,
-         placement: Mapping[str, str] | None = None, verify_weights: bool = True,
-         alias_reshapes: bool = True, tune: bool = False, arena_limit: int | None = None) -> LoadedProgram:
-    """Make a program runnable.
+         placement: Mapping[str, str] | None = None, algorithms: Mapping[str, str] | None = None,
+         verify_weights: bool = True, alias_reshapes: bool = True, arena_limit: int | None = None) -> LoadedProgram:
+    """Make a program runnable on the given backends.
 
     `source`: a program file path, a Program, or a Graph. `backends`: names or instances in order of
-    preference (default: reference alone); each node goes to the first that supports it, and reference
-    takes the rest. `placement`: {node name: backend name} forced placements (the search's output, or a
-    developer tool migrating ops one at a time); node names are those of the decomposed graph.
-    `backends="auto"`: the device chooses the placement with edgerun.search (cost model over calibrated
-    throughputs); `tune=True` also measures the best few placements and caches the winner per device.
+    preference (default: reference alone), or one name; each node goes to the first that supports it, and
+    reference takes the rest. `placement`: {node name: backend name} forced placements (the search's output,
+    or a developer tool migrating ops one at a time); node names are those of the prepared graph, or of
+    the fully lowered one (`prepare_graph(graph)`, what the developer tools see).
+    `algorithms`: {node name: algorithm} for backends that offer a choice (Backend.algorithm_choices).
+    `backends="auto"` is the search's to resolve: `edgerun.load` (edgerun.search.load) does that, then calls
+    this function with the placement it chose.
     `arena_limit`: the most arena bytes to allocate (default: EDGERUN_MAX_ARENA_BYTES, else 75% of available
     memory); a larger plan raises ArenaLimitError before anything is allocated.
     """
-    program, original = _read(source, verify_weights)
-    graph = prepare_graph(original)
-    if isinstance(backends, str) or tune:  # "auto" (or one backend's name): edgerun.search decides
-        from edgerun.search import resolve_request
-        backends, searched, graph = resolve_request(backends, graph, program, tune)
-        placement = {**(searched or {}), **(placement or {})}
+    if isinstance(backends, str):
+        if backends == "auto" or backends.startswith("auto:"):
+            raise EdgerunError('backends="auto" is resolved by the load-time search: call edgerun.load(...) '
+                               "(edgerun.search.load), not edgerun.runtime.load")
+        backends = [backends]
+    program, original = read_source(source, verify_weights)
+    graph = prepare_graph(original, resolve_backends(backends, placement).values())
+    if placement and not set(placement) <= {n.name for n in graph.nodes}:
+        # Names of the fully lowered graph (what the developer tools show and migrate op by op): honour
+        # them by lowering every composite before placement, as a backend claiming none would.
+        graph = prepare_graph(original)
+    return load_prepared(program, original, graph, backends, placement=placement, algorithms=algorithms,
+                         alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+
+
+def load_prepared(program: Program | None, original: Graph, graph: Graph,
+                  backends: Sequence[str | Backend] | None, *, placement: Mapping[str, str] | None = None,
+                  algorithms: Mapping[str, str] | None = None, alias_reshapes: bool = True,
+                  arena_limit: int | None = None) -> LoadedProgram:
+    """`load` from an already prepared graph (`prepare_graph(original, candidates)`): what the search calls
+    after placing. Composites left whole are lowered here, after placement, unless their backend keeps them."""
     registry = resolve_backends(backends, placement)
     preference = [b if isinstance(b, str) else b.name for b in (backends or [FALLBACK])]
     assignment = assign_backends(graph, registry, preference, placement)
+    graph, assignment = lower_unclaimed(graph, assignment, registry)
     partitions = partition_graph(graph, assignment)
     check_acyclic(partitions, graph)
-    compiled = [compile_partition(p, graph, registry) for p in partitions]
+    compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
     steps = build_schedule(partitions, compiled)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
@@ -77,7 +95,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
                                       dict(registry), list(original.outputs)))
 
 
-def _read(source: object, verify_weights: bool) -> tuple[Program | None, Graph]:
+def read_source(source: object, verify_weights: bool = True) -> tuple[Program | None, Graph]:
+    """(the Program, if there is one, and its graph) from a path, a Program or a Graph."""
     if isinstance(source, Graph):
         return None, source
     if isinstance(source, Program):
@@ -88,21 +107,22 @@ def _read(source: object, verify_weights: bool) -> tuple[Program | None, Graph]:
     raise EdgerunError(f"load() takes a program path, a Program or a Graph, not {type(source).__name__}")
 
 
-def prepare_graph(graph: Graph) -> Graph:
-    """The graph as the runtime executes it: composites decomposed (on a copy), verified."""
-    if any(get_op(n.op).kind is OpKind.COMPOSITE for n in graph.nodes):
-        names = list(graph.outputs)
-        graph = DecomposePass().call(graph.copy()).graph
-        restore_output_names(graph, names)  # decomposition renames values; callers know outputs by name
-    verify(graph, allow_composite=False)
+def prepare_graph(graph: Graph, candidates: Iterable[Backend] = ()) -> Graph:
+    """The graph the runtime places: composites no candidate backend keeps whole are decomposed (on a copy,
+    output names kept: callers know outputs by name), and the result verified."""
+    graph = decomposed(graph, claimed_by(candidates))
+    verify(graph)
     return graph
 
 
-def compile_partition(part: Partition, graph: Graph, registry: Mapping[str, Backend]) -> CompiledPartition:
+def compile_partition(part: Partition, graph: Graph, registry: Mapping[str, Backend],
+                      algorithms: Mapping[str, str] | None = None) -> CompiledPartition:
     subgraph = part.subgraph(graph)
     backend = registry[part.backend]
+    chosen = {n.name: algorithms[n.name] for n in part.nodes if n.name in algorithms} if algorithms else {}
     try:
-        return backend.compile(subgraph)
+        # Only a backend that declares algorithm choices is ever given some (Backend.algorithm_choices).
+        return backend.compile_with_algorithms(subgraph, chosen) if chosen else backend.compile(subgraph)
     except Exception as exc:
         if part.backend == FALLBACK:
             raise

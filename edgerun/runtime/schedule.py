@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import Region
 from edgerun.runtime.memory_plan import TensorLifetime
 
 
@@ -33,19 +34,9 @@ def is_noop_raster(node: Node, graph: Graph) -> bool:
     regions = node.attrs.get("regions") or []
     if len(regions) != 1:
         return False
-    src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = (int(v) for v in regions[0])
     src_spec, out_spec = graph.specs[node.inputs[0]], graph.specs[node.outputs[0]]
-    count = n0 * n1 * n2
-    if src != 0 or soff or doff or src_spec.dtype is not out_spec.dtype:
-        return False
-    if not (count == src_spec.numel == out_spec.numel) or count == 0:
-        return False
-    expected = 1
-    for n, s, d in reversed(((n0, s0, d0), (n1, s1, d1), (n2, s2, d2))):
-        if n != 1 and (s != expected or d != expected):
-            return False
-        expected *= n
-    return True
+    return src_spec.dtype is out_spec.dtype and src_spec.numel == out_spec.numel \
+        and Region.of(regions[0]).is_identity(out_spec.numel)
 
 
 def find_aliases(steps: Sequence[Step], graph: Graph) -> tuple[dict[str, str], dict[str, str], set[int]]:

@@ -1,6 +1,7 @@
 """Load-time search: calibrate backends once per device, model costs, place nodes, tune, cache.
 
-    plan = plan_auto(graph)                       # what load(path, backends="auto") does
+    model = load(path, backends="auto")           # edgerun.load: search, then the runtime
+    plan = plan_auto(graph)                       # the placement alone
     profiles = calibrate(["onnxruntime", "reference"])   # the `edgerun calibrate` command
 """
 
@@ -8,9 +9,9 @@ from edgerun.search.auto import (
     AUTO_BACKENDS,
     AutoPlan,
     auto_backends,
+    load,
     plan_auto,
     program_key,
-    resolve_request,
 )
 from edgerun.search.calibrate import BackendProfile, calibrate, calibration_path, load_profiles
 from edgerun.search.cost_model import CostTable, cost_table, node_seconds
@@ -33,13 +34,12 @@ __all__ = [
     "cost_table",
     "device_description",
     "device_fingerprint",
+    "load",
     "load_profiles",
     "node_seconds",
     "plan_auto",
     "program_key",
-    "resolve_request",
     "search_placement",
     "tune_placement",
     "tuned_path",
-    "with_algorithms",
 ]

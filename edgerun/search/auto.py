@@ -2,31 +2,34 @@
 
 The candidate backends are those of AUTO_BACKENDS that are installed here. Their calibrated profiles (cached
 per device) feed the cost model; the placement search returns a backend per node, and the reference
-backend's convolutions get their cheapest algorithm recorded in node.meta["algorithm"] (on copies of the
-nodes: the caller's graph is never changed). With tune=True the best few candidate placements are measured
+backend's convolutions get their cheapest algorithm, handed to the runtime with the placement. The search
+calls the runtime (`load` here is `edgerun.load`); the runtime never calls the search. With tune=True the best few candidate placements are measured
 and the winner is cached per (device, program). Nothing is written into the program: the same file makes
 its own choice on every machine.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
+import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgerun.backends.base import Backend
-from edgerun.backends.reference.algorithms import choose_conv_algorithm
 from edgerun.backends.registry import get_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.graph import Graph
-from edgerun.search.calibrate import load_profiles
-from edgerun.search.cost_model import cost_table
+from edgerun.runtime import LoadedProgram
+from edgerun.runtime import load as runtime_load
+from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
+from edgerun.search.calibrate import BackendProfile, load_profiles
+from edgerun.search.cost_model import cheapest_algorithm, cost_table
 from edgerun.search.placement_search import search_placement
-from edgerun.search.tune import tune_placement
+from edgerun.search.tune import FIRST_LOAD_BUDGET_S, tune_placement
 
 if TYPE_CHECKING:
     from edgerun.program import Program
@@ -43,8 +46,9 @@ class AutoPlan:
     placement: dict[str, str]  # node name -> backend
     modelled_s: float
     search_s: float  # wall time of the search itself (calibration and tuning measurements excluded)
-    algorithms: dict[str, str] = field(default_factory=dict)  # conv node -> reference algorithm
-    tuning: dict[str, Any] = field(default_factory=dict)
+    algorithms: dict[str, str] = field(default_factory=dict)  # node -> algorithm, where its backend has a choice
+    tuning: dict[str, Any] = field(default_factory=dict)  # the measured candidates (tune.py's report)
+    loaded: LoadedProgram | None = field(default=None, repr=False)  # the measured winner, ready to run
 
 
 def auto_backends(names: Sequence[str] | None = None) -> list[Backend]:
@@ -62,35 +66,46 @@ def auto_backends(names: Sequence[str] | None = None) -> list[Backend]:
 
 
 def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = False,
-              candidates: Sequence[str] | None = None) -> AutoPlan:
-    """Place every node of `graph` (decomposed, verified) on this device's backends."""
+              candidates: Sequence[str] | None = None, measure_budget_s: float = 0.0,
+              arena_limit: int | None = None) -> AutoPlan:
+    """Place every node of `graph` (prepared for these candidates: prepare_graph) on this device's backends.
+
+    With `measure_budget_s` > 0 the best few candidates are also loaded and timed, within that budget, unless
+    a winner is cached for this program and device; `tune=True` measures them all without a bound.
+    """
     backends = {b.name: b for b in auto_backends(candidates)}
     profiles = load_profiles(list(backends.values()))
     start = time.perf_counter()
     table = cost_table(graph, backends, profiles)
     best = search_placement(table)
     placement = {n.name: b for n, b in zip(graph.nodes, best.backend_of)}
-    algorithms = {}
-    if "reference" in profiles:
-        for node in graph.nodes:
-            if node.op == "conv2d" and placement[node.name] == "reference":
-                algorithms[node.name] = choose_conv_algorithm(node, graph, profiles["reference"]).algorithm.name
     search_s = time.perf_counter() - start
     tuning: dict[str, Any] = {}
-    if tune:
-        placement, tuning = tune_placement(graph, table, best, program_key(graph, program))
-    algorithms = {n: a for n, a in algorithms.items() if placement[n] == "reference"}
-    return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning)
+    loaded = None
+    if tune or measure_budget_s > 0:
+        def loader(candidate: Mapping[str, str]) -> LoadedProgram:
+            return load_prepared(program, graph, graph, list(backends), placement=candidate,
+                                 algorithms=choose_algorithms(graph, candidate, backends, profiles),
+                                 arena_limit=arena_limit)
+
+        # A winner is only a winner among these candidates: the cache key names them.
+        key = f"{program_key(graph, program)}.{'+'.join(sorted(backends))}"
+        placement, tuning, loaded = tune_placement(graph, table, best, key,
+                                                   budget_s=math.inf if tune else measure_budget_s, loader=loader)
+    algorithms = choose_algorithms(graph, placement, backends, profiles)
+    return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded)
 
 
-def with_algorithms(graph: Graph, algorithms: dict[str, str]) -> Graph:
-    """`graph` with node.meta["algorithm"] set for the reference backend to bind. Annotated nodes are new
-    objects, so the caller's graph (which a Program may save later) never carries a device's choice."""
-    if not algorithms:
-        return graph
-    nodes = [dataclasses.replace(n, meta={**n.meta, "algorithm": algorithms[n.name]}) if n.name in algorithms
-             else n for n in graph.nodes]
-    return Graph(graph.inputs, graph.outputs, nodes, graph.specs, graph.constants)
+def choose_algorithms(graph: Graph, placement: Mapping[str, str], backends: Mapping[str, Backend],
+                      profiles: Mapping[str, BackendProfile]) -> dict[str, str]:
+    """Node name -> the cheapest algorithm its backend offers for it, where the backend offers a choice."""
+    chosen = {}
+    for node in graph.nodes:
+        name = placement[node.name]
+        best = cheapest_algorithm(node, graph, profiles[name], backends[name])
+        if best is not None:
+            chosen[node.name] = best[0]
+    return chosen
 
 
 def program_key(graph: Graph, program: Program | None) -> str:
@@ -106,20 +121,31 @@ def program_key(graph: Graph, program: Program | None) -> str:
     return h.hexdigest()[:32]
 
 
-def resolve_request(backends: object, graph: Graph, program: Program | None,
-                    tune: bool) -> tuple[list[str] | None, dict[str, str] | None, Graph]:
-    """Turn load()'s `backends` argument into (preference list, forced placement, graph to run).
+def load(source: str | os.PathLike[str] | Program | Graph,
+         backends: Sequence[str | Backend] | str | None = None, *, placement: Mapping[str, str] | None = None,
+         tune: bool = False, verify_weights: bool = True, alias_reshapes: bool = True,
+         arena_limit: int | None = None) -> LoadedProgram:
+    """`edgerun.load`: the runtime's load, with `backends="auto"` (or "auto:a,b") resolved here first.
 
-    "auto" searches; "auto:a,b" searches over backends a and b; any other string names one backend.
+    "auto" searches over the installed AUTO_BACKENDS; "auto:a,b" over backends a and b; `tune=True` also
+    measures the best few placements and caches the winner per device. Anything else goes to the runtime
+    as it is. Explicit `placement` entries override the search's.
     """
-    if not isinstance(backends, str):
+    if not (isinstance(backends, str) and (backends == AUTO or backends.startswith(AUTO + ":"))):
         if tune:
             raise EdgerunError('tune=True needs backends="auto"')
-        return None, None, graph
-    if backends == AUTO or backends.startswith(AUTO + ":"):
-        names = [n for n in backends[len(AUTO) + 1:].split(",") if n] or None
-        plan = plan_auto(graph, program, tune=tune, candidates=names)
-        return plan.backends, plan.placement, with_algorithms(graph, plan.algorithms)
-    if tune:
-        raise EdgerunError('tune=True needs backends="auto"')
-    return [backends], None, graph
+        return runtime_load(source, backends, placement=placement, verify_weights=verify_weights,
+                            alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+    names = [n for n in backends[len(AUTO) + 1:].split(",") if n] or None
+    program, original = read_source(source, verify_weights)
+    graph = prepare_graph(original, auto_backends(names))
+    plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
+                     arena_limit=arena_limit)
+    if plan.loaded is not None and not placement and alias_reshapes:
+        loaded = plan.loaded  # the measured winner is already loaded: no second compile
+    else:
+        loaded = load_prepared(program, original, graph, plan.backends,
+                               placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
+                               alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+    loaded.search = plan
+    return loaded

@@ -12,13 +12,14 @@ Each benchmark is a tiny IR graph compiled and run through the backend exactly a
     small     4 x (1x256 @ 256x256, tanh), a tiny model -> seconds per node of real kernels: `dispatch` is
               the larger of chain's figure and small's time beyond its modelled work, per node (a numpy
               matmul on a vector costs microseconds of overhead that an add on 4 floats does not show)
-    conv algorithms (reference only): each variant of algorithms.py on a shape it applies to, giving
-              the ratio of its measured time to its modelled time (`algorithm_scale`)
-    spinning (backends with `spin_setting` None, i.e. ORT left to choose): gemm, conv and exp, the
-              benchmarks big enough for a thread pool, plus `small` (4 matmuls of a 1x256 vector, a tiny
-              model: one thread without spinning, the pool with it) are also compiled with spinning pool
-              threads and timed in the same rounds; spinning is chosen (`spin`) when it is at least
-              SPIN_GAIN faster in geometric mean, and the chosen setting's times make the profile
+    algorithms (backends declaring `algorithm_choices` for conv2d: the reference): each choice on a conv
+              shape it applies to, giving the ratio of its measured time to its modelled time
+              (`algorithm_scale`)
+    settings (each of the backend's `tunable_settings`, e.g. ORT's pool-thread spinning when the user
+              left it open): gemm, conv and exp, the benchmarks big enough for a thread pool, plus `small`
+              (4 matmuls of a 1x256 vector, a tiny model) are also compiled with the alternative value and
+              timed in the same rounds; the alternative is chosen (`settings`) when it is at least
+              SETTING_GAIN faster in geometric mean, and the chosen value's times make the profile
               (about +0.5 s)
 
 Times are medians of at least 5 runs, in 3 interleaved rounds: on a shared machine the typical run is what a user gets, and the
@@ -30,7 +31,6 @@ measured again only when its configuration (e.g. its thread count) differs from 
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 import time
@@ -41,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.backends.base import Backend, Throughput
+from edgerun.backends.base import Backend, CompiledPartition, Throughput
 from edgerun.backends.registry import get_backend
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle.conv_algorithms import Work
 from edgerun.search.fingerprint import (
     cache_dir,
     device_description,
@@ -55,7 +56,7 @@ from edgerun.search.fingerprint import (
     write_json,
 )
 
-FORMAT = 2  # 2: medians over interleaved rounds
+FORMAT = 3  # 2: medians over interleaved rounds; 3: `settings` (was `spin`)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class BackendProfile:
     config: str = ""
     measured: bool = True
     algorithm_scale: dict[str, float] = field(default_factory=dict)  # measured / modelled, per algorithm
-    spin: bool | None = None  # the faster pool-thread setting, for a backend that left it to calibration
+    settings: dict[str, Any] = field(default_factory=dict)  # tunable setting -> the value calibration chose
 
     @staticmethod
     def from_throughput(t: Throughput, partition_s: float = 0.0, config: str = "") -> BackendProfile:
@@ -84,8 +85,7 @@ class BackendProfile:
 
 def backend_config(backend: Backend) -> str:
     """The settings a backend's speed depends on (a change means measuring again)."""
-    settings = [f"{key}={getattr(backend, key)}" for key in ("threads", "spin_setting") if hasattr(backend, key)]
-    return ",".join(settings)
+    return ",".join(f"{key}={value}" for key, value in backend.settings().items())
 
 
 def calibration_path(fingerprint: str | None = None) -> Path:
@@ -126,20 +126,20 @@ def calibrate(names: Sequence[str], *, recalibrate: bool = True) -> dict[str, Ba
 # ---- the micro-benchmarks ------------------------------------------------------------------------------
 
 ROUNDS = 3  # every benchmark is timed once per round, rounds interleaved, and the median round counts
-SPIN_BENCHMARKS = ("gemm", "conv", "exp", "small")  # those that run on a thread pool, at least when spinning
-# Spinning must win by this much: it also costs every other process on the machine a core.
-SPIN_GAIN = 1.05
-SPIN_BUDGET_S = 0.02  # per round for each spinning run: enough for a median, and keeps calibration cheap
+SETTING_BENCHMARKS = ("gemm", "conv", "exp", "small")  # those that run on a thread pool (settings are threading)
+# An alternative setting must win by this much (spinning, for one, also costs every other process a core).
+SETTING_GAIN = 1.05
+SETTING_BUDGET_S = 0.02  # per round for each alternative's run: enough for a median, and keeps calibration cheap
 
 
 def apply_profile(backend: Backend, profile: BackendProfile) -> None:
-    """Give the backend the settings calibration chose for it (pool-thread spinning, for ORT)."""
-    if profile.spin is not None and getattr(backend, "spin_setting", False) is None:
-        backend.spin = profile.spin  # type: ignore[attr-defined]
+    """Give the backend the settings calibration chose for it, among those it still leaves open."""
+    open_settings = backend.tunable_settings()
+    backend.apply_settings({k: v for k, v in profile.settings.items() if k in open_settings})
 
 
 def measure_backend(backend: Backend) -> BackendProfile:
-    partition_s = float(getattr(backend, "partition_overhead_s", 0.0))
+    partition_s = backend.partition_overhead_s
     work = {"gemm": 2.0 * 128 * 256 * 512, "conv": 2.0 * 32 * 28 * 28 * 32 * 9, "exp": 8.0 * (1 << 18),
             "add": 3.0 * 4 * (1 << 20)}
     try:
@@ -147,25 +147,25 @@ def measure_backend(backend: Backend) -> BackendProfile:
                  "exp": _runnable(backend, _unary_graph("exp", 1 << 18)),
                  "add": _runnable(backend, _add_chain(1 << 20, 1)), "chain": _runnable(backend, _add_chain(4, 32)),
                  "single": _runnable(backend, _add_chain(4, 1))}
-        algorithms = _algorithm_runs() if backend.name == "reference" else {}
+        algorithms = _algorithm_runs(backend)
         calls.update({name: call for name, (call, _) in algorithms.items()})
-        choose_spin = getattr(backend, "spin_setting", False) is None
         calls["small"] = _runnable(backend, _small_mlp_graph())
-        if choose_spin:
-            calls.update(_spinning_runs(backend))
+        alternatives = {name: values[1] for name, values in backend.tunable_settings().items() if len(values) > 1}
+        for setting, value in alternatives.items():
+            calls.update(_runs_with_setting(backend, setting, value))
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(ROUNDS):
             for name, call in calls.items():
-                samples[name].append(_median_time(call, SPIN_BUDGET_S if name.endswith("@spin") else 0.05))
+                samples[name].append(_median_time(call, SETTING_BUDGET_S if "@" in name else 0.05))
     except Exception:  # a backend that cannot run the benchmarks keeps its declared figures
         return BackendProfile.from_throughput(backend.throughput, partition_s, backend_config(backend))
     t = {name: statistics.median(times) for name, times in samples.items()}
-    spin = None
-    if choose_spin:
-        gain = math.exp(statistics.mean(math.log(t[n] / t[n + "@spin"]) for n in SPIN_BENCHMARKS))
-        spin = gain >= SPIN_GAIN
-        if spin:
-            t.update({n: t[n + "@spin"] for n in SPIN_BENCHMARKS})
+    chosen: dict[str, Any] = {}
+    for setting, value in alternatives.items():
+        gain = math.exp(statistics.mean(math.log(t[n] / t[f"{n}@{setting}"]) for n in SETTING_BENCHMARKS))
+        chosen[setting] = value if gain >= SETTING_GAIN else backend.tunable_settings()[setting][0]
+        if gain >= SETTING_GAIN:
+            t.update({n: t[f"{n}@{setting}"] for n in SETTING_BENCHMARKS})
     dispatch = max((t["chain"] - t["single"]) / 31, 1e-8)
     partition = max(t["single"] - dispatch, 0.0)
     rate = {name: work[name] / max(t[name] - partition, 1e-9) for name in work}
@@ -173,40 +173,34 @@ def measure_backend(backend: Backend) -> BackendProfile:
     dispatch = max(dispatch, (t["small"] - partition - small_work_s) / SMALL_NODES)
     th = backend.throughput
     profile = BackendProfile(rate["gemm"], rate["conv"], rate["exp"], rate["add"], dispatch, partition,
-                             th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend), spin=spin)
+                             th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend),
+                             settings=chosen)
     for name, (_, shape_work) in algorithms.items():
         profile.algorithm_scale[name] = t[name] / max(shape_work.seconds(profile), 1e-12)
     return profile
 
 
-def _spinning_runs(backend: Backend) -> dict[str, Callable[[], None]]:
-    """The SPIN_BENCHMARKS compiled with spinning pool threads, named "<benchmark>@spin"."""
+def _runs_with_setting(backend: Backend, setting: str, value: object) -> dict[str, Callable[[], None]]:
+    """The SETTING_BENCHMARKS compiled with `setting` = `value`, named "<benchmark>@<setting>"."""
     graphs = {"gemm": _gemm_graph(), "conv": _conv_graph(32, 32, 3, 1), "exp": _unary_graph("exp", 1 << 18),
               "small": _small_mlp_graph()}
-    before = backend.spin  # type: ignore[attr-defined]
-    backend.spin = True  # type: ignore[attr-defined]
+    before = backend.tunable_settings()[setting][0]
+    backend.apply_settings({setting: value})
     try:
-        return {f"{name}@spin": _runnable(backend, graph) for name, graph in graphs.items()}
+        return {f"{name}@{setting}": _runnable(backend, graph) for name, graph in graphs.items()}
     finally:
-        backend.spin = before  # type: ignore[attr-defined]
+        backend.apply_settings({setting: before})
 
 
-def _algorithm_runs() -> dict[str, tuple[Callable[[], None], Any]]:
-    """Per reference conv variant: a call running it on a shape it applies to, and that shape's Work."""
-    from edgerun.backends.reference.algorithms import CONV_ALGORITHMS, ConvShape
-
-    shapes = [_conv_graph(64, 64, 1, 1), _conv_graph(64, 64, 3, 64), _conv_graph(32, 32, 3, 1)]
-    runs: dict[str, tuple[Callable[[], None], Any]] = {}
-    for algorithm in CONV_ALGORITHMS:
-        for graph in shapes:
-            node = graph.nodes[0]
-            shape = ConvShape.of(node, graph)
-            if algorithm.applies(shape):
-                ins = [graph.constants.get(v, np.ones(graph.specs[v].shape, np.float32)) for v in node.inputs]
-                out = np.empty(graph.specs[node.outputs[0]].shape, np.float32)
-                runs[algorithm.name] = (functools.partial(algorithm.kernel, ins, dict(node.attrs), [out]),
-                                        algorithm.work(shape))
-                break
+def _algorithm_runs(backend: Backend) -> dict[str, tuple[Callable[[], None], Work]]:
+    """Per algorithm the backend offers for conv2d: a call running it on a shape it applies to, and its Work."""
+    runs: dict[str, tuple[Callable[[], None], Work]] = {}
+    for graph in (_conv_graph(64, 64, 1, 1), _conv_graph(64, 64, 3, 64), _conv_graph(32, 32, 3, 1)):
+        node = graph.nodes[0]
+        for choice in backend.algorithm_choices(node, graph):
+            if choice.name not in runs:
+                compiled = backend.compile_with_algorithms(graph, {node.name: choice.name})
+                runs[choice.name] = (_runnable(backend, graph, compiled), choice.work)
     return runs
 
 
@@ -226,8 +220,8 @@ def _median_time(call: Callable[[], None], budget_s: float = 0.05, max_reps: int
     return statistics.median(times)
 
 
-def _runnable(backend: Backend, graph: Graph) -> Callable[[], None]:
-    compiled = backend.compile(graph)
+def _runnable(backend: Backend, graph: Graph, compiled: CompiledPartition | None = None) -> Callable[[], None]:
+    compiled = compiled or backend.compile(graph)
     rng = np.random.default_rng(0)
     arrays = {v: (graph.constants[v] if v in graph.constants
                   else rng.standard_normal(s.shape).astype(s.dtype.np)) for v, s in graph.specs.items()}

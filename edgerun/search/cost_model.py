@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgerun.backends.base import Backend, node_work
-from edgerun.backends.reference.algorithms import choose_conv_algorithm
+from edgerun.backends.base import Backend, composite_work, is_composite, node_work
 from edgerun.ir.graph import Graph, Node
 from edgerun.search.calibrate import BackendProfile
 
@@ -40,14 +39,22 @@ class CostTable:
         return float(self.seconds[:, self.backends.index(backend)].sum())
 
 
-def node_seconds(node: Node, graph: Graph, profile: BackendProfile, backend: str,
+def node_seconds(node: Node, graph: Graph, profile: BackendProfile, backend: Backend,
                  work: tuple[float, float] | None = None) -> float:
+    choice = cheapest_algorithm(node, graph, profile, backend)
+    if choice is not None:
+        return choice[1] + profile.dispatch_s
     flops, moved = work or node_work(node, graph)
-    if node.op == "conv2d" and backend == "reference":
-        return choose_conv_algorithm(node, graph, profile).seconds + profile.dispatch_s
+    dispatch = profile.dispatch_s
+    if is_composite(node.op):  # whole: one kernel over its inputs and outputs; else each piece separately
+        pieces = composite_work(node, graph)
+        if backend.keeps_whole(node, graph):
+            moved = pieces.boundary_bytes
+        else:
+            dispatch *= pieces.pieces
     rate = (profile.gemm_flops_per_s if node.op == "matmul" else
             profile.conv_flops_per_s if node.op == "conv2d" else profile.elementwise_flops_per_s)
-    return max(flops / rate, moved / profile.bytes_per_s) + profile.dispatch_s
+    return max(flops / rate, moved / profile.bytes_per_s) + dispatch
 
 
 def cost_table(graph: Graph, backends: Mapping[str, Backend], profiles: Mapping[str, BackendProfile],
@@ -59,17 +66,26 @@ def cost_table(graph: Graph, backends: Mapping[str, Backend], profiles: Mapping[
         backend, profile = backends[name], profiles[name]
         for k, node in enumerate(graph.nodes):
             if backend.supports(node, graph):
-                seconds[k, b] = node_seconds(node, graph, profile, name, works[k])
+                seconds[k, b] = node_seconds(node, graph, profile, backend, works[k])
     out_bytes = np.array([sum(graph.specs[o].nbytes for o in n.outputs) for n in graph.nodes], float)
     fused = np.zeros_like(seconds)
     fusable = fusable_into_previous(graph)
     for b, name in enumerate(names):
-        if getattr(backends[name], "fuses_activations", False):
+        if backends[name].fuses_activations:
             fused[fusable, b] = seconds[fusable, b] - profiles[name].dispatch_s
     return CostTable(names, seconds, out_bytes,
                      np.array([profiles[n].partition_s for n in names]),
                      np.array([1 / profiles[n].transfer_bytes_per_s for n in names]),
                      np.array([profiles[n].transfer_latency_s for n in names]), np.nan_to_num(fused, posinf=0.0))
+
+
+def cheapest_algorithm(node: Node, graph: Graph, profile: BackendProfile,
+                       backend: Backend) -> tuple[str, float] | None:
+    """(name, modelled seconds) of the cheapest of the backend's algorithm choices for `node`, if it has any:
+    each choice's work at the measured rates, times that choice's calibrated measured/modelled ratio."""
+    costed = [(c.name, c.work.seconds(profile) * profile.algorithm_scale.get(c.name, 1.0))
+              for c in backend.algorithm_choices(node, graph)]
+    return min(costed, key=lambda c: c[1]) if costed else None
 
 
 def _work(node: Node, graph: Graph) -> tuple[float, float]:
@@ -80,7 +96,7 @@ def _work(node: Node, graph: Graph) -> tuple[float, float]:
 
 
 FUSING_PRODUCERS = frozenset({"conv2d", "matmul"})
-FUSED_CONSUMERS = frozenset({"maximum", "minimum", "add"})
+FUSED_CONSUMERS = frozenset({"maximum", "minimum", "add", "relu", "clamp"})
 
 
 def fusable_into_previous(graph: Graph) -> list[int]:

@@ -1,5 +1,10 @@
 """Tuning: measure the best few candidate placements on this device and remember the winner.
 
+Every `backends="auto"` load does this, bounded (FIRST_LOAD_BUDGET_S), when no winner is cached yet: the
+cost model alone was seen 4.6x off on a busy machine (it put most of an MLP on the reference), and a
+measured choice among the model's best few candidates, which include every backend alone, cannot be worse
+than the best single-engine placement it measured. `tune=True` measures without the bound.
+
 Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
 partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
 latency. Each is loaded and timed on synthetic inputs (zeros for integers, which are always valid indices;
@@ -9,21 +14,26 @@ of the same program on the same machine skips the measurement.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgerun.ir.graph import Graph
+from edgerun.runtime import LoadedProgram
+from edgerun.runtime.loader import load_prepared
 from edgerun.search.cost_model import CostTable
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
 from edgerun.search.placement_search import SearchResult, search_placement
 
 DEFAULT_CANDIDATES = 3
 DEFAULT_RUNS = 5
+# The measuring a plain auto load may spend, once per (device, program): loading and timing candidates.
+FIRST_LOAD_BUDGET_S = 2.0
 
 
 def tuned_path(program_hash: str, fingerprint: str | None = None) -> Path:
@@ -41,35 +51,50 @@ def cached_placement(graph: Graph, program_hash: str) -> dict[str, str] | None:
 
 def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
                          count: int = DEFAULT_CANDIDATES) -> list[tuple[str, dict[str, str], float]]:
-    """(label, placement, modelled seconds) for the `count` most promising distinct candidates."""
+    """(label, placement, modelled seconds) of the distinct candidates, in the order they are measured:
+    the model's optimum, then every backend alone (cheapest modelled first: the search must never lose to
+    one of them), then the optimum with costlier partitions; at least `count`, and every single backend."""
     names = [n.name for n in graph.nodes]
-    found: list[tuple[str, list[str], float]] = [("search", best.backend_of, best.seconds)]
-    fewer = search_placement(table, partition_scale=8.0)
-    found.append(("search, fewer partitions", fewer.backend_of, fewer.seconds))
+    singles: list[tuple[str, list[str], float]] = []
     for b, backend in enumerate(table.backends):
         per_node = [backend if np.isfinite(table.seconds[k, b]) else "reference" for k in range(len(names))]
         cost = float(sum(table.seconds[k, table.backends.index(x)] for k, x in enumerate(per_node)))
-        found.append((f"all {backend}", per_node, cost))
+        singles.append((f"all {backend}", per_node, cost))
+    fewer = search_placement(table, partition_scale=8.0)
+    found = [("search", best.backend_of, best.seconds), *sorted(singles, key=lambda c: c[2]),
+             ("search, fewer partitions", fewer.backend_of, fewer.seconds)]
     unique: dict[tuple[str, ...], tuple[str, list[str], float]] = {}
     for label, per_node, cost in found:
         unique.setdefault(tuple(per_node), (label, per_node, cost))
-    ranked = sorted(unique.values(), key=lambda c: c[2])[:count]
-    return [(label, dict(zip(names, per_node)), cost) for label, per_node, cost in ranked]
+    chosen = list(unique.values())[:max(count, 1 + len(singles))]
+    return [(label, dict(zip(names, per_node)), cost) for label, per_node, cost in chosen]
 
 
-def measure_placement(graph: Graph, placement: Mapping[str, str], runs: int = DEFAULT_RUNS) -> float:
-    """Median seconds of one call of `graph` loaded with `placement`, after one warm-up call."""
-    from edgerun.runtime.loader import load  # the runtime calls the search: import it late
+CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
 
-    loaded = load(graph, placement=placement)
+
+def measure_placement(graph: Graph, placement: Mapping[str, str], runs: int = DEFAULT_RUNS,
+                      loader: CandidateLoader | None = None, deadline: float = math.inf,
+                      beaten_at: float = math.inf) -> tuple[float, LoadedProgram]:
+    """Median seconds of one call of `graph` loaded with `placement`, after one warm-up call, and the loaded
+    program. Fewer runs past `deadline` (at least one), and none after a warm-up slower than twice
+    `beaten_at` (the best time measured so far): such a candidate cannot win, its warm-up is its time."""
+    # The graph is the one the search placed (prepared for its candidates): hand it to the runtime as it is.
+    loaded = loader(placement) if loader is not None else \
+        load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
     inputs = synthetic_inputs(graph)
+    start = time.perf_counter()
     loaded.run(inputs)
-    times = []
-    for _ in range(runs):
+    warm_up = time.perf_counter() - start
+    if warm_up > 2 * beaten_at:
+        return warm_up, loaded
+    times: list[float] = []
+    while len(times) < runs and (not times or time.perf_counter() < deadline) \
+            and (not times or times[0] <= 2 * beaten_at):
         start = time.perf_counter()
         loaded.run(inputs)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), loaded
 
 
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
@@ -85,16 +110,38 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
 
 
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
-                   count: int = DEFAULT_CANDIDATES, runs: int = DEFAULT_RUNS) -> tuple[dict[str, str], dict[str, Any]]:
-    """The measured-fastest candidate placement, and a report of every candidate; cached."""
+                   count: int = DEFAULT_CANDIDATES, runs: int = DEFAULT_RUNS, *, budget_s: float = math.inf,
+                   loader: CandidateLoader | None = None,
+                   ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
+    """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
+    when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
+    no candidate beyond the optimum and the single engines is loaded. The winner is cached when every
+    candidate was measured."""
     cached = cached_placement(graph, program_hash)
     if cached is not None:
-        return cached, {"source": "cache"}
-    measured = []
-    for label, placement, modelled in candidate_placements(graph, table, best, count):
-        measured.append((measure_placement(graph, placement, runs), label, placement, modelled))
-    _, label, placement, _ = min(measured, key=lambda m: m[0])
-    report = {"source": "measured", "winner": label,
-              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m} for s, lb, _, m in measured]}
-    write_json(tuned_path(program_hash), {"placement": placement, **report})
-    return placement, report
+        return cached, {"source": "cache"}, None
+    start = time.perf_counter()
+    deadline = start + budget_s
+    candidates = candidate_placements(graph, table, best, count)
+    measured: list[tuple[float, str, dict[str, str], float]] = []
+    best_loaded: LoadedProgram | None = None
+    singles = sum(1 for label, _, _ in candidates if label.startswith("all "))
+    for k, (label, placement, modelled) in enumerate(candidates):
+        # The optimum and the single-engine placements are always measured (auto must not lose to one of
+        # them); the budget bounds the rest. A losing candidate stops after its warm-up (measure_placement).
+        if k > singles and time.perf_counter() >= deadline:
+            break
+        best_s = min((m[0] for m in measured), default=math.inf)
+        seconds, loaded = measure_placement(graph, placement, runs, loader, deadline, best_s)
+        if seconds < best_s:
+            best_loaded = loaded  # only the fastest so far stays loaded: a loser's sessions are freed now
+        measured.append((seconds, label, placement, modelled))
+    winner = min(measured, key=lambda m: m[0])
+    complete = len(measured) == len(candidates)
+    report = {"source": "measured", "winner": winner[1], "complete": complete,
+              "spent_s": time.perf_counter() - start, "budget_s": budget_s,
+              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m} for s, lb, _, m in measured]
+              + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates[len(measured):]]}
+    if complete:
+        write_json(tuned_path(program_hash), {"placement": winner[2], **report})
+    return winner[2], report, best_loaded

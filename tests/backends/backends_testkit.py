@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import Backend
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
 
 
 def one_node_graph(op: str, inputs: Sequence[np.ndarray], constant: Sequence[bool] = (), **attrs: Any) -> Graph:

@@ -40,3 +40,5 @@ def test_calibrate_then_plan_with_auto(tmp_path: Path) -> None:
     proc = _edgerun("plan", str(path), "--backends", "auto:reference", "--no-measure", cache=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "reference" in proc.stdout
+    # Every candidate the search considered, modelled against measured, the chosen one marked.
+    assert "modelled ms  measured ms" in proc.stdout and "<- chosen" in proc.stdout

@@ -12,11 +12,12 @@ import pytest
 
 from edgerun.backends.base import OpSupport
 from edgerun.backends.registry import register_backend, unregister_backend
+from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
-from edgerun.runtime import load
+from edgerun.search import load
 
 WITHOUT_ORT = textwrap.dedent("""
     import sys, warnings
@@ -83,3 +84,8 @@ def test_unknown_backend_name_lists_the_known_ones() -> None:
     g.outputs = [Builder(g).emit("neg", [x])]
     with pytest.raises(BackendUnavailableError, match="known backends"):
         load(g, backends="auto:no_such_backend")
+    # The runtime itself does not search: "auto" is the search's to resolve, and it says where to go.
+    from edgerun.runtime import load as runtime_load
+
+    with pytest.raises(EdgerunError, match=r"edgerun\.load"):
+        runtime_load(g, backends="auto")

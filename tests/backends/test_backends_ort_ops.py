@@ -12,7 +12,7 @@ pytest.importorskip("onnxruntime")
 from backends_testkit import assert_matches_reference, one_node_graph, run_on
 
 from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED
+from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, SUPPORTED
 
 ORT = OnnxRuntimeBackend(threads=1)
 RNG = np.random.default_rng(0)
@@ -157,61 +157,40 @@ def test_io_binding_writes_into_the_callers_arrays() -> None:
     np.testing.assert_allclose(strided, np.tanh(np.float32(0.5)), rtol=1e-6)
 
 
-def test_clamps_against_constants_become_relu_and_clip() -> None:
+COMPOSITE_CASES: list[tuple[str, str, list[np.ndarray], dict[str, Any], str]] = [
+    ("relu", "relu", [f32(2, 8, low=-8, high=8)], {}, "Relu"),
+    ("clamp-both", "clamp", [f32(2, 8, low=-8, high=8)], {"min": 0.0, "max": 6.0}, "Clip"),
+    ("clamp-max-only", "clamp", [f32(2, 8, low=-8, high=8)], {"min": None, "max": 1.5}, "Clip"),
+    ("gelu", "gelu", [f32(3, 7, low=-6, high=6)], {}, "Gelu"),
+    ("gelu-tanh", "gelu", [f32(3, 7, low=-6, high=6)], {"approximate": "tanh"}, "Gelu"),
+    ("softmax-last", "softmax", [f32(2, 5, 7, low=-20, high=20)], {"axis": -1}, "Softmax"),
+    ("softmax-middle", "softmax", [f32(2, 5, 7, low=-20, high=20)], {"axis": 1}, "Softmax"),
+    ("layer_norm", "layer_norm", [f32(2, 6, 16) * 3 + 1, f32(16), f32(16)], {"normalized_ndim": 1, "eps": 1e-5},
+     "LayerNormalization"),
+    ("layer_norm-2d-no-affine", "layer_norm", [f32(2, 6, 16) * 3 + 1], {"normalized_ndim": 2},
+     "LayerNormalization"),
+]
+
+
+@pytest.mark.parametrize("case", COMPOSITE_CASES, ids=[c[0] for c in COMPOSITE_CASES])
+def test_claimed_composite_is_one_onnx_node_matching_its_decomposition(
+        case: tuple[str, str, list[np.ndarray], dict[str, Any], str]) -> None:
     from edgerun.backends.onnxruntime import build_model
-    from edgerun.ir.builder import Builder
-    from edgerun.ir.dtypes import DType
-    from edgerun.ir.graph import Graph
-    from edgerun.ir.tensor_spec import TensorSpec
+    from edgerun.oracle import interpret
 
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", TensorSpec((2, 8), DType.float32))
-    relu = b.emit("maximum", [x, b.scalar(0.0, x)])
-    relu6 = b.emit("minimum", [b.emit("maximum", [b.scalar(0.0, x), x]), b.scalar(6.0, x)])
-    upper = b.emit("minimum", [x, b.scalar(1.5, x)])
-    g.outputs = [relu, relu6, upper]
-    model, _ = build_model(g)
-    assert sorted(n.op_type for n in model.graph.node) == ["Clip", "Clip", "Relu"]
-    inputs = [f32(2, 8, low=-8, high=8)]
-    assert_matches_reference(g, inputs, run_on(ORT, g, inputs), rtol=0, atol=0)
+    _, op, inputs, attrs, onnx_op = case
+    graph = one_node_graph(op, inputs, constant=[False] + [True] * (len(inputs) - 1), **attrs)
+    assert ORT.keeps_whole(graph.nodes[0], graph), f"the delegate should keep {op} whole here"
+    model, _ = build_model(graph)
+    assert [n.op_type for n in model.graph.node] == [onnx_op]
+    got = run_on(ORT, graph, inputs[:1])
+    np.testing.assert_allclose(got[0], interpret(graph, inputs[:1])[0], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("axis", [-1, 1])
-def test_decomposed_softmax_becomes_one_softmax(axis: int) -> None:
-    from edgerun.backends.onnxruntime import build_model
-    from edgerun.ir.builder import Builder
-    from edgerun.ir.dtypes import DType
-    from edgerun.ir.graph import Graph
-    from edgerun.ir.tensor_spec import TensorSpec
-    from edgerun.passes.decompose_pass import DecomposePass
-
-    g = Graph()
-    x = g.add_input("x", TensorSpec((2, 5, 7), DType.float32))
-    g.outputs = [Builder(g).emit("softmax", [x], axis=axis)]
-    g = DecomposePass().call(g).graph
-    model, _ = build_model(g)
-    assert [n.op_type for n in model.graph.node] == ["Softmax"]
-    inputs = [f32(2, 5, 7, low=-20, high=20)]
-    assert_matches_reference(g, inputs, run_on(ORT, g, inputs), rtol=1e-5, atol=1e-7)
+def test_every_claimed_composite_has_a_case() -> None:
+    assert set(COMPOSITES) - {c[1] for c in COMPOSITE_CASES} == set()
 
 
-def test_decomposed_layer_norm_becomes_layer_normalization() -> None:
-    from edgerun.backends.onnxruntime import build_model
-    from edgerun.ir.builder import Builder
-    from edgerun.ir.dtypes import DType
-    from edgerun.ir.graph import Graph
-    from edgerun.ir.tensor_spec import TensorSpec
-    from edgerun.passes.decompose_pass import DecomposePass
-
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", TensorSpec((2, 6, 16), DType.float32))
-    w, bias = b.const(f32(16)), b.const(f32(16))
-    g.outputs = [b.emit("layer_norm", [x, w, bias], normalized_ndim=1, eps=1e-5)]
-    g = DecomposePass().call(g).graph
-    model, _ = build_model(g)
-    assert "LayerNormalization" in [n.op_type for n in model.graph.node]
-    assert "ReduceMean" not in [n.op_type for n in model.graph.node]
-    inputs = [f32(2, 6, 16) * 3 + 1]
-    assert_matches_reference(g, inputs, run_on(ORT, g, inputs), rtol=1e-4, atol=1e-5)
+def test_layer_norm_with_broadcast_weights_is_not_claimed() -> None:
+    graph = one_node_graph("layer_norm", [f32(2, 6, 16), f32(1)], constant=[False, True], normalized_ndim=1)
+    assert not ORT.keeps_whole(graph.nodes[0], graph)

@@ -20,8 +20,7 @@ from backends_testkit import relative_error
 
 from edgerun import zoo
 from edgerun.frontends.torch import export
-from edgerun.runtime import load
-from edgerun.search import CACHE_ENV
+from edgerun.search import CACHE_ENV, load
 
 MODELS = ["mlp", "din", "llama_small", "vit_tiny", "resnet18", "mobilenet_v2"]
 

@@ -11,27 +11,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgerun.backends.reference.algorithms import CONV_ALGORITHMS, ConvShape, choose_conv_algorithm
-from edgerun.backends.reference.interpreter import interpret
-from edgerun.backends.reference.kernels import KERNELS
 from edgerun.backends.registry import get_backend
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
-from edgerun.runtime import load
+from edgerun.oracle import KERNELS, interpret
+from edgerun.oracle.conv_algorithms import BY_NAME, CONV_ALGORITHMS, ConvShape
 from edgerun.search import (
     CACHE_ENV,
     BackendProfile,
     calibration_path,
     cost_table,
     device_fingerprint,
+    load,
     load_profiles,
     plan_auto,
+    program_key,
     search_placement,
     tuned_path,
 )
 from edgerun.search.calibrate import apply_profile, backend_config, measure_backend
+from edgerun.search.cost_model import cheapest_algorithm
 
 RNG = np.random.default_rng(3)
 
@@ -118,8 +119,10 @@ def test_auto_load_matches_reference_and_records_conv_algorithms(cache: Path) ->
     loaded = load(g, backends="auto:reference")
     np.testing.assert_allclose(loaded.run([x])[0], want, rtol=1e-4, atol=1e-5)
     assert plan.search_s < 1.0
-    # The runtime's copy carries the choice; the caller's graph (which a Program may save) does not.
-    assert {n.meta.get("algorithm") for n in loaded.graph.nodes if n.op == "conv2d"} == set(plan.algorithms.values())
+    # The choice reaches the reference backend with the placement (its conv calls are the chosen kernels);
+    # the graph (which a Program may save) carries nothing.
+    bound = {getattr(i.call, "func", None) for i in loaded.instructions if i.op == "conv2d"}
+    assert bound == {BY_NAME[a].kernel for a in plan.algorithms.values()}
     assert all("algorithm" not in n.meta for n in g.nodes)
 
 
@@ -129,8 +132,8 @@ def test_tune_measures_candidates_and_caches_the_winner(cache: Path) -> None:
     x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
     plan = plan_auto(g.copy(), tune=True)
     assert plan.tuning["source"] == "measured" and len(plan.tuning["candidates"]) >= 2
-    files = [f for f in (cache / "tuned" / device_fingerprint()).glob("*.json")
-             if json.loads(f.read_text())["placement"] == plan.placement]
+    # Cached per (device, program, candidate backends).
+    files = list((cache / "tuned" / device_fingerprint()).glob(f"{program_key(g, None)}.onnxruntime+reference.json"))
     assert len(files) == 1
     winner = json.loads(files[0].read_text())["placement"]
     assert winner == plan.placement
@@ -171,8 +174,9 @@ def test_every_applicable_conv_algorithm_agrees_with_the_default_kernel(
         algorithm.kernel([x, w, bias], dict(node.attrs), [got])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()),
                                    err_msg=algorithm.name)
-        chosen = choose_conv_algorithm(node, g)
-        assert chosen.algorithm in applicable and math.isfinite(chosen.seconds)
+        reference = get_backend("reference")
+        chosen = cheapest_algorithm(node, g, BackendProfile.from_throughput(reference.throughput), reference)
+        assert chosen is not None and chosen[0] in {a.name for a in applicable} and math.isfinite(chosen[1])
 
 
 def test_algorithm_choice_follows_the_measured_rates() -> None:
@@ -182,9 +186,10 @@ def test_algorithm_choice_follows_the_measured_rates() -> None:
     b.emit("conv2d", [g.add_input("x", TensorSpec((1, 64, 56, 56), DType.float32)), w], padding=[1, 1, 1, 1])
     node = g.nodes[0]
     fast_gemm = BackendProfile(1e11, 1e9, 1e10, 1e11, 1e-6, 0.0)
-    assert choose_conv_algorithm(node, g, fast_gemm).algorithm.name == "winograd_f2x3"
+    reference = get_backend("reference")
+    assert (cheapest_algorithm(node, g, fast_gemm, reference) or ("",))[0] == "winograd_f2x3"
     slow_winograd = BackendProfile(1e11, 1e9, 1e10, 1e11, 1e-6, 0.0, algorithm_scale={"winograd_f2x3": 100.0})
-    assert choose_conv_algorithm(node, g, slow_winograd).algorithm.name == "im2col_gemm"
+    assert (cheapest_algorithm(node, g, slow_winograd, reference) or ("",))[0] == "im2col_gemm"
 
 
 def test_activations_stay_fused_with_their_conv_on_a_fusing_backend() -> None:
@@ -211,13 +216,13 @@ def test_calibration_chooses_ort_spinning_unless_the_user_fixed_it(monkeypatch: 
     free = ort_backend.OnnxRuntimeBackend()
     assert free.spin_setting is None and free.spin is False  # off until calibration says otherwise
     chosen = measure_backend(free)
-    assert isinstance(chosen.spin, bool) and chosen.gemm_flops_per_s > 0
-    apply_profile(free, replace(chosen, spin=True))
+    assert isinstance(chosen.settings["spin"], bool) and chosen.gemm_flops_per_s > 0
+    apply_profile(free, replace(chosen, settings={"spin": True}))
     assert free.spin is True and "spin_setting=None" in chosen.config
     monkeypatch.setenv("EDGERUN_ORT_SPIN", "0")  # the variable still overrides calibration
     fixed = ort_backend.OnnxRuntimeBackend()
     assert fixed.spin_setting is False and backend_config(fixed) != backend_config(free)
-    apply_profile(fixed, replace(chosen, spin=True))
+    apply_profile(fixed, replace(chosen, settings={"spin": True}))
     assert fixed.spin is False
 
 
@@ -240,3 +245,29 @@ def test_a_delegate_only_program_runs_without_errstate_and_still_matches() -> No
     delegated(*[-v for v in xs])
     assert not np.shares_memory(first, delegated.parts.arena)  # the first result survives the second call
     np.testing.assert_allclose(first, interpret(g, xs)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_first_auto_load_measures_candidates_within_its_budget_and_caches_the_winner(cache: Path) -> None:
+    g = conv_net(channels=4, blocks=3)  # not the other tests' program: nothing cached for it yet
+    x = RNG.standard_normal((1, 4, 16, 16)).astype(np.float32)
+    unmeasured = plan_auto(g.copy(), measure_budget_s=0.0)
+    assert unmeasured.tuning == {} and unmeasured.loaded is None
+    # A budget already spent still measures the optimum and every backend alone (auto must never lose to
+    # one of them), nothing more, and caches nothing unless every candidate was measured.
+    rushed = plan_auto(g.copy(), measure_budget_s=1e-9)
+    measured = [c["label"] for c in rushed.tuning["candidates"] if c["measured_s"] is not None]
+    assert measured[0] == "search" and all(lb.startswith("all ") for lb in measured[1:])
+    assert rushed.loaded is not None
+    cached = list(cache.glob(f"tuned/*/{program_key(g, None)}.*"))
+    assert len(cached) == (1 if rushed.tuning["complete"] else 0)
+    # The plain auto load measures every candidate (a conv net is quick) and hands back the winner loaded.
+    g = conv_net(channels=4, blocks=4)
+    first = load(g.copy(), backends="auto")
+    report = first.search.tuning
+    assert report["source"] == "measured" and report["complete"]
+    assert all(c["measured_s"] is not None for c in report["candidates"])
+    assert report["winner"] == min(report["candidates"], key=lambda c: c["measured_s"])["label"]
+    assert report["spent_s"] < 10.0
+    again = load(g.copy(), backends="auto")
+    assert again.search.tuning["source"] == "cache"
+    np.testing.assert_allclose(again.run([x])[0], load(g).run([x])[0], rtol=1e-4, atol=1e-5)

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 from devtools_testkit import npy_is_plain
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.devtools.bundle import BundlePolicy, TestBundle
 from edgerun.devtools.carve import carve
 from edgerun.devtools.check import case_graph
 from edgerun.devtools.fault_proof import proof_loaded, realistic_inputs
+from edgerun.oracle import interpret
 
 
 def test_carve_records_every_op_instance_and_round_trips(tmp_path: Path) -> None:

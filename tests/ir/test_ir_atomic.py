@@ -7,14 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgerun.backends.reference.interpreter import interpret
-from edgerun.backends.reference.kernels import KERNELS
 from edgerun.errors import EdgerunError, VerificationError
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph
 from edgerun.ir.registry import OpKind, all_ops, infer_specs
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
+from edgerun.oracle import KERNELS, interpret
 
 
 def _graph(op: str, specs: list[TensorSpec], **attrs: object) -> Graph:

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph
 from edgerun.ir.registry import OpKind, get_op
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
+from edgerun.oracle import interpret
 from edgerun.passes.decompose_pass import DecomposePass
 
 Case = tuple[str, Callable[[Builder, list[str]], object], Callable[..., object], list[tuple[int, ...]]]

@@ -9,8 +9,8 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.frontends.onnx import import_onnx_graph
+from edgerun.oracle import interpret
 
 
 def _model(node, inputs, out_shape, inits=(), opset=20):

@@ -7,9 +7,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.onnx import OnnxModelError, from_onnx, import_onnx_graph
+from edgerun.oracle import interpret
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

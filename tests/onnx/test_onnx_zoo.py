@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 zoo = pytest.importorskip("edgerun.zoo")
 
-from edgerun.backends.reference.interpreter import interpret  # noqa: E402
 from edgerun.frontends.onnx import from_onnx  # noqa: E402
 from edgerun.frontends.torch import export  # noqa: E402
+from edgerun.oracle import interpret  # noqa: E402
 
 # MiniLM, the CNNs with distinct blocks (plain, fire, depthwise) and two small models; resnet50 and
 # shufflenet_v2 add time but no new ops, and run in `bench/onnx_conformance.py --zoo`.

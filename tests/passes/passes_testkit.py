@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
+from edgerun.oracle import interpret
 from edgerun.passes.decompose_pass import DecomposePass
 
 

@@ -9,12 +9,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
+from edgerun.oracle import interpret
 from edgerun.passes.dead_code_pass import DeadCodePass
 from edgerun.passes.decompose_pass import DecomposePass
 from edgerun.passes.pipeline import optimize

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
-from edgerun.backends.reference.interpreter import interpret
-from edgerun.backends.reference.kernels import KERNELS
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import KERNELS, interpret
 
 ELEMENTWISE = ("add", "sub", "mul", "maximum", "minimum", "exp", "tanh", "neg", "abs", "sigmoid")
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from runtime_testkit import random_inputs, small_transformer_block
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.cli import main
+from edgerun.oracle import interpret
 from edgerun.passes.pipeline import optimize, records_to_json
 from edgerun.program import Program
 

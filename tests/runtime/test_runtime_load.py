@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 from runtime_testkit import chain_of_adds, f32, random_dag, random_inputs, small_cnn, small_transformer_block
 
-from edgerun.backends.reference.backend import bind_node
-from edgerun.backends.reference.interpreter import interpret
-from edgerun.backends.reference.kernels import KERNELS
+from edgerun.backends.reference import bind_node
 from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import KERNELS, interpret
 from edgerun.program import Program
 from edgerun.runtime import EventRecorder, load
 

@@ -20,11 +20,11 @@ from runtime_testkit import (
     small_transformer_block,
 )
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.backends.registry import get_backend, register_backend, unregister_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph
+from edgerun.oracle import interpret
 from edgerun.runtime import check_acyclic, load, partition_graph
 from edgerun.runtime.loader import prepare_graph
 

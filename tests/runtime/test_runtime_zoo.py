@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgerun.backends.reference.interpreter import interpret
+from edgerun.oracle import interpret
 from edgerun.runtime import load
 from edgerun.runtime.loader import build_schedule
 from edgerun.runtime.plan_verifier import verify_plan

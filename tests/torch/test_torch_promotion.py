@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.frontends.torch import export_graph
+from edgerun.oracle import interpret
 
 
 class Fn(nn.Module):

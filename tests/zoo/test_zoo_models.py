@@ -15,9 +15,9 @@ import torch
 
 import edgerun
 from edgerun import zoo
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.frontends.torch import export_graph
 from edgerun.ir.verifier import verify
+from edgerun.oracle import interpret
 from edgerun.passes.decompose_pass import DecomposePass
 from edgerun.passes.pipeline import optimize
 from edgerun.program.program import Program

@@ -17,14 +17,21 @@ spinning, 10 ms not), while on an idle machine spinning wins by 1.2-1.8x on some
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
-from edgerun.backends.onnxruntime.onnx_ops import ONNX_DTYPE, OPSET, SUPPORTED, TRANSLATORS, OnnxBuilder
+from edgerun.backends.onnxruntime.onnx_ops import (
+    COMPOSITES,
+    ONNX_DTYPE,
+    OPSET,
+    SUPPORTED,
+    TRANSLATORS,
+    OnnxBuilder,
+)
 from edgerun.backends.onnxruntime.onnx_raster import emit_raster
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
@@ -44,6 +51,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
     supported = {**SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
+    composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization: one ORT kernel each
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=5e10, bytes_per_s=8e9, dispatch_s=1e-6)
     partition_overhead_s = 1.5e-5  # one run_with_iobinding call, measured on the dev machine
@@ -57,9 +65,23 @@ class OnnxRuntimeBackend(Backend):
                                                                          else env_spin == "1")
         self.spin = bool(self.spin_setting)
 
+    def settings(self) -> dict[str, object]:
+        return {"threads": self.threads, "spin_setting": self.spin_setting}
+
+    def tunable_settings(self) -> dict[str, tuple[object, ...]]:
+        # Pool-thread spinning, when neither the constructor nor $EDGERUN_ORT_SPIN fixed it.
+        return {"spin": (self.spin, not self.spin)} if self.spin_setting is None else {}
+
+    def apply_settings(self, chosen: Mapping[str, object]) -> None:
+        unknown = set(chosen) - set(self.tunable_settings())
+        if unknown:
+            raise ValueError(f"onnxruntime cannot tune {sorted(unknown)} here")
+        if "spin" in chosen:
+            self.spin = bool(chosen["spin"])
+
     def compile(self, subgraph: Graph) -> CompiledPartition:
         for node in subgraph.nodes:
-            if node.op not in self.supported:
+            if node.op not in self.supported and node.op not in self.composites:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the onnxruntime backend")
         model, external = build_model(subgraph)

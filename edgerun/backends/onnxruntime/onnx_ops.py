@@ -1,8 +1,10 @@
-"""Atomic IR ops as ONNX nodes (opset 18), and which of them ONNX Runtime's CPU kernels run exactly.
+"""IR ops as ONNX nodes (opset 20), and which of them ONNX Runtime's CPU kernels run exactly.
 
 Each translator appends NodeProtos (and initializers) to an OnnxBuilder and never fails on a node that
-`SUPPORTED` accepts; the support table is the contract, checked op by op against the reference kernels in
-tests/backends. Where ONNX and the IR disagree at the edges (float -> int casts of NaN, integer division by
+`SUPPORTED` (atomic ops) or `COMPOSITES` (composites ORT runs as one kernel: Relu, Clip, Gelu, Softmax,
+LayerNormalization) accepts; the tables are the contract, checked op by op against the reference kernels
+in tests/backends. Composites arrive whole because the runtime keeps what a backend claims until
+placement, so nothing here pattern-matches decomposed pieces back together. Where ONNX and the IR disagree at the edges (float -> int casts of NaN, integer division by
 zero, Python-style float modulo) the op is simply not claimed, and the search leaves it on the reference.
 """
 
@@ -18,7 +20,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 
-OPSET = 18
+OPSET = 20  # 20: Gelu
 
 F32 = frozenset({DType.float32})
 NUMERIC = frozenset({DType.float32, DType.int32, DType.int64})
@@ -46,7 +48,6 @@ class OnnxBuilder:
         self._reshaped: dict[str, str] = {}  # Reshape output -> its input
         self.consumers = graph.consumers()
         self.producers = graph.producers()
-        self.pending_clip: dict[str, tuple[str, float]] = {}  # max(x, lo) outputs folded into their min
 
     def fresh(self, hint: str) -> str:
         self._count += 1
@@ -83,14 +84,16 @@ class OnnxBuilder:
 Translator = Callable[[OnnxBuilder, Node], None]
 TRANSLATORS: dict[str, Translator] = {}
 SUPPORTED: dict[str, OpSupport] = {}
+COMPOSITES: dict[str, OpSupport] = {}
 
 
 def _op(names: tuple[str, ...] | str, dtypes: frozenset[DType] | None,
-        check: Callable[[Node, Graph], bool] | None = None) -> Callable[[Translator], Translator]:
+        check: Callable[[Node, Graph], bool] | None = None, *,
+        table: dict[str, OpSupport] = SUPPORTED) -> Callable[[Translator], Translator]:
     def deco(fn: Translator) -> Translator:
         for name in (names,) if isinstance(names, str) else names:
             TRANSLATORS[name] = fn
-            SUPPORTED[name] = OpSupport(dtypes=dtypes, check=check)
+            table[name] = OpSupport(dtypes=dtypes, check=check)
         return fn
     return deco
 
@@ -119,86 +122,14 @@ for _table, _dtypes in ((_DIRECT_FLOAT, F32), (_DIRECT_NUMERIC, NUMERIC), (_DIRE
     _op(tuple(_table), _dtypes)(_direct(_table))
 
 
-def _scalar_bound(b: OnnxBuilder, node: Node) -> tuple[str, float] | None:
-    """(tensor, bound) when `node` is max/min of a float32 tensor and a scalar constant of no larger shape."""
-    x, c = node.inputs
-    if x in b.graph.constants:
-        x, c = c, x
-    value = b.graph.constants.get(c)
-    spec = b.graph.specs[x]
-    if value is None or value.size != 1 or spec.dtype is not DType.float32 \
-            or b.graph.specs[node.outputs[0]].shape != spec.shape:
-        return None
-    return x, float(value.reshape(()))
-
-
 @_op(("maximum", "minimum"), NUMERIC)
-def _clamp(b: OnnxBuilder, node: Node) -> None:
-    # max(x, 0) as Relu and max/min against a constant as Clip: ORT fuses those into the producing Conv
-    # (it does not fuse Max/Min), and a max(x, lo) read only by a min(., hi) becomes one Clip(x, lo, hi).
-    bound = _scalar_bound(b, node)
-    if bound is None:
-        b.node("Max" if node.op == "maximum" else "Min", _inputs(node), list(node.outputs))
-        return
-    x, value = bound
-    if node.op == "maximum":
-        readers = b.consumers.get(node.outputs[0], [])
-        if len(readers) == 1 and readers[0].op == "minimum" and node.outputs[0] not in b.graph.outputs \
-                and _scalar_bound(b, readers[0]) is not None:
-            b.pending_clip[node.outputs[0]] = (x, value)
-            return
-        if value == 0.0:
-            b.node("Relu", [x], list(node.outputs))
-        else:
-            b.node("Clip", [x, b.const(np.array(value, np.float32))], list(node.outputs))
-        return
-    low = b.pending_clip.pop(x, None)
-    if low is not None:
-        b.node("Clip", [low[0], b.const(np.array(low[1], np.float32)), b.const(np.array(value, np.float32))], list(node.outputs))
-    else:
-        b.node("Clip", [x, "", b.const(np.array(value, np.float32))], list(node.outputs))
+def _max_min(b: OnnxBuilder, node: Node) -> None:
+    b.node("Max" if node.op == "maximum" else "Min", _inputs(node), list(node.outputs))
 
 
 @_op("mul", NUMERIC)
 def _mul(b: OnnxBuilder, node: Node) -> None:
-    norm = _layer_norm_source(b, node)
-    if norm is None:
-        b.node("Mul", _inputs(node), list(node.outputs))
-        return
-    x, axis, eps = norm
-    scale = np.ones(b.graph.specs[x].shape[axis:], np.float32)
-    b.node("LayerNormalization", [x, b.const(scale, "ln_scale")], list(node.outputs), axis=axis, epsilon=eps)
-
-
-def _layer_norm_source(b: OnnxBuilder, node: Node) -> tuple[str, int, float] | None:
-    """(x, first axis, eps) when `node` is (x - mean) * rsqrt(mean((x - mean)^2) + eps) over trailing axes, as
-    layer_norm decomposes: one LayerNormalization instead of eight passes over the activations."""
-    made = b.producers
-    centered, inv = (made.get(v) for v in node.inputs)
-    if inv is not None and inv.op == "sub":
-        centered, inv = inv, centered
-    if centered is None or inv is None or centered.op != "sub" or inv.op != "rsqrt" \
-            or b.graph.specs[node.inputs[0]].dtype is not DType.float32:
-        return None
-    x, mean = centered.inputs[0], made.get(centered.inputs[1])
-    plus_eps = made.get(inv.inputs[0])
-    if mean is None or mean.op != "reduce_mean" or mean.inputs[0] != x or plus_eps is None or plus_eps.op != "add":
-        return None
-    var, eps = plus_eps.inputs
-    if var in b.graph.constants:
-        var, eps = eps, var
-    var_node, eps_value = made.get(var), b.graph.constants.get(eps)
-    if var_node is None or var_node.op != "reduce_mean" or eps_value is None or eps_value.size != 1:
-        return None
-    square = made.get(var_node.inputs[0])
-    if square is None or square.op != "mul" or square.inputs != [centered.outputs[0]] * 2:
-        return None
-    rank = b.graph.specs[x].rank
-    axes = [sorted(int(a) % max(rank, 1) for a in (n.attrs.get("axes") or [])) for n in (mean, var_node)]
-    if not axes[0] or axes[0] != axes[1] or axes[0] != list(range(axes[0][0], rank)) \
-            or not (mean.attrs.get("keepdims") and var_node.attrs.get("keepdims")):
-        return None
-    return x, axes[0][0], float(eps_value.reshape(()))
+    b.node("Mul", _inputs(node), list(node.outputs))
 
 
 def _compare_inputs_numeric(node: Node, graph: Graph) -> bool:
@@ -227,10 +158,6 @@ def _float_div_only(node: Node, graph: Graph) -> bool:
 def _div(b: OnnxBuilder, node: Node) -> None:
     rounding = node.attrs.get("rounding", "none")
     if rounding == "none":
-        softmax = _softmax_source(b, node)
-        if softmax is not None:
-            b.node("Softmax", [softmax[0]], list(node.outputs), axis=softmax[1])
-            return
         b.node("Div", _inputs(node), list(node.outputs))
         return
     q = b.node("Div", _inputs(node))
@@ -239,29 +166,6 @@ def _div(b: OnnxBuilder, node: Node) -> None:
         return
     negative = b.node("Less", [q, b.const(np.zeros((), np.float32))])
     b.node("Where", [negative, b.node("Ceil", [q]), b.node("Floor", [q])], list(node.outputs))
-
-
-def _softmax_source(b: OnnxBuilder, node: Node) -> tuple[str, int] | None:
-    """(x, axis) when `node` is the last step of softmax's decomposition, exp(x - max) / sum(exp(x - max)),
-    all inside this partition: it becomes one Softmax (the steps it replaces are pruned unless read
-    elsewhere). One ONNX op instead of five, and one pass over the data instead of five."""
-    made = b.producers
-    exp, total = (made.get(v) for v in node.inputs)
-    if exp is None or total is None or exp.op != "exp" or total.op != "reduce_sum":
-        return None
-    summed = made.get(total.inputs[0])
-    shifted = made.get(exp.inputs[0])
-    if summed is None or summed.op != "exp" or summed.inputs != exp.inputs or shifted is None \
-            or shifted.op != "sub":
-        return None
-    x, peak = shifted.inputs[0], made.get(shifted.inputs[1])
-    if peak is None or peak.op != "reduce_max" or peak.inputs[0] != x:
-        return None
-    rank = b.graph.specs[x].rank
-    axes = [[int(a) % max(rank, 1) for a in (n.attrs.get("axes") or [])] for n in (total, peak)]
-    if len(axes[0]) != 1 or axes[0] != axes[1] or not all(n.attrs.get("keepdims") for n in (total, peak)):
-        return None
-    return x, axes[0][0]
 
 
 def _fmod_or_int(node: Node, graph: Graph) -> bool:
@@ -356,3 +260,49 @@ def _pool(b: OnnxBuilder, node: Node) -> None:
 def _gather(b: OnnxBuilder, node: Node) -> None:
     rank = b.graph.specs[node.inputs[0]].rank
     b.node("Gather", _inputs(node), list(node.outputs), axis=int(node.attrs.get("axis", 0)) % max(rank, 1))
+
+
+# ---- composites ORT runs as one kernel -----------------------------------------------------------------
+
+@_op("relu", F32, table=COMPOSITES)
+def _relu(b: OnnxBuilder, node: Node) -> None:
+    b.node("Relu", _inputs(node), list(node.outputs))
+
+
+@_op("clamp", F32, table=COMPOSITES)
+def _clip(b: OnnxBuilder, node: Node) -> None:
+    # Clip (ORT fuses it into the Conv or MatMul before it); a bound of None is an omitted input.
+    bounds = [b.const(np.array(node.attrs[k], np.float32)) if node.attrs.get(k) is not None else ""
+              for k in ("min", "max")]
+    b.node("Clip", [node.inputs[0], *bounds], list(node.outputs))
+
+
+@_op("gelu", F32, table=COMPOSITES)
+def _gelu(b: OnnxBuilder, node: Node) -> None:
+    b.node("Gelu", _inputs(node), list(node.outputs), approximate=str(node.attrs.get("approximate", "none")))
+
+
+@_op("softmax", F32, table=COMPOSITES)
+def _softmax(b: OnnxBuilder, node: Node) -> None:
+    rank = b.graph.specs[node.inputs[0]].rank
+    b.node("Softmax", _inputs(node), list(node.outputs), axis=int(node.attrs.get("axis", -1)) % max(rank, 1))
+
+
+def _layer_norm_params_fit(node: Node, graph: Graph) -> bool:
+    # LayerNormalization wants scale and bias shaped like the normalised axes; the IR also allows shorter
+    # broadcasting ones, which stay with the reference (decomposed).
+    x = graph.specs[node.inputs[0]].shape
+    n = int(node.attrs.get("normalized_ndim", 1))
+    return all(graph.specs[v].shape == x[len(x) - n:] for v in node.inputs[1:] if v)
+
+
+@_op("layer_norm", F32, _layer_norm_params_fit, table=COMPOSITES)
+def _layer_norm(b: OnnxBuilder, node: Node) -> None:
+    x = node.inputs[0]
+    shape = b.graph.specs[x].shape
+    n = int(node.attrs.get("normalized_ndim", 1))
+    scale = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] else \
+        b.const(np.ones(shape[len(shape) - n:], np.float32), "ln_scale")
+    bias = [node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else []
+    b.node("LayerNormalization", [x, scale, *bias], list(node.outputs), axis=len(shape) - n,
+           epsilon=float(node.attrs.get("eps", 1e-5)))

@@ -7,21 +7,19 @@ from typing import Any
 
 from edgerun.frontends.onnx.context import OnnxModelError
 from edgerun.frontends.onnx.importer import OnnxImportError, import_onnx_graph
+from edgerun.frontends.program_maker import make_program
+from edgerun.program.program import Program
 
 __all__ = ["OnnxImportError", "OnnxModelError", "from_onnx", "import_onnx_graph"]
 
 
 def from_onnx(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
-              constant_inputs: Mapping[str, Any] | None = None) -> Any:
+              constant_inputs: Mapping[str, Any] | None = None, *, optimize: bool = True) -> Program:
     """Import an ONNX model (path, bytes or onnx.ModelProto) as an edgerun Program.
 
     `input_shapes` pins symbolic input dimensions, e.g. {"input_ids": (1, 128)}; `constant_inputs`
-    freezes graph inputs that must be static (a Reshape target fed as an input) to given values.
+    freezes graph inputs that must be static (a Reshape target fed as an input) to given values. With
+    `optimize` (the default) the default pass pipeline runs, as for `edgerun.export` (make_program).
     """
-    from edgerun.program import Program
-    from edgerun.program.program import default_metadata
-
     graph = import_onnx_graph(source, input_shapes, constant_inputs)
-    metadata = default_metadata()
-    metadata["frontend"] = "onnx"
-    return Program(graph=graph, metadata=metadata)
+    return make_program(graph, frontend="onnx", run_passes=optimize)

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.onnx.context import (
     DTYPE_TO_ONNX,
@@ -29,6 +28,7 @@ from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_
 from edgerun.frontends.onnx.registry import load_handlers
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
 
 
 class OnnxImportError(EdgerunError):

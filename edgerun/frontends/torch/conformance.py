@@ -115,9 +115,9 @@ def run_sample(op: Any, index: int, sample: Any) -> SampleResult:
     import torch
     from torch.utils import _pytree as pytree
 
-    from edgerun.backends.reference.interpreter import interpret
     from edgerun.frontends.torch.capture import ExportFailedError
     from edgerun.frontends.torch.export import export_graph
+    from edgerun.oracle import interpret
 
     name = opinfo_name(op)
     start = time.perf_counter()

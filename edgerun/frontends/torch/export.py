@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edgerun.errors import EdgerunError
+from edgerun.frontends.program_maker import make_program
 from edgerun.frontends.torch.capture import capture
 from edgerun.frontends.torch.convert import convert_exported_program
 from edgerun.ir.graph import Graph
@@ -45,26 +46,11 @@ def export(module: Any, args: tuple[Any, ...], dynamic_shapes: Any = None, *, na
     composite ops and all.
     """
     graph = export_graph(module, args, dynamic_shapes, kwargs=kwargs)
-    return program_from_graph(graph, name=name or type(module).__name__, optimize=optimize)
+    return make_program(graph, frontend=f"torch {torch_version()}", name=name or type(module).__name__,
+                        run_passes=optimize)
 
 
-def program_from_graph(graph: Graph, *, name: str, optimize: bool = True) -> Program:
-    """Wrap an exported graph as a Program, optionally running the default pass pipeline first."""
-    from edgerun.program.program import Program, default_metadata
-
-    metadata = default_metadata()
-    metadata["name"] = name
-    metadata["frontend"] = f"torch {_torch_version()}"
-    if optimize:
-        from edgerun.passes.pipeline import METADATA_KEY, records_to_json
-        from edgerun.passes.pipeline import optimize as run_passes
-
-        graph, records = run_passes(graph)
-        metadata[METADATA_KEY] = records_to_json(records)
-    return Program(graph, metadata)
-
-
-def _torch_version() -> str:
+def torch_version() -> str:
     import torch
 
     return str(torch.__version__)

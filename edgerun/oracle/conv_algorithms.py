@@ -1,10 +1,10 @@
-"""Algorithm choice inside the reference backend, as data: the conv2d variants and what each costs.
+"""The conv2d variants of the reference kernels, as data: what each computes and what each costs.
 
 CONV_ALGORITHMS is a table of (name, applies, work, kernel). `work` counts what the variant does at these
 shapes (GEMM flops, elementwise flops, bytes it streams); the cost model turns that into seconds with the
 machine's measured rates, and the cheapest applicable variant wins (MNN's min over algorithms of
-Q_alg / P_ba). The search records its choice in node.meta["algorithm"] and the reference backend binds
-that variant; where nothing was chosen it keeps its default kernel (kernels.py). All variants compute the
+Q_alg / P_ba). The search hands its choice to the runtime with the placement (`algorithms`, node name ->
+variant) and the reference backend binds that variant; where nothing was chosen it keeps its default kernel (kernels.py). All variants compute the
 same convolution; they differ in rounding only (Winograd most), and the tests compare each with im2col.
 """
 
@@ -79,12 +79,6 @@ class ConvAlgorithm:
     applies: Callable[[ConvShape], bool]
     work: Callable[[ConvShape], Work]
     kernel: ConvKernel
-
-
-@dataclass(frozen=True)
-class Choice:
-    algorithm: ConvAlgorithm
-    seconds: float
 
 
 # ---- the variants --------------------------------------------------------------------------------------
@@ -207,25 +201,9 @@ CONV_ALGORITHMS: tuple[ConvAlgorithm, ...] = (
 BY_NAME = {a.name: a for a in CONV_ALGORITHMS}
 
 
-@dataclass(frozen=True)
-class DeclaredRates:
-    gemm_flops_per_s: float = 1e10
-    elementwise_flops_per_s: float = 2e9
-    bytes_per_s: float = 4e9
-
-
-def choose_conv_algorithm(node: Node, graph: Graph, rates: Rates | None = None) -> Choice:
-    """The cheapest applicable variant for `node` at `rates` (declared ones if none were measured)."""
-    shape = ConvShape.of(node, graph)
-    used: Rates = rates or DeclaredRates()
-    scale: Mapping[str, float] = getattr(used, "algorithm_scale", {})
-    return min((Choice(a, a.work(shape).seconds(used) * scale.get(a.name, 1.0))
-                for a in CONV_ALGORITHMS if a.applies(shape)), key=lambda c: c.seconds)
-
-
-def chosen_conv_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray) -> ConvKernel | None:
-    """The kernel the search chose for `node` (node.meta["algorithm"]), if it chose one that applies."""
-    chosen = BY_NAME.get(node.meta.get("algorithm", ""))
+def chosen_conv_kernel(name: str | None, node: Node, ins: list[np.ndarray], out: np.ndarray) -> ConvKernel | None:
+    """The kernel of algorithm `name` for `node`, if there is one of that name and it applies."""
+    chosen = BY_NAME.get(name or "")
     if chosen is not None and chosen.applies(_shape_of(ins, node.attrs, out)):
         return chosen.kernel
     return None

@@ -1,12 +1,12 @@
-"""The reference backend: every atomic op and raster, in numpy. The oracle, and the fallback of every placement.
+"""The reference backend: the oracle (edgerun.oracle) as a backend, and the fallback of every placement.
 
-Its compiled partitions offer `bind_node`, so the runtime plans all their values in its arena and runs each
-node as one pre-bound call. Binding is where the speed comes from: the common elementwise ops become a
-direct ufunc call with its output array given positionally, and a raster's strided source and destination
-views are built once, at load, instead of on every call. Everything else calls the kernel in kernels.py
-with its arrays fixed. Both routes compute exactly what kernels.py computes (the tests compare them).
-The runtime runs the whole instruction list under `np.errstate(all="ignore")`, which is what the kernels
-in kernels.py do per call.
+A thin adapter. Its compiled partitions offer `bind_node`, so the runtime plans all their values in its
+arena and runs each node as one pre-bound call. Binding is where the speed comes from: the common
+elementwise ops become a direct ufunc call with its output array given positionally, and a raster's
+strided source and destination views are built once, at load, instead of on every call. Everything else
+calls the oracle's kernel with its arrays fixed. Both routes compute exactly what the oracle computes (the
+tests compare them). The runtime runs the whole instruction list under `np.errstate(all="ignore")`, which
+is what the kernels do per call.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
-from edgerun.backends.reference.algorithms import chosen_conv_kernel
-from edgerun.backends.reference.kernels import KERNELS, raster_views
+from edgerun.backends.base import AlgorithmChoice, Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.graph import Graph, Node
+from edgerun.oracle import KERNELS, run_partition
+from edgerun.oracle.conv_algorithms import CONV_ALGORITHMS, ConvShape, chosen_conv_kernel
+from edgerun.oracle.kernels import raster_views
 
 BoundCall = Callable[[], None]
 
@@ -41,34 +42,35 @@ class ReferenceBackend(Backend):
     name = "reference"
     supported = {op: OpSupport() for op in KERNELS}
     throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6)
+    runs_decomposed = True  # every composite, through its decomposition (the runtime lowers it after placement)
+
+    def algorithm_choices(self, node: Node, graph: Graph) -> Sequence[AlgorithmChoice]:
+        if node.op != "conv2d":
+            return ()
+        shape = ConvShape.of(node, graph)
+        return [AlgorithmChoice(a.name, a.work(shape)) for a in CONV_ALGORITHMS if a.applies(shape)]
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
+        return self.compile_with_algorithms(subgraph, {})
+
+    def compile_with_algorithms(self, subgraph: Graph, algorithms: Mapping[str, str]) -> CompiledPartition:
         for node in subgraph.nodes:
             if node.op not in KERNELS:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="no reference kernel (composite ops must be decomposed first)")
-        return CompiledPartition(self.name, subgraph, functools.partial(_run_unplanned, subgraph), bind_node)
+        binder = functools.partial(bind_node, algorithms=dict(algorithms)) if algorithms else bind_node
+        return CompiledPartition(self.name, subgraph, functools.partial(run_partition, subgraph), binder)
 
 
 def create_backend() -> ReferenceBackend:
     return ReferenceBackend()
 
 
-def _run_unplanned(graph: Graph, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-    """The standalone path: fresh arrays per value (the runtime uses bind_node on its arena instead)."""
-    env: dict[str, np.ndarray] = dict(graph.constants)
-    env.update(zip(graph.inputs, inputs))
-    with np.errstate(all="ignore"):
-        for node in graph.nodes:
-            outs = [np.empty(graph.specs[o].shape, graph.specs[o].dtype.np) for o in node.outputs]
-            KERNELS[node.op]([env[i] for i in node.inputs if i], node.attrs, outs)
-            env.update(zip(node.outputs, outs))
-    for name, dst in zip(graph.outputs, outputs):
-        np.copyto(dst, env[name])
+def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[str, str] | None = None) -> BoundCall:
+    """A call with no arguments computing `node` from and into the fixed `arrays` (name -> array).
 
-
-def bind_node(node: Node, arrays: Mapping[str, np.ndarray]) -> BoundCall:
-    """A call with no arguments computing `node` from and into the fixed `arrays` (name -> array)."""
+    `algorithms` maps node names to the conv algorithm the search chose (conv_algorithms.CONV_ALGORITHMS).
+    """
     ins = [arrays[i] for i in node.inputs if i]
     outs = [arrays[o] for o in node.outputs]
     op = node.op
@@ -89,7 +91,8 @@ def bind_node(node: Node, arrays: Mapping[str, np.ndarray]) -> BoundCall:
         return functools.partial(np.matmul, ins[0], ins[1], outs[0])
     if op == "raster":
         return _bind_raster(ins, node.attrs, outs[0])
-    if op == "conv2d" and (chosen := chosen_conv_kernel(node, ins, outs[0])) is not None:
+    if op == "conv2d" and algorithms and (chosen := chosen_conv_kernel(algorithms.get(node.name), node, ins,
+                                                                         outs[0])) is not None:
         return functools.partial(chosen, ins, node.attrs, outs)  # the search's algorithm choice
     kernel = KERNELS.get(op)
     if kernel is None:

@@ -1,4 +1,4 @@
-"""`python -m edgerun.passes.zoo_report`: the default pipeline's op counts on every zoo model, as markdown.
+"""`python -m edgerun.devtools.pass_report`: the default pipeline's op counts on every zoo model, as markdown.
 
 Exports each model with the torch frontend (torch is imported lazily: the passes themselves need numpy
 alone), runs `optimize`, and checks the optimised graph against the unoptimised one on the reference
@@ -49,8 +49,8 @@ def _float64_outputs(module: Any, args: tuple[Any, ...]) -> list[np.ndarray]:
 def zoo_rows(names: list[str]) -> list[ZooRow]:
     """One row per model: op and raster counts before and after, weights, errors, pipeline time."""
     from edgerun import zoo
-    from edgerun.backends.reference.interpreter import interpret
     from edgerun.frontends.torch import export_graph
+    from edgerun.oracle import interpret
     from edgerun.passes.pipeline import optimize
 
     rows = []
@@ -63,7 +63,7 @@ def zoo_rows(names: list[str]) -> list[ZooRow]:
         seconds = time.perf_counter() - start
         arrays = [a.numpy() for a in args]
         plain_out = interpret(graph, arrays)
-        optimized_out = interpret(optimized, arrays, decompose=False)
+        optimized_out = interpret(optimized, arrays)
         error = max(_relative(got, want) for want, got in zip(plain_out, optimized_out))
         exact = _float64_outputs(spec.build(), args)
         decomposed = records[0].ops_after
@@ -125,7 +125,7 @@ def orders_markdown(names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgerun.passes.zoo_report", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m edgerun.devtools.pass_report", description=__doc__)
     parser.add_argument("models", nargs="*", help="zoo model names (default: all)")
     parser.add_argument("--orders", action="store_true", help="compare pass orders instead")
     args = parser.parse_args(argv)

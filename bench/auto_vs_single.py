@@ -1,0 +1,101 @@
+"""`backends="auto"` against every single-engine placement, from an empty calibration cache, in one process.
+
+For each zoo model: export it, then (with a fresh, empty $EDGERUN_CACHE_DIR, so the first auto load pays
+for calibration exactly as after a fresh install) load it with `backends="auto"` and with each installed
+backend alone (`[name]`: that backend takes every node it supports, reference the rest), and time all of
+them in interleaved rounds (median of per-round medians). The ratio auto / best single placement is the
+figure the issue sets at <= 1.05; the worst one is printed last.
+
+    .venv/bin/python bench/auto_vs_single.py [--models mlp,din] [--rounds 3] [--runs 20]
+
+Writes bench/results/auto_vs_single.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SINGLE_ENGINES = ("reference", "onnxruntime", "mnn")  # the engines that run a whole model on this machine
+RESULTS = Path(__file__).resolve().parent / "results" / "auto_vs_single.json"
+
+
+def median_call_s(call: Any, runs: int) -> float:
+    call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def compare(name: str, rounds: int, runs: int) -> dict[str, Any]:
+    from edgerun import zoo
+    from edgerun.backends.registry import get_backend
+    from edgerun.errors import BackendUnavailableError
+    from edgerun.frontends.torch import export
+    from edgerun.search import load
+
+    spec = zoo.get(name)
+    args = spec.example_inputs()
+    program = export(spec.build(), args)
+    inputs = [a.numpy() for a in args]
+    start = time.perf_counter()
+    loaded = {"auto": load(program, backends="auto")}
+    auto_load_s = time.perf_counter() - start  # includes calibration on the first model
+    for backend in SINGLE_ENGINES:
+        try:
+            get_backend(backend)
+        except BackendUnavailableError:
+            continue
+        loaded[backend] = load(program, backends=[backend])
+    samples: dict[str, list[float]] = {k: [] for k in loaded}
+    for _ in range(rounds):
+        for label, model in loaded.items():
+            samples[label].append(median_call_s(lambda m=model: m.run(inputs), runs))
+    ms = {label: statistics.median(s) * 1e3 for label, s in samples.items()}
+    best = min((label for label in ms if label != "auto"), key=lambda k: ms[k])
+    return {"model": name, "ms": ms, "best_single": best, "ratio": ms["auto"] / ms[best],
+            "auto_load_s": auto_load_s,
+            "auto_partitions": sorted({p.backend for p in loaded["auto"].partitions})}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated zoo names (default: every zoo model)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    from edgerun import zoo
+
+    names = [m for m in args.models.split(",") if m] or zoo.list_models()
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["EDGERUN_CACHE_DIR"] = cache  # an empty calibration cache: the first load after install
+        rows = [compare(name, args.rounds, args.runs) for name in names]
+    engines = sorted({k for r in rows for k in r["ms"] if k != "auto"})
+    print("| model | auto ms | " + " | ".join(f"{e} ms" for e in engines) + " | auto / best single | auto uses |")
+    print("|---|---:|" + "---:|" * len(engines) + "---:|---|")
+    for r in rows:
+        cells = " | ".join(f"{r['ms'][e]:.3f}" if e in r["ms"] else "-" for e in engines)
+        print(f"| {r['model']} | {r['ms']['auto']:.3f} | {cells} | {r['ratio']:.2f} | {', '.join(r['auto_partitions'])} |")
+    worst = max(rows, key=lambda r: r["ratio"])
+    load_avg = os.getloadavg()[0]
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({"rows": rows, "worst_ratio": worst["ratio"], "worst_model": worst["model"],
+                                   "load_average": load_avg, "rounds": args.rounds, "runs": args.runs},
+                                  indent=1))
+    print(f"worst auto / best single: {worst['ratio']:.3f} ({worst['model']}); load average {load_avg:.1f}")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

@@ -1,0 +1,24 @@
+"""One way to make a program: a frontend's graph -> the default pass pipeline -> Program.
+
+`edgerun.export` (torch), `edgerun.from_onnx`, `edgerun import-onnx` and `edgerun zoo export` all end here,
+so every program file is optimised the same way and carries the same metadata (producer, version, frontend,
+and the per-pass op counts under `passes`).
+"""
+
+from __future__ import annotations
+
+from edgerun.ir.graph import Graph
+from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
+from edgerun.program.program import Program, default_metadata
+
+
+def make_program(graph: Graph, *, frontend: str, name: str | None = None, run_passes: bool = True) -> Program:
+    """Wrap a frontend's verified graph as a Program, running the default pass pipeline first unless told not to."""
+    metadata = default_metadata()
+    if name:
+        metadata["name"] = name
+    metadata["frontend"] = frontend
+    if run_passes:
+        graph, records = optimize(graph)
+        metadata[METADATA_KEY] = records_to_json(records)
+    return Program(graph, metadata)

@@ -1,0 +1,92 @@
+"""The one node walk over the reference kernels: no memory planning, every value kept.
+
+The runtime's planned executor is the fast path; this is the oracle's simplest form. `interpret` (tests,
+the frontends' import-time folding, the developer tools), constant folding (`run_node`), and the
+reference and faulty backends' standalone partitions (`run_partition`) all walk graphs through `walk`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from edgerun.errors import EdgerunError, UnsupportedOpError
+from edgerun.ir.decompose import decomposed
+from edgerun.ir.graph import Graph, Node
+from edgerun.oracle.kernels import KERNELS, Kernel
+
+NodeHook = Callable[[Node, list[np.ndarray], list[np.ndarray]], None]
+# Picks the kernel for a node (a test backend swaps one in); None means the reference kernel.
+KernelChoice = Callable[[Node], Kernel | None]
+
+
+def bind_inputs(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Check user inputs against the graph's input specs; EdgerunError naming the first that does not fit."""
+    if isinstance(inputs, Mapping):
+        missing = [n for n in graph.inputs if n not in inputs]
+        if missing:
+            raise EdgerunError(f"missing inputs {missing}; the program takes {graph.inputs}")
+        values = [inputs[n] for n in graph.inputs]
+    else:
+        values = list(inputs)
+        if len(values) != len(graph.inputs):
+            raise EdgerunError(f"the program takes {len(graph.inputs)} inputs {graph.inputs}, got {len(values)}")
+    bound = {}
+    for name, value in zip(graph.inputs, values):
+        spec = graph.specs[name]
+        arr = np.asarray(value)
+        if tuple(arr.shape) != spec.shape:
+            raise EdgerunError(f"input {name!r} must have shape {spec.shape}, got {tuple(arr.shape)}")
+        if arr.dtype != spec.dtype.np:
+            if not np.can_cast(arr.dtype, spec.dtype.np, casting="same_kind"):
+                raise EdgerunError(f"input {name!r} must be {spec.dtype.value}, got {arr.dtype}")
+            arr = arr.astype(spec.dtype.np)
+        bound[name] = arr
+    return bound
+
+
+def run_node(node: Node, args: list[np.ndarray], graph: Graph, kernel: Kernel | None = None) -> list[np.ndarray]:
+    """Fresh output arrays of `node` computed from `args` (by `kernel`, default the reference one)."""
+    if kernel is None:
+        kernel = KERNELS.get(node.op)
+        if kernel is None:
+            raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
+                                     detail="no reference kernel (composite ops must be decomposed first)")
+    outs = [np.empty(graph.specs[o].shape, graph.specs[o].dtype.np) for o in node.outputs]
+    kernel(args, node.attrs, outs)
+    return outs
+
+
+def walk(graph: Graph, env: dict[str, np.ndarray], *, kernel_for: KernelChoice | None = None,
+         hook: NodeHook | None = None) -> dict[str, np.ndarray]:
+    """Run every node of `graph` in order, adding its outputs to `env` (which must hold inputs and constants)."""
+    for node in graph.nodes:
+        args = [env[i] for i in node.inputs if i]
+        outs = run_node(node, args, graph, kernel_for(node) if kernel_for is not None else None)
+        if hook is not None:
+            hook(node, args, outs)
+        env.update(zip(node.outputs, outs))
+    return env
+
+
+def run_partition(graph: Graph, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+                  kernel_for: KernelChoice | None = None) -> None:
+    """A compiled partition's standalone `run`: reads `inputs`, writes `outputs` in place."""
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    env.update(zip(graph.inputs, inputs))
+    with np.errstate(all="ignore"):
+        walk(graph, env, kernel_for=kernel_for)
+    for name, dst in zip(graph.outputs, outputs):
+        np.copyto(dst, env[name])
+
+
+def interpret(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+              hook: NodeHook | None = None, decompose: bool = True) -> list[np.ndarray]:
+    """Run `graph` on numpy inputs and return its outputs. Composite ops are decomposed first (on a copy)."""
+    if decompose:
+        graph = decomposed(graph)
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    env.update(bind_inputs(graph, inputs))
+    walk(graph, env, hook=hook)
+    return [np.array(env[o]) for o in graph.outputs]
