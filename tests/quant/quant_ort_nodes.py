@@ -12,8 +12,12 @@ from onnx import helper
 
 
 def single_node_model(op_type: str, inputs: Sequence[np.ndarray | None], n_outputs: int = 1,
-                      domain: str = "", opset: int = 21, **attrs: Any) -> onnx.ModelProto:
-    """A model whose graph inputs are `inputs` (None: an omitted optional input) feeding one node."""
+                      domain: str = "", opset: int = 21, output_shape: Sequence[int] | None = None,
+                      **attrs: Any) -> onnx.ModelProto:
+    """A model whose graph inputs are `inputs` (None: an omitted optional input) feeding one node.
+
+    Output types are what ONNX infers; a contrib op's single output is float32 of `output_shape`.
+    """
     names, graph_inputs = [], []
     for i, arr in enumerate(inputs):
         if arr is None:
@@ -27,7 +31,14 @@ def single_node_model(op_type: str, inputs: Sequence[np.ndarray | None], n_outpu
     graph = helper.make_graph([node], "g", graph_inputs,
                               [onnx.ValueInfoProto(name=o) for o in outs])
     opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
-    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    inferred = {v.name: v.type for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    for out in model.graph.output:
+        if out.name in inferred and inferred[out.name].tensor_type.elem_type:
+            out.type.CopyFrom(inferred[out.name])
+        else:
+            out.type.CopyFrom(helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, list(output_shape or [])))
+    return model
 
 
 def run_ort(model: onnx.ModelProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:

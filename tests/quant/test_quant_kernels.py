@@ -88,9 +88,8 @@ def test_conv_integer_is_bit_exact_with_onnxruntime(groups: int, stride: int, pa
     if per_channel:  # ONNX Runtime refuses a per-channel weight zero point: fold it into the weight instead
         ws = (w.astype(np.int64) - w_zp.reshape(-1, 1, 1, 1)).astype(np.int32)
         xs = x.astype(np.int32) - int(x_zp)
-        model = single_node_model("ConvInteger", [xs.astype(np.float32), ws.astype(np.float32)], group=groups,
+        model = single_node_model("Conv", [xs.astype(np.float32), ws.astype(np.float32)], group=groups,
                                   strides=[stride, stride], pads=pads)
-        model.graph.node[0].op_type = "Conv"
         want = np.rint(run_ort(model, [xs.astype(np.float32), ws.astype(np.float32)])[0]).astype(np.int32)
     else:
         model = single_node_model("ConvInteger", [x, w, x_zp, w_zp], group=groups, strides=[stride, stride],
@@ -137,7 +136,8 @@ def test_matmul_int4_matches_onnxruntime_matmulnbits(group: int, with_zp: bool) 
     a = rng.standard_normal((3, k)).astype(np.float32)
     zp_packed = pack_int4(np.pad(zp, ((0, 0), (0, blocks % 2)))).reshape(-1) if with_zp else None
     ins = [a, packed, scales.reshape(-1), zp_packed]
-    model = single_node_model("MatMulNBits", ins, domain="com.microsoft", K=k, N=n, bits=4, block_size=group)
+    model = single_node_model("MatMulNBits", ins, domain="com.microsoft", K=k, N=n, bits=4, block_size=group,
+                              output_shape=[3, n])
     want = run_ort(model, ins)[0]
     got = _run("matmul_int4", [a, packed, scales] + ([zp] if with_zp else []), [((3, n), np.float32)],
                k=k, n=n, group_size=group)[0]

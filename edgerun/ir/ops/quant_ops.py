@@ -29,15 +29,14 @@ INT4_GROUP_SIZES = (16, 32, 64, 128, 256)
 
 
 def _params_fit(op: str, x: TensorSpec, scale: TensorSpec, zp: TensorSpec, data_dtypes: tuple[DType, ...]) -> None:
-    """Scale is float32 and zero point one of `data_dtypes`, both broadcasting onto x without growing it."""
+    """Scale is float32 and zero point one of `data_dtypes`, each broadcasting onto x without growing it."""
     if scale.dtype is not DType.float32:
         raise ValueError(f"{op} scale must be float32, got {scale}")
     if zp.dtype not in data_dtypes:
         raise ValueError(f"{op} zero point must be {'/'.join(d.value for d in data_dtypes)}, got {zp}")
-    if scale.shape != zp.shape:
-        raise ValueError(f"{op} scale {scale} and zero point {zp} need one shape")
-    if broadcast_shapes(x.shape, scale.shape) != x.shape:
-        raise ValueError(f"{op} scale {scale} does not broadcast onto {x}")
+    for what, p in (("scale", scale), ("zero point", zp)):
+        if broadcast_shapes(x.shape, p.shape) != x.shape:
+            raise ValueError(f"{op} {what} {p} does not broadcast onto {x}")
 
 
 def _quantize_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
