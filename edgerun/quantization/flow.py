@@ -205,6 +205,6 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     metadata = dict(program.metadata)
     metadata[METADATA_KEY] = {"scheme": scheme, "excluded": skipped, "observer": observer,
                               "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
-                              "layers": [{"name": r.name, "op": r.op, "sqnr_db": round(r.sqnr_db, 2)}
+                              "layers": [{"name": r.name, "op": r.op, "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}
                                          for r in result.layers]}
     return Program(graph=graph, metadata=metadata), result

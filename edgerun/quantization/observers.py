@@ -47,8 +47,32 @@ class PercentileObserver:
         return float(lo), float(hi)
 
 
-Observer = MinMaxObserver | PercentileObserver
-OBSERVERS = {"minmax": MinMaxObserver, "percentile": PercentileObserver}
+@dataclass
+class MseObserver(PercentileObserver):
+    """The clipping range, among shrinkings of the min/max range, whose uint8 round trip has the least
+    squared error on the sampled values: trades clipping error against step size per tensor."""
+
+    def range(self) -> tuple[float, float]:
+        if not self.samples:
+            return np.inf, -np.inf
+        values = np.concatenate(self.samples).astype(np.float64)
+        lo0, hi0 = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+        best, best_err = (lo0, hi0), np.inf
+        for shrink in np.linspace(1.0, 0.3, 36):
+            lo, hi = lo0 * shrink, hi0 * shrink
+            if hi <= lo:
+                continue
+            scale = (hi - lo) / 255.0
+            zp = np.clip(np.rint(-lo / scale), 0, 255)
+            back = (np.clip(np.rint(values / scale) + zp, 0, 255) - zp) * scale
+            err = float(np.mean((back - values) ** 2))
+            if err < best_err:
+                best, best_err = (lo, hi), err
+        return best
+
+
+Observer = MinMaxObserver | PercentileObserver | MseObserver
+OBSERVERS = {"minmax": MinMaxObserver, "percentile": PercentileObserver, "mse": MseObserver}
 
 
 def uint8_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
