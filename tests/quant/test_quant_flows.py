@@ -62,7 +62,7 @@ def sqnr(ref: np.ndarray, got: np.ndarray) -> float:
 def test_every_scheme_quantizes_its_layers_and_stays_close_to_float(scheme: str, ops: set[str], min_db: float) -> None:
     program = small_cnn()
     calibration = {"image": images(4, seed=1)}
-    q, report = quantize_with_report(program, scheme, calibration if scheme == "int8-static" else None)
+    q, _report = quantize_with_report(program, scheme, calibration if scheme == "int8-static" else None)
     counts = q.graph.op_counts()
     assert ops <= set(counts)
     assert "matmul" not in counts and ("conv2d" in counts) == scheme.startswith(("int4", "8da4w"))
@@ -89,9 +89,9 @@ def test_exclude_by_op_type_and_by_name() -> None:
 
 def test_bad_input_gets_an_error_naming_it() -> None:
     program = small_cnn()
-    with pytest.raises(EdgerunError, match="unknown quantization scheme 'int3'.*int8-static"):
+    with pytest.raises(EdgerunError, match=r"unknown quantization scheme 'int3'.*int8-static"):
         edgerun.quantize(program, "int3")
-    with pytest.raises(EdgerunError, match="'nonesuch'.*no layer or op type"):
+    with pytest.raises(EdgerunError, match=r"'nonesuch'.*no layer or op type"):
         edgerun.quantize(program, "int8-dynamic", exclude=["nonesuch"])
     with pytest.raises(EdgerunError, match=r"calibration arrays \['img'\].*inputs \['image'\]"):
         edgerun.quantize(program, "int8-static", calibration={"img": images(2, 1)})

@@ -35,11 +35,9 @@ def test_quantize_linear_is_bit_exact_with_onnxruntime(dtype: type, per_axis: bo
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((2, 3, 5, 7)) * 40).astype(np.float32)
     x[0, 0, 0, :4] = [0.5, 1.5, 2.5, -2.5]  # exact ties: half to even
-    scale = (rng.random(3) * 0.5 + 0.05).astype(np.float32) if per_axis else np.array(0.3, np.float32)
-    scale = scale if per_axis else scale
+    # Per tensor, scale 1 keeps the ties exact; per axis, random scales.
+    scale = (rng.random(3) * 0.5 + 0.05).astype(np.float32) if per_axis else np.array(1.0, np.float32)
     zp = _q(rng, scale.shape, dtype) if per_axis else np.array(3, dtype)
-    if not per_axis:
-        scale = np.array(1.0, np.float32)
     want = run_ort(single_node_model("QuantizeLinear", [x, scale, zp], axis=1), [x, scale, zp])[0]
     view = (3, 1, 1) if per_axis else ()
     got = quantize_values(x, scale.reshape(view), zp.reshape(view))

@@ -86,7 +86,7 @@ def test_matmulnbits_imports_as_int4_matmul() -> None:
     rng = np.random.default_rng(5)
     k, n, group = 96, 16, 32
     q = rng.integers(0, 16, size=(n, 3, group)).astype(np.uint8)
-    scales = (rng.random((n * 3)) * 0.1).astype(np.float32)
+    scales = (rng.random(n * 3) * 0.1).astype(np.float32)
     zp = pack_int4(np.pad(rng.integers(0, 16, size=(n, 3)).astype(np.uint8), ((0, 0), (0, 1)))).reshape(-1)
     a = rng.standard_normal((2, 5, k)).astype(np.float32)
     ins = [a, pack_int4(q), scales, zp, None, rng.standard_normal(n).astype(np.float32)]

@@ -25,7 +25,7 @@ def _model_path() -> str:
     spec = importlib.util.find_spec("ddddocr")  # located, never imported: it pulls in OpenCV
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("ddddocr is not installed (scripts/setup.sh installs it with --no-deps)")
-    return os.path.join(list(spec.submodule_search_locations)[0], "common_old.onnx")
+    return os.path.join(next(iter(spec.submodule_search_locations)), "common_old.onnx")
 
 
 @pytest.fixture(scope="module")
