@@ -24,6 +24,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--group-size", type=int, default=32, choices=GROUP_SIZES, help="int4 group size")
     p.add_argument("--observer", default="minmax", choices=sorted(OBSERVERS),
                    help="int8-static activation range observer")
+    p.add_argument("--reduce-range", action="store_true",
+                   help="7-bit int8 weights (what ONNX Runtime needs to be exact on AVX2 machines)")
     p.set_defaults(func=_quantize)
 
 
@@ -34,7 +36,7 @@ def _quantize(args: argparse.Namespace) -> int:
         raise EdgerunError(f"no program file {args.file!r}")
     program = Program.read(args.file)
     quantized, report = quantize_with_report(program, args.scheme, args.calibration, args.exclude,
-                                             args.group_size, args.observer)
+                                             args.group_size, args.observer, reduce_range=args.reduce_range)
     quantized.save(args.output)
     before, after = os.path.getsize(args.file), os.path.getsize(args.output)
     print(report.table())

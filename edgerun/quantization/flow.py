@@ -150,20 +150,23 @@ Calibration = Mapping[str, np.ndarray] | str | os.PathLike[str]
 
 
 def quantize(program: Program, scheme: str = "int8-dynamic", calibration: Calibration | None = None,
-             exclude: Sequence[str] = (), group_size: int = 32, observer: str = "minmax") -> Program:
+             exclude: Sequence[str] = (), group_size: int = 32, observer: str = "minmax",
+             reduce_range: bool = False) -> Program:
     """A quantized copy of `program` (see docs/quantization.md).
 
     `calibration`: a mapping or .npz of one array per program input (leading sample axis optional); needed
     by int8-static, optional otherwise. `exclude`: layer names (output value, node name, or source module /
-    ONNX node) or op types to keep in float. With calibration data the per-layer SQNR report is stored in
+    ONNX node) or op types to keep in float. `reduce_range`: 7-bit int8 weights, which ONNX Runtime's
+    uint8 x int8 kernels need to be exact on AVX2 machines (a little accuracy for the delegate). With calibration data the per-layer SQNR report is stored in
     `metadata["quantization"]["layers"]`; `quantize_with_report` also returns it.
     """
-    return quantize_with_report(program, scheme, calibration, exclude, group_size, observer)[0]
+    return quantize_with_report(program, scheme, calibration, exclude, group_size, observer,
+                                reduce_range=reduce_range)[0]
 
 
 def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibration: Calibration | None = None,
                          exclude: Sequence[str] = (), group_size: int = 32, observer: str = "minmax",
-                         report_samples: int = 8) -> tuple[Program, QuantizeReport]:
+                         report_samples: int = 8, reduce_range: bool = False) -> tuple[Program, QuantizeReport]:
     """`quantize`, and the per-layer report (empty without calibration data)."""
     if scheme not in SCHEMES:
         raise EdgerunError(f"unknown quantization scheme {scheme!r}; known schemes: {', '.join(SCHEMES)}")
@@ -191,9 +194,9 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
                     observers[name].observe(sample[name])
             interpret(float_graph, sample, hook=observe)
         params = {name: uint8_params(*obs.range()) for name, obs in observers.items()}
-        graph = rewrite_int8_static(graph, layers, params)
+        graph = rewrite_int8_static(graph, layers, params, qmax=63 if reduce_range else 127)
     elif scheme == "int8-dynamic":
-        graph = rewrite_int8_dynamic(graph, layers)
+        graph = rewrite_int8_dynamic(graph, layers, qmax=63 if reduce_range else 127)
     else:
         graph = rewrite_int4(graph, layers, group_size, dynamic_int8_activations=scheme == "8da4w")
     graph = DeadCodePass().call(graph).graph
@@ -203,7 +206,7 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
         result = layer_report(float_graph, graph, layers, scheme, samples[:report_samples])
         result.skipped = skipped
     metadata = dict(program.metadata)
-    metadata[METADATA_KEY] = {"scheme": scheme, "excluded": skipped, "observer": observer,
+    metadata[METADATA_KEY] = {"scheme": scheme, "excluded": skipped, "observer": observer, "reduce_range": reduce_range,
                               "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
                               "layers": [{"name": r.name, "op": r.op, "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}
                                          for r in result.layers]}

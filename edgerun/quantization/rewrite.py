@@ -73,20 +73,21 @@ def _finish(b: Builder, layer: Layer, acc: str, scale: str) -> None:
     _named(b, layer.output, "add", [y, b.emit("reshape", [bias], shape=[oc, 1, 1])])
 
 
-def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str) -> tuple[str, np.ndarray]:
+def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str, qmax: int) -> tuple[str, np.ndarray]:
     """The int32 conv_integer/matmul_integer of the layer on xq, and the weight's per-channel scale."""
     node = layer.node
     if node.op == "conv2d":
-        wq, w_scale = int8_per_channel(layer.weight, axis=0)
+        wq, w_scale = int8_per_channel(layer.weight, axis=0, qmax=qmax)
         acc = b.emit("conv_integer", [xq, b.const(wq), x_zp, b.const(np.zeros((), np.int8))], **node.attrs)
         return acc, w_scale.reshape(-1, 1, 1)
-    wq, w_scale = int8_per_channel(layer.weight, axis=1)
+    wq, w_scale = int8_per_channel(layer.weight, axis=1, qmax=qmax)
     acc = b.emit("matmul_integer", [xq, b.const(wq), x_zp, b.const(np.zeros((), np.int8))])
     return acc, w_scale
 
 
-def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]]) -> Graph:
-    """`params`: activation value -> (scale, zero point) from calibration."""
+def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]],
+                        qmax: int = 127) -> Graph:
+    """`params`: activation value -> (scale, zero point) from calibration; weights in [-qmax, qmax]."""
     chosen = {layer.output: layer for layer in layers}
     quantized: dict[str, str] = {}
     old, graph.nodes = graph.nodes, []
@@ -100,12 +101,12 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
         x_zp = b.const(zp)
         if layer.activation not in quantized:
             quantized[layer.activation] = b.emit("quantize_linear", [layer.activation, b.const(scale), x_zp])
-        acc, w_scale = _integer_op(b, layer, quantized[layer.activation], x_zp)
+        acc, w_scale = _integer_op(b, layer, quantized[layer.activation], x_zp, qmax)
         _finish(b, layer, acc, b.const((scale * w_scale).astype(np.float32)))
     return graph
 
 
-def rewrite_int8_dynamic(graph: Graph, layers: list[Layer]) -> Graph:
+def rewrite_int8_dynamic(graph: Graph, layers: list[Layer], qmax: int = 127) -> Graph:
     chosen = {layer.output: layer for layer in layers}
     old, graph.nodes = graph.nodes, []
     for node in old:
@@ -115,7 +116,7 @@ def rewrite_int8_dynamic(graph: Graph, layers: list[Layer]) -> Graph:
             continue
         b = Builder(graph, node.meta)
         xq, x_scale, x_zp = b.emit_multi("dynamic_quantize", [layer.activation], dtype="uint8")
-        acc, w_scale = _integer_op(b, layer, xq, x_zp)
+        acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
         _finish(b, layer, acc, b.emit("mul", [x_scale, b.const(w_scale.astype(np.float32))]))
     return graph
 

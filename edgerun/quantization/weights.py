@@ -7,12 +7,15 @@ import numpy as np
 from edgerun.oracle.quant_kernels import pack_int4, quantize_values
 
 
-def int8_per_channel(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 weight, float32 scale per channel along `axis`): symmetric, q in [-127, 127], zero point 0."""
+def int8_per_channel(w: np.ndarray, axis: int, qmax: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 weight, float32 scale per channel along `axis`): symmetric, q in [-qmax, qmax], zero point 0.
+
+    qmax 63 (7 bits, "reduce range") is what ONNX Runtime's uint8 x int8 AVX2 kernel needs to stay exact.
+    """
     reduce = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
     amax = np.max(np.abs(w), axis=reduce, keepdims=True).astype(np.float32)
-    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
-    q = np.clip(quantize_values(w.astype(np.float32), scale, np.zeros(scale.shape, np.int8)), -127, 127)
+    scale = np.where(amax > 0, amax / np.float32(qmax), np.float32(1)).astype(np.float32)
+    q = np.clip(quantize_values(w.astype(np.float32), scale, np.zeros(scale.shape, np.int8)), -qmax, qmax)
     return q.astype(np.int8), scale.reshape(-1)
 
 

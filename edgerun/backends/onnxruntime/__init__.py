@@ -25,6 +25,7 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_ops import ONNX_DTYPE, OPSET, SUPPORTED, TRANSLATORS, OnnxBuilder
+from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED, QUANT_TRANSLATORS
 from edgerun.backends.onnxruntime.onnx_raster import emit_raster
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
@@ -43,7 +44,7 @@ EXTERNAL_CONSTANT_BYTES = 1024
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
-    supported = {**SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
+    supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=5e10, bytes_per_s=8e9, dispatch_s=1e-6)
     partition_overhead_s = 1.5e-5  # one run_with_iobinding call, measured on the dev machine
@@ -90,7 +91,7 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
         if node.op == "raster":
             emit_raster(b, node)
         else:
-            TRANSLATORS[node.op](b, node)
+            (TRANSLATORS.get(node.op) or QUANT_TRANSLATORS[node.op])(b, node)
     helper = b.helper
     used = {v for n in subgraph.nodes for v in n.inputs if v}
     external: dict[str, np.ndarray] = {}
@@ -114,7 +115,8 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     external = {k: v for k, v in external.items() if k in live}
     graph = helper.make_graph(nodes, "edgerun_partition", [info(v) for v in subgraph.inputs],
                               [info(v) for v in subgraph.outputs], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgerun")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+                              producer_name="edgerun")
     model.ir_version = 9
     return model, external
 
