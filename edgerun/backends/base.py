@@ -139,9 +139,9 @@ def node_work(node: Node, graph: Graph) -> tuple[float, float]:
         copied = sum(int(r[9]) * int(r[10]) * int(r[11]) for r in node.attrs.get("regions", []))
         item = outs[0].dtype.itemsize
         return 0.0, float(2 * copied * item + (outs[0].nbytes if node.attrs.get("fill") is not None else 0))
-    if op == "matmul":
+    if op in ("matmul", "matmul_integer", "matmul_int4"):  # the integer and int4 forms do the same products
         return 2.0 * out_elems * ins[0].shape[-1], moved
-    if op == "conv2d":
+    if op in ("conv2d", "conv_integer"):
         w = ins[1].shape  # O, I/groups, KH, KW
         return 2.0 * out_elems * w[1] * w[2] * w[3], moved
     if op in ("max_pool2d", "avg_pool2d"):
