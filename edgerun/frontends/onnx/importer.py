@@ -144,7 +144,8 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         domain = proto.domain if proto.domain != "ai.onnx" else ""
         if domain not in ("",) and f"{domain}:{proto.op_type}" not in handlers:
             raise UnsupportedOpError(proto.op_type, source=proto.name or None,
-                                     detail=f"domain {domain!r} is not supported (only the default ONNX domain)")
+                                     detail=f"domain {domain!r} is not supported (only the default ONNX domain, "
+                                            "and com.microsoft MatMulNBits)")
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}
