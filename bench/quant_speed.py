@@ -1,14 +1,15 @@
-"""int8 CNNs: edgerun's int8-static programs against float and against ONNX Runtime's quantize_static.
+"""int8 CNNs and MiniLM: edgerun's int8 programs against float and against ONNX Runtime's int8.
 
-    .venv/bin/python bench/quant_speed.py [--models resnet18 resnet50 mobilenet_v2] [--size 224]
-                                           [--calibration 32] [--runs 10] [--threads 2]
+    .venv/bin/python bench/quant_speed.py [--models resnet18 resnet50 mobilenet_v2 minilm] [--size 224]
+                                           [--calibration 32] [--runs 10] [--threads 2] [--out NAME.json]
 
 Per model: the float program (edgerun.export) and its int8-static quantization (calibrated on
 --calibration natural images, reduce_range so the ONNX Runtime delegate runs the integer layers exactly);
 the same torch module as ONNX and ONNX Runtime's quantize_static of it (QDQ, per-channel, same calibration
-images). Each runtime times in its own process (`--worker`): edgerun with backends="auto" (the search
-places nodes on ONNX Runtime or the reference), and ONNX Runtime on the .onnx files. Prints medians, peak
-RSS, file sizes, SQNR of each int8 output against float, and ratios; writes bench/results/quant_speed.json.
+images); for `minilm`, int8-dynamic against ONNX Runtime's quantize_dynamic. Each runtime times in its
+own process (`--worker`): edgerun with backends="auto" (the search places nodes on ONNX Runtime or the
+reference) and with ONNX Runtime first, and ONNX Runtime on the .onnx files. Prints medians, peak RSS, file
+sizes, SQNR of each int8 output against float, and ratios; writes bench/results/quant_speed.json (--out).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results" / "quant_speed.json"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 # ---- worker: one runtime, one file, alone in this process ----------------------------------------------
 
 def worker(runtime: str, path: str, inputs_path: str, runs: int, threads: int) -> dict[str, Any]:
     with np.load(inputs_path) as data:
-        x = np.ascontiguousarray(data["x"])
+        xs = [np.ascontiguousarray(data[f"arr_{k}"]) for k in range(len(data.files))]
     start = time.perf_counter()
     if runtime.startswith("edgerun"):
         os.environ["EDGERUN_ORT_THREADS"] = str(threads)
@@ -43,16 +44,16 @@ def worker(runtime: str, path: str, inputs_path: str, runs: int, threads: int) -
         model = load(path, backends="auto" if runtime == "edgerun" else ["onnxruntime", "reference"])
 
         def run() -> Any:
-            return model(x)
+            return model(*xs)
     else:
         import onnxruntime as ort
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
+        feed = {i.name: a for i, a in zip(session.get_inputs(), xs)}
 
         def run() -> Any:
-            return session.run(None, {name: x})
+            return session.run(None, feed)
     load_s = time.perf_counter() - start
     for _ in range(2):
         run()
@@ -104,7 +105,7 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path) -> dict[str, Any]:
     module = get(name).build()
     x = natural_image(size, seed=0)
     calibration = natural_image(size, seed=1, batch=n_cal).numpy()
-    np.savez(workdir / f"{name}.inputs.npz", x=natural_image(size, seed=2).numpy())
+    np.savez(workdir / f"{name}.inputs.npz", natural_image(size, seed=2).numpy())
     t = time.perf_counter()
     program = edgerun.export(module, (x,))
     program.save(workdir / f"{name}.edgerun")
@@ -133,14 +134,49 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path) -> dict[str, Any]:
             "file_mb": sizes, "quantize_s": quantize_s}
 
 
+def prepare_minilm(workdir: Path) -> dict[str, Any]:
+    """MiniLM (real weights): int8-dynamic against ONNX Runtime's quantize_dynamic of the same module."""
+    import onnxruntime as ort
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    import edgerun
+    from edgerun.backends.reference.interpreter import interpret
+    from edgerun.quantization import quantize_with_report
+    from edgerun.zoo.minilm import EXAMPLE_SENTENCES, build, tokenize
+
+    module = build()
+    args = tokenize(EXAMPLE_SENTENCES[:1])
+    arrays = [a.numpy() for a in args]
+    np.savez(workdir / "minilm.inputs.npz", *arrays)
+    program = edgerun.export(module, args)
+    program.save(workdir / "minilm.edgerun")
+    quantized, _ = quantize_with_report(program, "int8-dynamic", reduce_range=True, report_samples=0)
+    quantized.save(workdir / "minilm-int8.edgerun")
+    names = [f"input{k}" for k in range(len(args))]
+    torch.onnx.export(module, args, str(workdir / "minilm.onnx"), input_names=names, opset_version=17, dynamo=False)
+    quantize_dynamic(str(workdir / "minilm.onnx"), str(workdir / "minilm-int8.onnx"), weight_type=QuantType.QInt8)
+    ref = interpret(program.graph, arrays)[0].ravel()
+    ours = interpret(quantized.graph, arrays)[0].ravel()
+    peer = ort.InferenceSession(str(workdir / "minilm-int8.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, dict(zip(names, arrays)))[0].ravel()
+    cos = {k: float(v @ ref / np.linalg.norm(v) / np.linalg.norm(ref)) for k, v in (("ours", ours), ("ort", peer))}
+    sizes = {k: os.path.getsize(workdir / f) / 1e6 for k, f in
+             (("float", "minilm.edgerun"), ("int8", "minilm-int8.edgerun"), ("onnx_int8", "minilm-int8.onnx"))}
+    return {"sqnr_db_edgerun_int8": _sqnr(ref, ours), "sqnr_db_ort_int8": _sqnr(ref, peer), "cosine": cos,
+            "file_mb": sizes}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs=3, metavar=("RUNTIME", "PATH", "INPUTS"))
-    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2"])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2", "minilm"],
+                        help="zoo CNNs (int8-static) and/or minilm (int8-dynamic against quantize_dynamic)")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--calibration", type=int, default=32)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="quant_speed.json", help="file name under bench/results/")
     args = parser.parse_args()
     if args.worker:
         print("QUANT_RESULT " + json.dumps(worker(*args.worker, args.runs, args.threads)), flush=True)
@@ -149,7 +185,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in args.models:
-            info = prepare(name, args.size, args.calibration, work)
+            info = prepare_minilm(work) if name == "minilm" else prepare(name, args.size, args.calibration, work)
             inputs = work / f"{name}.inputs.npz"
             for runtime, precision, file in (("edgerun", "float", f"{name}.edgerun"),
                                              ("edgerun", "int8", f"{name}-int8.edgerun"),
@@ -179,10 +215,11 @@ def main() -> int:
               f"{sizes['float']:9.1f} {sizes['int8']:8.1f} {ours['sqnr_db_edgerun_int8']:10.1f} "
               f"{ours['sqnr_db_ort_int8']:9.1f}")
     load = os.getloadavg()
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "machine": platform.processor() or platform.machine(),
+    results = RESULTS_DIR / args.out
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps({"args": vars(args), "machine": platform.processor() or platform.machine(),
                                    "load_average": load, "rows": rows}, indent=1))
-    print(f"\nload average {load[0]:.1f}; wrote {RESULTS}")
+    print(f"\nload average {load[0]:.1f}; wrote {results}")
     return 0
 
 
