@@ -19,18 +19,22 @@ from edgerun.program import Program
 from edgerun.quantization.observers import OBSERVERS, uint8_params
 from edgerun.quantization.rewrite import (
     Layer,
+    find_embeddings,
     find_layers,
     rewrite_int4,
     rewrite_int8_dynamic,
+    rewrite_int8_embeddings,
     rewrite_int8_static,
 )
 
 # scheme -> (layer ops it quantizes, needs calibration, what it is)
 SCHEMES: dict[str, tuple[tuple[str, ...], bool, str]] = {
     "int8-static": (("conv2d", "matmul"), True,
-                    "int8 per-channel weights, uint8 per-tensor activations calibrated on your inputs"),
+                    "int8 per-channel weights, uint8 per-tensor activations calibrated on your inputs; "
+                    "int8 embedding tables"),
     "int8-dynamic": (("conv2d", "matmul"), False,
-                     "int8 per-channel weights, uint8 activations quantized per call (ONNX Runtime's quantize_dynamic)"),
+                     "int8 per-channel weights, uint8 activations quantized per call (ONNX Runtime's "
+                     "quantize_dynamic); int8 embedding tables"),
     "int4-weight": (("matmul",), False, "group-wise asymmetric int4 weights of linear layers, float activations"),
     "8da4w": (("matmul",), False,
               "ExecuTorch's 8-bit dynamic per-token activations with symmetric group-wise int4 weights"),
@@ -99,13 +103,17 @@ def _layer_names(layer: Layer) -> set[str]:
     return {node.name, layer.output, *node.meta.values()}
 
 
-def _select(layers: list[Layer], graph: Graph, exclude: Sequence[str]) -> tuple[list[Layer], list[str]]:
+def _check_exclude(candidates: list[Layer], graph: Graph, exclude: Sequence[str]) -> None:
+    """EdgerunError naming each excluded name that is neither a quantizable layer's name nor an op type."""
     known_ops = {n.op for n in graph.nodes}
-    names = set().union(*(_layer_names(layer) for layer in layers)) if layers else set()
+    names = set().union(*(_layer_names(layer) for layer in candidates)) if candidates else set()
     unknown = [e for e in exclude if e not in names and e not in known_ops]
     if unknown:
         raise EdgerunError(f"--exclude {unknown}: no layer or op type of that name in the program "
-                           f"(layers are named by their output value, e.g. {sorted(l_.output for l_ in layers)[:3]})")
+                           f"(layers are named by their output value, e.g. {sorted(c.output for c in candidates)[:3]})")
+
+
+def _select(layers: list[Layer], exclude: Sequence[str]) -> tuple[list[Layer], list[str]]:
     kept, skipped = [], []
     for layer in layers:
         if layer.node.op in exclude or _layer_names(layer) & set(exclude):
@@ -179,7 +187,12 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     samples = load_calibration(calibration, float_graph) if calibration is not None else []
     if needs_calibration and not samples:
         raise EdgerunError(f"scheme {scheme!r} needs calibration data (calibration= or --calibration data.npz)")
-    layers, skipped = _select(find_layers(float_graph, ops), float_graph, exclude)
+    candidates = find_layers(float_graph, ops)
+    tables = find_embeddings(float_graph) if scheme in ("int8-static", "int8-dynamic") else []
+    _check_exclude(candidates + tables, float_graph, exclude)
+    layers, skipped = _select(candidates, exclude)
+    embeddings, skipped_tables = _select(tables, exclude)
+    skipped += skipped_tables
     graph = float_graph.copy()
     if scheme == "int8-static":
         observers = {layer.activation: OBSERVERS[observer]() for layer in layers}
@@ -199,6 +212,7 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
         graph = rewrite_int8_dynamic(graph, layers, qmax=63 if reduce_range else 127)
     else:
         graph = rewrite_int4(graph, layers, group_size, dynamic_int8_activations=scheme == "8da4w")
+    graph = rewrite_int8_embeddings(graph, embeddings)
     graph = DeadCodePass().call(graph).graph
     verify(graph)
     result = QuantizeReport(scheme, skipped=skipped)

@@ -106,6 +106,38 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
     return graph
 
 
+EMBEDDING_MIN_ROWS = 256  # gathers from smaller tables (position, token-type embeddings) stay float
+
+
+def find_embeddings(graph: Graph) -> list[Layer]:
+    """Gathers of rows from a large constant float32 table: the embeddings that dominate a language model's size."""
+    found = []
+    for node in graph.nodes:
+        table = graph.constants.get(node.inputs[0]) if node.op == "gather" else None
+        if (table is not None and table.dtype == np.float32 and table.ndim == 2 and table.shape[0] >= EMBEDDING_MIN_ROWS
+                and int(node.attrs.get("axis", 0)) % 2 == 0):
+            found.append(Layer(node, table))
+    return found
+
+
+def rewrite_int8_embeddings(graph: Graph, embeddings: list[Layer]) -> Graph:
+    """Tables to int8 with one scale per row; a lookup gathers rows and their scales, then dequantizes."""
+    chosen = {layer.output: layer for layer in embeddings}
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        layer = chosen.get(node.outputs[0] if node.outputs else "")
+        if layer is None:
+            graph.nodes.append(node)
+            continue
+        b = Builder(graph, node.meta)
+        q, scale = int8_per_channel(layer.weight, axis=0)
+        ids = node.inputs[1]
+        rows = b.emit("gather", [b.const(q), ids], axis=0)
+        scales = b.emit("gather", [b.const(scale.reshape(-1, 1)), ids], axis=0)
+        _named(b, layer.output, "dequantize_linear", [rows, scales, b.const(np.zeros((), np.int8))])
+    return graph
+
+
 def rewrite_int8_dynamic(graph: Graph, layers: list[Layer], qmax: int = 127) -> Graph:
     chosen = {layer.output: layer for layer in layers}
     old, graph.nodes = graph.nodes, []

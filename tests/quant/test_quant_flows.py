@@ -151,3 +151,20 @@ def test_cli_quantizes_a_file_and_reports_bad_input(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
                           "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and "['pixels']" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_embedding_tables_become_int8_rows_with_a_scale_each() -> None:
+    rng = np.random.default_rng(6)
+    g = Graph()
+    b = Builder(g)
+    ids = g.add_input("ids", TensorSpec((1, 5), DType.int64))
+    table = rng.standard_normal((300, 16)).astype(np.float32) * rng.random((300, 1)).astype(np.float32)
+    g.outputs = [b.emit("gather", [b.const(table), ids], axis=0)]
+    program = Program(graph=g)
+    q = edgerun.quantize(program, "int8-dynamic")
+    assert {a.dtype for a in q.graph.constants.values() if a.size == 300 * 16} == {np.dtype(np.int8)}
+    x = np.array([[0, 7, 299, 7, 42]])
+    ref, got = interpret(program.graph, [x])[0], interpret(q.graph, [x])[0]
+    assert np.abs(got - ref).max() <= np.abs(table).max(axis=1)[x].max() / 254 + 1e-6  # half a step of its row
+    kept = edgerun.quantize(program, "int8-dynamic", exclude=["gather"])
+    assert {a.dtype for a in kept.graph.constants.values() if a.size == 300 * 16} == {np.dtype(np.float32)}
