@@ -111,3 +111,42 @@ def test_captcha_classifier_head_matches(captcha_model) -> None:  # type: ignore
     got = interpret(program.graph, [h])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_onnxruntime_quantize_static_qdq_model_matches_onnxruntime(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # ONNX Runtime's own static quantizer on a conv + relu + gemm model: its QDQ output imports as
+    # quantize_linear / dequantize_linear around float ops, and agrees with ORT's fused int8 kernels to
+    # within a few quantization steps of the output (ORT requantizes in float32 and rounds the bias).
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b"),
+             numpy_helper.from_array(rng.standard_normal((8 * 6 * 6, 5)).astype(np.float32) * 0.05, "fc"),
+             numpy_helper.from_array(np.array([1, 8 * 6 * 6], np.int64), "flat")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Reshape", ["r", "flat"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    float_path, int8_path = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), float_path)
+    samples = [rng.standard_normal((1, 3, 12, 12)).astype(np.float32) for _ in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter([{"x": s} for s in samples])
+
+        def get_next(self):  # type: ignore[no-untyped-def]
+            return next(self.items, None)
+    quantize_static(str(float_path), str(int8_path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
+    program = from_onnx(str(int8_path))
+    assert {"quantize_linear", "dequantize_linear"} <= set(program.graph.op_counts())
+    x = rng.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    want = ort.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = interpret(program.graph, [x])[0]
+    qmodel = onnx.load(str(int8_path))
+    last = next(n for n in qmodel.graph.node if "y" in n.output)  # the output's DequantizeLinear
+    step = float(next(numpy_helper.to_array(i) for i in qmodel.graph.initializer if i.name == last.input[1]))
+    assert np.abs(got - want).max() <= 2.01 * step  # at most two output steps apart
+    assert np.isclose(got, want, atol=1e-6).mean() >= 0.4
