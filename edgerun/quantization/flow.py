@@ -149,12 +149,30 @@ def layer_report(float_graph: Graph, quant_graph: Graph, layers: list[Layer], sc
     report = QuantizeReport(scheme)
     for layer in layers:
         if ref[layer.output] and got[layer.output]:
-            r, g = np.concatenate([a.ravel() for a in ref[layer.output]]), np.concatenate([a.ravel() for a in got[layer.output]])
+            r = np.concatenate([a.ravel() for a in ref[layer.output]])
+            g = np.concatenate([a.ravel() for a in got[layer.output]])
             report.layers.append(LayerReport(layer.output, layer.node.op, _sqnr(r, g)))
     return report
 
 
 Calibration = Mapping[str, np.ndarray] | str | os.PathLike[str]
+
+
+def calibrate_activations(graph: Graph, layers: list[Layer], samples: list[dict[str, np.ndarray]],
+                          observer: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """uint8 (scale, zero point) of every layer's input activation, observed over the samples."""
+    observers = {layer.activation: OBSERVERS[observer]() for layer in layers}
+
+    def observe(node: Any, args: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        for name, value in zip(node.outputs, outs):
+            if name in observers:
+                observers[name].observe(value)
+    for sample in samples:
+        for name in graph.inputs:  # a layer reading a graph input directly
+            if name in observers:
+                observers[name].observe(sample[name])
+        interpret(graph, sample, hook=observe)
+    return {name: uint8_params(*obs.range()) for name, obs in observers.items()}
 
 
 def quantize(program: Program, scheme: str = "int8-dynamic", calibration: Calibration | None = None,
@@ -165,8 +183,9 @@ def quantize(program: Program, scheme: str = "int8-dynamic", calibration: Calibr
     `calibration`: a mapping or .npz of one array per program input (leading sample axis optional); needed
     by int8-static, optional otherwise. `exclude`: layer names (output value, node name, or source module /
     ONNX node) or op types to keep in float. `reduce_range`: 7-bit int8 weights, which ONNX Runtime's
-    uint8 x int8 kernels need to be exact on AVX2 machines (a little accuracy for the delegate). With calibration data the per-layer SQNR report is stored in
-    `metadata["quantization"]["layers"]`; `quantize_with_report` also returns it.
+    uint8 x int8 kernels need to be exact on AVX2 machines (a little accuracy for the delegate). With
+    calibration data the per-layer SQNR report is stored in `metadata["quantization"]["layers"]`;
+    `quantize_with_report` also returns it.
     """
     return quantize_with_report(program, scheme, calibration, exclude, group_size, observer,
                                 reduce_range=reduce_range)[0]
@@ -195,18 +214,7 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     skipped += skipped_tables
     graph = float_graph.copy()
     if scheme == "int8-static":
-        observers = {layer.activation: OBSERVERS[observer]() for layer in layers}
-
-        def observe(node: Any, args: list[np.ndarray], outs: list[np.ndarray]) -> None:
-            for name, value in zip(node.outputs, outs):
-                if name in observers:
-                    observers[name].observe(value)
-        for sample in samples:
-            for name in float_graph.inputs:  # a layer reading a graph input directly
-                if name in observers:
-                    observers[name].observe(sample[name])
-            interpret(float_graph, sample, hook=observe)
-        params = {name: uint8_params(*obs.range()) for name, obs in observers.items()}
+        params = calibrate_activations(float_graph, layers, samples, observer)
         graph = rewrite_int8_static(graph, layers, params, qmax=63 if reduce_range else 127)
     elif scheme == "int8-dynamic":
         graph = rewrite_int8_dynamic(graph, layers, qmax=63 if reduce_range else 127)
@@ -220,8 +228,10 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
         result = layer_report(float_graph, graph, layers, scheme, samples[:report_samples])
         result.skipped = skipped
     metadata = dict(program.metadata)
-    metadata[METADATA_KEY] = {"scheme": scheme, "excluded": skipped, "observer": observer, "reduce_range": reduce_range,
-                              "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
-                              "layers": [{"name": r.name, "op": r.op, "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}
-                                         for r in result.layers]}
+    metadata[METADATA_KEY] = {
+        "scheme": scheme, "excluded": skipped, "observer": observer, "reduce_range": reduce_range,
+        "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
+        "layers": [{"name": r.name, "op": r.op,
+                    "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}  # JSON has no inf
+                   for r in result.layers]}
     return Program(graph=graph, metadata=metadata), result
