@@ -35,9 +35,10 @@ SCHEMES: dict[str, tuple[tuple[str, ...], bool, str]] = {
     "int8-dynamic": (("conv2d", "matmul"), False,
                      "int8 per-channel weights, uint8 activations quantized per call (ONNX Runtime's "
                      "quantize_dynamic); int8 embedding tables"),
-    "int4-weight": (("matmul",), False, "group-wise asymmetric int4 weights of linear layers, float activations"),
-    "8da4w": (("matmul",), False,
-              "ExecuTorch's 8-bit dynamic per-token activations with symmetric group-wise int4 weights"),
+    "int4-weight": (("matmul",), False,
+                    "group-wise asymmetric int4 weights of linear layers, float activations; int8 embedding tables"),
+    "8da4w": (("matmul",), False, "ExecuTorch's 8-bit dynamic per-token activations with symmetric group-wise "
+              "int4 weights; int8 embedding tables"),
 }
 GROUP_SIZES = (32, 64, 128)
 METADATA_KEY = "quantization"
@@ -207,7 +208,7 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     if needs_calibration and not samples:
         raise EdgerunError(f"scheme {scheme!r} needs calibration data (calibration= or --calibration data.npz)")
     candidates = find_layers(float_graph, ops)
-    tables = find_embeddings(float_graph) if scheme in ("int8-static", "int8-dynamic") else []
+    tables = find_embeddings(float_graph)
     _check_exclude(candidates + tables, float_graph, exclude)
     layers, skipped = _select(candidates, exclude)
     embeddings, skipped_tables = _select(tables, exclude)
