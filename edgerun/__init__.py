@@ -30,6 +30,7 @@ _LAZY = {
     "Program": "edgerun.program:Program",
     "export": "edgerun.frontends.torch:export",
     "from_onnx": "edgerun.frontends.onnx:from_onnx",
+    "quantize": "edgerun.quantization:quantize",
     "load": "edgerun.search:load",
     "connect": "edgerun.remote.client:connect",
 }
@@ -58,4 +59,5 @@ __all__ = [
     "export",
     "from_onnx",
     "load",
+    "quantize",
 ]

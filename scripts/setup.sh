@@ -19,6 +19,13 @@ if (( ${#missing[@]} )); then
   fi
 fi
 
+# ddddocr's int8 captcha model for tests/quant; --no-deps: its wheel pins OpenCV, which reading the .onnx never needs.
+install_no_deps_extras() {
+  .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('ddddocr') is None)" 2>/dev/null ||
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps ddddocr==1.6.1
+}
+[[ -x .venv/bin/python ]] && install_no_deps_extras
+
 stamp=.venv/.installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat $stamp)" == "$want" ]]; then
@@ -28,3 +35,4 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
 echo "$want" > $stamp
+install_no_deps_extras

@@ -248,9 +248,9 @@ def node_work(node: Node, graph: Graph) -> tuple[float, float]:
         copied = copied_elements(regions_of(node.attrs))
         item = outs[0].dtype.itemsize
         return 0.0, float(2 * copied * item + (outs[0].nbytes if node.attrs.get("fill") is not None else 0))
-    if op == "matmul":
+    if op in ("matmul", "matmul_integer", "matmul_int4"):  # the integer and int4 forms do the same products
         return 2.0 * out_elems * ins[0].shape[-1], moved
-    if op == "conv2d":
+    if op in ("conv2d", "conv_integer"):
         w = ins[1].shape  # O, I/groups, KH, KW
         return 2.0 * out_elems * w[1] * w[2] * w[3], moved
     if op in ("max_pool2d", "avg_pool2d"):

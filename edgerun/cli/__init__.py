@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "edgerun.cli.search",
     "edgerun.cli.zoo",
     "edgerun.cli.accel",
+    "edgerun.cli.quantize",
 )
 
 

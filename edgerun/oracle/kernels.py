@@ -16,6 +16,7 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.region import Region
+from edgerun.oracle.quant_kernels import QUANT_KERNELS
 
 Kernel = Callable[[list[np.ndarray], dict[str, Any], list[np.ndarray]], None]
 KERNELS: dict[str, Kernel] = {}
@@ -337,3 +338,7 @@ def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
         outs[0].reshape(-1)[...] = fill
     for dst, src in raster_views(ins, attrs["regions"], outs[0]):
         np.copyto(dst, src)
+
+
+# ---- quantized ops (exact integer kernels, edgerun/oracle/quant_kernels.py) ---------------------------
+KERNELS.update(QUANT_KERNELS)

@@ -32,6 +32,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
     TRANSLATORS,
     OnnxBuilder,
 )
+from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED, QUANT_TRANSLATORS
 from edgerun.backends.onnxruntime.onnx_raster import emit_raster
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
@@ -50,7 +51,7 @@ EXTERNAL_CONSTANT_BYTES = 1024
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
-    supported = {**SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
+    supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
     composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization: one ORT kernel each
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=5e10, bytes_per_s=8e9, dispatch_s=1e-6)
@@ -112,7 +113,7 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
         if node.op == "raster":
             emit_raster(b, node)
         else:
-            TRANSLATORS[node.op](b, node)
+            (TRANSLATORS.get(node.op) or QUANT_TRANSLATORS[node.op])(b, node)
     helper = b.helper
     used = {v for n in subgraph.nodes for v in n.inputs if v}
     external: dict[str, np.ndarray] = {}
@@ -136,7 +137,8 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     external = {k: v for k, v in external.items() if k in live}
     graph = helper.make_graph(nodes, "edgerun_partition", [info(v) for v in subgraph.inputs],
                               [info(v) for v in subgraph.outputs], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgerun")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+                              producer_name="edgerun")
     model.ir_version = 9
     return model, external
 

@@ -59,8 +59,12 @@ def conv(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [conv_values(ctx, node, ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2))]
 
 
-def conv_values(ctx: ImportContext, node: OnnxNode, x0: str, w: str, bias: str) -> str:
-    """Conv of IR values x0, w and optional bias ('') with node's attributes."""
+def conv_values(ctx: ImportContext, node: OnnxNode, x0: str, w: str, bias: str,
+                zero_points: tuple[str, str] | None = None) -> str:
+    """Conv of IR values x0, w and optional bias ('') with node's attributes.
+
+    With `zero_points` (input, weight) it is an exact integer conv_integer instead (edgerun/frontends/onnx/quantized.py).
+    """
     x, lifted = _as_2d(ctx, node, x0)
     wshape = ctx.b.shape(w)
     if lifted:
@@ -71,11 +75,11 @@ def conv_values(ctx: ImportContext, node: OnnxNode, x0: str, w: str, bias: str) 
     in_sizes = list(ctx.b.shape(x0)[2:])
     begin, end = _pads(node, in_sizes, kernel, strides, dil)
     begin, end = _lift(begin, lifted, 0), _lift(end, lifted, 0)
-    ins = [x, w] + ([bias] if bias else [])
+    ins = [x, w] + (list(zero_points) if zero_points else [bias] if bias else [])
     half = ctx.b.dtype(x) is DType.float16
     if half:  # accumulate half precision in single and round once, as the ONNX reference does
         ins = [ctx.cast(v, DType.float32) for v in ins]
-    y = ctx.emit("conv2d", ins, stride=_lift(strides, lifted, 1), dilation=_lift(dil, lifted, 1),
+    y = ctx.emit("conv_integer" if zero_points else "conv2d", ins, stride=_lift(strides, lifted, 1), dilation=_lift(dil, lifted, 1),
                  padding=[begin[0], begin[1], end[0], end[1]], groups=int(node.attr("group", 1)))
     if half:
         y = ctx.cast(y, DType.float16)

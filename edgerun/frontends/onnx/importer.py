@@ -142,9 +142,10 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                   handlers: dict[str, Any], depth: int) -> None:
     for proto in dependency_order(nodes, set(ctx.values) | set(ctx.consts)):
         domain = proto.domain if proto.domain != "ai.onnx" else ""
-        if domain not in ("",):
+        if domain not in ("",) and f"{domain}:{proto.op_type}" not in handlers:
             raise UnsupportedOpError(proto.op_type, source=proto.name or None,
-                                     detail=f"domain {domain!r} is not supported (only the default ONNX domain)")
+                                     detail=f"domain {domain!r} is not supported (only the default ONNX domain, "
+                                            "and com.microsoft MatMulNBits)")
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}
@@ -153,7 +154,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                 _import_nodes(ctx, body, opsets, types, handlers, depth + 1)
             (import_if if node.op_type == "If" else import_scan)(ctx, node, import_body)
             continue
-        handler = handlers.get(node.op_type)
+        handler = handlers.get(f"{domain}:{node.op_type}" if domain else node.op_type)
         if handler is not None and _try_fold(ctx, node, handler):
             continue
         if handler is None:

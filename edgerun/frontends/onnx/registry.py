@@ -28,7 +28,7 @@ def load_handlers() -> dict[str, Handler]:
         grid_sample,
         indexing,
         nn,
-        quant,
+        quantized,
         recurrent,
         reduce,
         resize,

@@ -1,0 +1,150 @@
+"""The quantized IR ops as ONNX Runtime's integer ops, claimed only where ORT computes them exactly.
+
+quantize_linear / dequantize_linear -> QuantizeLinear / DequantizeLinear (per tensor or one axis);
+dynamic_quantize (uint8, per tensor) -> DynamicQuantizeLinear; matmul_integer -> MatMulInteger;
+conv_integer -> ConvInteger (per-tensor weight zero point: ORT refuses per-channel); matmul_int4 ->
+com.microsoft MatMulNBits. requantize is not claimed: ORT requantizes in float32 and can be one step off.
+
+ORT's x86 AVX2 kernel for uint8 x int8 adds pairs of products into int16 with saturation (vpmaddubsw), so
+uint8 x int8 is claimed only for constant weights within [-64, 64] (7-bit weights: `reduce_range=True` in
+edgerun.quantize), where no pair can saturate; uint8 x uint8 and int8 x int8 are always exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from edgerun.backends.base import OpSupport
+from edgerun.backends.onnxruntime.onnx_ops import OnnxBuilder, Translator
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph, Node
+from edgerun.ir.ops.atomic import conv_geometry
+from edgerun.oracle.quant_kernels import pack_int4
+
+QUANT_TRANSLATORS: dict[str, Translator] = {}
+QUANT_SUPPORTED: dict[str, OpSupport] = {}
+MS_DOMAIN = "com.microsoft"
+_PAIR_SAFE = 64  # |w| <= 64: 255 * (64 + 64) < 2^15, so ORT's int16 pair sums cannot saturate
+
+
+def _claim(name: str, check: Callable[[Node, Graph], bool]) -> Callable[[Translator], Translator]:
+    def deco(fn: Translator) -> Translator:
+        QUANT_TRANSLATORS[name] = fn
+        QUANT_SUPPORTED[name] = OpSupport(dtypes=None, check=check)
+        return fn
+    return deco
+
+
+def _axis_of(shape: tuple[int, ...], rank: int) -> int | bool | None:
+    """None for one value; the axis of x for a parameter varying along one axis; False otherwise."""
+    if int(np.prod(shape)) == 1:
+        return None
+    varying = [i for i, d in enumerate(shape) if d != 1]
+    return rank - len(shape) + varying[0] if len(varying) == 1 else False
+
+
+def _qdq_ok(node: Node, graph: Graph) -> bool:
+    x, scale, zp = (graph.specs[v] for v in node.inputs)
+    axes = {_axis_of(scale.shape, x.rank), _axis_of(zp.shape, x.rank)} - {None}
+    if False in axes or len(axes) > 1:
+        return False
+    if x.dtype is DType.int32:  # ONNX's int32 DequantizeLinear has no zero point: it must be a constant 0
+        c = graph.constants.get(node.inputs[2])
+        return c is not None and not c.any()
+    return True
+
+
+def _param(b: OnnxBuilder, v: str, rank: int) -> tuple[str, int | None]:
+    shape = b.graph.specs[v].shape
+    axis = _axis_of(shape, rank)
+    if axis is None:
+        return (b.node("Reshape", [v, b.ints([])]) if shape else v), None
+    return b.node("Reshape", [v, b.ints([-1])]), int(axis)
+
+
+def _qdq(op_type: str) -> Translator:
+    def run(b: OnnxBuilder, node: Node) -> None:
+        x, scale, zp = node.inputs
+        rank = b.graph.specs[x].rank
+        s, axis_s = _param(b, scale, rank)
+        z, axis_z = _param(b, zp, rank)
+        axis = axis_s if axis_s is not None else axis_z
+        if axis is not None and axis_s is None:  # one scale, per-axis zero points: give the scale the axis too
+            s = b.node("Expand", [s, b.ints([b.graph.specs[x].shape[axis]])])
+        if axis is not None and axis_z is None:
+            z = b.node("Expand", [z, b.ints([b.graph.specs[x].shape[axis]])])
+        ins = [x, s] if b.graph.specs[x].dtype is DType.int32 else [x, s, z]
+        b.node(op_type, ins, list(node.outputs), **({"axis": axis} if axis is not None else {}))
+    return run
+
+
+_claim("quantize_linear", _qdq_ok)(_qdq("QuantizeLinear"))
+_claim("dequantize_linear", _qdq_ok)(_qdq("DequantizeLinear"))
+
+
+def _dynamic_ok(node: Node, graph: Graph) -> bool:
+    return node.attrs.get("dtype", "uint8") == "uint8" and not node.attrs.get("per_token")
+
+
+@_claim("dynamic_quantize", _dynamic_ok)
+def _dynamic(b: OnnxBuilder, node: Node) -> None:
+    b.node("DynamicQuantizeLinear", [node.inputs[0]], list(node.outputs))
+
+
+def _exact_integer_product(node: Node, graph: Graph) -> bool:
+    a, w = graph.specs[node.inputs[0]].dtype, graph.specs[node.inputs[1]].dtype
+    if a is w:
+        return True
+    weight = graph.constants.get(node.inputs[1])
+    return a is DType.uint8 and weight is not None and int(np.abs(weight.astype(np.int32)).max(initial=0)) <= _PAIR_SAFE
+
+
+def _matmul_ok(node: Node, graph: Graph) -> bool:
+    a_zp = graph.specs[node.inputs[2]]
+    a = graph.specs[node.inputs[0]]
+    row_zp = a_zp.numel == 1 or (a_zp.rank == 2 and a_zp.shape == (a.shape[-2], 1))
+    return row_zp and graph.specs[node.inputs[3]].rank <= 1 and _exact_integer_product(node, graph)
+
+
+@_claim("matmul_integer", _matmul_ok)
+def _matmul_integer(b: OnnxBuilder, node: Node) -> None:
+    a, w, a_zp, w_zp = node.inputs
+    if b.graph.specs[a_zp].numel == 1 and b.graph.specs[a_zp].shape:
+        a_zp = b.node("Reshape", [a_zp, b.ints([])])
+    elif b.graph.specs[a_zp].rank == 2:
+        a_zp = b.node("Reshape", [a_zp, b.ints([-1])])
+    b.node("MatMulInteger", [a, w, a_zp, w_zp], list(node.outputs))
+
+
+def _conv_ok(node: Node, graph: Graph) -> bool:
+    return graph.specs[node.inputs[3]].numel == 1 and _exact_integer_product(node, graph)
+
+
+@_claim("conv_integer", _conv_ok)
+def _conv_integer(b: OnnxBuilder, node: Node) -> None:
+    stride, pads, dil, groups = conv_geometry(node.attrs)
+    x, w, x_zp, w_zp = node.inputs
+    w_zp = b.node("Reshape", [w_zp, b.ints([])]) if b.graph.specs[w_zp].shape else w_zp
+    shape = b.graph.specs[w].shape
+    b.node("ConvInteger", [x, w, x_zp, w_zp], list(node.outputs), kernel_shape=[shape[2], shape[3]],
+           strides=list(stride), pads=list(pads), dilations=list(dil), group=groups)
+
+
+def _int4_ok(node: Node, graph: Graph) -> bool:
+    # MatMulNBits wants its scales and zero points as initializers in its own layout: constants only.
+    return all(v in graph.constants for v in node.inputs[1:] if v)
+
+
+@_claim("matmul_int4", _int4_ok)
+def _matmul_int4(b: OnnxBuilder, node: Node) -> None:
+    n, blocks, _ = b.graph.specs[node.inputs[1]].shape
+    ins = [node.inputs[0], node.inputs[1], b.const(b.graph.constants[node.inputs[2]].reshape(-1), "scales")]
+    if len(node.inputs) > 3 and node.inputs[3]:
+        zp = b.graph.constants[node.inputs[3]]
+        if zp.dtype == np.uint8:  # two per byte, each row padded to whole bytes
+            zp = pack_int4(np.pad(zp, ((0, 0), (0, blocks % 2))))
+        ins.append(b.const(np.ascontiguousarray(zp.reshape(-1)), "zero_points"))
+    b.node("MatMulNBits", ins, list(node.outputs), domain=MS_DOMAIN, K=int(node.attrs["k"]), N=n, bits=4,
+           block_size=int(node.attrs["group_size"]))

@@ -1,0 +1,173 @@
+"""The graph rewrites: each quantized layer becomes integer ops whose last output keeps the float layer's name.
+
+Keeping the name means the layer's consumers are untouched and the per-layer report can compare the same
+value in the float and the quantized graph. The forms (ONNX Runtime's, so a delegate maps them 1:1):
+
+- int8 static:  quantize_linear(x) -> conv_integer / matmul_integer (int32) -> dequantize_linear(acc,
+  s_x * s_w) (+ bias). One quantize_linear per activation value, shared by every layer that reads it.
+- int8 dynamic: dynamic_quantize(x) -> matmul_integer / conv_integer -> dequantize_linear(acc, s_x * s_w).
+- int4 weight:  matmul_int4(x, packed, scales, zero points).
+- 8da4w:        dynamic_quantize(x, int8, per token) -> dequantize_linear -> matmul_int4 (symmetric weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgerun.ir.builder import Builder
+from edgerun.ir.graph import Graph, Node
+from edgerun.quantization.weights import int4_groups, int8_per_channel
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A float layer the scheme can quantize: conv2d or matmul with a constant weight."""
+
+    node: Node
+    weight: np.ndarray
+
+    @property
+    def activation(self) -> str:
+        return self.node.inputs[0]
+
+    @property
+    def output(self) -> str:
+        return self.node.outputs[0]
+
+
+def find_layers(graph: Graph, ops: tuple[str, ...]) -> list[Layer]:
+    layers = []
+    for node in graph.nodes:
+        if node.op not in ops or len(node.inputs) < 2 or node.inputs[1] not in graph.constants:
+            continue
+        w = graph.constants[node.inputs[1]]
+        if w.dtype != np.float32 or graph.specs[node.inputs[0]].dtype.value != "float32":
+            continue
+        if node.op == "matmul" and (w.ndim != 2 or graph.specs[node.inputs[0]].rank < 2):
+            continue
+        layers.append(Layer(node, w))
+    return layers
+
+
+def _named(b: Builder, name: str, op: str, inputs: list[str], **attrs: object) -> str:
+    """Emit op with its output called `name` (the float layer's output it replaces)."""
+    tmp = b.emit(op, inputs, **attrs)
+    node = b.graph.nodes[-1]
+    b.graph.specs[name] = b.graph.specs.pop(tmp)
+    node.outputs[0] = node.name = name
+    return name
+
+
+def _finish(b: Builder, layer: Layer, acc: str, scale: str) -> None:
+    """acc (int32) * scale (+ the float bias) under the layer's own output name."""
+    zero = b.const(np.zeros((), np.int32))
+    node = layer.node
+    bias = node.inputs[2] if node.op == "conv2d" and len(node.inputs) > 2 and node.inputs[2] else ""
+    if not bias:
+        _named(b, layer.output, "dequantize_linear", [acc, scale, zero])
+        return
+    y = b.emit("dequantize_linear", [acc, scale, zero])
+    oc = b.shape(bias)[0]
+    _named(b, layer.output, "add", [y, b.emit("reshape", [bias], shape=[oc, 1, 1])])
+
+
+def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str, qmax: int) -> tuple[str, np.ndarray]:
+    """The int32 conv_integer/matmul_integer of the layer on xq, and the weight's per-channel scale."""
+    node = layer.node
+    if node.op == "conv2d":
+        wq, w_scale = int8_per_channel(layer.weight, axis=0, qmax=qmax)
+        acc = b.emit("conv_integer", [xq, b.const(wq), x_zp, b.const(np.zeros((), np.int8))], **node.attrs)
+        return acc, w_scale.reshape(-1, 1, 1)
+    wq, w_scale = int8_per_channel(layer.weight, axis=1, qmax=qmax)
+    acc = b.emit("matmul_integer", [xq, b.const(wq), x_zp, b.const(np.zeros((), np.int8))])
+    return acc, w_scale
+
+
+def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]],
+                        qmax: int = 127) -> Graph:
+    """`params`: activation value -> (scale, zero point) from calibration; weights in [-qmax, qmax]."""
+    chosen = {layer.output: layer for layer in layers}
+    quantized: dict[str, str] = {}
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        layer = chosen.get(node.outputs[0] if node.outputs else "")
+        if layer is None:
+            graph.nodes.append(node)
+            continue
+        b = Builder(graph, node.meta)
+        scale, zp = params[layer.activation]
+        x_zp = b.const(zp)
+        if layer.activation not in quantized:
+            quantized[layer.activation] = b.emit("quantize_linear", [layer.activation, b.const(scale), x_zp])
+        acc, w_scale = _integer_op(b, layer, quantized[layer.activation], x_zp, qmax)
+        _finish(b, layer, acc, b.const((scale * w_scale).astype(np.float32)))
+    return graph
+
+
+EMBEDDING_MIN_ROWS = 256  # gathers from smaller tables (position, token-type embeddings) stay float
+
+
+def find_embeddings(graph: Graph) -> list[Layer]:
+    """Gathers of rows from a large constant float32 table: the embeddings that dominate a language model's size."""
+    found = []
+    for node in graph.nodes:
+        table = graph.constants.get(node.inputs[0]) if node.op == "gather" else None
+        if (table is not None and table.dtype == np.float32 and table.ndim == 2 and table.shape[0] >= EMBEDDING_MIN_ROWS
+                and int(node.attrs.get("axis", 0)) % 2 == 0):
+            found.append(Layer(node, table))
+    return found
+
+
+def rewrite_int8_embeddings(graph: Graph, embeddings: list[Layer]) -> Graph:
+    """Tables to int8 with one scale per row; a lookup gathers rows and their scales, then dequantizes."""
+    chosen = {layer.output: layer for layer in embeddings}
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        layer = chosen.get(node.outputs[0] if node.outputs else "")
+        if layer is None:
+            graph.nodes.append(node)
+            continue
+        b = Builder(graph, node.meta)
+        q, scale = int8_per_channel(layer.weight, axis=0)
+        ids = node.inputs[1]
+        rows = b.emit("gather", [b.const(q), ids], axis=0)
+        scales = b.emit("gather", [b.const(scale.reshape(-1, 1)), ids], axis=0)
+        _named(b, layer.output, "dequantize_linear", [rows, scales, b.const(np.zeros((), np.int8))])
+    return graph
+
+
+def rewrite_int8_dynamic(graph: Graph, layers: list[Layer], qmax: int = 127) -> Graph:
+    chosen = {layer.output: layer for layer in layers}
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        layer = chosen.get(node.outputs[0] if node.outputs else "")
+        if layer is None:
+            graph.nodes.append(node)
+            continue
+        b = Builder(graph, node.meta)
+        xq, x_scale, x_zp = b.emit_multi("dynamic_quantize", [layer.activation], dtype="uint8")
+        acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
+        _finish(b, layer, acc, b.emit("mul", [x_scale, b.const(w_scale.astype(np.float32))]))
+    return graph
+
+
+def rewrite_int4(graph: Graph, layers: list[Layer], group: int, dynamic_int8_activations: bool) -> Graph:
+    chosen = {layer.output: layer for layer in layers}
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        layer = chosen.get(node.outputs[0] if node.outputs else "")
+        if layer is None:
+            graph.nodes.append(node)
+            continue
+        b = Builder(graph, node.meta)
+        k, n = layer.weight.shape
+        packed, scales, zps = int4_groups(layer.weight, group, symmetric=dynamic_int8_activations)
+        x = layer.activation
+        if dynamic_int8_activations:
+            xq, x_scale, x_zp = b.emit_multi("dynamic_quantize", [x], dtype="int8", per_token=True)
+            x = b.emit("dequantize_linear", [xq, x_scale, x_zp])
+        ins = [x, b.const(packed), b.const(scales), b.const(zps)]
+        _named(b, layer.output, "matmul_int4", ins, k=k, n=n, group_size=group)
+    return graph

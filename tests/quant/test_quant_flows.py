@@ -1,0 +1,170 @@
+"""edgerun.quantize and `edgerun quantize` on a small conv + linear program: every scheme, the report, the
+program file round trip and size, and the errors for bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgerun
+from edgerun.errors import EdgerunError
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
+from edgerun.program import Program
+from edgerun.quantization import quantize_with_report
+
+
+def small_cnn(hidden: int = 64, seed: int = 0) -> Program:
+    """conv-relu-conv-relu-mean-linear-relu-linear on [4, 3, 16, 16]: both layer kinds, one graph input."""
+    rng = np.random.default_rng(seed)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("image", TensorSpec((4, 3, 16, 16), DType.float32))
+
+    def w(*shape: int) -> str:
+        fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
+        return b.const((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
+
+    relu = lambda v: b.emit("maximum", [v, b.scalar(0.0, v)])  # noqa: E731
+    h = relu(b.emit("conv2d", [x, w(8, 3, 3, 3), b.const(rng.standard_normal(8).astype(np.float32) * 0.1)],
+                    padding=[1, 1, 1, 1]))
+    h = relu(b.emit("conv2d", [h, w(16, 8, 3, 3)], padding=[1, 1, 1, 1], stride=[2, 2]))
+    h = b.emit("reduce_mean", [h], axes=[2, 3])
+    h = relu(b.emit("matmul", [h, w(16, hidden)]))
+    g.outputs = [b.emit("matmul", [h, w(hidden, 10)])]
+    return Program(graph=g)
+
+
+def images(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((n, 4, 3, 4, 4)).repeat(4, axis=3).repeat(4, axis=4)  # smooth, image-like
+    return (base + 0.3 * rng.standard_normal((n, 4, 3, 16, 16))).astype(np.float32)
+
+
+def sqnr(ref: np.ndarray, got: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((ref - got.astype(np.float64)) ** 2)))
+
+
+@pytest.mark.parametrize("scheme,ops,min_db", [
+    ("int8-static", {"quantize_linear", "conv_integer", "matmul_integer"}, 30),
+    ("int8-dynamic", {"dynamic_quantize", "conv_integer", "matmul_integer"}, 30),
+    ("int4-weight", {"matmul_int4"}, 15),
+    ("8da4w", {"dynamic_quantize", "matmul_int4"}, 15),
+])
+def test_every_scheme_quantizes_its_layers_and_stays_close_to_float(scheme: str, ops: set[str], min_db: float) -> None:
+    program = small_cnn()
+    calibration = {"image": images(4, seed=1)}
+    q, _report = quantize_with_report(program, scheme, calibration if scheme == "int8-static" else None)
+    counts = q.graph.op_counts()
+    assert ops <= set(counts)
+    assert "matmul" not in counts and ("conv2d" in counts) == scheme.startswith(("int4", "8da4w"))
+    x = images(1, seed=2)[0]
+    assert sqnr(interpret(program.graph, [x])[0], interpret(q.graph, [x])[0]) >= min_db
+    assert q.metadata["quantization"]["scheme"] == scheme
+
+
+def test_report_has_one_sqnr_per_quantized_layer() -> None:
+    _, report = quantize_with_report(small_cnn(), "int8-static", {"image": images(3, seed=1)})
+    assert [r.op for r in report.layers] == ["conv2d", "conv2d", "matmul", "matmul"]
+    assert all(20 < r.sqnr_db < 80 for r in report.layers), report.table()
+    assert "SQNR" in report.table()
+
+
+def test_exclude_by_op_type_and_by_name() -> None:
+    program = small_cnn()
+    q = edgerun.quantize(program, "int8-dynamic", exclude=["conv2d"])
+    assert q.graph.op_counts()["conv2d"] == 2 and "matmul_integer" in q.graph.op_counts()
+    first_matmul = next(n.outputs[0] for n in program.graph.nodes if n.op == "matmul")
+    q = edgerun.quantize(program, "int8-dynamic", exclude=[first_matmul])
+    assert q.graph.op_counts()["matmul"] == 1 and q.metadata["quantization"]["excluded"] == [first_matmul]
+
+
+def test_bad_input_gets_an_error_naming_it() -> None:
+    program = small_cnn()
+    with pytest.raises(EdgerunError, match=r"unknown quantization scheme 'int3'.*int8-static"):
+        edgerun.quantize(program, "int3")
+    with pytest.raises(EdgerunError, match=r"'nonesuch'.*no layer or op type"):
+        edgerun.quantize(program, "int8-dynamic", exclude=["nonesuch"])
+    with pytest.raises(EdgerunError, match=r"calibration arrays \['img'\].*inputs \['image'\]"):
+        edgerun.quantize(program, "int8-static", calibration={"img": images(2, 1)})
+    with pytest.raises(EdgerunError, match=r"calibration array 'image' has shape \(2, 4, 3, 8, 8\)"):
+        edgerun.quantize(program, "int8-static", calibration={"image": images(2, 1)[:, :, :, :8, :8]})
+    with pytest.raises(EdgerunError, match="needs calibration data"):
+        edgerun.quantize(program, "int8-static")
+    with pytest.raises(EdgerunError, match="group size"):
+        edgerun.quantize(program, "int4-weight", group_size=48)
+
+
+def mlp(width: int = 512, seed: int = 0) -> Program:
+    """Two width x width linear layers: a weight-dominated program, as LLM blocks are."""
+    rng = np.random.default_rng(seed)
+    g = Graph()
+    b = Builder(g)
+    h = g.add_input("x", TensorSpec((2, width), DType.float32))
+    for _ in range(2):
+        h = b.emit("matmul", [h, b.const((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32))])
+    g.outputs = [h]
+    return Program(graph=g)
+
+
+def test_program_file_keeps_packed_weights_and_shrinks(tmp_path: Path) -> None:
+    program = mlp()
+    float_path, int8_path, int4_path = tmp_path / "f.edgerun", tmp_path / "q8.edgerun", tmp_path / "q4.edgerun"
+    program.save(float_path)
+    q8 = edgerun.quantize(program, "int8-dynamic")
+    q8.save(int8_path)
+    q4 = edgerun.quantize(program, "int4-weight", group_size=128)
+    q4.save(int4_path)
+    loaded = Program.read(int4_path)
+    for name, arr in q4.graph.constants.items():  # packed uint8 nibbles come back byte for byte
+        assert loaded.graph.constants[name].dtype == arr.dtype
+        np.testing.assert_array_equal(loaded.graph.constants[name], arr)
+    assert any(a.dtype == np.uint8 and a.ndim == 3 for a in loaded.graph.constants.values())
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    runtime_out = edgerun.load(int4_path)(x)
+    np.testing.assert_array_equal(runtime_out[0] if isinstance(runtime_out, (list, tuple)) else runtime_out,
+                                  interpret(q4.graph, [x])[0])
+    f, s8, s4 = (os.path.getsize(p) for p in (float_path, int8_path, int4_path))
+    # int8: 1 byte per weight + a scale per column; int4 group 128: 64 bytes + scale + zero point per group.
+    assert f / s8 > 3.8 and f / s4 > 7.0, (f, s8, s4)
+
+
+def test_cli_quantizes_a_file_and_reports_bad_input(tmp_path: Path) -> None:
+    src, out, cal = tmp_path / "f.edgerun", tmp_path / "q.edgerun", tmp_path / "cal.npz"
+    small_cnn().save(src)
+    np.savez(cal, image=images(2, seed=1))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
+                          "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "SQNR" in run.stdout and out.exists()
+    assert Program.read(out).metadata["quantization"]["scheme"] == "int8-static"
+    np.savez(cal, pixels=images(2, seed=1))
+    bad = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
+                          "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "['pixels']" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_embedding_tables_become_int8_rows_with_a_scale_each() -> None:
+    rng = np.random.default_rng(6)
+    g = Graph()
+    b = Builder(g)
+    ids = g.add_input("ids", TensorSpec((1, 5), DType.int64))
+    table = rng.standard_normal((300, 16)).astype(np.float32) * rng.random((300, 1)).astype(np.float32)
+    g.outputs = [b.emit("gather", [b.const(table), ids], axis=0)]
+    program = Program(graph=g)
+    q = edgerun.quantize(program, "int8-dynamic")
+    assert {a.dtype for a in q.graph.constants.values() if a.size == 300 * 16} == {np.dtype(np.int8)}
+    x = np.array([[0, 7, 299, 7, 42]])
+    ref, got = interpret(program.graph, [x])[0], interpret(q.graph, [x])[0]
+    assert np.abs(got - ref).max() <= np.abs(table).max(axis=1)[x].max() / 254 + 1e-6  # half a step of its row
+    kept = edgerun.quantize(program, "int8-dynamic", exclude=["gather"])
+    assert {a.dtype for a in kept.graph.constants.values() if a.size == 300 * 16} == {np.dtype(np.float32)}

@@ -1,0 +1,101 @@
+"""The ONNX Runtime delegate runs the quantized ops on ORT's integer kernels, exactly where it claims them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+import edgerun
+from edgerun.backends.onnxruntime import OnnxRuntimeBackend
+from edgerun.backends.onnxruntime.onnx_quant_ops import QUANT_SUPPORTED
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
+from edgerun.oracle.quant_kernels import pack_int4
+
+ORT = OnnxRuntimeBackend(threads=1)
+RNG = np.random.default_rng(0)
+
+
+def _q(dtype: type, *shape: int, lo: int | None = None, hi: int | None = None) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min if lo is None else lo, (info.max if hi is None else hi) + 1, shape).astype(dtype)
+
+
+def _graph(op: str, inputs: list[np.ndarray], constant: list[bool], **attrs: Any) -> tuple[Graph, list[np.ndarray]]:
+    g = Graph()
+    names, feed = [], []
+    for k, (v, c) in enumerate(zip(inputs, constant)):
+        if c:
+            names.append(g.add_constant(v))
+        else:
+            names.append(g.add_input(f"in{k}", TensorSpec(v.shape, DType.of(v))))
+            feed.append(v)
+    g.outputs = Builder(g).emit_multi(op, names, **attrs)
+    return g, feed
+
+
+F = np.float32
+CASES = [
+    ("quantize_linear-per-channel", "quantize_linear",
+     [RNG.standard_normal((2, 4, 3, 3)).astype(F) * 9, (RNG.random((4, 1, 1)) + 0.1).astype(F), _q(np.int8, 4, 1, 1)],
+     [False, True, True], {}),
+    ("dequantize_linear-int32-per-channel", "dequantize_linear",
+     [_q(np.int32, 1, 4, 2, 2, lo=-10 ** 6, hi=10 ** 6), (RNG.random((4, 1, 1)) * 1e-3).astype(F), np.zeros((), np.int32)],
+     [False, True, True], {}),
+    ("dynamic_quantize", "dynamic_quantize", [RNG.standard_normal((3, 40)).astype(F)], [False], {"dtype": "uint8"}),
+    ("matmul_integer-u8s8-7bit", "matmul_integer",
+     [_q(np.uint8, 2, 6, 64), _q(np.int8, 64, 5, lo=-63, hi=63), np.array(131, np.uint8), np.zeros((), np.int8)],
+     [False, True, True, True], {}),
+    ("conv_integer-u8s8-7bit", "conv_integer",
+     [_q(np.uint8, 1, 8, 9, 9), _q(np.int8, 6, 8, 3, 3, lo=-63, hi=63), np.array(7, np.uint8), np.zeros((), np.int8)],
+     [False, True, True, True], {"padding": [1, 1, 1, 1], "stride": [2, 2]}),
+    ("matmul_int4", "matmul_int4",
+     [RNG.standard_normal((3, 64)).astype(F), pack_int4(_q(np.uint8, 8, 2, 32, lo=0, hi=15)),
+      (RNG.random((8, 2)) * 0.1).astype(F), _q(np.uint8, 8, 2, lo=0, hi=15)],
+     [False, True, True, True], {"k": 64, "n": 8, "group_size": 32}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_claimed_quant_op_matches_the_exact_reference(case: tuple[str, str, list[np.ndarray], list[bool], dict[str, Any]]) -> None:
+    _, op, inputs, constant, attrs = case
+    graph, feed = _graph(op, inputs, constant, **attrs)
+    assert ORT.supports(graph.nodes[0], graph), f"the delegate should claim {op} here"
+    got, want = ORT.compile(graph)(*feed), interpret(graph, feed, decompose=False)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.kind == "f" and op == "matmul_int4":
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def test_every_claimed_quant_op_has_a_case() -> None:
+    assert set(QUANT_SUPPORTED) == {c[1] for c in CASES}
+
+
+def test_full_range_u8s8_and_requantize_stay_on_the_reference() -> None:
+    graph, _ = _graph("matmul_integer", [_q(np.uint8, 2, 64), _q(np.int8, 64, 3), np.array(0, np.uint8),
+                                          np.zeros((), np.int8)], [False, True, True, True])
+    assert not ORT.supports(graph.nodes[0], graph)  # weights past +-64: ORT's AVX2 pair sums could saturate
+    graph, _ = _graph("requantize", [_q(np.int32, 4, 4), np.array(0.01, F), np.array(3, np.uint8)], [False, True, True])
+    assert not ORT.supports(graph.nodes[0], graph)
+
+
+def test_int8_program_with_reduced_range_runs_its_integer_layers_on_ort() -> None:
+    from test_quant_flows import images, small_cnn
+    program = small_cnn()
+    q = edgerun.quantize(program, "int8-static", calibration={"image": images(2, seed=1)}, reduce_range=True)
+    claimed = [n.op for n in q.graph.nodes if n.op in ("conv_integer", "matmul_integer") and ORT.supports(n, q.graph)]
+    assert len(claimed) == 4
+    x = images(1, seed=5)[0]
+    got = edgerun.load(q, backends=[ORT])(x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(got, interpret(q.graph, [x])[0], rtol=1e-4, atol=1e-5)
