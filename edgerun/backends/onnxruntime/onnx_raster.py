@@ -1,61 +1,321 @@
-"""Raster as ONNX: a Slice/Reshape/Transpose/Expand/Concat pattern read from the regions where one exists,
-else a Gather with a constant index (always correct, one index per output element).
+"""Raster as ONNX: the layout ops it stands for (Transpose, Slice, Pad, Reshape, Concat, Expand, a row
+Gather), read back from the regions; a Gather with a computed index only where nothing else expresses it.
 
-A region is a strided 3-D view of a flat source written into a strided 3-D view of the flat output. The
-source view is a Reshape + stepped Slice of the flat source when its strides nest (blocks of gcd sizes that
-the dimensions do not overrun); zero strides are an Expand and negative ones a reversing Slice. The
-destination is a Transpose + Reshape when the region writes a whole box of the output in some dimension
-order, and several regions that each fill one slab along an axis, in order, are a Concat of such boxes.
-The patterns cover reshape, transpose, slice, broadcast, flip and concat; pad (a fill) and other
-multi-region rasters use the gather.
+A region is a strided 3-D view of a flat source written into a strided 3-D view of the flat output. Three
+readings, tried in turn:
+
+1. **Boxes.** Each region's destination is a box of the output (lo, size per output axis), its dimensions
+   split over the output axes they span. Its source is a Reshape of the flat source into nested blocks, a
+   stepped Slice (negative strides: a reversing Slice; zero strides: Expand) and a Transpose. Boxes that tile
+   the output are assembled by guillotine cuts: along some axis the regions fall into disjoint, adjacent
+   intervals, each assembled recursively, then one Concat. A run of single rows read from one source at
+   evenly spaced offsets (how reflect and edge pads decompose) is one view of the rows it reads, then a
+   Pad (reflect/edge), a stepped Slice, or a Gather with a per-row index (a few int64, not one per element).
+   Whatever the boxes leave uncovered is the fill: one constant Pad. That covers transpose, reshape,
+   slice with steps, flip, broadcast, concat, split, pad (constant, reflect, edge) and channel shuffles.
+2. **A finer output view.** Interleaved slabs (a channel shuffle fused with its concat) are boxes of the
+   output seen as [C/2, 2, HW] instead of [C, HW]: assembled there, then one Reshape.
+3. **A computed gather** for the rest (overlapping or irregular regions): the regions' elements, each region
+   a view or an index computed from Range and arithmetic, concatenated with the fill; the gather index is
+   scattered from per-region index ranges computed the same way. The model stores a few integers per region,
+   never one per element; the delegate folds them at session creation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
 from edgerun.backends.onnxruntime.onnx_ops import OnnxBuilder
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Node
 
 INT64_MIN = np.iinfo(np.int64).min
+# A region dimension this short whose source view does not nest is unrolled into one region per index.
+UNROLL_LIMIT = 8
+# A run of rows whose indices fall into more arithmetic runs than this is a Gather with a per-row index.
+MAX_SLICE_RUNS = 3
+# ONNX Runtime's Pad kernel has no float16 constant path on every version; such pads take the gather.
+PAD_DTYPES = frozenset({DType.float32, DType.int32, DType.int64, DType.int8, DType.uint8, DType.bool})
 
 
 def emit_raster(b: OnnxBuilder, node: Node) -> None:
     out = node.outputs[0]
     shape = list(b.graph.specs[out].shape)
     regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11])]
-    if node.attrs.get("fill") is None and regions:
+    fill = node.attrs.get("fill")
+    if regions and (fill is None or b.graph.specs[out].dtype in PAD_DTYPES):
         mark = (len(b.nodes), len(b.initializers))
-        if len(regions) == 1:
-            piece = _region_as_box(b, node, regions[0], shape, shape)
-            if piece is not None:
-                b.node("Identity", [piece], [out])
-                return
-        elif _emit_concat(b, node, regions, shape, out):
-            return
-        else:
-            # Interleaved slabs (a channel shuffle fused with its concat) are slabs of a finer view of
-            # the output: [C/2, 2, HW] instead of [C, HW]. Concat there, then reshape.
+        value = _assemble_output(b, node, regions, shape, fill)
+        if value is None and fill is None:
+            # Interleaved slabs (a channel shuffle fused with its concat) are boxes of a finer view.
             finer = _finer_shape(regions[0], math.prod(shape))
             if finer is not None and finer != shape:
-                joined = b.fresh("interleaved")
-                if _emit_concat(b, node, regions, finer, joined):
-                    b.node("Reshape", [joined, b.ints(shape)], [out])
-                    return
-        del b.nodes[mark[0]:], b.initializers[mark[1]:]  # a pattern that did not fit leaves nothing behind
-    _emit_gather(b, node, regions, node.attrs.get("fill"))
+                value = _assemble_output(b, node, regions, finer, fill)
+        if value is not None:
+            b.node("Reshape", [value, b.ints(shape)], [out])
+            return
+        del b.nodes[mark[0]:], b.initializers[mark[1]:]  # a reading that did not fit leaves nothing behind
+    _emit_computed_gather(b, node, regions, fill)
 
+
+# ---- 1. boxes -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Box:
+    """Where a region writes (lo, size per output axis) and what it reads: source, offset, and per output
+    axis it moves along, (axis, count, source stride)."""
+
+    src: int
+    offset: int
+    lo: tuple[int, ...]
+    size: tuple[int, ...]
+    dims: tuple[tuple[int, int, int], ...]
+
+    def hi(self, axis: int) -> int:
+        return self.lo[axis] + self.size[axis]
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    return [math.prod(shape[k + 1:]) for k in range(len(shape))]
+
+
+def _box_of(region: list[int], shape: Sequence[int]) -> _Box | None:
+    """The box `region` writes in the row-major output of `shape`, or None when it is not a box."""
+    src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = region
+    strides = _strides(shape)
+    if not 0 <= doff < math.prod(shape):
+        return None
+    lo = [doff // st % n for st, n in zip(strides, shape)]
+    size = [1] * len(shape)
+    dims: list[tuple[int, int, int]] = []
+    for n, s, d in sorted(((n, s, d) for n, s, d in ((n0, s0, d0), (n1, s1, d1), (n2, s2, d2)) if n != 1),
+                          key=lambda t: -t[2]):
+        axes = [k for k in range(len(shape)) if strides[k] == d and shape[k] > 1]
+        if not axes:
+            return None
+        k = axes[0]
+        while n > 1:  # a dimension may span several output axes (merged when the box is full inside)
+            while k >= 0 and shape[k] == 1:
+                k -= 1
+            if k < 0 or size[k] != 1:
+                return None
+            if n <= shape[k] - lo[k]:
+                size[k] = n
+                dims.append((k, n, s))
+                break
+            if lo[k] or n % shape[k]:
+                return None
+            size[k] = shape[k]
+            dims.append((k, shape[k], s))
+            s, n, k = s * shape[k], n // shape[k], k - 1
+    return _Box(src, soff, tuple(lo), tuple(size), tuple(sorted(dims)))
+
+
+def _boxes(regions: list[list[int]], shape: Sequence[int]) -> list[_Box] | None:
+    out = []
+    for r in regions:
+        box = _box_of(r, shape)
+        if box is None:
+            return None
+        out.append(box)
+    return out
+
+
+def _unrolled(b: OnnxBuilder, node: Node, regions: list[list[int]]) -> list[list[int]]:
+    """Regions whose source view does not nest, split along a short dimension (a few slices beat a gather)."""
+    out = []
+    for r in regions:
+        dims = [(n, s) for n, s in zip(r[9:12], r[2:5]) if n != 1]
+        name = node.inputs[r[0]]
+        if _view_fits(b.graph.specs[name].numel, r[1], dims):
+            out.append(r)
+            continue
+        k = min((k for k in range(3) if 1 < r[9 + k] <= UNROLL_LIMIT), key=lambda k: r[9 + k], default=None)
+        if k is None:
+            out.append(r)
+            continue
+        for i in range(r[9 + k]):
+            part = list(r)
+            part[1] += i * r[2 + k]
+            part[5] += i * r[6 + k]
+            part[2 + k] = part[6 + k] = 0
+            part[9 + k] = 1
+            out.append(part)
+    return out
+
+
+def _assemble_output(b: OnnxBuilder, node: Node, regions: list[list[int]], shape: list[int],
+                     fill: object) -> str | None:
+    """The whole output (of `shape`) from boxes, padded with the fill; None when the regions are not boxes."""
+    boxes = _boxes(_unrolled(b, node, regions), shape)
+    if boxes is None:
+        return None
+    made = _assemble(b, node, boxes)
+    if made is None:
+        return None
+    value, lo, size = made
+    if list(size) == shape:
+        return value
+    if fill is None:
+        return None  # the regions promised to cover the output and do not tile it: not boxes after all
+    spec = b.graph.specs[node.outputs[0]]
+    pads = [*lo, *(n - a - s for n, a, s in zip(shape, lo, size))]
+    return b.node("Pad", [value, b.ints(pads, "pads"), b.const(np.array(fill, spec.dtype.np), "fill")],
+                  mode="constant")
+
+
+def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box]) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    """(value, lo, size) of the box that `boxes` tile, by guillotine cuts; None when they do not tile one."""
+    if len(boxes) == 1:
+        value = _box_value(b, node, boxes[0])
+        return None if value is None else (value, boxes[0].lo, boxes[0].size)
+    rank = len(boxes[0].lo)
+    for axis in range(rank):
+        groups: dict[tuple[int, int], list[_Box]] = {}
+        for box in boxes:
+            groups.setdefault((box.lo[axis], box.hi(axis)), []).append(box)
+        if len(groups) == 1:
+            continue
+        spans = sorted(groups)
+        if any(prev[1] != nxt[0] for prev, nxt in pairwise(spans)):
+            continue  # overlapping or gapped along this axis: try another
+        pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+        k = 0
+        while k < len(spans):
+            run = _row_run(spans, groups, k, axis)
+            if len(run) >= 3:
+                made = _rows_value(b, node, run, axis)
+                if made is not None:
+                    pieces.append(made)
+                    k += len(run)
+                    continue
+            made = _assemble(b, node, groups[spans[k]])
+            if made is None:
+                return None
+            pieces.append(made)
+            k += 1
+        first = pieces[0]
+        if any(p[1][:axis] + p[1][axis + 1:] != first[1][:axis] + first[1][axis + 1:]
+               or p[2][:axis] + p[2][axis + 1:] != first[2][:axis] + first[2][axis + 1:] for p in pieces):
+            return None  # the slabs do not line up across the other axes
+        value = b.node("Concat", [p[0] for p in pieces], axis=axis)
+        size = list(first[2])
+        size[axis] = sum(p[2][axis] for p in pieces)
+        return value, first[1], tuple(size)
+    return None
+
+
+def _box_value(b: OnnxBuilder, node: Node, box: _Box) -> str | None:
+    """A value of shape box.size holding what the box's region writes."""
+    src = node.inputs[box.src]
+    view = _strided_view(b, src, b.graph.specs[src].numel, box.offset, [(n, s) for _, n, s in box.dims])
+    if view is None:
+        return None
+    return b.node("Reshape", [view, b.ints(list(box.size))])
+
+
+def _row_run(spans: list[tuple[int, int]], groups: dict[tuple[int, int], list[_Box]], k: int,
+             axis: int) -> list[_Box]:
+    """From spans[k] on, single-row boxes read from one source alike but for their offset."""
+    run: list[_Box] = []
+    for span in spans[k:]:
+        group = groups[span]
+        if len(group) != 1 or group[0].size[axis] != 1:
+            break
+        box = group[0]
+        if run and (box.src != run[0].src or box.dims != run[0].dims):
+            break
+        run.append(box)
+    return run
+
+
+def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    """Rows run[i] = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather."""
+    first = run[0]
+    offsets = [box.offset for box in run]
+    base = min(offsets)
+    step = math.gcd(*(o - base for o in offsets))
+    if step == 0:
+        return None
+    rows = [(o - base) // step for o in offsets]
+    count = max(rows) + 1
+    src = node.inputs[first.src]
+    dims = sorted([*first.dims, (axis, count, step)])
+    view = _strided_view(b, src, b.graph.specs[src].numel, base, [(n, s) for _, n, s in dims])
+    if view is None:
+        return None
+    full = list(first.size)
+    full[axis] = count
+    view = b.node("Reshape", [view, b.ints(full)])
+    value = _pick_rows(b, view, rows, count, axis, len(full))
+    size = list(first.size)
+    size[axis] = len(run)
+    return value, first.lo, tuple(size)
+
+
+def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int, rank: int) -> str:
+    """view[..., rows, ...] along `axis` (of `count` rows): a Pad when `rows` is a reflect or edge padding of
+    range(count), else stepped Slices, else a Gather with this small per-row index."""
+    for mode in ("reflect", "edge"):
+        before = rows.index(0) if mode == "reflect" else rows.count(0) - 1
+        after = len(rows) - before - count
+        if before >= 0 and after >= 0 and rows == _pad_rows(count, before, after, mode):
+            pads = [0] * (2 * rank)
+            pads[axis], pads[rank + axis] = before, after
+            return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
+    runs = _arithmetic_runs(rows)
+    if len(runs) > MAX_SLICE_RUNS:
+        return b.node("Gather", [view, b.ints(rows, "row_index")], axis=axis)
+    pieces = []
+    for start, n, step in runs:
+        if step == 1 and start == 0 and n == count:
+            pieces.append(view)
+            continue
+        end = start + n * step
+        end = INT64_MIN if end < 0 else end  # a reversing slice down to row 0 inclusive
+        pieces.append(b.node("Slice", [view, b.ints([start]), b.ints([end]), b.ints([axis]), b.ints([step or 1])]))
+    return pieces[0] if len(pieces) == 1 else b.node("Concat", pieces, axis=axis)
+
+
+def _pad_rows(n: int, before: int, after: int, mode: str) -> list[int]:
+    if mode == "edge":
+        return [0] * before + list(range(n)) + [n - 1] * after
+    if before >= n or after >= n:
+        return []
+    return list(range(before, 0, -1)) + list(range(n)) + list(range(n - 2, n - 2 - after, -1))
+
+
+def _arithmetic_runs(rows: list[int]) -> list[tuple[int, int, int]]:
+    """Split `rows` into maximal (start, count, step) runs with a nonzero step (a repeated row: count 1)."""
+    runs: list[tuple[int, int, int]] = []
+    k = 0
+    while k < len(rows):
+        n = 1
+        step = rows[k + 1] - rows[k] if k + 1 < len(rows) else 1
+        if step == 0:
+            step = 1
+        else:
+            while k + n < len(rows) and rows[k + n] - rows[k + n - 1] == step:
+                n += 1
+        runs.append((rows[k], n, step))
+        k += n
+    return runs
+
+
+# ---- 2. a finer output view -------------------------------------------------------------------------------
 
 def _finer_shape(region: list[int], numel: int) -> list[int] | None:
-    """The output's shape refined so `region`'s destination is a box: its dimensions plus the gaps between."""
+    """The output's shape refined so `region`'s destination is a box: its dimensions (not merged, so that a
+    transpose whose output dimensions are contiguous keeps them apart) plus the gaps between."""
     shape = []
     outer = numel
-    for n, d in _merged(list(zip(region[9:12], region[6:9]))):
-        if outer % (n * d):
+    for n, d in sorted(((n, d) for n, d in zip(region[9:12], region[6:9]) if n != 1), key=lambda t: -t[1]):
+        if d <= 0 or outer % (n * d):
             return None
         shape += [outer // (n * d), n]
         outer = d
@@ -63,65 +323,18 @@ def _finer_shape(region: list[int], numel: int) -> list[int] | None:
     return [s for s in shape if s != 1] or [1]
 
 
-def _emit_concat(b: OnnxBuilder, node: Node, regions: list[list[int]], shape: list[int], out: str) -> bool:
-    """Regions that each fill a slab out[..., lo:hi, ...] of one axis, tiling it in order: a Concat."""
-    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-    rest = math.prod(shape)
-    for axis, size in enumerate(shape):
-        if size == 1 or rest % size:
-            continue
-        others = rest // size
-        slabs = []
-        for r in regions:
-            lo, misplaced = divmod(r[5], strides[axis])
-            count = r[9] * r[10] * r[11]
-            if misplaced or count % others:
-                break
-            slabs.append((lo, count // others, r))
-        else:
-            slabs.sort(key=lambda t: t[0])
-            if [lo for lo, _, _ in slabs] != [sum(h for _, h, _ in slabs[:k]) for k in range(len(slabs))] \
-                    or sum(h for _, h, _ in slabs) != size:
-                continue
-            pieces = []
-            for _, height, r in slabs:
-                piece = _region_as_box(b, node, r, [*shape[:axis], height, *shape[axis + 1:]], shape)
-                if piece is None:
-                    return False
-                pieces.append(piece)
-            b.node("Concat", pieces, [out], axis=axis)
-            return True
-    return False
+# ---- strided views of a flat source ---------------------------------------------------------------------
 
-
-def _merged(dims: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(size, stride) pairs without unit sizes, by decreasing stride, contiguous neighbours merged."""
-    out: list[tuple[int, int]] = []
-    for n, d in sorted(((n, d) for n, d in dims if n != 1), key=lambda t: -t[1]):
-        if out and out[-1][1] == d * n:
-            out[-1] = (out[-1][0] * n, d)
-        else:
-            out.append((n, d))
-    return out
-
-
-def _region_as_box(b: OnnxBuilder, node: Node, region: list[int], box: list[int], shape: list[int]) -> str | None:
-    """A value of shape `box` holding what `region` writes, when it writes exactly the box of that shape at
-    its destination offset inside the row-major output of `shape`; else None."""
-    src_index, soff, s0, s1, s2, _, d0, d1, d2, n0, n1, n2 = region
-    dims = [(n, s, d) for n, s, d in zip((n0, n1, n2), (s0, s1, s2), (d0, d1, d2)) if n != 1]
-    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-    if len({d for _, _, d in dims}) != len(dims) or \
-            _merged([(n, d) for n, _, d in dims]) != _merged(list(zip(box, strides))):
-        return None
-    src = node.inputs[src_index]
-    view = _strided_view(b, src, b.graph.specs[src].numel, soff, [(n, s) for n, s, _ in dims])
-    if view is None:
-        return None
-    dst_order = sorted(range(len(dims)), key=lambda k: -dims[k][2])
-    if dst_order != sorted(dst_order):
-        view = b.node("Transpose", [view], perm=dst_order)
-    return b.node("Reshape", [view, b.ints(box)])
+def _view_fits(src_numel: int, offset: int, dims: list[tuple[int, int]]) -> bool:
+    moving = sorted(((abs(s), n) for n, s in dims if s != 0), reverse=True)
+    if len({s for s, _ in moving}) != len(moving):
+        return False
+    if not moving:
+        return True
+    for n, s in dims:
+        if s < 0:
+            offset += s * (n - 1)
+    return _nested_layout(src_numel, offset, [s for s, _ in moving], [n for _, n in moving]) is not None
 
 
 def _strided_view(b: OnnxBuilder, src: str, src_numel: int, offset: int,
@@ -144,9 +357,8 @@ def _strided_view(b: OnnxBuilder, src: str, src_numel: int, offset: int,
     flat = b.node("Reshape", [src, b.ints([-1])])
     if not moving:
         view = b.node("Slice", [flat, b.ints([offset]), b.ints([offset + 1]), b.ints([0])])
-        view_shape: list[int] = []
     else:
-        nested, view_shape = _nested_slice(b, flat, src_numel, offset, strides, counts)
+        nested = _nested_slice(b, flat, src_numel, offset, strides, counts)
         if nested is None:
             return None
         view = nested
@@ -155,7 +367,6 @@ def _strided_view(b: OnnxBuilder, src: str, src_numel: int, offset: int,
             inverse[k] = pos
         if inverse != sorted(inverse):
             view = b.node("Transpose", [view], perm=inverse)
-            view_shape = [view_shape[k] for k in inverse]
     if reversed_axes:
         moving_pos = {axis: pos for pos, (axis, _, _) in enumerate(moving)}
         axes = [moving_pos[a] for a in reversed_axes]
@@ -164,25 +375,20 @@ def _strided_view(b: OnnxBuilder, src: str, src_numel: int, offset: int,
     if len(moving) != len(dims):
         broadcastable = [n if s != 0 else 1 for n, s in dims]
         view = b.node("Reshape", [view, b.ints(broadcastable)])
-        view = b.node("Expand", [view, b.ints(shape)])
-    elif view_shape != shape:
-        view = b.node("Reshape", [view, b.ints(shape)])
-    return view
+        return b.node("Expand", [view, b.ints(shape)])
+    return b.node("Reshape", [view, b.ints(shape)])
 
 
-def _nested_slice(b: OnnxBuilder, flat: str, src_numel: int, offset: int, strides: list[int],
-                  counts: list[int]) -> tuple[str | None, list[int]]:
-    """Reshape the flat source into nested blocks and slice (with steps) each digit of `offset` out of it.
-
-    Block sizes are B0 = s0 and Bk = gcd(sk, Bk-1), so dimension k walks its block with step sk / Bk;
-    the view fits when every dimension's last index stays inside its block.
-    """
+def _nested_layout(src_numel: int, offset: int, strides: list[int], counts: list[int]) \
+        -> tuple[list[int], list[int], list[int], list[int], int] | None:
+    """Block sizes B0 = s0 and Bk = gcd(sk, Bk-1), so dimension k walks its block with step sk / Bk; the
+    view fits when every dimension's last index stays inside its block. (shape, starts, ends, steps, q0)."""
     blocks = [strides[0]]
     for stride in strides[1:]:
         blocks.append(math.gcd(stride, blocks[-1]))
     q0, rem = divmod(offset, blocks[0])
     if (q0 + counts[0]) * blocks[0] > src_numel:
-        return None, []
+        return None
     shape = [counts[0]] + [big // small for big, small in pairwise(blocks)] + [blocks[-1]]
     starts, ends, steps = [0], [counts[0]], [1]
     for k in range(1, len(strides)):
@@ -190,56 +396,105 @@ def _nested_slice(b: OnnxBuilder, flat: str, src_numel: int, offset: int, stride
         step = strides[k] // blocks[k]
         end = digit + (counts[k] - 1) * step + 1
         if end > shape[k]:
-            return None, []
+            return None
         starts.append(digit)
         ends.append(end)
         steps.append(step)
     starts.append(rem)
     ends.append(rem + 1)
     steps.append(1)
+    return shape, starts, ends, steps, q0
+
+
+def _nested_slice(b: OnnxBuilder, flat: str, src_numel: int, offset: int, strides: list[int],
+                  counts: list[int]) -> str | None:
+    """Reshape the flat source into nested blocks and slice (with steps) each digit of `offset` out of it."""
+    layout = _nested_layout(src_numel, offset, strides, counts)
+    if layout is None:
+        return None
+    shape, starts, ends, steps, q0 = layout
+    block = strides[0]
     view = flat
-    if q0 != 0 or counts[0] * blocks[0] != src_numel:
-        view = b.node("Slice", [flat, b.ints([q0 * blocks[0]]), b.ints([(q0 + counts[0]) * blocks[0]]),
-                                b.ints([0])])
+    if q0 != 0 or counts[0] * block != src_numel:
+        view = b.node("Slice", [flat, b.ints([q0 * block]), b.ints([(q0 + counts[0]) * block]), b.ints([0])])
     view = b.node("Reshape", [view, b.ints(shape)])
     cut = [k for k in range(len(shape)) if starts[k] != 0 or ends[k] != shape[k] or steps[k] != 1]
     if cut:
         view = b.node("Slice", [view, b.ints([starts[k] for k in cut]), b.ints([ends[k] for k in cut]),
                                 b.ints(cut), b.ints([steps[k] for k in cut])])
-    return b.node("Reshape", [view, b.ints(counts)]), counts
+    return b.node("Reshape", [view, b.ints(counts)])
 
 
-def _emit_gather(b: OnnxBuilder, node: Node, regions: list[list[int]], fill: object) -> None:
-    """Gather from the concatenation of each region's elements (its strided view where one exists, else
-    its whole flat source) and a fill element, with one constant index per output element: the data
-    concatenated is about the output's size, not the sum of the sources'."""
+# ---- 3. the computed gather -------------------------------------------------------------------------------
+
+def _scalar(b: OnnxBuilder, value: int) -> str:
+    """A 0-d int64 initializer (OnnxBuilder.const would make it 1-d; Range wants true scalars)."""
+    name = b.fresh("n")
+    b.initializers.append(b.numpy_helper.from_array(np.array(value, np.int64), name))
+    return name
+
+
+def _affine_index(b: OnnxBuilder, offset: int, strides: Sequence[int], sizes: Sequence[int]) -> str:
+    """A flat int64 value: offset + i*s0 + j*s1 + k*s2 over the 3-D region, computed from Range nodes."""
+    total: str | None = None
+    for axis, (s, n) in enumerate(zip(strides, sizes)):
+        if n == 1 or s == 0:
+            continue
+        steps = b.node("Range", [_scalar(b, 0), _scalar(b, n * s), _scalar(b, s)])
+        shape = [1, 1, 1]
+        shape[axis] = n
+        steps = b.node("Reshape", [steps, b.ints(shape)])
+        total = steps if total is None else b.node("Add", [total, steps])
+    base = _scalar(b, offset)
+    total = base if total is None else b.node("Add", [total, base])
+    full = b.node("Expand", [total, b.ints(list(sizes))])
+    return b.node("Reshape", [full, b.ints([-1])])
+
+
+def _emit_computed_gather(b: OnnxBuilder, node: Node, regions: list[list[int]], fill: object) -> None:
+    """out.flat[p] = data[index[p]], data = each region's elements in order then the fill element; index is
+    the fill's position scattered over by each region's destination range, in region order (later wins)."""
     out_spec = b.graph.specs[node.outputs[0]]
+    numel = out_spec.numel
     pieces: list[str] = []
-    whole: dict[int, int] = {}  # source -> its base in the concatenation, when copied whole
+    destinations: list[str] = []
+    overlap = _regions_overlap(regions, numel)
+    index = b.node("Expand", [_scalar(b, sum(r[9] * r[10] * r[11] for r in regions)), b.ints([numel])])
     base = 0
-    placed: list[tuple[np.ndarray, np.ndarray]] = []  # (output positions, data positions), in region order
     for src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 in regions:
-        i, j, k = np.ogrid[:n0, :n1, :n2]
-        dst = (doff + i * d0 + j * d1 + k * d2).ravel()
         name = node.inputs[src]
         dims = [(n, st) for n, st in zip((n0, n1, n2), (s0, s1, s2)) if n != 1]
         view = _strided_view(b, name, b.graph.specs[name].numel, soff, dims) if dims else None
-        if view is not None:
-            pieces.append(b.node("Reshape", [view, b.ints([-1])]))
-            placed.append((dst, base + np.arange(dst.size)))
-            base += dst.size
-            continue
-        if src not in whole:
-            whole[src] = base
-            pieces.append(b.node("Reshape", [name, b.ints([-1])]))
-            base += b.graph.specs[name].numel
-        placed.append((dst, (whole[src] + soff + i * s0 + j * s1 + k * s2).ravel()))
-    index_dtype = np.int32 if base + 1 < 2**31 else np.int64
-    index = np.full(out_spec.numel, base, index_dtype)  # the fill element sits after the last piece
-    for dst, positions in placed:
-        index[dst] = positions
+        if view is None:
+            flat = b.node("Reshape", [name, b.ints([-1])])
+            view = b.node("Gather", [flat, _affine_index(b, soff, (s0, s1, s2), (n0, n1, n2))], axis=0)
+        pieces.append(b.node("Reshape", [view, b.ints([-1])]))
+        dst = _affine_index(b, doff, (d0, d1, d2), (n0, n1, n2))
+        count = n0 * n1 * n2
+        if overlap:  # one scatter per region keeps "later regions win" without relying on duplicate order
+            positions = b.node("Range", [_scalar(b, base), _scalar(b, base + count), _scalar(b, 1)])
+            index = b.node("ScatterElements", [index, dst, positions], axis=0)
+        destinations.append(dst)
+        base += count
+    if not overlap and destinations:
+        dst = destinations[0] if len(destinations) == 1 else b.node("Concat", destinations, axis=0)
+        positions = b.node("Range", [_scalar(b, 0), _scalar(b, base), _scalar(b, 1)])
+        index = b.node("ScatterElements", [index, dst, positions], axis=0)
     fill_value = np.zeros(1, out_spec.dtype.np) if fill is None else np.full(1, fill, out_spec.dtype.np)
     pieces.append(b.const(fill_value, "fill"))
     joined = b.node("Concat", pieces, axis=0)
-    gathered = b.node("Gather", [joined, b.const(index, "raster_index")], axis=0)
+    index = b.node("Identity", [index], [b.fresh("raster_index")])
+    gathered = b.node("Gather", [joined, index], axis=0)
     b.node("Reshape", [gathered, b.ints(list(out_spec.shape))], [node.outputs[0]])
+
+
+def _regions_overlap(regions: list[list[int]], numel: int) -> bool:
+    """Whether two regions write the same output element (checked on the destination offsets at load)."""
+    written = np.zeros(numel, np.uint8)
+    for r in regions:
+        i, j, k = np.ogrid[:r[9], :r[10], :r[11]]
+        dst = (r[5] + i * r[6] + j * r[7] + k * r[8]).ravel()
+        if written[dst].any() or np.unique(dst).size != dst.size:
+            return True
+        written[dst] = 1
+    return False
