@@ -73,8 +73,9 @@ class _Box:
     src: int
     offset: int
     lo: tuple[int, ...]
-    size: tuple[int, ...]
+    size: tuple[int, ...]  # the extent written along each axis (with steps: (count - 1) * step + 1)
     dims: tuple[tuple[int, int, int], ...]
+    steps: tuple[int, ...] = ()  # per axis, where the box writes every step-th element (fill between)
 
     def hi(self, axis: int) -> int:
         return self.lo[axis] + self.size[axis]
@@ -84,18 +85,30 @@ def _strides(shape: Sequence[int]) -> list[int]:
     return [math.prod(shape[k + 1:]) for k in range(len(shape))]
 
 
-def _box_of(region: list[int], shape: Sequence[int]) -> _Box | None:
-    """The box `region` writes in the row-major output of `shape`, or None when it is not a box."""
+def _box_of(region: list[int], shape: Sequence[int], dilate: bool = False) -> _Box | None:
+    """The box `region` writes in the row-major output of `shape`, or None when it is not a box. With
+    `dilate` (a raster with a fill), a dimension may write every m-th element of one axis (ConvTranspose's
+    zero insertion)."""
     src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = region
     strides = _strides(shape)
     if not 0 <= doff < math.prod(shape):
         return None
     lo = [doff // st % n for st, n in zip(strides, shape)]
     size = [1] * len(shape)
+    steps = [1] * len(shape)
     dims: list[tuple[int, int, int]] = []
     for n, s, d in sorted(((n, s, d) for n, s, d in ((n0, s0, d0), (n1, s1, d1), (n2, s2, d2)) if n != 1),
                           key=lambda t: -t[2]):
         axes = [k for k in range(len(shape)) if strides[k] == d and shape[k] > 1]
+        if not axes and dilate:
+            stepped = [k for k in range(len(shape)) if shape[k] > 1 and d > 0 and d % strides[k] == 0
+                       and lo[k] + (n - 1) * (d // strides[k]) < shape[k] and size[k] == 1]
+            if stepped:
+                k = stepped[0]
+                steps[k] = d // strides[k]
+                size[k] = (n - 1) * steps[k] + 1
+                dims.append((k, n, s))
+                continue
         if not axes:
             return None
         k = axes[0]
@@ -113,13 +126,13 @@ def _box_of(region: list[int], shape: Sequence[int]) -> _Box | None:
             size[k] = shape[k]
             dims.append((k, shape[k], s))
             s, n, k = s * shape[k], n // shape[k], k - 1
-    return _Box(src, soff, tuple(lo), tuple(size), tuple(sorted(dims)))
+    return _Box(src, soff, tuple(lo), tuple(size), tuple(sorted(dims)), tuple(steps) if dilate else ())
 
 
-def _boxes(regions: list[list[int]], shape: Sequence[int]) -> list[_Box] | None:
+def _boxes(regions: list[list[int]], shape: Sequence[int], dilate: bool) -> list[_Box] | None:
     out = []
     for r in regions:
-        box = _box_of(r, shape)
+        box = _box_of(r, shape, dilate)
         if box is None:
             return None
         out.append(box)
@@ -152,10 +165,10 @@ def _unrolled(b: OnnxBuilder, node: Node, regions: list[list[int]]) -> list[list
 def _assemble_output(b: OnnxBuilder, node: Node, regions: list[list[int]], shape: list[int],
                      fill: object) -> str | None:
     """The whole output (of `shape`) from boxes, padded with the fill; None when the regions are not boxes."""
-    boxes = _boxes(_unrolled(b, node, regions), shape)
+    boxes = _boxes(_unrolled(b, node, regions), shape, dilate=fill is not None)
     if boxes is None:
         return None
-    made = _assemble(b, node, boxes)
+    made = _assemble(b, node, boxes, fill)
     if made is None:
         return None
     value, lo, size = made
@@ -169,10 +182,11 @@ def _assemble_output(b: OnnxBuilder, node: Node, regions: list[list[int]], shape
                   mode="constant")
 
 
-def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box]) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
+              fill: object = None) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
     """(value, lo, size) of the box that `boxes` tile, by guillotine cuts; None when they do not tile one."""
     if len(boxes) == 1:
-        value = _box_value(b, node, boxes[0])
+        value = _box_value(b, node, boxes[0], fill)
         return None if value is None else (value, boxes[0].lo, boxes[0].size)
     rank = len(boxes[0].lo)
     for axis in range(rank):
@@ -194,7 +208,7 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box]) -> tuple[str, tuple
                     pieces.append(made)
                     k += len(run)
                     continue
-            made = _assemble(b, node, groups[spans[k]])
+            made = _assemble(b, node, groups[spans[k]], fill)
             if made is None:
                 return None
             pieces.append(made)
@@ -210,13 +224,33 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box]) -> tuple[str, tuple
     return None
 
 
-def _box_value(b: OnnxBuilder, node: Node, box: _Box) -> str | None:
-    """A value of shape box.size holding what the box's region writes."""
+def _box_value(b: OnnxBuilder, node: Node, box: _Box, fill: object = None) -> str | None:
+    """A value of shape box.size holding what the box's region writes (the fill between stepped elements)."""
     src = node.inputs[box.src]
     view = _strided_view(b, src, b.graph.specs[src].numel, box.offset, [(n, s) for _, n, s in box.dims])
     if view is None:
         return None
-    return b.node("Reshape", [view, b.ints(list(box.size))])
+    counts = [(n - 1) // m + 1 for n, m in zip(box.size, box.steps or [1] * len(box.size))]
+    value = b.node("Reshape", [view, b.ints(counts)])
+    for axis, step in enumerate(box.steps):
+        if step > 1:
+            value = _dilate(b, value, counts, axis, step, np.array(fill, b.graph.specs[node.outputs[0]].dtype.np))
+            counts[axis] = box.size[axis]
+    return value
+
+
+def _dilate(b: OnnxBuilder, value: str, shape: list[int], axis: int, step: int, fill: np.ndarray) -> str:
+    """`step - 1` fill elements after each element along `axis` but the last: Reshape, Pad, Reshape, Slice."""
+    rank = len(shape)
+    split = [*shape[:axis + 1], 1, *shape[axis + 1:]]
+    pads = [0] * (2 * (rank + 1))
+    pads[rank + 1 + axis + 1] = step - 1
+    fill_value = b.const(fill, "fill")
+    spread = b.node("Pad", [b.node("Reshape", [value, b.ints(split)]), b.ints(pads, "pads"), fill_value],
+                    mode="constant")
+    merged = [*shape[:axis], shape[axis] * step, *shape[axis + 1:]]
+    flat = b.node("Reshape", [spread, b.ints(merged)])
+    return b.node("Slice", [flat, b.ints([0]), b.ints([(shape[axis] - 1) * step + 1]), b.ints([axis])])
 
 
 def _row_run(spans: list[tuple[int, int]], groups: dict[tuple[int, int], list[_Box]], k: int,
@@ -228,6 +262,8 @@ def _row_run(spans: list[tuple[int, int]], groups: dict[tuple[int, int], list[_B
         if len(group) != 1 or group[0].size[axis] != 1:
             break
         box = group[0]
+        if any(step > 1 for step in box.steps):
+            break
         if run and (box.src != run[0].src or box.dims != run[0].dims):
             break
         run.append(box)
