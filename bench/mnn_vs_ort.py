@@ -1,13 +1,13 @@
 """Per zoo model: latency with the model placed whole on the reference, ONNX Runtime and MNN, each backend in
-its own process, and MNN's other runtime API (the Interpreter session; the backend uses
-`MNN.nn.load_module_from_file`) on the same converted model.
+its own process, and MNN's other runtime API (`MNN.nn.load_module_from_file`; the backend uses an
+Interpreter session) on the same converted model.
 
     .venv/bin/python bench/mnn_vs_ort.py [--models mlp din ...] [--runs 20] [--threads 2]
 
 Each worker process loads the program with `backends=[NAME]` (nodes a backend does not claim stay on the
 reference), runs it once to warm up, then --runs times; the median is reported with the load time, the nodes
-on the backend, and the relative error against the reference output. `mnn-session` converts the whole graph
-with the MNN backend's converter and times an Interpreter session (only where MNN claims every node). Writes
+on the backend, and the relative error against the reference output. `mnn-module` converts the whole graph
+with the MNN backend's converter and times a Module's forward (only where MNN claims every node). Writes
 bench/results/mnn_vs_ort.json. The box is shared: the load average is printed beside the table.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-BACKENDS = ("reference", "onnxruntime", "mnn", "mnn-session")
+BACKENDS = ("reference", "onnxruntime", "mnn", "mnn-module")
 
 
 def prepare(name: str, folder: Path) -> tuple[Path, Path]:
@@ -47,8 +47,8 @@ def prepare(name: str, folder: Path) -> tuple[Path, Path]:
 def worker(backend: str, program: Path, inputs_path: Path, runs: int, threads: int) -> dict[str, Any]:
     with np.load(inputs_path) as data:
         inputs = [data[f"arr_{k}"] for k in range(len(data.files))]
-    if backend == "mnn-session":
-        return _session_worker(program, inputs, runs, threads)
+    if backend == "mnn-module":
+        return _module_worker(program, inputs, runs, threads)
     import warnings
 
     from edgerun.runtime import load
@@ -72,9 +72,10 @@ def worker(backend: str, program: Path, inputs_path: Path, runs: int, threads: i
             "nodes": len(loaded.graph.nodes), "partitions": len(loaded.partitions)}
 
 
-def _session_worker(program: Path, inputs: list[np.ndarray], runs: int, threads: int) -> dict[str, Any]:
-    """The same converted model through MNN's Interpreter/session API (the alternative to the Module)."""
+def _module_worker(program: Path, inputs: list[np.ndarray], runs: int, threads: int) -> dict[str, Any]:
+    """The same converted model through MNN's Module API (the alternative to the backend's session)."""
     import MNN
+    import MNN.expr as F
 
     from edgerun.backends.mnn import MnnBackend, convert
     from edgerun.program import Program
@@ -86,24 +87,19 @@ def _session_worker(program: Path, inputs: list[np.ndarray], runs: int, threads:
         return {"skipped": "MNN does not claim every node"}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        interpreter = MNN.Interpreter(str(convert(graph, Path(tmp))))
-    session = interpreter.createSession({"numThread": threads, "precision": "high"})
-    ins = [interpreter.getSessionInput(session, name) for name in graph.inputs]
-    outs = [interpreter.getSessionOutput(session, name) for name in graph.outputs]
-    hosts = [MNN.Tensor(list(graph.specs[v].shape), MNN.Halide_Type_Float,
-                        np.zeros(graph.specs[v].shape, np.float32), MNN.Tensor_DimensionType_Caffe)
-             for v in graph.outputs]
+        runtime = MNN.nn.create_runtime_manager(({"numThread": threads, "precision": "high"},))
+        module = MNN.nn.load_module_from_file(str(convert(graph, Path(tmp))), list(graph.inputs),
+                                              list(graph.outputs), runtime_manager=runtime, thread_num=threads,
+                                              precision_mode=F.PrecisionMode.High)
     load_s = time.perf_counter() - start
 
     def call() -> list[np.ndarray]:
-        for tensor, x in zip(ins, inputs):
-            tensor.copyFrom(MNN.Tensor(list(x.shape), MNN.Halide_Type_Float, np.ascontiguousarray(x, np.float32),
-                                       MNN.Tensor_DimensionType_Caffe))
-        interpreter.runSession(session)
+        args = [F.const(np.ascontiguousarray(x, np.float32), list(x.shape), F.NCHW) for x in inputs]
         result = []
-        for tensor, host in zip(outs, hosts):
-            tensor.copyToHostTensor(host)
-            result.append(np.array(host.getNumpyData()))
+        for var in module.forward(args):
+            if var.data_format == F.NC4HW4:
+                var = F.convert(var, F.NCHW)
+            result.append(np.array(var.read()))
         return result
 
     outputs = call()
@@ -112,7 +108,7 @@ def _session_worker(program: Path, inputs: list[np.ndarray], runs: int, threads:
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
-    np.savez(program.with_suffix(".mnn-session.out.npz"), *outputs)
+    np.savez(program.with_suffix(".mnn-module.out.npz"), *outputs)
     return {"median_ms": statistics.median(times) * 1e3, "load_s": load_s, "nodes_on_backend": len(graph.nodes),
             "nodes": len(graph.nodes), "partitions": 1}
 

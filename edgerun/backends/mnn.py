@@ -5,9 +5,10 @@ CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
 - **Converter as a function.** `_tools.mnnconvert([...])` is the converter's C++ entry point, imported
   directly. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
   module that runs `pip install` and sends usage data.
-- **Runtime.** `MNN.nn.load_module_from_file`: one Module per partition, called with const variables over the
-  runtime's arrays, outputs copied back. bench/mnn_vs_ort.py measured it against the Interpreter/session
-  API on the same converted file; the Module was faster on every model (docs/backends.md).
+- **Runtime.** MNN's Interpreter/session API: one session per partition, inputs copied into its tensors
+  and outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the
+  same converted file: the session was faster on 3 of 4 whole models (docs/backends.md). Leave the
+  session mode alone: Session_Backend_Auto (9) made MobileNetV2 14x slower.
 - **Ops.** What the ONNX emitter translates, less what MNN's converter or kernels do not run exactly
   (`UNSUPPORTED`, found by the op-by-op tests in tests/backends/test_backends_mnn.py); float32 only for
   arithmetic (MNN computes integer tensors as int32 and has no int64 arithmetic).
@@ -26,7 +27,6 @@ import numpy as np
 try:
     import _tools as mnn_tools  # MNN's converter entry point (the C++ module, not MNN.tools)
     import MNN
-    import MNN.expr as F
 except ImportError as exc:  # the registry turns this into BackendUnavailableError naming the extra
     raise ModuleNotFoundError("MNN is not installed: pip install edgerun[mnn]", name="MNN") from exc
 
@@ -84,7 +84,7 @@ class MnnBackend(Backend):
                                          detail="not supported by the mnn backend")
         with tempfile.TemporaryDirectory(prefix="edgerun-mnn-") as tmp:
             path = convert(subgraph, Path(tmp))
-            runner = ModuleRunner(path, subgraph, self.threads)
+            runner = SessionRunner(path, subgraph, self.threads)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"threads": self.threads, "mnn_bytes": runner.model_bytes})
 
@@ -135,26 +135,37 @@ class _quiet_stdout:
 _MNN_DTYPE = {DType.float32: np.float32, DType.int32: np.int32, DType.bool: np.int32}
 
 
-class ModuleRunner:
-    """An MNN Module (the expression runtime) loaded from the converted file; a call wraps the inputs as const
-    variables and copies each output back into the runtime's array."""
+class SessionRunner:
+    """One MNN Interpreter session; a call copies the inputs into its host tensors and the outputs back."""
 
     def __init__(self, path: Path, graph: Graph, threads: int) -> None:
         self.model_bytes = path.stat().st_size
-        for name in (*graph.inputs, *graph.outputs):
-            if graph.specs[name].dtype not in _MNN_DTYPE:
-                raise EdgerunError(f"MNN holds no {graph.specs[name].dtype.value} tensors ({name})")
-        runtime = MNN.nn.create_runtime_manager(({"numThread": threads, "precision": "high"},))
-        self.module = MNN.nn.load_module_from_file(str(path), list(graph.inputs), list(graph.outputs),
-                                                   runtime_manager=runtime, thread_num=threads,
-                                                   precision_mode=F.PrecisionMode.High)
-        self.shapes = [list(graph.specs[v].shape) for v in graph.inputs]
-        self.dtypes = [_MNN_DTYPE[graph.specs[v].dtype] for v in graph.inputs]
+        self.interpreter = MNN.Interpreter(str(path))
+        self.session = self.interpreter.createSession({"numThread": threads, "precision": "high"})
+        self.graph = graph
+        self.inputs = [self.interpreter.getSessionInput(self.session, name) for name in graph.inputs]
+        self.outputs = [self.interpreter.getSessionOutput(self.session, name) for name in graph.outputs]
+        self._out_host = [self._host(t, name) for t, name in zip(self.outputs, graph.outputs)]
+
+    def _host(self, tensor: Any, name: str) -> Any:
+        spec = self.graph.specs[name]
+        if spec.dtype not in _MNN_DTYPE:
+            raise EdgerunError(f"MNN holds no {spec.dtype.value} tensors ({name})")
+        shape = list(spec.shape) or [1]
+        return MNN.Tensor(shape, _halide(spec.dtype), np.zeros(shape, _MNN_DTYPE[spec.dtype]),
+                          MNN.Tensor_DimensionType_Caffe)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        args = [F.const(np.ascontiguousarray(x, dtype), shape, F.NCHW, F.float if dtype is np.float32 else F.int)
-                for x, dtype, shape in zip(inputs, self.dtypes, self.shapes)]
-        for var, array in zip(self.module.forward(args), outputs):
-            if var.data_format == F.NC4HW4:
-                var = F.convert(var, F.NCHW)
-            np.copyto(array, np.asarray(var.read()).reshape(array.shape), casting="unsafe")
+        for tensor, name, array in zip(self.inputs, self.graph.inputs, inputs):
+            spec = self.graph.specs[name]
+            data = np.ascontiguousarray(array, _MNN_DTYPE[spec.dtype])
+            tensor.copyFrom(MNN.Tensor(list(spec.shape) or [1], _halide(spec.dtype), data,
+                                       MNN.Tensor_DimensionType_Caffe))
+        self.interpreter.runSession(self.session)
+        for tensor, host, array in zip(self.outputs, self._out_host, outputs):
+            tensor.copyToHostTensor(host)
+            np.copyto(array, np.asarray(host.getNumpyData()).reshape(array.shape), casting="unsafe")
+
+
+def _halide(dtype: DType) -> Any:
+    return MNN.Halide_Type_Float if dtype is DType.float32 else MNN.Halide_Type_Int

@@ -106,7 +106,7 @@ def test_zoo_model_whole_on_mnn_matches_reference(name: str) -> None:
 
 
 @torch_needed
-@pytest.mark.parametrize("name", ["mlp", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["mlp", pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
 def test_mixed_placements_match_reference(name: str) -> None:
     from edgerun.runtime import load
 
@@ -129,6 +129,7 @@ def test_mixed_placements_match_reference(name: str) -> None:
             assert relative_error(got, ref) <= tolerance, (label, relative_error(got, ref))
 
 
+@pytest.mark.slow
 def test_real_pitch_tracker_on_mnn_matches_onnxruntime() -> None:
     import onnxruntime as ort
     from test_backends_ort_raster_layout import load_real
