@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("onnxruntime")
 
@@ -200,3 +202,30 @@ def test_zero_insertion_is_a_dilating_pad() -> None:
     types = op_types(g)
     assert "Pad" in types and "Gather" not in types and not GENERIC & set(types), types
     assert_matches_reference(g, [x], ORT.compile(g)(x), rtol=0, atol=0)
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_random_layout_chains_match_reference(data: st.DataObject) -> None:
+    # pad (any mode) -> transpose -> slice -> concat with itself, merged by the pipeline into few rasters.
+    rank = data.draw(st.integers(1, 4))
+    shape = data.draw(st.lists(st.integers(2, 5), min_size=rank, max_size=rank))
+    x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    mode = data.draw(st.sampled_from(["constant", "reflect", "edge"]))
+    pads = [[data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, n - 1))] for n in shape]
+    perm = data.draw(st.permutations(range(rank)))
+    g = Graph()
+    b = Builder(g)
+    v = b.emit("pad", [g.add_input("x", TensorSpec(x.shape, DType.float32))], pads=pads, mode=mode, value=-1.0)
+    v = b.emit("transpose", [v], perm=list(perm))
+    padded = [shape[k] + sum(pads[k]) for k in perm]
+    axis = data.draw(st.integers(0, rank - 1))
+    step = data.draw(st.sampled_from([1, 2, -1]))
+    start = padded[axis] - 1 if step < 0 else 0
+    v = b.emit("slice", [v], starts=[start], ends=[-padded[axis] - 1 if step < 0 else padded[axis]], axes=[axis],
+               steps=[step])
+    g.outputs = [b.emit("concat", [v, v], axis=data.draw(st.integers(0, rank - 1)))]
+    graph, _ = optimize(g)
+    types = set(op_types(graph))
+    assert not GENERIC & types, types
+    assert_matches_reference(graph, [x], ORT.compile(graph)(x), rtol=0, atol=0)

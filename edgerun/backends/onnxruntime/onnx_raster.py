@@ -1,21 +1,22 @@
 """Raster as ONNX: the layout ops it stands for (Transpose, Slice, Pad, Reshape, Concat, Expand, a row
 Gather), read back from the regions; a Gather with a computed index only where nothing else expresses it.
 
-A region is a strided 3-D view of a flat source written into a strided 3-D view of the flat output. Three
+A region is a strided 3-D view of a flat source written into a strided 3-D view of the flat output. Two
 readings, tried in turn:
 
 1. **Boxes.** Each region's destination is a box of the output (lo, size per output axis), its dimensions
    split over the output axes they span. Its source is a Reshape of the flat source into nested blocks, a
    stepped Slice (negative strides: a reversing Slice; zero strides: Expand) and a Transpose. Boxes that tile
-   the output are assembled by guillotine cuts: along some axis the regions fall into disjoint, adjacent
-   intervals, each assembled recursively, then one Concat. A run of single rows read from one source at
+   the output are assembled by guillotine cuts: along some axis the regions fall into disjoint groups (boxes
+   whose intervals overlap share a group), each assembled recursively, then one Concat. A run of single rows read from one source at
    evenly spaced offsets (how reflect and edge pads decompose) is one view of the rows it reads, then a
    Pad (reflect/edge), a stepped Slice, or a Gather with a per-row index (a few int64, not one per element).
    Whatever the boxes leave uncovered is the fill: one constant Pad. That covers transpose, reshape,
    slice with steps, flip, broadcast, concat, split, pad (constant, reflect, edge) and channel shuffles.
-2. **A finer output view.** Interleaved slabs (a channel shuffle fused with its concat) are boxes of the
-   output seen as [C/2, 2, HW] instead of [C, HW]: assembled there, then one Reshape.
-3. **A computed gather** for the rest (overlapping or irregular regions): the regions' elements, each region
+   The output's axes are first split wherever a region's destination stride falls inside one, so a channel
+   shuffle (one region over [C/g, g, HW]) is one box of [C/g, g, HW]: Reshape -> Transpose -> Reshape, and
+   interleaved slabs (a shuffle fused with its concat) are a Concat of boxes in that finer view.
+2. **A computed gather** for the rest (overlapping or irregular regions): the regions' elements, each region
    a view or an index computed from Range and arithmetic, concatenated with the fill; the gather index is
    scattered from per-region index ranges computed the same way. The model stores a few integers per region,
    never one per element; the delegate folds them at session creation.
@@ -51,11 +52,6 @@ def emit_raster(b: OnnxBuilder, node: Node) -> None:
     if regions and (fill is None or b.graph.specs[out].dtype in PAD_DTYPES):
         mark = (len(b.nodes), len(b.initializers))
         value = _assemble_output(b, node, regions, shape, fill)
-        if value is None and fill is None:
-            # Interleaved slabs (a channel shuffle fused with its concat) are boxes of a finer view.
-            finer = _finer_shape(regions[0], math.prod(shape))
-            if finer is not None and finer != shape:
-                value = _assemble_output(b, node, regions, finer, fill)
         if value is not None:
             b.node("Reshape", [value, b.ints(shape)], [out])
             return
@@ -129,6 +125,24 @@ def _box_of(region: list[int], shape: Sequence[int], dilate: bool = False) -> _B
     return _Box(src, soff, tuple(lo), tuple(size), tuple(sorted(dims)), tuple(steps) if dilate else ())
 
 
+def _refined(shape: list[int], regions: list[list[int]]) -> list[int]:
+    """The output's shape with axes split wherever a region's destination stride falls inside one: a region
+    writing [n, 2] blocks of an axis of 4 sees it as [2, 2]. Row-major, so the same memory either way."""
+    shape = list(shape)
+    for r in regions:
+        for n, d in zip(r[9:12], r[6:9]):
+            if n == 1 or d <= 0:
+                continue
+            strides = _strides(shape)
+            for k in range(len(shape)):
+                outer = strides[k] * shape[k]
+                if strides[k] < d < outer and d % strides[k] == 0 and shape[k] % (d // strides[k]) == 0:
+                    m = d // strides[k]
+                    shape[k:k + 1] = [shape[k] // m, m]
+                    break
+    return shape
+
+
 def _boxes(regions: list[list[int]], shape: Sequence[int], dilate: bool) -> list[_Box] | None:
     out = []
     for r in regions:
@@ -164,8 +178,11 @@ def _unrolled(b: OnnxBuilder, node: Node, regions: list[list[int]]) -> list[list
 
 def _assemble_output(b: OnnxBuilder, node: Node, regions: list[list[int]], shape: list[int],
                      fill: object) -> str | None:
-    """The whole output (of `shape`) from boxes, padded with the fill; None when the regions are not boxes."""
-    boxes = _boxes(_unrolled(b, node, regions), shape, dilate=fill is not None)
+    """The whole output (of `shape`, refined) from boxes, padded with the fill; None when the regions are
+    not boxes."""
+    regions = _unrolled(b, node, regions)
+    shape = _refined(shape, regions)
+    boxes = _boxes(regions, shape, dilate=fill is not None)
     if boxes is None:
         return None
     made = _assemble(b, node, boxes, fill)
@@ -190,29 +207,27 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
         return None if value is None else (value, boxes[0].lo, boxes[0].size)
     rank = len(boxes[0].lo)
     for axis in range(rank):
-        groups: dict[tuple[int, int], list[_Box]] = {}
-        for box in boxes:
-            groups.setdefault((box.lo[axis], box.hi(axis)), []).append(box)
-        if len(groups) == 1:
+        clusters = _clusters(boxes, axis)
+        if len(clusters) == 1:
             continue
-        spans = sorted(groups)
-        if any(prev[1] != nxt[0] for prev, nxt in pairwise(spans)):
-            continue  # overlapping or gapped along this axis: try another
+        if fill is None and any(prev[1] != nxt[0] for prev, nxt in pairwise(clusters)):
+            continue  # a gap along this axis with nothing to fill it: try another
         pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
         k = 0
-        while k < len(spans):
-            run = _row_run(spans, groups, k, axis)
+        while k < len(clusters):
+            run = _row_run(clusters, k, axis)
             if len(run) >= 3:
                 made = _rows_value(b, node, run, axis)
                 if made is not None:
                     pieces.append(made)
                     k += len(run)
                     continue
-            made = _assemble(b, node, groups[spans[k]], fill)
+            made = _assemble(b, node, clusters[k][2], fill)
             if made is None:
                 return None
             pieces.append(made)
             k += 1
+        pieces = _fill_gaps(b, node, pieces, axis, fill)
         first = pieces[0]
         if any(p[1][:axis] + p[1][axis + 1:] != first[1][:axis] + first[1][axis + 1:]
                or p[2][:axis] + p[2][axis + 1:] != first[2][:axis] + first[2][axis + 1:] for p in pieces):
@@ -222,6 +237,23 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
         size[axis] = sum(p[2][axis] for p in pieces)
         return value, first[1], tuple(size)
     return None
+
+
+def _fill_gaps(b: OnnxBuilder, node: Node, pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]], axis: int,
+               fill: object) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Pieces in order along `axis`, each padded with the fill up to where the next begins."""
+    out = []
+    for (value, lo, size), nxt in zip(pieces, [*pieces[1:], None]):
+        gap = 0 if nxt is None else nxt[1][axis] - lo[axis] - size[axis]
+        if gap > 0:
+            rank = len(size)
+            pads = [0] * (2 * rank)
+            pads[rank + axis] = gap
+            fill_value = b.const(np.array(fill, b.graph.specs[node.outputs[0]].dtype.np), "fill")
+            value = b.node("Pad", [value, b.ints(pads, "pads"), fill_value], mode="constant")
+            size = (*size[:axis], size[axis] + gap, *size[axis + 1:])
+        out.append((value, lo, size))
+    return out
 
 
 def _box_value(b: OnnxBuilder, node: Node, box: _Box, fill: object = None) -> str | None:
@@ -253,18 +285,26 @@ def _dilate(b: OnnxBuilder, value: str, shape: list[int], axis: int, step: int, 
     return b.node("Slice", [flat, b.ints([0]), b.ints([(shape[axis] - 1) * step + 1]), b.ints([axis])])
 
 
-def _row_run(spans: list[tuple[int, int]], groups: dict[tuple[int, int], list[_Box]], k: int,
-             axis: int) -> list[_Box]:
-    """From spans[k] on, single-row boxes read from one source alike but for their offset."""
+def _clusters(boxes: list[_Box], axis: int) -> list[tuple[int, int, list[_Box]]]:
+    """Boxes grouped where their intervals along `axis` overlap, in order: (lo, hi, boxes) per group."""
+    out: list[tuple[int, int, list[_Box]]] = []
+    for box in sorted(boxes, key=lambda x: x.lo[axis]):
+        if out and box.lo[axis] < out[-1][1]:
+            lo, hi, members = out[-1]
+            out[-1] = (lo, max(hi, box.hi(axis)), [*members, box])
+        else:
+            out.append((box.lo[axis], box.hi(axis), [box]))
+    return out
+
+
+def _row_run(clusters: list[tuple[int, int, list[_Box]]], k: int, axis: int) -> list[_Box]:
+    """From clusters[k] on, adjacent single-row boxes read from one source alike but for their offset."""
     run: list[_Box] = []
-    for span in spans[k:]:
-        group = groups[span]
-        if len(group) != 1 or group[0].size[axis] != 1:
+    for lo, hi, members in clusters[k:]:
+        if len(members) != 1 or hi - lo != 1 or (run and lo != run[-1].hi(axis)):
             break
-        box = group[0]
-        if any(step > 1 for step in box.steps):
-            break
-        if run and (box.src != run[0].src or box.dims != run[0].dims):
+        box = members[0]
+        if any(step > 1 for step in box.steps) or (run and (box.src != run[0].src or box.dims != run[0].dims)):
             break
         run.append(box)
     return run
@@ -343,22 +383,6 @@ def _arithmetic_runs(rows: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-# ---- 2. a finer output view -------------------------------------------------------------------------------
-
-def _finer_shape(region: list[int], numel: int) -> list[int] | None:
-    """The output's shape refined so `region`'s destination is a box: its dimensions (not merged, so that a
-    transpose whose output dimensions are contiguous keeps them apart) plus the gaps between."""
-    shape = []
-    outer = numel
-    for n, d in sorted(((n, d) for n, d in zip(region[9:12], region[6:9]) if n != 1), key=lambda t: -t[1]):
-        if d <= 0 or outer % (n * d):
-            return None
-        shape += [outer // (n * d), n]
-        outer = d
-    shape.append(outer)
-    return [s for s in shape if s != 1] or [1]
-
-
 # ---- strided views of a flat source ---------------------------------------------------------------------
 
 def _view_fits(src_numel: int, offset: int, dims: list[tuple[int, int]]) -> bool:
@@ -423,8 +447,8 @@ def _nested_layout(src_numel: int, offset: int, strides: list[int], counts: list
     for stride in strides[1:]:
         blocks.append(math.gcd(stride, blocks[-1]))
     q0, rem = divmod(offset, blocks[0])
-    if (q0 + counts[0]) * blocks[0] > src_numel:
-        return None
+    if offset + sum((n - 1) * st for n, st in zip(counts, strides)) >= src_numel:
+        return None  # the view leaves the source (the last block may still be partial: padded below)
     shape = [counts[0]] + [big // small for big, small in pairwise(blocks)] + [blocks[-1]]
     starts, ends, steps = [0], [counts[0]], [1]
     for k in range(1, len(strides)):
@@ -453,6 +477,9 @@ def _nested_slice(b: OnnxBuilder, flat: str, src_numel: int, offset: int, stride
     view = flat
     if q0 != 0 or counts[0] * block != src_numel:
         view = b.node("Slice", [flat, b.ints([q0 * block]), b.ints([(q0 + counts[0]) * block]), b.ints([0])])
+    short = (q0 + counts[0]) * block - src_numel
+    if short > 0:  # the last block runs past the source's end, only into elements the view skips
+        view = b.node("Pad", [view, b.ints([0, short], "pads")], mode="edge")
     view = b.node("Reshape", [view, b.ints(shape)])
     cut = [k for k in range(len(shape)) if starts[k] != 0 or ends[k] != shape[k] or steps[k] != 1]
     if cut:
