@@ -2,7 +2,7 @@
 its own process, and MNN's other runtime API (`MNN.nn.load_module_from_file`; the backend uses an
 Interpreter session) on the same converted model.
 
-    .venv/bin/python bench/mnn_vs_ort.py [--models mlp din ...] [--runs 20] [--threads 2]
+    .venv/bin/python bench/mnn_vs_ort.py [--models mlp din ...] [--runs 20] [--threads 2] [--mnn-threads 1]
 
 Each worker process loads the program with `backends=[NAME]` (nodes a backend does not claim stay on the
 reference), runs it once to warm up, then --runs times; the median is reported with the load time, the nodes
@@ -44,17 +44,18 @@ def prepare(name: str, folder: Path) -> tuple[Path, Path]:
     return path, inputs
 
 
-def worker(backend: str, program: Path, inputs_path: Path, runs: int, threads: int) -> dict[str, Any]:
+def worker(backend: str, program: Path, inputs_path: Path, runs: int, threads: int,
+           mnn_threads: int) -> dict[str, Any]:
     with np.load(inputs_path) as data:
         inputs = [data[f"arr_{k}"] for k in range(len(data.files))]
     if backend == "mnn-module":
-        return _module_worker(program, inputs, runs, threads)
+        return _module_worker(program, inputs, runs, mnn_threads)
     import warnings
 
     from edgerun.runtime import load
 
     os.environ["EDGERUN_ORT_THREADS"] = str(threads)
-    os.environ["EDGERUN_MNN_THREADS"] = str(threads)
+    os.environ["EDGERUN_MNN_THREADS"] = str(mnn_threads)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -127,14 +128,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*")
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime's intra-op threads")
+    parser.add_argument("--mnn-threads", type=int, default=1, help="MNN's threads (its pool waits busily)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--program", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker, Path(args.program), Path(args.inputs), args.runs,
-                                            args.threads)))
+                                            args.threads, args.mnn_threads)))
         return
     from edgerun import zoo
 
@@ -148,7 +150,7 @@ def main() -> None:
             for backend in BACKENDS:
                 proc = subprocess.run([sys.executable, __file__, "--worker", backend, "--program", str(program),
                                        "--inputs", str(inputs), "--runs", str(args.runs),
-                                       "--threads", str(args.threads)],
+                                       "--threads", str(args.threads), "--mnn-threads", str(args.mnn_threads)],
                                       capture_output=True, text=True, timeout=1800)
                 line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
                 result = json.loads(line[7:]) if line else {"error": proc.stderr.strip().splitlines()[-1:]}
@@ -158,10 +160,11 @@ def main() -> None:
             _print_row(name, results[name])
     load = os.getloadavg()
     print(f"measured under load (load average {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}), "
-          f"{args.runs} runs, {args.threads} threads")
+          f"{args.runs} runs, ONNX Runtime {args.threads} threads, MNN {args.mnn_threads}")
     out = HERE / "results" / "mnn_vs_ort.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"load_average": load, "runs": args.runs, "threads": args.threads,
+                               "mnn_threads": args.mnn_threads,
                                "models": results}, indent=2))
     print(f"wrote {out.relative_to(HERE.parent)}")
 

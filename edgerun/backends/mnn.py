@@ -5,7 +5,8 @@ CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
 - **Converter as a function.** `_tools.mnnconvert([...])` is the converter's C++ entry point, imported
   directly. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
   module that runs `pip install` and sends usage data.
-- **Runtime.** MNN's Interpreter/session API: one session per partition, inputs copied into its tensors
+- **Runtime.** MNN's Interpreter/session API: one session per partition (one thread unless
+  `MnnBackend(threads=)` or $EDGERUN_MNN_THREADS says otherwise), inputs copied into its tensors
   and outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the
   same converted file: the session was faster on 3 of 4 whole models (docs/backends.md). Leave the
   session mode alone: Session_Backend_Auto (9) made MobileNetV2 14x slower.
@@ -38,7 +39,9 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import pool_geometry
 
-DEFAULT_THREADS = 2
+# MNN's worker threads wait busily for work: on the 2 shared cores of the dev box, under load, a GEMM
+# 128x256x512 ran in 1.6 ms on one thread and 7.8 ms on two (ORT's non-spinning pool gains from two).
+DEFAULT_THREADS = 1
 F32 = frozenset({DType.float32})
 # Ops whose ONNX form MNN does not run as the reference does.
 # Found by the op-by-op tests: MNN's Round rounds halves away from zero (the IR: to even), its Mod is not
@@ -72,7 +75,8 @@ class MnnBackend(Backend):
     extra = "mnn"
     supported = _support_table()
     # Until calibration measures this machine, figures of the same order as ONNX Runtime's MLAS on 2 cores.
-    throughput = Throughput(flops_per_s=4e10, bytes_per_s=8e9, dispatch_s=1e-6)
+    throughput = Throughput(flops_per_s=2e10, bytes_per_s=4e9, dispatch_s=1e-6)
+    fuses_activations = True  # the converter folds Relu and Relu6 (Clip 0..6) into the Conv before them
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads or int(os.environ.get("EDGERUN_MNN_THREADS", DEFAULT_THREADS))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,25 @@ def test_mixed_placements_match_reference(name: str) -> None:
         assert "mnn" in used and len(loaded.partitions) > 2, (label, used)
         for got, ref in zip(loaded.run(args), want):
             assert relative_error(got, ref) <= tolerance, (label, relative_error(got, ref))
+
+
+def test_search_places_work_on_mnn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "auto" over MNN and the reference: calibration measures MNN, and the convolution goes to it.
+    from edgerun.runtime import load
+    from edgerun.search import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    x = RNG.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    g = Graph()
+    b = Builder(g)
+    w = g.add_constant(RNG.standard_normal((64, 32, 3, 3)).astype(np.float32) * 0.1)
+    v = b.emit("conv2d", [g.add_input("x", TensorSpec(x.shape, DType.float32)), w], stride=[1, 1],
+               padding=[1, 1, 1, 1])
+    g.outputs = [b.emit("maximum", [v, b.scalar(0.0, v)])]
+    loaded = load(g, backends="auto:mnn,reference")
+    convs_on_mnn = [n for p in loaded.partitions if p.backend == "mnn" for n in p.nodes if n.op == "conv2d"]
+    assert convs_on_mnn, [(p.backend, len(p.nodes)) for p in loaded.partitions]
+    assert relative_error(loaded.run([x])[0], load(g).run([x])[0]) <= 1e-4
 
 
 @pytest.mark.slow
