@@ -6,10 +6,10 @@ CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
   directly. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
   module that runs `pip install` and sends usage data.
 - **Runtime.** MNN's Interpreter/session API: one session per partition (one thread unless
-  `MnnBackend(threads=)` or $EDGERUN_MNN_THREADS says otherwise), inputs copied into its tensors
-  and outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the
-  same converted file: the session was faster on 3 of 4 whole models (docs/backends.md). Leave the
-  session mode alone: Session_Backend_Auto (9) made MobileNetV2 14x slower.
+  `MnnBackend(threads=)` or $EDGERUN_MNN_THREADS says otherwise), inputs copied into its tensors and
+  outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the same
+  converted file: neither won consistently under load (docs/backends.md). Leave the session mode alone:
+  Session_Backend_Auto (9) made MobileNetV2 14x slower.
 - **Ops.** What the ONNX emitter translates, less what MNN's converter or kernels do not run exactly
   (`UNSUPPORTED`, found by the op-by-op tests in tests/backends/test_backends_mnn.py); float32 only for
   arithmetic (MNN computes integer tensors as int32 and has no int64 arithmetic).
