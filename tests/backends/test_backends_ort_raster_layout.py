@@ -161,6 +161,8 @@ REAL_MODELS = {
     # OCR text detector (PP-OCRv4): upsampling transposes, and two ConvTranspose zero-insertions (a dilated
     # destination: every other row and column) emitted as dilating Pads.
     "ppocr-det": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx", {"x": (1, 3, 96, 96)}),
+    # OCR text recognizer (PP-OCRv4): SVTR attention blocks, transposes and reshapes around them.
+    "ppocr-rec": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", {"x": (1, 3, 48, 320)}),
 }
 
 
@@ -176,7 +178,7 @@ def load_real(name: str) -> tuple[Path, Graph]:
     return path, graph
 
 
-@pytest.mark.parametrize("name", [pytest.param("basic-pitch", marks=pytest.mark.slow), "ppocr-det"])
+@pytest.mark.parametrize("name", [pytest.param("basic-pitch", marks=pytest.mark.slow), "ppocr-det", "ppocr-rec"])
 def test_real_model_rasters_are_layout_ops(name: str) -> None:
     import onnxruntime as ort
 
