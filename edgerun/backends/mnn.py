@@ -25,12 +25,6 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import _tools as mnn_tools  # MNN's converter entry point (the C++ module, not MNN.tools)
-    import MNN
-except ImportError as exc:  # the registry turns this into BackendUnavailableError naming the extra
-    raise ModuleNotFoundError("MNN is not installed: pip install edgerun[mnn]", name="MNN") from exc
-
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.backends.onnxruntime import build_model
 from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED as ONNX_SUPPORTED
@@ -38,6 +32,29 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import pool_geometry
+
+
+class _quiet_stdout:
+    """MNN prints on fd 1 (the converter's progress, the CPU features at import, the precision of every
+    session); keep it off the caller's output."""
+
+    def __enter__(self) -> None:
+        self.saved = os.dup(1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+
+
+try:
+    with _quiet_stdout():
+        import _tools as mnn_tools  # MNN's converter entry point (the C++ module, not MNN.tools)
+        import MNN
+except ImportError as exc:  # the registry turns this into BackendUnavailableError naming the extra
+    raise ModuleNotFoundError("MNN is not installed: pip install edgerun[mnn]", name="MNN") from exc
 
 # MNN's worker threads wait busily for work: on the 2 shared cores of the dev box, under load, a GEMM
 # 128x256x512 ran in 1.6 ms on one thread and 7.8 ms on two (ORT's non-spinning pool gains from two).
@@ -122,20 +139,6 @@ def convert(subgraph: Graph, folder: Path) -> Path:
     return target
 
 
-class _quiet_stdout:
-    """The converter prints its progress on fd 1; keep it off the caller's output."""
-
-    def __enter__(self) -> None:
-        self.saved = os.dup(1)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-
-    def __exit__(self, *exc: object) -> None:
-        os.dup2(self.saved, 1)
-        os.close(self.saved)
-
-
 _MNN_DTYPE = {DType.float32: np.float32, DType.int32: np.int32, DType.bool: np.int32}
 
 
@@ -145,7 +148,8 @@ class SessionRunner:
     def __init__(self, path: Path, graph: Graph, threads: int) -> None:
         self.model_bytes = path.stat().st_size
         self.interpreter = MNN.Interpreter(str(path))
-        self.session = self.interpreter.createSession({"numThread": threads, "precision": "high"})
+        with _quiet_stdout():
+            self.session = self.interpreter.createSession({"numThread": threads, "precision": "high"})
         self.graph = graph
         self.inputs = [self.interpreter.getSessionInput(self.session, name) for name in graph.inputs]
         self.outputs = [self.interpreter.getSessionOutput(self.session, name) for name in graph.outputs]
