@@ -79,8 +79,15 @@ def _support_table() -> dict[str, OpSupport]:
             continue
         check = _undilated if op == "max_pool2d" else rule.check
         table[op] = OpSupport(dtypes=LAYOUT_DTYPES if op in LAYOUT_OPS else F32, check=check)
-    table["raster"] = OpSupport(dtypes=LAYOUT_DTYPES)
+    table["raster"] = OpSupport(dtypes=LAYOUT_DTYPES, check=_raster_ok)
     return table
+
+
+def _raster_ok(node: Node, graph: Graph) -> bool:
+    """Not a concatenation with reversed pieces: MNN 3.6.1 aborts running a Concat of reversing Slices (a
+    reflect pad merged over two axes) in its own raster merging; such rasters stay on another backend."""
+    regions = node.attrs["regions"]
+    return len(regions) == 1 or all(int(v) >= 0 for r in regions for v in r[2:5])
 
 
 def _undilated(node: Node, graph: Graph) -> bool:

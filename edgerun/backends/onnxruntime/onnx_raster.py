@@ -232,7 +232,7 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
         if any(p[1][:axis] + p[1][axis + 1:] != first[1][:axis] + first[1][axis + 1:]
                or p[2][:axis] + p[2][axis + 1:] != first[2][:axis] + first[2][axis + 1:] for p in pieces):
             return None  # the slabs do not line up across the other axes
-        value = b.node("Concat", [p[0] for p in pieces], axis=axis)
+        value = pieces[0][0] if len(pieces) == 1 else b.node("Concat", [p[0] for p in pieces], axis=axis)
         size = list(first[2])
         size[axis] = sum(p[2][axis] for p in pieces)
         return value, first[1], tuple(size)
