@@ -84,10 +84,14 @@ def _support_table() -> dict[str, OpSupport]:
 
 
 def _raster_ok(node: Node, graph: Graph) -> bool:
-    """Not a concatenation with reversed pieces: MNN 3.6.1 aborts running a Concat of reversing Slices (a
-    reflect pad merged over two axes) in its own raster merging; such rasters stay on another backend."""
+    """One region, read forwards: a reshape, transpose, slice, broadcast, constant pad or channel shuffle.
+    MNN 3.6.1 merges the layout ops it converts into rasters of its own, and on chains of the pieces a
+    multi-region raster emits (Concat of Slices, Expands and reversing Slices) it returned wrong values or
+    aborted the process, and it padded with 0 where the fill was -1 (a fuzz of pad/transpose/slice/concat
+    chains, docs/backends.md). Concats, reflect and edge pads, flips and non-zero fills stay elsewhere."""
     regions = node.attrs["regions"]
-    return len(regions) == 1 or all(int(v) >= 0 for r in regions for v in r[2:5])
+    fill = node.attrs.get("fill")
+    return len(regions) == 1 and all(int(v) >= 0 for v in regions[0][2:5]) and (fill is None or fill == 0)
 
 
 def _undilated(node: Node, graph: Graph) -> bool:

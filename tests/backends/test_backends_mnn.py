@@ -59,12 +59,12 @@ def test_every_op_mnn_claims_has_a_case_it_runs() -> None:
     assert set(MNN.supported) - {"raster"} - ran == set()
 
 
-def test_rasters_and_int32_layout_run_on_mnn() -> None:
-    x = RNG.integers(-50, 50, (2, 6, 5, 4)).astype(np.int32)
+def test_int32_raster_runs_on_mnn() -> None:
+    x = RNG.integers(-50, 50, (6, 5, 4)).astype(np.int32)
     g = Graph()
     b = Builder(g)
-    v = b.emit("transpose", [g.add_input("x", TensorSpec(x.shape, DType.int32))], perm=[0, 2, 3, 1])
-    g.outputs = [b.emit("pad", [v], pads=[[0, 0], [1, 1], [2, 0], [0, 0]], value=7)]
+    v = b.emit("transpose", [g.add_input("x", TensorSpec(x.shape, DType.int32))], perm=[1, 2, 0])
+    g.outputs = [b.emit("pad", [v], pads=[[1, 1], [2, 0], [0, 0]], value=0)]
     from edgerun.passes.pipeline import optimize
 
     graph, _ = optimize(g)
@@ -158,8 +158,8 @@ def test_real_pitch_tracker_on_mnn_matches_onnxruntime() -> None:
 
     path, graph = load_real("basic-pitch")
     inputs = [RNG.standard_normal(graph.specs[v].shape).astype(np.float32) for v in graph.inputs]
-    loaded = load(graph, [MNN])  # its one `where` stays on the reference
-    assert sum(len(p.nodes) for p in loaded.partitions if p.backend == "mnn") > 0.9 * len(loaded.graph.nodes)
+    loaded = load(graph, [MNN])  # its `where` and reflect pads stay on the reference
+    assert sum(len(p.nodes) for p in loaded.partitions if p.backend == "mnn") > 0.8 * len(loaded.graph.nodes)
     got = loaded.run(inputs)
     original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     want = original.run(None, dict(zip([i.name for i in original.get_inputs()], inputs)))
@@ -192,11 +192,16 @@ LAYOUT_CASES = _layout_cases()
 
 
 @pytest.mark.parametrize("name", list(LAYOUT_CASES))
-def test_layout_rasters_run_on_mnn(name: str) -> None:
-    # MNN converts the same ONNX: Pad (constant/reflect/edge), stepped and reversing Slices, Concat, Expand.
+def test_layout_rasters_on_mnn_or_left_to_others(name: str) -> None:
+    # MNN claims one-region rasters read forwards with no fill but 0; the rest (which made MNN 3.6.1 abort or
+    # answer wrongly) stay on the reference, and the program is still right.
+    from edgerun.runtime import load
+
     graph, inputs, _ = LAYOUT_CASES[name]
-    if name == "pad-reflect-merged":  # a Concat of reversing Slices aborts MNN 3.6.1: not claimed
-        assert not MNN.supports(graph.nodes[0], graph)
-        return
-    assert all(MNN.supports(n, graph) for n in graph.nodes)
-    assert_matches_reference(graph, inputs, MNN.compile(graph)(*inputs), rtol=0, atol=0)
+    for node in graph.nodes:
+        regions, fill = node.attrs["regions"], node.attrs.get("fill")
+        simple = len(regions) == 1 and min(regions[0][2:5]) >= 0 and fill in (None, 0)
+        assert MNN.supports(node, graph) == simple, name
+    loaded = load(graph, [MNN])
+    for got, want in zip(loaded.run(inputs), load(graph).run(inputs)):
+        np.testing.assert_array_equal(got, want)
