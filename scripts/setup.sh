@@ -34,5 +34,10 @@ fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+# Real ONNX models shipped inside wheels (tests/backends, bench/delegate_session_time.py): a pitch tracker,
+# OCR detector/recognizer, a voice-activity detector. Only their model files are read, so --no-deps (their
+# own dependencies are TensorFlow, OpenCV, torchaudio). Never import MNN.tools: it runs pip itself.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps basic-pitch==0.4.0 rapidocr-onnxruntime==1.4.4 \
+  silero-vad==6.2.3
 echo "$want" > $stamp
 install_no_deps_extras

@@ -20,7 +20,7 @@ _MODULES: dict[str, str] = {}
 # The pip extra per backend, where it differs from "the backend's name" or the module cannot be imported to ask.
 _EXTRAS = {"onnxruntime": "onnxruntime", "remote": "remote", "webgpu": "webgpu"}
 # Backends the project ships or plans; listed in error messages so a typo is easy to spot.
-KNOWN_BACKENDS = ("reference", "onnxruntime", "webgpu", "npu", "remote")
+KNOWN_BACKENDS = ("reference", "onnxruntime", "mnn", "webgpu", "npu", "remote")
 
 _factories: dict[str, BackendFactory] = {}
 _instances: dict[str, Backend] = {}

@@ -21,7 +21,7 @@ import numpy as np
 
 CACHE_ENV = "EDGERUN_CACHE_DIR"
 # Libraries whose version changes a backend's speed; absent ones are recorded as absent.
-_LIBRARIES = ("onnxruntime",)
+_LIBRARIES = ("onnxruntime", "MNN", "wgpu")
 
 
 def cache_dir() -> Path:

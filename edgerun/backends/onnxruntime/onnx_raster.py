@@ -1,245 +1,458 @@
-"""Raster as ONNX: a Slice/Reshape/Transpose/Expand/Concat pattern read from the regions where one exists,
-else a Gather with a constant index (always correct, one index per output element).
+"""Raster as ONNX: the layout ops it stands for (Transpose, Slice, Pad, Reshape, Concat, Expand, a row
+Gather), read back from the regions; a Gather with a computed index only where nothing else expresses it.
 
-A region is a strided 3-D view of a flat source written into a strided 3-D view of the flat output. The
-source view is a Reshape + stepped Slice of the flat source when its strides nest (blocks of gcd sizes that
-the dimensions do not overrun); zero strides are an Expand and negative ones a reversing Slice. The
-destination is a Transpose + Reshape when the region writes a whole box of the output in some dimension
-order, and several regions that each fill one slab along an axis, in order, are a Concat of such boxes.
-The patterns cover reshape, transpose, slice, broadcast, flip and concat; pad (a fill) and other
-multi-region rasters use the gather.
+A region is a strided 3-D view of a flat source written into a strided 3-D view of the flat output. Two
+readings, tried in turn:
+
+1. **Boxes.** Each region's destination is a box of the output (lo, size per output axis), its dimensions
+   split over the output axes they span. Its source is a Reshape of the flat source into nested blocks, a
+   stepped Slice (negative strides: a reversing Slice; zero strides: Expand) and a Transpose. Boxes that tile
+   the output are assembled by guillotine cuts: along some axis the regions fall into disjoint groups (boxes
+   whose intervals overlap share a group), each assembled recursively, then one Concat. A run of single rows read from one source at
+   evenly spaced offsets (how reflect and edge pads decompose) is one view of the rows it reads, then a
+   Pad (reflect/edge), a stepped Slice, or a Gather with a per-row index (a few int64, not one per element).
+   Whatever the boxes leave uncovered is the fill: one constant Pad. That covers transpose, reshape,
+   slice with steps, flip, broadcast, concat, split, pad (constant, reflect, edge) and channel shuffles.
+   The output's axes are first split wherever a region's destination stride falls inside one, so a channel
+   shuffle (one region over [C/g, g, HW]) is one box of [C/g, g, HW]: Reshape -> Transpose -> Reshape, and
+   interleaved slabs (a shuffle fused with its concat) are a Concat of boxes in that finer view.
+2. **A computed gather** for the rest (overlapping or irregular regions): the regions' elements, each region
+   a view or an index computed from Range and arithmetic, concatenated with the fill; the gather index is
+   scattered from per-region index ranges computed the same way. The model stores a few integers per region,
+   never one per element; the delegate folds them at session creation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
 from edgerun.backends.onnxruntime.onnx_ops import OnnxBuilder
+from edgerun.backends.onnxruntime.onnx_views import INT64_MIN, strided_view, view_fits
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Node
 
-INT64_MIN = np.iinfo(np.int64).min
+# A region dimension this short whose source view does not nest is unrolled into one region per index.
+UNROLL_LIMIT = 8
+# A run of rows whose indices fall into more arithmetic runs than this is a Gather with a per-row index.
+MAX_SLICE_RUNS = 3
+# ONNX Runtime's Pad kernel has no float16 constant path on every version; such pads take the gather.
+PAD_DTYPES = frozenset({DType.float32, DType.int32, DType.int64, DType.int8, DType.uint8, DType.bool})
 
 
 def emit_raster(b: OnnxBuilder, node: Node) -> None:
     out = node.outputs[0]
     shape = list(b.graph.specs[out].shape)
     regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11])]
-    if node.attrs.get("fill") is None and regions:
+    fill = node.attrs.get("fill")
+    if regions and (fill is None or b.graph.specs[out].dtype in PAD_DTYPES):
         mark = (len(b.nodes), len(b.initializers))
-        if len(regions) == 1:
-            piece = _region_as_box(b, node, regions[0], shape, shape)
-            if piece is not None:
-                b.node("Identity", [piece], [out])
-                return
-        elif _emit_concat(b, node, regions, shape, out):
+        value = _assemble_output(b, node, regions, shape, fill)
+        if value is not None:
+            b.node("Reshape", [value, b.ints(shape)], [out])
             return
-        else:
-            # Interleaved slabs (a channel shuffle fused with its concat) are slabs of a finer view of
-            # the output: [C/2, 2, HW] instead of [C, HW]. Concat there, then reshape.
-            finer = _finer_shape(regions[0], math.prod(shape))
-            if finer is not None and finer != shape:
-                joined = b.fresh("interleaved")
-                if _emit_concat(b, node, regions, finer, joined):
-                    b.node("Reshape", [joined, b.ints(shape)], [out])
-                    return
-        del b.nodes[mark[0]:], b.initializers[mark[1]:]  # a pattern that did not fit leaves nothing behind
-    _emit_gather(b, node, regions, node.attrs.get("fill"))
+        del b.nodes[mark[0]:], b.initializers[mark[1]:]  # a reading that did not fit leaves nothing behind
+    _emit_computed_gather(b, node, regions, fill)
 
 
-def _finer_shape(region: list[int], numel: int) -> list[int] | None:
-    """The output's shape refined so `region`'s destination is a box: its dimensions plus the gaps between."""
-    shape = []
-    outer = numel
-    for n, d in _merged(list(zip(region[9:12], region[6:9]))):
-        if outer % (n * d):
-            return None
-        shape += [outer // (n * d), n]
-        outer = d
-    shape.append(outer)
-    return [s for s in shape if s != 1] or [1]
+# ---- 1. boxes -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Box:
+    """Where a region writes (lo, size per output axis) and what it reads: source, offset, and per output
+    axis it moves along, (axis, count, source stride)."""
+
+    src: int
+    offset: int
+    lo: tuple[int, ...]
+    size: tuple[int, ...]  # the extent written along each axis (with steps: (count - 1) * step + 1)
+    dims: tuple[tuple[int, int, int], ...]
+    steps: tuple[int, ...] = ()  # per axis, where the box writes every step-th element (fill between)
+
+    def hi(self, axis: int) -> int:
+        return self.lo[axis] + self.size[axis]
 
 
-def _emit_concat(b: OnnxBuilder, node: Node, regions: list[list[int]], shape: list[int], out: str) -> bool:
-    """Regions that each fill a slab out[..., lo:hi, ...] of one axis, tiling it in order: a Concat."""
-    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-    rest = math.prod(shape)
-    for axis, size in enumerate(shape):
-        if size == 1 or rest % size:
-            continue
-        others = rest // size
-        slabs = []
-        for r in regions:
-            lo, misplaced = divmod(r[5], strides[axis])
-            count = r[9] * r[10] * r[11]
-            if misplaced or count % others:
-                break
-            slabs.append((lo, count // others, r))
-        else:
-            slabs.sort(key=lambda t: t[0])
-            if [lo for lo, _, _ in slabs] != [sum(h for _, h, _ in slabs[:k]) for k in range(len(slabs))] \
-                    or sum(h for _, h, _ in slabs) != size:
+def _strides(shape: Sequence[int]) -> list[int]:
+    return [math.prod(shape[k + 1:]) for k in range(len(shape))]
+
+
+def _box_of(region: list[int], shape: Sequence[int], dilate: bool = False) -> _Box | None:
+    """The box `region` writes in the row-major output of `shape`, or None when it is not a box. With
+    `dilate` (a raster with a fill), a dimension may write every m-th element of one axis (ConvTranspose's
+    zero insertion)."""
+    src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 = region
+    strides = _strides(shape)
+    if not 0 <= doff < math.prod(shape):
+        return None
+    lo = [doff // st % n for st, n in zip(strides, shape)]
+    size = [1] * len(shape)
+    steps = [1] * len(shape)
+    dims: list[tuple[int, int, int]] = []
+    for n, s, d in sorted(((n, s, d) for n, s, d in ((n0, s0, d0), (n1, s1, d1), (n2, s2, d2)) if n != 1),
+                          key=lambda t: -t[2]):
+        axes = [k for k in range(len(shape)) if strides[k] == d and shape[k] > 1]
+        if not axes and dilate:
+            stepped = [k for k in range(len(shape)) if shape[k] > 1 and d > 0 and d % strides[k] == 0
+                       and lo[k] + (n - 1) * (d // strides[k]) < shape[k] and size[k] == 1]
+            if stepped:
+                k = stepped[0]
+                steps[k] = d // strides[k]
+                size[k] = (n - 1) * steps[k] + 1
+                dims.append((k, n, s))
                 continue
-            pieces = []
-            for _, height, r in slabs:
-                piece = _region_as_box(b, node, r, [*shape[:axis], height, *shape[axis + 1:]], shape)
-                if piece is None:
-                    return False
-                pieces.append(piece)
-            b.node("Concat", pieces, [out], axis=axis)
-            return True
-    return False
+        if not axes:
+            return None
+        k = axes[0]
+        while n > 1:  # a dimension may span several output axes (merged when the box is full inside)
+            while k >= 0 and shape[k] == 1:
+                k -= 1
+            if k < 0 or size[k] != 1:
+                return None
+            if n <= shape[k] - lo[k]:
+                size[k] = n
+                dims.append((k, n, s))
+                break
+            if lo[k] or n % shape[k]:
+                return None
+            size[k] = shape[k]
+            dims.append((k, shape[k], s))
+            s, n, k = s * shape[k], n // shape[k], k - 1
+    return _Box(src, soff, tuple(lo), tuple(size), tuple(sorted(dims)), tuple(steps) if dilate else ())
 
 
-def _merged(dims: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(size, stride) pairs without unit sizes, by decreasing stride, contiguous neighbours merged."""
-    out: list[tuple[int, int]] = []
-    for n, d in sorted(((n, d) for n, d in dims if n != 1), key=lambda t: -t[1]):
-        if out and out[-1][1] == d * n:
-            out[-1] = (out[-1][0] * n, d)
-        else:
-            out.append((n, d))
+def _refined(shape: list[int], regions: list[list[int]]) -> list[int]:
+    """The output's shape with axes split wherever a region's destination stride falls inside one: a region
+    writing [n, 2] blocks of an axis of 4 sees it as [2, 2]. Row-major, so the same memory either way."""
+    shape = list(shape)
+    for r in regions:
+        for n, d in zip(r[9:12], r[6:9]):
+            if n == 1 or d <= 0:
+                continue
+            strides = _strides(shape)
+            for k in range(len(shape)):
+                outer = strides[k] * shape[k]
+                if strides[k] < d < outer and d % strides[k] == 0 and shape[k] % (d // strides[k]) == 0:
+                    m = d // strides[k]
+                    shape[k:k + 1] = [shape[k] // m, m]
+                    break
+    return shape
+
+
+def _boxes(regions: list[list[int]], shape: Sequence[int], dilate: bool) -> list[_Box] | None:
+    out = []
+    for r in regions:
+        box = _box_of(r, shape, dilate)
+        if box is None:
+            return None
+        out.append(box)
     return out
 
 
-def _region_as_box(b: OnnxBuilder, node: Node, region: list[int], box: list[int], shape: list[int]) -> str | None:
-    """A value of shape `box` holding what `region` writes, when it writes exactly the box of that shape at
-    its destination offset inside the row-major output of `shape`; else None."""
-    src_index, soff, s0, s1, s2, _, d0, d1, d2, n0, n1, n2 = region
-    dims = [(n, s, d) for n, s, d in zip((n0, n1, n2), (s0, s1, s2), (d0, d1, d2)) if n != 1]
-    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
-    if len({d for _, _, d in dims}) != len(dims) or \
-            _merged([(n, d) for n, _, d in dims]) != _merged(list(zip(box, strides))):
+def _unrolled(b: OnnxBuilder, node: Node, regions: list[list[int]]) -> list[list[int]]:
+    """Regions whose source view does not nest, split along a short dimension (a few slices beat a gather)."""
+    out = []
+    for r in regions:
+        dims = [(n, s) for n, s in zip(r[9:12], r[2:5]) if n != 1]
+        name = node.inputs[r[0]]
+        if view_fits(b.graph.specs[name].numel, r[1], dims):
+            out.append(r)
+            continue
+        k = min((k for k in range(3) if 1 < r[9 + k] <= UNROLL_LIMIT), key=lambda k: r[9 + k], default=None)
+        if k is None:
+            out.append(r)
+            continue
+        for i in range(r[9 + k]):
+            part = list(r)
+            part[1] += i * r[2 + k]
+            part[5] += i * r[6 + k]
+            part[2 + k] = part[6 + k] = 0
+            part[9 + k] = 1
+            out.append(part)
+    return out
+
+
+def _assemble_output(b: OnnxBuilder, node: Node, regions: list[list[int]], shape: list[int],
+                     fill: object) -> str | None:
+    """The whole output (of `shape`, refined) from boxes, padded with the fill; None when the regions are
+    not boxes."""
+    regions = _unrolled(b, node, regions)
+    shape = _refined(shape, regions)
+    boxes = _boxes(regions, shape, dilate=fill is not None)
+    if boxes is None:
         return None
-    src = node.inputs[src_index]
-    view = _strided_view(b, src, b.graph.specs[src].numel, soff, [(n, s) for n, s, _ in dims])
+    made = _assemble(b, node, boxes, fill)
+    if made is None:
+        return None
+    value, lo, size = made
+    if list(size) == shape:
+        return value
+    if fill is None:
+        return None  # the regions promised to cover the output and do not tile it: not boxes after all
+    spec = b.graph.specs[node.outputs[0]]
+    pads = [*lo, *(n - a - s for n, a, s in zip(shape, lo, size))]
+    return b.node("Pad", [value, b.ints(pads, "pads"), b.const(np.array(fill, spec.dtype.np), "fill")],
+                  mode="constant")
+
+
+def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
+              fill: object = None) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    """(value, lo, size) of the box that `boxes` tile, by guillotine cuts; None when they do not tile one."""
+    if len(boxes) == 1:
+        value = _box_value(b, node, boxes[0], fill)
+        return None if value is None else (value, boxes[0].lo, boxes[0].size)
+    rank = len(boxes[0].lo)
+    for axis in range(rank):
+        clusters = _clusters(boxes, axis)
+        if len(clusters) == 1:
+            continue
+        if fill is None and any(prev[1] != nxt[0] for prev, nxt in pairwise(clusters)):
+            continue  # a gap along this axis with nothing to fill it: try another
+        pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+        k = 0
+        while k < len(clusters):
+            run = _row_run(clusters, k, axis)
+            if len(run) >= 3:
+                made = _rows_value(b, node, run, axis)
+                if made is not None:
+                    pieces.append(made)
+                    k += len(run)
+                    continue
+            made = _assemble(b, node, clusters[k][2], fill)
+            if made is None:
+                return None
+            pieces.append(made)
+            k += 1
+        pieces = _fill_gaps(b, node, pieces, axis, fill)
+        first = pieces[0]
+        if any(p[1][:axis] + p[1][axis + 1:] != first[1][:axis] + first[1][axis + 1:]
+               or p[2][:axis] + p[2][axis + 1:] != first[2][:axis] + first[2][axis + 1:] for p in pieces):
+            return None  # the slabs do not line up across the other axes
+        value = pieces[0][0] if len(pieces) == 1 else b.node("Concat", [p[0] for p in pieces], axis=axis)
+        size = list(first[2])
+        size[axis] = sum(p[2][axis] for p in pieces)
+        return value, first[1], tuple(size)
+    return None
+
+
+def _fill_gaps(b: OnnxBuilder, node: Node, pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]], axis: int,
+               fill: object) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Pieces in order along `axis`, each padded with the fill up to where the next begins."""
+    out = []
+    for (value, lo, size), nxt in zip(pieces, [*pieces[1:], None]):
+        gap = 0 if nxt is None else nxt[1][axis] - lo[axis] - size[axis]
+        if gap > 0:
+            rank = len(size)
+            pads = [0] * (2 * rank)
+            pads[rank + axis] = gap
+            fill_value = b.const(np.array(fill, b.graph.specs[node.outputs[0]].dtype.np), "fill")
+            value = b.node("Pad", [value, b.ints(pads, "pads"), fill_value], mode="constant")
+            size = (*size[:axis], size[axis] + gap, *size[axis + 1:])
+        out.append((value, lo, size))
+    return out
+
+
+def _box_value(b: OnnxBuilder, node: Node, box: _Box, fill: object = None) -> str | None:
+    """A value of shape box.size holding what the box's region writes (the fill between stepped elements)."""
+    src = node.inputs[box.src]
+    view = strided_view(b, src, b.graph.specs[src].numel, box.offset, [(n, s) for _, n, s in box.dims])
     if view is None:
         return None
-    dst_order = sorted(range(len(dims)), key=lambda k: -dims[k][2])
-    if dst_order != sorted(dst_order):
-        view = b.node("Transpose", [view], perm=dst_order)
-    return b.node("Reshape", [view, b.ints(box)])
+    counts = [(n - 1) // m + 1 for n, m in zip(box.size, box.steps or [1] * len(box.size))]
+    value = b.node("Reshape", [view, b.ints(counts)])
+    for axis, step in enumerate(box.steps):
+        if step > 1:
+            value = _dilate(b, value, counts, axis, step, np.array(fill, b.graph.specs[node.outputs[0]].dtype.np))
+            counts[axis] = box.size[axis]
+    return value
 
 
-def _strided_view(b: OnnxBuilder, src: str, src_numel: int, offset: int,
-                  dims: list[tuple[int, int]]) -> str | None:
-    """A value of shape [n for n, _ in dims] holding src.flat[offset + sum(i_k * stride_k)], or None."""
-    shape = [n for n, _ in dims]
-    reversed_axes = []
-    moving: list[tuple[int, int, int]] = []  # (axis, n, positive stride)
-    for axis, (n, s) in enumerate(dims):
-        if s < 0:
-            offset += s * (n - 1)
-            reversed_axes.append(axis)
-        if s != 0:
-            moving.append((axis, n, abs(s)))
-    order = sorted(range(len(moving)), key=lambda k: -moving[k][2])
-    strides = [moving[k][2] for k in order]
-    counts = [moving[k][1] for k in order]
-    if len(set(strides)) != len(strides):
+def _dilate(b: OnnxBuilder, value: str, shape: list[int], axis: int, step: int, fill: np.ndarray) -> str:
+    """`step - 1` fill elements after each element along `axis` but the last: Reshape, Pad, Reshape, Slice."""
+    rank = len(shape)
+    split = [*shape[:axis + 1], 1, *shape[axis + 1:]]
+    pads = [0] * (2 * (rank + 1))
+    pads[rank + 1 + axis + 1] = step - 1
+    fill_value = b.const(fill, "fill")
+    spread = b.node("Pad", [b.node("Reshape", [value, b.ints(split)]), b.ints(pads, "pads"), fill_value],
+                    mode="constant")
+    merged = [*shape[:axis], shape[axis] * step, *shape[axis + 1:]]
+    flat = b.node("Reshape", [spread, b.ints(merged)])
+    return b.node("Slice", [flat, b.ints([0]), b.ints([(shape[axis] - 1) * step + 1]), b.ints([axis])])
+
+
+def _clusters(boxes: list[_Box], axis: int) -> list[tuple[int, int, list[_Box]]]:
+    """Boxes grouped where their intervals along `axis` overlap, in order: (lo, hi, boxes) per group."""
+    out: list[tuple[int, int, list[_Box]]] = []
+    for box in sorted(boxes, key=lambda x: x.lo[axis]):
+        if out and box.lo[axis] < out[-1][1]:
+            lo, hi, members = out[-1]
+            out[-1] = (lo, max(hi, box.hi(axis)), [*members, box])
+        else:
+            out.append((box.lo[axis], box.hi(axis), [box]))
+    return out
+
+
+def _row_run(clusters: list[tuple[int, int, list[_Box]]], k: int, axis: int) -> list[_Box]:
+    """From clusters[k] on, adjacent single-row boxes read from one source alike but for their offset."""
+    run: list[_Box] = []
+    for lo, hi, members in clusters[k:]:
+        if len(members) != 1 or hi - lo != 1 or (run and lo != run[-1].hi(axis)):
+            break
+        box = members[0]
+        if any(step > 1 for step in box.steps) or (run and (box.src != run[0].src or box.dims != run[0].dims)):
+            break
+        run.append(box)
+    return run
+
+
+def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    """Rows run[i] = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather."""
+    first = run[0]
+    offsets = [box.offset for box in run]
+    base = min(offsets)
+    step = math.gcd(*(o - base for o in offsets))
+    if step == 0:
         return None
-    flat = b.node("Reshape", [src, b.ints([-1])])
-    if not moving:
-        view = b.node("Slice", [flat, b.ints([offset]), b.ints([offset + 1]), b.ints([0])])
-        view_shape: list[int] = []
-    else:
-        nested, view_shape = _nested_slice(b, flat, src_numel, offset, strides, counts)
-        if nested is None:
-            return None
-        view = nested
-        inverse = [0] * len(order)
-        for pos, k in enumerate(order):
-            inverse[k] = pos
-        if inverse != sorted(inverse):
-            view = b.node("Transpose", [view], perm=inverse)
-            view_shape = [view_shape[k] for k in inverse]
-    if reversed_axes:
-        moving_pos = {axis: pos for pos, (axis, _, _) in enumerate(moving)}
-        axes = [moving_pos[a] for a in reversed_axes]
-        view = b.node("Slice", [view, b.ints([-1] * len(axes)), b.ints([INT64_MIN] * len(axes)), b.ints(axes),
-                                b.ints([-1] * len(axes))])
-    if len(moving) != len(dims):
-        broadcastable = [n if s != 0 else 1 for n, s in dims]
-        view = b.node("Reshape", [view, b.ints(broadcastable)])
-        view = b.node("Expand", [view, b.ints(shape)])
-    elif view_shape != shape:
-        view = b.node("Reshape", [view, b.ints(shape)])
-    return view
+    rows = [(o - base) // step for o in offsets]
+    count = max(rows) + 1
+    src = node.inputs[first.src]
+    dims = sorted([*first.dims, (axis, count, step)])
+    view = strided_view(b, src, b.graph.specs[src].numel, base, [(n, s) for _, n, s in dims])
+    if view is None:
+        return None
+    full = list(first.size)
+    full[axis] = count
+    view = b.node("Reshape", [view, b.ints(full)])
+    value = _pick_rows(b, view, rows, count, axis, len(full))
+    size = list(first.size)
+    size[axis] = len(run)
+    return value, first.lo, tuple(size)
 
 
-def _nested_slice(b: OnnxBuilder, flat: str, src_numel: int, offset: int, strides: list[int],
-                  counts: list[int]) -> tuple[str | None, list[int]]:
-    """Reshape the flat source into nested blocks and slice (with steps) each digit of `offset` out of it.
-
-    Block sizes are B0 = s0 and Bk = gcd(sk, Bk-1), so dimension k walks its block with step sk / Bk;
-    the view fits when every dimension's last index stays inside its block.
-    """
-    blocks = [strides[0]]
-    for stride in strides[1:]:
-        blocks.append(math.gcd(stride, blocks[-1]))
-    q0, rem = divmod(offset, blocks[0])
-    if (q0 + counts[0]) * blocks[0] > src_numel:
-        return None, []
-    shape = [counts[0]] + [big // small for big, small in pairwise(blocks)] + [blocks[-1]]
-    starts, ends, steps = [0], [counts[0]], [1]
-    for k in range(1, len(strides)):
-        digit, rem = divmod(rem, blocks[k])
-        step = strides[k] // blocks[k]
-        end = digit + (counts[k] - 1) * step + 1
-        if end > shape[k]:
-            return None, []
-        starts.append(digit)
-        ends.append(end)
-        steps.append(step)
-    starts.append(rem)
-    ends.append(rem + 1)
-    steps.append(1)
-    view = flat
-    if q0 != 0 or counts[0] * blocks[0] != src_numel:
-        view = b.node("Slice", [flat, b.ints([q0 * blocks[0]]), b.ints([(q0 + counts[0]) * blocks[0]]),
-                                b.ints([0])])
-    view = b.node("Reshape", [view, b.ints(shape)])
-    cut = [k for k in range(len(shape)) if starts[k] != 0 or ends[k] != shape[k] or steps[k] != 1]
-    if cut:
-        view = b.node("Slice", [view, b.ints([starts[k] for k in cut]), b.ints([ends[k] for k in cut]),
-                                b.ints(cut), b.ints([steps[k] for k in cut])])
-    return b.node("Reshape", [view, b.ints(counts)]), counts
+def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int, rank: int) -> str:
+    """view[..., rows, ...] along `axis` (of `count` rows): a Pad when `rows` is a reflect or edge padding of
+    range(count), else stepped Slices, else a Gather with this small per-row index."""
+    for mode in ("reflect", "edge"):
+        before = rows.index(0) if mode == "reflect" else rows.count(0) - 1
+        after = len(rows) - before - count
+        if before >= 0 and after >= 0 and rows == _pad_rows(count, before, after, mode):
+            pads = [0] * (2 * rank)
+            pads[axis], pads[rank + axis] = before, after
+            return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
+    runs = _arithmetic_runs(rows)
+    if len(runs) > MAX_SLICE_RUNS:
+        return b.node("Gather", [view, b.ints(rows, "row_index")], axis=axis)
+    pieces = []
+    for start, n, step in runs:
+        if step == 1 and start == 0 and n == count:
+            pieces.append(view)
+            continue
+        end = start + n * step
+        end = INT64_MIN if end < 0 else end  # a reversing slice down to row 0 inclusive
+        pieces.append(b.node("Slice", [view, b.ints([start]), b.ints([end]), b.ints([axis]), b.ints([step or 1])]))
+    return pieces[0] if len(pieces) == 1 else b.node("Concat", pieces, axis=axis)
 
 
-def _emit_gather(b: OnnxBuilder, node: Node, regions: list[list[int]], fill: object) -> None:
-    """Gather from the concatenation of each region's elements (its strided view where one exists, else
-    its whole flat source) and a fill element, with one constant index per output element: the data
-    concatenated is about the output's size, not the sum of the sources'."""
+def _pad_rows(n: int, before: int, after: int, mode: str) -> list[int]:
+    if mode == "edge":
+        return [0] * before + list(range(n)) + [n - 1] * after
+    if before >= n or after >= n:
+        return []
+    return list(range(before, 0, -1)) + list(range(n)) + list(range(n - 2, n - 2 - after, -1))
+
+
+def _arithmetic_runs(rows: list[int]) -> list[tuple[int, int, int]]:
+    """Split `rows` into maximal (start, count, step) runs with a nonzero step (a repeated row: count 1)."""
+    runs: list[tuple[int, int, int]] = []
+    k = 0
+    while k < len(rows):
+        n = 1
+        step = rows[k + 1] - rows[k] if k + 1 < len(rows) else 1
+        if step == 0:
+            step = 1
+        else:
+            while k + n < len(rows) and rows[k + n] - rows[k + n - 1] == step:
+                n += 1
+        runs.append((rows[k], n, step))
+        k += n
+    return runs
+
+
+# ---- 3. the computed gather -------------------------------------------------------------------------------
+
+def _scalar(b: OnnxBuilder, value: int) -> str:
+    """A 0-d int64 initializer (OnnxBuilder.const would make it 1-d; Range wants true scalars)."""
+    name = b.fresh("n")
+    b.initializers.append(b.numpy_helper.from_array(np.array(value, np.int64), name))
+    return name
+
+
+def _affine_index(b: OnnxBuilder, offset: int, strides: Sequence[int], sizes: Sequence[int]) -> str:
+    """A flat int64 value: offset + i*s0 + j*s1 + k*s2 over the 3-D region, computed from Range nodes."""
+    total: str | None = None
+    for axis, (s, n) in enumerate(zip(strides, sizes)):
+        if n == 1 or s == 0:
+            continue
+        steps = b.node("Range", [_scalar(b, 0), _scalar(b, n * s), _scalar(b, s)])
+        shape = [1, 1, 1]
+        shape[axis] = n
+        steps = b.node("Reshape", [steps, b.ints(shape)])
+        total = steps if total is None else b.node("Add", [total, steps])
+    base = _scalar(b, offset)
+    total = base if total is None else b.node("Add", [total, base])
+    full = b.node("Expand", [total, b.ints(list(sizes))])
+    return b.node("Reshape", [full, b.ints([-1])])
+
+
+def _emit_computed_gather(b: OnnxBuilder, node: Node, regions: list[list[int]], fill: object) -> None:
+    """out.flat[p] = data[index[p]], data = each region's elements in order then the fill element; index is
+    the fill's position scattered over by each region's destination range, in region order (later wins)."""
     out_spec = b.graph.specs[node.outputs[0]]
+    numel = out_spec.numel
     pieces: list[str] = []
-    whole: dict[int, int] = {}  # source -> its base in the concatenation, when copied whole
+    destinations: list[str] = []
+    overlap = _regions_overlap(regions, numel)
+    index = b.node("Expand", [_scalar(b, sum(r[9] * r[10] * r[11] for r in regions)), b.ints([numel])])
     base = 0
-    placed: list[tuple[np.ndarray, np.ndarray]] = []  # (output positions, data positions), in region order
     for src, soff, s0, s1, s2, doff, d0, d1, d2, n0, n1, n2 in regions:
-        i, j, k = np.ogrid[:n0, :n1, :n2]
-        dst = (doff + i * d0 + j * d1 + k * d2).ravel()
         name = node.inputs[src]
         dims = [(n, st) for n, st in zip((n0, n1, n2), (s0, s1, s2)) if n != 1]
-        view = _strided_view(b, name, b.graph.specs[name].numel, soff, dims) if dims else None
-        if view is not None:
-            pieces.append(b.node("Reshape", [view, b.ints([-1])]))
-            placed.append((dst, base + np.arange(dst.size)))
-            base += dst.size
-            continue
-        if src not in whole:
-            whole[src] = base
-            pieces.append(b.node("Reshape", [name, b.ints([-1])]))
-            base += b.graph.specs[name].numel
-        placed.append((dst, (whole[src] + soff + i * s0 + j * s1 + k * s2).ravel()))
-    index_dtype = np.int32 if base + 1 < 2**31 else np.int64
-    index = np.full(out_spec.numel, base, index_dtype)  # the fill element sits after the last piece
-    for dst, positions in placed:
-        index[dst] = positions
+        view = strided_view(b, name, b.graph.specs[name].numel, soff, dims) if dims else None
+        if view is None:
+            flat = b.node("Reshape", [name, b.ints([-1])])
+            view = b.node("Gather", [flat, _affine_index(b, soff, (s0, s1, s2), (n0, n1, n2))], axis=0)
+        pieces.append(b.node("Reshape", [view, b.ints([-1])]))
+        dst = _affine_index(b, doff, (d0, d1, d2), (n0, n1, n2))
+        count = n0 * n1 * n2
+        if overlap:  # one scatter per region keeps "later regions win" without relying on duplicate order
+            positions = b.node("Range", [_scalar(b, base), _scalar(b, base + count), _scalar(b, 1)])
+            index = b.node("ScatterElements", [index, dst, positions], axis=0)
+        destinations.append(dst)
+        base += count
+    if not overlap and destinations:
+        dst = destinations[0] if len(destinations) == 1 else b.node("Concat", destinations, axis=0)
+        positions = b.node("Range", [_scalar(b, 0), _scalar(b, base), _scalar(b, 1)])
+        index = b.node("ScatterElements", [index, dst, positions], axis=0)
     fill_value = np.zeros(1, out_spec.dtype.np) if fill is None else np.full(1, fill, out_spec.dtype.np)
     pieces.append(b.const(fill_value, "fill"))
     joined = b.node("Concat", pieces, axis=0)
-    gathered = b.node("Gather", [joined, b.const(index, "raster_index")], axis=0)
+    index = b.node("Identity", [index], [b.fresh("raster_index")])
+    gathered = b.node("Gather", [joined, index], axis=0)
     b.node("Reshape", [gathered, b.ints(list(out_spec.shape))], [node.outputs[0]])
+
+
+def _regions_overlap(regions: list[list[int]], numel: int) -> bool:
+    """Whether two regions write the same output element (checked on the destination offsets at load)."""
+    written = np.zeros(numel, np.uint8)
+    for r in regions:
+        i, j, k = np.ogrid[:r[9], :r[10], :r[11]]
+        dst = (r[5] + i * r[6] + j * r[7] + k * r[8]).ravel()
+        if written[dst].any() or np.unique(dst).size != dst.size:
+            return True
+        written[dst] = 1
+    return False

@@ -1,0 +1,190 @@
+"""The MNN backend: a partition becomes the ONNX the ONNX Runtime delegate emits, MNN's converter turns it into
+an .mnn model, and MNN's runtime runs it. MNN is the engine inside the Walle seed; here it is a second fast
+CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
+
+- **Converter as a function.** `_tools.mnnconvert([...])` is the converter's C++ entry point, imported
+  directly. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
+  module that runs `pip install` and sends usage data.
+- **Runtime.** MNN's Interpreter/session API: one session per partition (one thread unless
+  `MnnBackend(threads=)` or $EDGERUN_MNN_THREADS says otherwise), inputs copied into its tensors and
+  outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the same
+  converted file: neither won consistently under load (docs/backends.md). Leave the session mode alone:
+  Session_Backend_Auto (9) made MobileNetV2 14x slower.
+- **Ops.** What the ONNX emitter translates, less what MNN's converter or kernels do not run exactly
+  (`UNSUPPORTED`, found by the op-by-op tests in tests/backends/test_backends_mnn.py); float32 only for
+  arithmetic (MNN computes integer tensors as int32 and has no int64 arithmetic).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
+from edgerun.backends.onnxruntime import build_model
+from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED as ONNX_SUPPORTED
+from edgerun.errors import EdgerunError, UnsupportedOpError
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph, Node
+from edgerun.ir.ops.atomic import pool_geometry
+
+
+class _quiet_stdout:
+    """MNN prints on fd 1 (the converter's progress, the CPU features at import, the precision of every
+    session); keep it off the caller's output."""
+
+    def __enter__(self) -> None:
+        self.saved = os.dup(1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+
+
+try:
+    with _quiet_stdout():
+        import _tools as mnn_tools  # MNN's converter entry point (the C++ module, not MNN.tools)
+        import MNN
+except ImportError as exc:  # the registry turns this into BackendUnavailableError naming the extra
+    raise ModuleNotFoundError("MNN is not installed: pip install edgerun[mnn]", name="MNN") from exc
+
+# MNN's worker threads wait busily for work: on the 2 shared cores of the dev box, under load, a GEMM
+# 128x256x512 ran in 1.6 ms on one thread and 7.8 ms on two (ORT's non-spinning pool gains from two).
+DEFAULT_THREADS = 1
+F32 = frozenset({DType.float32})
+# Ops whose ONNX form MNN does not run as the reference does.
+# Found by the op-by-op tests: MNN's Round rounds halves away from zero (the IR: to even), its Mod is not
+# C fmod on negative operands, its Where misreads a bool condition, and its MaxPool ignores dilation.
+UNSUPPORTED = frozenset({"round", "mod", "where"})
+# Ops whose indices or results are int64 in the IR: MNN holds integers as int32, so they stay elsewhere.
+INT64_OPS = frozenset({"argmax", "argmin", "gather", "logical_xor"})
+# Data movement and comparisons run on every dtype MNN holds; arithmetic on float32 only.
+LAYOUT_DTYPES = frozenset({DType.float32, DType.int32, DType.bool})
+LAYOUT_OPS = frozenset({"raster", "where", "eq", "lt", "le", "gt", "ge", "ne", "logical_and", "logical_or",
+                        "logical_not", "cast"})
+
+
+def _support_table() -> dict[str, OpSupport]:
+    table: dict[str, OpSupport] = {}
+    for op, rule in ONNX_SUPPORTED.items():
+        if op in UNSUPPORTED or op in INT64_OPS:
+            continue
+        check = _undilated if op == "max_pool2d" else rule.check
+        table[op] = OpSupport(dtypes=LAYOUT_DTYPES if op in LAYOUT_OPS else F32, check=check)
+    table["raster"] = OpSupport(dtypes=LAYOUT_DTYPES, check=_raster_ok)
+    return table
+
+
+def _raster_ok(node: Node, graph: Graph) -> bool:
+    """One region, read forwards: a reshape, transpose, slice, broadcast, constant pad or channel shuffle.
+    MNN 3.6.1 merges the layout ops it converts into rasters of its own, and on chains of the pieces a
+    multi-region raster emits (Concat of Slices, Expands and reversing Slices) it returned wrong values or
+    aborted the process, and it padded with 0 where the fill was -1 (a fuzz of pad/transpose/slice/concat
+    chains, docs/backends.md). Concats, reflect and edge pads, flips and non-zero fills stay elsewhere."""
+    regions = node.attrs["regions"]
+    fill = node.attrs.get("fill")
+    return len(regions) == 1 and all(int(v) >= 0 for v in regions[0][2:5]) and (fill is None or fill == 0)
+
+
+def _undilated(node: Node, graph: Graph) -> bool:
+    return tuple(pool_geometry(node.attrs)[3]) == (1, 1)
+
+
+class MnnBackend(Backend):
+    name = "mnn"
+    extra = "mnn"
+    supported = _support_table()
+    # Until calibration measures this machine, figures of the same order as ONNX Runtime's MLAS on 2 cores.
+    throughput = Throughput(flops_per_s=2e10, bytes_per_s=4e9, dispatch_s=1e-6)
+    fuses_activations = True  # the converter folds Relu and Relu6 (Clip 0..6) into the Conv before them
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads or int(os.environ.get("EDGERUN_MNN_THREADS", DEFAULT_THREADS))
+
+    def compile(self, subgraph: Graph) -> CompiledPartition:
+        for node in subgraph.nodes:
+            if node.op not in self.supported:
+                raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
+                                         detail="not supported by the mnn backend")
+        with tempfile.TemporaryDirectory(prefix="edgerun-mnn-") as tmp:
+            path = convert(subgraph, Path(tmp))
+            runner = SessionRunner(path, subgraph, self.threads)
+        return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
+                                 info={"threads": self.threads, "mnn_bytes": runner.model_bytes})
+
+
+def create_backend(threads: int | None = None) -> MnnBackend:
+    return MnnBackend(threads)
+
+
+def onnx_with_weights(subgraph: Graph) -> Any:
+    """The partition's ONNX model with every weight inside it (MNN's converter reads no OrtValues)."""
+    from onnx import numpy_helper
+
+    model, external = build_model(subgraph)
+    for tensor in model.graph.initializer:
+        value = external.get(tensor.name)
+        if value is not None:
+            tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+    return model
+
+
+def convert(subgraph: Graph, folder: Path) -> Path:
+    """ONNX -> .mnn through the converter's C++ entry point; BackendError with its log when it fails."""
+    source, target = folder / "partition.onnx", folder / "partition.mnn"
+    source.write_bytes(onnx_with_weights(subgraph).SerializeToString())
+    args = ["mnnconvert", "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(target),
+            "--bizCode", "edgerun", "--keepInputFormat"]
+    with _quiet_stdout():
+        mnn_tools.mnnconvert(args)
+    if not target.exists() or target.stat().st_size == 0:
+        raise EdgerunError(f"MNN's converter produced no model for a partition of {len(subgraph.nodes)} nodes")
+    return target
+
+
+_MNN_DTYPE = {DType.float32: np.float32, DType.int32: np.int32, DType.bool: np.int32}
+
+
+class SessionRunner:
+    """One MNN Interpreter session; a call copies the inputs into its host tensors and the outputs back."""
+
+    def __init__(self, path: Path, graph: Graph, threads: int) -> None:
+        self.model_bytes = path.stat().st_size
+        self.interpreter = MNN.Interpreter(str(path))
+        with _quiet_stdout():
+            self.session = self.interpreter.createSession({"numThread": threads, "precision": "high"})
+        self.graph = graph
+        self.inputs = [self.interpreter.getSessionInput(self.session, name) for name in graph.inputs]
+        self.outputs = [self.interpreter.getSessionOutput(self.session, name) for name in graph.outputs]
+        self._out_host = [self._host(t, name) for t, name in zip(self.outputs, graph.outputs)]
+
+    def _host(self, tensor: Any, name: str) -> Any:
+        spec = self.graph.specs[name]
+        if spec.dtype not in _MNN_DTYPE:
+            raise EdgerunError(f"MNN holds no {spec.dtype.value} tensors ({name})")
+        shape = list(spec.shape) or [1]
+        return MNN.Tensor(shape, _halide(spec.dtype), np.zeros(shape, _MNN_DTYPE[spec.dtype]),
+                          MNN.Tensor_DimensionType_Caffe)
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        for tensor, name, array in zip(self.inputs, self.graph.inputs, inputs):
+            spec = self.graph.specs[name]
+            data = np.ascontiguousarray(array, _MNN_DTYPE[spec.dtype])
+            tensor.copyFrom(MNN.Tensor(list(spec.shape) or [1], _halide(spec.dtype), data,
+                                       MNN.Tensor_DimensionType_Caffe))
+        self.interpreter.runSession(self.session)
+        for tensor, host, array in zip(self.outputs, self._out_host, outputs):
+            tensor.copyToHostTensor(host)
+            np.copyto(array, np.asarray(host.getNumpyData()).reshape(array.shape), casting="unsafe")
+
+
+def _halide(dtype: DType) -> Any:
+    return MNN.Halide_Type_Float if dtype is DType.float32 else MNN.Halide_Type_Int

@@ -1,0 +1,207 @@
+"""The MNN backend: every op it claims against the reference kernels, zoo models placed whole on MNN and
+mixed with the reference and ONNX Runtime, a real model from a wheel, and a clear refusal when MNN is absent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("MNN", reason="MNN is not installed (pip install edgerun[mnn])")
+pytest.importorskip("onnxruntime", reason="the MNN backend emits ONNX with the onnxruntime package's emitter")
+
+from backends_testkit import assert_matches_reference, one_node_graph, relative_error
+
+from edgerun.backends.mnn import INT64_OPS, UNSUPPORTED, MnnBackend
+from edgerun.backends.registry import get_backend
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+
+MNN = MnnBackend(threads=1)
+RNG = np.random.default_rng(3)
+
+
+def _op_cases() -> list[tuple[str, str, list[np.ndarray], dict[str, Any]]]:
+    from test_backends_ort_ops import CASES
+
+    return CASES
+
+
+OP_CASES = _op_cases()
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=[c[0] for c in OP_CASES])
+def test_claimed_op_matches_reference(case: tuple[str, str, list[np.ndarray], dict[str, Any]]) -> None:
+    _, op, inputs, attrs = case
+    graph = one_node_graph(op, inputs, **attrs)
+    if not MNN.supports(graph.nodes[0], graph):
+        assert op in UNSUPPORTED or op in INT64_OPS or any(graph.specs[v].dtype is not DType.float32
+                                        for v in (*graph.nodes[0].inputs, *graph.nodes[0].outputs)) \
+            or op == "max_pool2d", f"mnn refuses {case[0]} without a reason in its table"
+        return
+    assert_matches_reference(graph, inputs, MNN.compile(graph)(*inputs), rtol=2e-5, atol=2e-6)
+
+
+def test_every_op_mnn_claims_has_a_case_it_runs() -> None:
+    ran = set()
+    for _, op, inputs, attrs in OP_CASES:
+        graph = one_node_graph(op, inputs, **attrs)
+        if MNN.supports(graph.nodes[0], graph):
+            ran.add(op)
+    assert set(MNN.supported) - {"raster"} - ran == set()
+
+
+def test_int32_raster_runs_on_mnn() -> None:
+    x = RNG.integers(-50, 50, (6, 5, 4)).astype(np.int32)
+    g = Graph()
+    b = Builder(g)
+    v = b.emit("transpose", [g.add_input("x", TensorSpec(x.shape, DType.int32))], perm=[1, 2, 0])
+    g.outputs = [b.emit("pad", [v], pads=[[1, 1], [2, 0], [0, 0]], value=0)]
+    from edgerun.passes.pipeline import optimize
+
+    graph, _ = optimize(g)
+    assert [n.op for n in graph.nodes] == ["raster"]
+    assert MNN.supports(graph.nodes[0], graph)
+    assert_matches_reference(graph, [x], MNN.compile(graph)(x), rtol=0, atol=0)
+
+
+# ---- whole models -----------------------------------------------------------------------------------------
+
+torch_needed = pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="torch not installed")
+
+
+def _zoo(name: str) -> tuple[Graph, list[np.ndarray], float]:
+    from edgerun import zoo
+    from edgerun.frontends.torch import export
+    from edgerun.passes.pipeline import optimize
+
+    model = zoo.get(name)
+    graph, _ = optimize(export(model.build(), model.example_inputs()).graph)
+    return graph, [a.numpy() for a in model.example_inputs()], max(model.tolerance, 1e-4)
+
+
+@torch_needed
+@pytest.mark.parametrize("name", ["mlp", "din", "mobilenet_v2", "shufflenet_v2", "vit_tiny"])
+def test_zoo_model_whole_on_mnn_matches_reference(name: str) -> None:
+    from edgerun.runtime import load
+
+    graph, args, tolerance = _zoo(name)
+    want = load(graph).run(args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a partition MNN failed to build would warn
+        loaded = load(graph, [MNN])
+    on_mnn = sum(len(p.nodes) for p in loaded.partitions if p.backend == "mnn")
+    claimed = sum(MNN.supports(n, loaded.graph) for n in loaded.graph.nodes)
+    assert on_mnn == claimed > 0.6 * len(loaded.graph.nodes), (on_mnn, claimed, len(loaded.graph.nodes))
+    for got, ref in zip(loaded.run(args), want):
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        assert relative_error(got, ref) <= tolerance, relative_error(got, ref)
+
+
+@torch_needed
+@pytest.mark.parametrize("name", ["mlp", pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
+def test_mixed_placements_match_reference(name: str) -> None:
+    from edgerun.runtime import load
+
+    graph, args, tolerance = _zoo(name)
+    reference = load(graph)
+    want = reference.run(args)
+    nodes = [n.name for n in reference.graph.nodes]
+    three = ("mnn", "onnxruntime", "reference")
+    placements = {
+        "mnn/reference": {n: ("mnn" if k % 2 else "reference") for k, n in enumerate(nodes)},
+        "mnn/onnxruntime/reference": {n: three[(k // 3) % 3] for k, n in enumerate(nodes)},
+    }
+    for label, placement in placements.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # nodes a backend does not claim stay on reference
+            loaded = load(graph, ["mnn", "onnxruntime"], placement=placement)
+        used = {p.backend for p in loaded.partitions}
+        assert "mnn" in used and len(loaded.partitions) > 2, (label, used)
+        for got, ref in zip(loaded.run(args), want):
+            assert relative_error(got, ref) <= tolerance, (label, relative_error(got, ref))
+
+
+def test_search_places_work_on_mnn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "auto" over MNN and the reference: calibration measures MNN, and the convolution goes to it.
+    from edgerun.runtime import load
+    from edgerun.search import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    x = RNG.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    g = Graph()
+    b = Builder(g)
+    w = g.add_constant(RNG.standard_normal((64, 32, 3, 3)).astype(np.float32) * 0.1)
+    v = b.emit("conv2d", [g.add_input("x", TensorSpec(x.shape, DType.float32)), w], stride=[1, 1],
+               padding=[1, 1, 1, 1])
+    g.outputs = [b.emit("maximum", [v, b.scalar(0.0, v)])]
+    loaded = load(g, backends="auto:mnn,reference")
+    convs_on_mnn = [n for p in loaded.partitions if p.backend == "mnn" for n in p.nodes if n.op == "conv2d"]
+    assert convs_on_mnn, [(p.backend, len(p.nodes)) for p in loaded.partitions]
+    assert relative_error(loaded.run([x])[0], load(g).run([x])[0]) <= 1e-4
+
+
+@pytest.mark.slow
+def test_real_pitch_tracker_on_mnn_matches_onnxruntime() -> None:
+    import onnxruntime as ort
+    from test_backends_ort_raster_layout import load_real
+
+    from edgerun.runtime import load
+
+    path, graph = load_real("basic-pitch")
+    inputs = [RNG.standard_normal(graph.specs[v].shape).astype(np.float32) for v in graph.inputs]
+    loaded = load(graph, [MNN])  # its `where` and reflect pads stay on the reference
+    assert sum(len(p.nodes) for p in loaded.partitions if p.backend == "mnn") > 0.8 * len(loaded.graph.nodes)
+    got = loaded.run(inputs)
+    original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = original.run(None, dict(zip([i.name for i in original.get_inputs()], inputs)))
+    for g_, w in zip(got, want):
+        np.testing.assert_allclose(g_, w.reshape(g_.shape), rtol=1e-3, atol=1e-3)
+
+
+def test_registry_finds_mnn() -> None:
+    assert get_backend("mnn").name == "mnn"
+
+
+def test_without_mnn_the_backend_is_unavailable_with_the_extra_named() -> None:
+    # A real interpreter where `import MNN` fails, as on a machine without the extra.
+    code = ("import sys; sys.modules['MNN'] = None; sys.modules['_tools'] = None\n"
+            "from edgerun.backends.registry import get_backend\n"
+            "from edgerun.errors import BackendUnavailableError\n"
+            "try:\n    get_backend('mnn')\nexcept BackendUnavailableError as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy(),
+                         timeout=120)
+    assert "REFUSED" in out.stdout and "pip install edgerun[mnn]" in out.stdout, out.stdout + out.stderr
+
+
+def _layout_cases() -> dict[str, Any]:
+    from test_backends_ort_raster_layout import CASES
+
+    return CASES
+
+
+LAYOUT_CASES = _layout_cases()
+
+
+@pytest.mark.parametrize("name", list(LAYOUT_CASES))
+def test_layout_rasters_on_mnn_or_left_to_others(name: str) -> None:
+    # MNN claims one-region rasters read forwards with no fill but 0; the rest (which made MNN 3.6.1 abort or
+    # answer wrongly) stay on the reference, and the program is still right.
+    from edgerun.runtime import load
+
+    graph, inputs, _ = LAYOUT_CASES[name]
+    for node in graph.nodes:
+        regions, fill = node.attrs["regions"], node.attrs.get("fill")
+        simple = len(regions) == 1 and min(regions[0][2:5]) >= 0 and fill in (None, 0)
+        assert MNN.supports(node, graph) == simple, name
+    loaded = load(graph, [MNN])
+    for got, want in zip(loaded.run(inputs), load(graph).run(inputs)):
+        np.testing.assert_array_equal(got, want)
