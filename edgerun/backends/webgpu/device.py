@@ -116,7 +116,9 @@ def _request_adapter() -> Any:
     try:
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as exc:
-        raise BackendUnavailableError(f"backend 'webgpu' found no WebGPU adapter ({exc}): {INSTALL_HINT}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BackendUnavailableError(f"backend 'webgpu' found no WebGPU adapter: {INSTALL_HINT} "
+                                      f"(wgpu said: {first})") from None
     if adapter is None:
         raise BackendUnavailableError(f"backend 'webgpu' found no WebGPU adapter: {INSTALL_HINT}")
     return adapter

@@ -48,10 +48,12 @@ fn e_pow(a: f32, b: f32) -> f32 {
   if (abs(b - 2.0 * floor(b * 0.5)) == 1.0) { return -m; }
   return m;
 }
-fn e_max(a: f32, b: f32) -> f32 { if (a != a) { return a; } if (b != b) { return b; } return max(a, b); }
-fn e_min(a: f32, b: f32) -> f32 { if (a != a) { return a; } if (b != b) { return b; } return min(a, b); }
+// NaN tests on the bits: shader compilers may assume x == x.
+fn e_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn e_max(a: f32, b: f32) -> f32 { if (e_isnan(a)) { return a; } if (e_isnan(b)) { return b; } return max(a, b); }
+fn e_min(a: f32, b: f32) -> f32 { if (e_isnan(a)) { return a; } if (e_isnan(b)) { return b; } return min(a, b); }
 fn e_cast_i32(x: f32) -> i32 {
-  if (x != x) { return 0; }
+  if (e_isnan(x)) { return 0; }
   if (x >= 2147483520.0) { return 2147483647; }
   if (x <= -2147483648.0) { return -2147483647 - 1; }
   return i32(trunc(x));
@@ -85,8 +87,9 @@ def elementwise_expr(node: Node, graph: Graph, args: Sequence[str]) -> str:
     if op == "cast":
         src = graph.specs[node.inputs[0]].dtype
         if out_dt is DType.bool:
-            zero = "0.0" if src is DType.float32 else "0" if src is not DType.bool else "0u"
-            return f"select(0u, 1u, {args[0]} != {zero})"
+            if src is DType.float32:  # NaN is true; the bit test because compilers may fold x != 0 for NaN
+                return f"select(0u, 1u, {args[0]} != 0.0 || e_isnan({args[0]}))"
+            return f"select(0u, 1u, {args[0]} != {'0u' if src is DType.bool else '0'})"
         if src is out_dt or {src, out_dt} == {DType.int32, DType.int64}:
             return args[0]
         if out_dt is DType.float32:
@@ -98,6 +101,8 @@ def elementwise_expr(node: Node, graph: Graph, args: Sequence[str]) -> str:
         return f"(1u - {args[0]})"
     if op in _LOGICAL:
         return _LOGICAL[op].format(*args)
+    if op == "ne" and is_float:
+        return f"select(0u, 1u, {args[0]} != {args[1]} || e_isnan({args[0]}) || e_isnan({args[1]}))"
     if op in _COMPARE:
         return f"select(0u, 1u, {args[0]} {_COMPARE[op]} {args[1]})"
     if op == "div":
