@@ -194,7 +194,7 @@ def test_adapter_limits_are_clear_errors() -> None:
     from edgerun.backends.webgpu.device import GpuDevice, _request_adapter
 
     x = f32(64, 64)
-    graph, feeds = build([x], lambda b, n: [b.emit("exp", n)])
+    graph, _feeds = build([x], lambda b, n: [b.emit("exp", n)])
     small = GpuDevice(_request_adapter())
     real = small.limits
     small.limits = replace(real, max_binding_bytes=4096)

@@ -10,11 +10,22 @@ intermediates never touch memory.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from edgerun.backends.webgpu.wgsl import (ELEMENTWISE, WGSL_TYPE, Kernel, _shader, broadcast_strides, coords,
-                                          elementwise_expr, node_body, offset_expr, raster_kernels)
+from edgerun.backends.webgpu.wgsl import (
+    ELEMENTWISE,
+    WGSL_TYPE,
+    Kernel,
+    _shader,
+    broadcast_strides,
+    coords,
+    elementwise_expr,
+    node_body,
+    offset_expr,
+    raster_kernels,
+)
 from edgerun.ir.graph import Graph, Node
 
 
@@ -22,10 +33,6 @@ from edgerun.ir.graph import Graph, Node
 class Group:
     anchor: Node
     chain: list[Node] = field(default_factory=list)
-
-    @property
-    def last(self) -> Node:
-        return self.chain[-1] if self.chain else self.anchor
 
 
 def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
@@ -36,7 +43,7 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
     open_group: Group | None = None
     groups: list[Group | Node] = []
     for node in graph.nodes:
-        if open_group is not None and fuse and _joins(node, open_group, graph, readers, outputs):
+        if open_group is not None and fuse and _joins(node, open_group, graph):
             open_group.chain.append(node)
             continue
         if node.op == "raster":
@@ -49,43 +56,49 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
         if isinstance(g, Node):
             kernels += raster_kernels(g, graph)
         else:
-            kernels.append(group_kernel(g, graph))
+            kernels.append(group_kernel(g, graph, readers, outputs))
     return kernels
 
 
-def _joins(node: Node, group: Group, graph: Graph, readers: Counter[str], outputs: set[str]) -> bool:
-    value = group.last.outputs[0]
-    return (node.op in ELEMENTWISE and value in node.inputs and readers[value] == 1 and value not in outputs
-            and graph.specs[node.outputs[0]].shape == graph.specs[value].shape)
+def _joins(node: Node, group: Group, graph: Graph) -> bool:
+    """An elementwise node reading one of the group's values, over the group's output shape. Groups are
+    contiguous in the topological order, so every reader outside a group runs after its dispatch."""
+    values = {group.anchor.outputs[0], *(n.outputs[0] for n in group.chain)}
+    shape = graph.specs[group.anchor.outputs[0]].shape
+    return (node.op in ELEMENTWISE and any(v in values for v in node.inputs)
+            and graph.specs[node.outputs[0]].shape == shape)
 
 
-def group_kernel(group: Group, graph: Graph) -> Kernel:
+def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set[str]) -> Kernel:
+    """One dispatch for the group; it stores each value read outside the group (or a partition output)."""
     body = node_body(group.anchor, graph)
     bound = list(body.inputs)
     lines = list(body.lines)
-    out_name = group.last.outputs[0]
-    out = graph.specs[out_name]
-    current = {group.anchor.outputs[0]: "acc"}
+    anchor_out = group.anchor.outputs[0]
+    shape = graph.specs[anchor_out].shape
+    current = {anchor_out: "acc"}
+    inside: Counter[str] = Counter()
     if group.chain:
-        lines += coords(out.shape, prefix="e")
+        lines += coords(shape, prefix="e")
     for k, node in enumerate(group.chain):
         args = []
         for v in node.inputs:
             if v in current:
+                inside[v] += 1
                 args.append(current[v])
                 continue
             bound.append(v)
-            strides = broadcast_strides(graph.specs[v].shape, out.shape)
+            strides = broadcast_strides(graph.specs[v].shape, shape)
             args.append(f"in{len(bound) - 1}[{offset_expr(strides, prefix='e')}]")
         name = f"acc_e{k}"
         lines.append(f"let {name} = {elementwise_expr(node, graph, args)};")
         current[node.outputs[0]] = name
-    if group.chain:
-        lines.append(f"let acc_out = {current[out_name]};")
-        lines.append("out[idx] = acc_out;")
+    stored = [v for v in current if v in outputs or readers[v] > inside[v]]
+    lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
     status = group.anchor.op == "gather"
-    source = _shader([WGSL_TYPE[graph.specs[v].dtype] for v in bound], lines, WGSL_TYPE[out.dtype], out.numel,
-                     status=status, store=not group.chain)
+    source = _shader([WGSL_TYPE[graph.specs[v].dtype] for v in bound], lines,
+                     [WGSL_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
     nodes = [group.anchor.name, *(n.name for n in group.chain)]
     label = "+".join([group.anchor.op, *(n.op for n in group.chain)])
-    return Kernel(source, [*bound, out_name], out.numel, nodes, label=label, status=status)
+    return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,
+                  n_outputs=len(stored))

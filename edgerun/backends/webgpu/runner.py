@@ -211,7 +211,7 @@ class PartitionRunner:
                                                                        "size": 4}})
             if params is not None:
                 entries.append({"binding": len(entries), "resource": {"buffer": params, "offset": 0,
-                                                                       "size": k.params.nbytes}})
+                                                                       "size": params.size}})
             group = self.gpu.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
             out.append((pipe, group, self.workgroups(k.threads)))
         return out

@@ -1,7 +1,7 @@
 """WGSL for every atomic op and raster, generated per node with its static shapes baked in as constants.
 
 Every kernel has one thread per output element: it computes `acc`, the node's value at flat output index
-`idx`, and the fusion pass may append an epilogue of elementwise ops (fusion.py) before the one store. On
+`idx`, and the fusion pass (lowering.py) may append elementwise ops before the stores. On
 the device every element is 4 bytes: float32 is `f32`, int32 and int64 are `i32` (WGSL has no 64-bit
 integers; int64 values are range-checked on upload), bool is `u32` 0/1.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -164,6 +164,7 @@ class Kernel:
     nodes: list[str]
     params: np.ndarray | None = None  # an extra i32 storage buffer bound after the values (raster regions)
     label: str = ""
+    n_outputs: int = 1
     status: bool = False  # binds the partition's status word (set to 1 on bad input, e.g. a gather index)
 
 
@@ -174,7 +175,6 @@ class Body:
     inputs: list[str]
     lines: list[str]
     params: np.ndarray | None = None
-    extra: list[str] = field(default_factory=list)  # module-scope declarations
 
 
 def _row_major(shape: Sequence[int]) -> list[int]:
@@ -231,7 +231,7 @@ def _reduce_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
         init = "0.0" if t == "f32" else "0"
         step = "acc_r = acc_r + v;"
     else:
-        init = f"in0[base]"
+        init = "in0[base]"
         f = "max" if op == "reduce_max" else "min"
         step = f"acc_r = e_{f}(acc_r, v);" if t == "f32" else f"acc_r = {f}(acc_r, v);"
     lines += [f"let base = {base};", f"var acc_r: {t} = {init};",
@@ -314,7 +314,7 @@ def _pool_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
               f"  for (var j: i32 = 0; j < {kw}; j = j + 1) {{",
               f"    let xx = c3 * {sw} - {pl} + j * {dw};",
               f"    if (xx < 0 || xx >= {wd}) {{ continue; }}",
-              "    let v = in0[xc + y * %d + xx];" % wd,
+              f"    let v = in0[xc + y * {wd} + xx];",
               "    acc_r = " + ("e_max(acc_r, v);" if is_max else "acc_r + v;"),
               "  }", "}"]
     if is_max:
@@ -365,7 +365,7 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
     fill = node.attrs.get("fill")
     if fill is not None:
         lit = _literal(fill, out.dtype)
-        kernels.append(Kernel(_shader([], [f"let acc = {lit};"], t, out.numel, status=False),
+        kernels.append(Kernel(_shader([], [f"out0[idx] = {lit};"], [t], out.numel, status=False),
                               [out_name], out.numel, [node.name], label=f"{node.name}:fill"))
     regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11]) > 0]
     if not regions:
@@ -377,7 +377,7 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
             table += [*r, total]
             total += r[9] * r[10] * r[11]
         nreg = len(group)
-        body = [f"var reg: u32 = 0u;",
+        body = ["var reg: u32 = 0u;",
                 f"for (var k: u32 = 1u; k < {nreg}u; k = k + 1u) {{ if (u32(params[k * 13u + 12u]) <= idx) {{ reg = k; }} }}",
                 "let p = reg * 13u;", "let local = i32(idx) - params[p + 12u];",
                 "let n2 = params[p + 11u];", "let n1 = params[p + 10u];",
@@ -386,10 +386,10 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
                 "let dst = params[p + 5u] + i0 * params[p + 6u] + i1 * params[p + 7u] + i2 * params[p + 8u];",
                 f"var v: {t};", "switch (params[p]) {"]
         for k in range(len(sources)):
-            body.append(f"  case {k}: {{ v = in{k}[so]; }}" if k else f"  case 0, default: {{ v = in0[so]; }}")
-        body += ["}", "out[dst] = v;"]
-        src = _shader(sources and [WGSL_TYPE[graph.specs[s].dtype] for s in sources], body, t, total,
-                      status=False, params=True, store=False)
+            body.append(f"  case {k}: {{ v = in{k}[so]; }}" if k else "  case 0, default: { v = in0[so]; }")
+        body += ["}", "out0[dst] = v;"]
+        src = _shader([WGSL_TYPE[graph.specs[s].dtype] for s in sources], body, [t], total, status=False,
+                      params=True)
         kernels.append(Kernel(src, [*sources, out_name], total, [node.name],
                               params=np.asarray(table, np.int32), label=f"{node.name}:copy"))
     return kernels
@@ -418,20 +418,21 @@ def _literal(value: Any, dtype: DType) -> str:
     return f"i32({int(value)})"
 
 
-def _shader(in_types: Sequence[str], lines: Sequence[str], out_type: str, threads: int, *, status: bool,
-            params: bool = False, store: bool = True, extra: Sequence[str] = ()) -> str:
-    """A compute shader: bindings in0.. (read), out, then status/params; the body runs for idx < threads."""
+def _shader(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
+            status: bool, params: bool = False) -> str:
+    """A compute shader: bindings in0.. (read), out0.. (written), then status or params; the body runs for
+    idx < threads and stores its outputs itself."""
     decls = [f"@group(0) @binding({k}) var<storage, read_write> in{k}: array<{t}>;" for k, t in enumerate(in_types)]
-    nb = len(in_types)
-    decls.append(f"@group(0) @binding({nb}) var<storage, read_write> out: array<{out_type}>;")
+    decls += [f"@group(0) @binding({len(in_types) + j}) var<storage, read_write> out{j}: array<{t}>;"
+              for j, t in enumerate(out_types)]
+    nb = len(decls) - 1
     if status:
         decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> status: array<u32>;")
     if params:
         decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> params: array<i32>;")
     body = "\n  ".join(lines)
-    tail = "\n  out[idx] = acc;" if store else ""
-    return (f"{PRELUDE}{PYMOD}\n" + "\n".join([*decls, *extra]) +
+    return (f"{PRELUDE}{PYMOD}\n" + "\n".join(decls) +
             f"\n@compute @workgroup_size({WORKGROUP})\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
             f"  let idx = gid.x + gid.y * nwg.x * {WORKGROUP}u;\n"
-            f"  if (idx >= {threads}u) {{ return; }}\n  {body}{tail}\n}}\n")
+            f"  if (idx >= {threads}u) {{ return; }}\n  {body}\n}}\n")
