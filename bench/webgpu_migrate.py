@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "backends"))
 
-from webgpu_testkit import export_small  # noqa: E402
+from webgpu_testkit import export_small
 
 MODELS = ("mlp", "din", "squeezenet1_1", "mobilenet_v2", "shufflenet_v2", "resnet18", "resnet50", "minilm_l6",
           "llama_small", "vit_tiny")

@@ -10,6 +10,7 @@ Prints tables of medians and ratios and writes bench/results/webgpu_ops.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -22,16 +23,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "backends"))
 
-from webgpu_testkit import export_small  # noqa: E402
+from webgpu_testkit import export_small
 
-import edgerun  # noqa: E402
-from edgerun.backends.webgpu import WebGpuBackend, get_device  # noqa: E402
-from edgerun.backends.webgpu.lowering import lower  # noqa: E402
-from edgerun.ir.builder import Builder  # noqa: E402
-from edgerun.ir.dtypes import DType  # noqa: E402
-from edgerun.ir.graph import Graph  # noqa: E402
-from edgerun.ir.tensor_spec import TensorSpec  # noqa: E402
-from edgerun.runtime.loader import prepare_graph  # noqa: E402
+import edgerun
+from edgerun.backends.webgpu import WebGpuBackend, get_device
+from edgerun.backends.webgpu.lowering import lower
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.runtime.loader import prepare_graph
 
 MODELS = ("mlp", "din", "squeezenet1_1", "mobilenet_v2", "shufflenet_v2", "resnet18", "resnet50", "minilm_l6",
           "llama_small", "vit_tiny")
@@ -75,8 +76,8 @@ def per_op(runs: int) -> list[dict[str, Any]]:
         g, feeds = one_op(op, shapes, **attrs)
         ref = edgerun.load(g)
         gpu = edgerun.load(g, ["webgpu"])
-        r = median_ms(lambda: ref.run(feeds), runs)
-        w = median_ms(lambda: gpu.run(feeds), runs)
+        r = median_ms(functools.partial(ref.run, feeds), runs)
+        w = median_ms(functools.partial(gpu.run, feeds), runs)
         rows.append({"op": label, "reference_ms": r, "webgpu_ms": w, "ratio": w / r})
     return rows
 
@@ -103,7 +104,7 @@ def replay_timing(models: list[str], work: str, runs: int) -> list[dict[str, Any
             inputs = [np.asarray(f) for f in feeds]
             row["dispatches_per_call"] = len(runner.kernels)
             key = "replay" if replay else "fresh"
-            row[f"call_ms_{key}"] = median_ms(lambda: runner.run(inputs, outs), runs)  # noqa: B023
+            row[f"call_ms_{key}"] = median_ms(functools.partial(runner.run, inputs, outs), runs)
             # Host time to produce the dispatch list alone: a fresh encode builds it, a replay reuses it.
             row[f"encode_ms_{key}"] = 0.0 if replay else median_ms(runner.encode_fresh, runs)
         rows.append(row)

@@ -181,12 +181,35 @@ def test_raster_fill_sources_negative_strides_and_overlap() -> None:
     check(*build([x, y], body))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the reference's f16 cast
+def test_float16_where_the_adapter_has_shader_f16() -> None:
+    if not get_device().has_f16:
+        pytest.skip("this adapter has no shader-f16")
+    x, y = f32(3, 5).astype(np.float16), f32(5).astype(np.float16)
+    a, w = f32(2, 4, 6).astype(np.float16), f32(6, 3).astype(np.float16)
+    img, k = f32(1, 2, 6, 5).astype(np.float16), f32(3, 2, 3, 3).astype(np.float16)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit(op, [n[0]]) for op in ("exp", "tanh", "erf", "neg")]
+        outs += [b.emit(op, [n[0], n[1]]) for op in ("add", "mul", "maximum", "div")]
+        outs += [b.emit("gt", [n[0], n[1]]), b.emit("matmul", [n[2], n[3]]),
+                 b.emit("reduce_sum", [n[0]], axes=[1]), b.emit("reduce_max", [n[2]], axes=[0]),
+                 b.emit("conv2d", [n[4], n[5]], padding=[1, 1, 1, 1]),
+                 b.emit("max_pool2d", [n[4]], kernel=2, stride=2),
+                 b.emit("cast", [n[0]], dtype="float32"), b.emit("cast", [outs[0]], dtype="int32"),
+                 b.emit("raster", [n[1]], shape=[5], regions=[[0, 4, -1, 0, 0, 0, 1, 0, 0, 5, 1, 1]])]
+        return outs
+    graph, feeds = build([x, y, a, w, img, k], body)
+    assert all(UNFUSED.supports(node, graph) for node in graph.nodes)
+    check(graph, feeds, rtol=2e-3, atol=2e-3)  # half precision: the checker's float16 tolerance
+
+
 def test_unclaimed_dtypes_and_ops() -> None:
-    h = np.ones((2, 3), np.float16)
+    i8 = np.ones((2, 3), np.int8)
     i = np.ones((2, 3), np.int32)
-    g16, _ = build([h, h], lambda b, n: [b.emit("add", n)])
+    g8, _ = build([i8, i8], lambda b, n: [b.emit("add", n)])
     gdiv, _ = build([i, i], lambda b, n: [b.emit("div", n)])
-    assert not UNFUSED.supports(g16.nodes[0], g16)
+    assert not UNFUSED.supports(g8.nodes[0], g8)
     assert not UNFUSED.supports(gdiv.nodes[0], gdiv)
 
 

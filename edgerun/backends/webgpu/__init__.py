@@ -5,11 +5,11 @@ activation fused into one dispatch each), its values are planned into one device
 command encoder: input uploads, the dispatches, output copies, one submit (runner.py). After the first
 call the dispatch list is captured and replayed, with guards that fall back to a fresh encode.
 
-What it claims (`supported`, the contract): float32, int32, int64 and bool values — on the device every
-element is 4 bytes, and int64 is stored as int32 (WGSL has no 64-bit integers; values outside int32 are an
-EdgerunError at upload). float16, int8 and uint8 are not claimed (the partitioner places them elsewhere);
-neither are integer div/mod/pow (the reference raises on division by zero, a shader cannot). The adapter's
-`shader-f16` feature is reported in `info` but unused: f32 everywhere.
+What it claims (`supported`, the contract): float32, int32, int64 and bool values, and float16 where the
+adapter has `shader-f16` (stored as f16, computed in f32). int64 is stored as int32 (WGSL has no 64-bit
+integers; values outside int32 are an EdgerunError at upload). int8 and uint8 are not claimed (the
+partitioner places them elsewhere); neither are integer div/mod/pow (the reference raises on division by
+zero, a shader cannot).
 """
 
 from __future__ import annotations
@@ -22,14 +22,10 @@ from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 
-_F = frozenset({DType.float32})
-_NUM = frozenset({DType.float32, DType.int32, DType.int64})
+_F = frozenset({DType.float32, DType.float16})
+_NUM = frozenset({*_F, DType.int32, DType.int64})
 _B = frozenset({DType.bool})
-_ALL = frozenset({DType.float32, DType.int32, DType.int64, DType.bool})
-
-
-def _float_in(node: Node, graph: Graph) -> bool:
-    return graph.specs[node.inputs[0]].dtype is DType.float32
+_ALL = frozenset({*_NUM, DType.bool})
 
 
 def _int_ok(node: Node, graph: Graph) -> bool:
@@ -73,6 +69,12 @@ class WebGpuBackend(Backend):
     @property
     def gpu(self) -> GpuDevice:
         return get_device()
+
+    def supports(self, node: Node, graph: Graph) -> bool:
+        if not super().supports(node, graph):
+            return False
+        return self.gpu.has_f16 or all(graph.specs[v].dtype is not DType.float16
+                                       for v in (*node.inputs, *node.outputs) if v)
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
         for node in subgraph.nodes:

@@ -47,7 +47,8 @@ class GpuDevice:
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
         limits = adapter.limits
-        self.device = adapter.request_device_sync(required_limits={
+        wanted = [f for f in ("shader-f16",) if f in adapter.features]
+        self.device = adapter.request_device_sync(required_features=wanted, required_limits={
             "max-storage-buffers-per-shader-stage": limits["max-storage-buffers-per-shader-stage"],
             "max-storage-buffer-binding-size": limits["max-storage-buffer-binding-size"],
             "max-buffer-size": limits["max-buffer-size"]})

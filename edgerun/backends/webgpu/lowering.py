@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from edgerun.backends.webgpu.wgsl import (
     ELEMENTWISE,
-    WGSL_TYPE,
+    STORAGE_TYPE,
     Kernel,
     _shader,
     broadcast_strides,
@@ -96,8 +96,8 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     stored = [v for v in current if v in outputs or readers[v] > inside[v]]
     lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
     status = group.anchor.op == "gather"
-    source = _shader([WGSL_TYPE[graph.specs[v].dtype] for v in bound], lines,
-                     [WGSL_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
+    source = _shader([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
+                     [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
     nodes = [group.anchor.name, *(n.name for n in group.chain)]
     label = "+".join([group.anchor.op, *(n.op for n in group.chain)])
     return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,

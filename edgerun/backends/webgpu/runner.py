@@ -31,11 +31,24 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 
 _I32 = np.iinfo(np.int32)
+_STORED = {DType.float32: np.float32, DType.float16: np.float16, DType.bool: np.uint32}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 
 
+def device_itemsize(dtype: DType) -> int:
+    return 2 if dtype is DType.float16 else 4
+
+
+def device_bytes(dtype: DType, numel: int) -> int:
+    """Bytes a value takes on the device: rounded up to 4 (binding sizes and copies are multiples of 4)."""
+    return max(-(-numel * device_itemsize(dtype) // 4) * 4, 4)
+
+
 def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
-    """A host array as the device stores it: 4-byte elements (bool -> u32, int64 -> i32, range-checked)."""
+    """A host array as the device stores it (bool -> u32, int64 -> i32 range-checked), padded to 4 bytes."""
+    if dtype is DType.float16:
+        flat = np.ascontiguousarray(array, np.float16).reshape(-1)
+        return flat if flat.size % 2 == 0 else np.concatenate([flat, np.zeros(1, np.float16)])
     if dtype is DType.float32:
         return np.ascontiguousarray(array, np.float32)
     if dtype is DType.bool:
@@ -107,7 +120,7 @@ class PartitionRunner:
             if name not in used:
                 continue
             data = to_device(value, self.graph.specs[name].dtype, name).reshape(-1)
-            size = max(data.nbytes, 4)
+            size = device_bytes(self.graph.specs[name].dtype, value.size)
             self._const_range[name] = (offset, size)
             chunks.append((offset, data))
             offset += -(-size // align) * align
@@ -138,7 +151,7 @@ class PartitionRunner:
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, birth, death)
         self._range: dict[str, tuple[int, int]] = {}
         for v in sorted(birth, key=lambda v: (birth[v], v)):
-            size = max(g.specs[v].numel * 4, 4)
+            size = device_bytes(g.specs[v].dtype, g.specs[v].numel)
             b, d = birth[v], death.get(v, birth[v])
             offset = 0
             for o, s, pb, pd in sorted(placed):
@@ -178,7 +191,7 @@ class PartitionRunner:
             raise EdgerunError(f"dispatch {k.label} ({k.nodes[0]}) binds {nbind} storage buffers, over the "
                                f"adapter's maxStorageBuffersPerShaderStage {lim.max_storage_buffers}")
         for v in k.values:
-            nbytes = self.graph.specs[v].numel * 4
+            nbytes = device_bytes(self.graph.specs[v].dtype, self.graph.specs[v].numel)
             if nbytes > lim.max_binding_bytes:
                 raise EdgerunError(f"value {v!r} ({nbytes} bytes on the device) is over the adapter's "
                                    f"maxStorageBufferBindingSize {lim.max_binding_bytes}")
@@ -282,10 +295,9 @@ class PartitionRunner:
             for name, dst in zip(g.outputs, outputs):
                 spec = g.specs[name]
                 size = self._range[name][1]
-                raw = np.frombuffer(data, np.uint8, count=spec.numel * 4, offset=staged)
+                raw = np.frombuffer(data, np.uint8, count=spec.numel * device_itemsize(spec.dtype), offset=staged)
                 staged += size
-                stored = np.float32 if spec.dtype is DType.float32 else np.uint32 if spec.dtype is DType.bool \
-                    else np.int32
+                stored = _STORED.get(spec.dtype, np.int32)
                 dst[...] = raw.view(stored).reshape(spec.shape)
         finally:
             self._staging.unmap()

@@ -2,13 +2,14 @@
 
 Every kernel has one thread per output element: it computes `acc`, the node's value at flat output index
 `idx`, and the fusion pass (lowering.py) may append elementwise ops before the stores. On
-the device every element is 4 bytes: float32 is `f32`, int32 and int64 are `i32` (WGSL has no 64-bit
-integers; int64 values are range-checked on upload), bool is `u32` 0/1.
+the device float32 is `f32`, float16 `f16` (computed in f32; only on adapters with `shader-f16`), int32 and
+int64 are `i32` (WGSL has no 64-bit integers; int64 values are range-checked on upload), bool is `u32` 0/1.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,11 @@ from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 
 WORKGROUP = 64
-WGSL_TYPE = {DType.float32: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32"}
+# What kernels compute in, and what buffers hold: float16 is stored as f16 and computed in f32 (a load
+# widens, a store rounds once), so a fused chain rounds to half precision once, at its end.
+WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32"}
+STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}
+FLOATS = frozenset({DType.float32, DType.float16})
 
 # Helpers every shader may call; the WGSL compiler drops the unused ones.
 PRELUDE = """
@@ -83,18 +88,18 @@ def elementwise_expr(node: Node, graph: Graph, args: Sequence[str]) -> str:
     op = node.op
     in_dt = graph.specs[node.inputs[-1]].dtype
     out_dt = graph.specs[node.outputs[0]].dtype
-    is_float = in_dt is DType.float32
+    is_float = in_dt in FLOATS
     if op == "cast":
         src = graph.specs[node.inputs[0]].dtype
         if out_dt is DType.bool:
-            if src is DType.float32:  # NaN is true; the bit test because compilers may fold x != 0 for NaN
+            if src in FLOATS:  # NaN is true; the bit test because compilers may fold x != 0 for NaN
                 return f"select(0u, 1u, {args[0]} != 0.0 || e_isnan({args[0]}))"
             return f"select(0u, 1u, {args[0]} != {'0u' if src is DType.bool else '0'})"
-        if src is out_dt or {src, out_dt} == {DType.int32, DType.int64}:
+        if WGSL_TYPE[src] == WGSL_TYPE[out_dt]:  # int32 <-> int64, float16 <-> float32 (both computed in f32)
             return args[0]
-        if out_dt is DType.float32:
+        if out_dt in FLOATS:
             return f"f32({args[0]})"
-        return f"e_cast_i32({args[0]})" if src is DType.float32 else f"i32({args[0]})"
+        return f"e_cast_i32({args[0]})" if src in FLOATS else f"i32({args[0]})"
     if op == "where":
         return f"select({args[2]}, {args[1]}, {args[0]} != 0u)"
     if op == "logical_not":
@@ -365,7 +370,8 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
     fill = node.attrs.get("fill")
     if fill is not None:
         lit = _literal(fill, out.dtype)
-        kernels.append(Kernel(_shader([], [f"out0[idx] = {lit};"], [t], out.numel, status=False),
+        kernels.append(Kernel(_shader([], [f"out0[idx] = {lit};"], [STORAGE_TYPE[out.dtype]], out.numel,
+                                      status=False),
                               [out_name], out.numel, [node.name], label=f"{node.name}:fill"))
     regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11]) > 0]
     if not regions:
@@ -388,7 +394,8 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
         for k in range(len(sources)):
             body.append(f"  case {k}: {{ v = in{k}[so]; }}" if k else "  case 0, default: { v = in0[so]; }")
         body += ["}", "out0[dst] = v;"]
-        src = _shader([WGSL_TYPE[graph.specs[s].dtype] for s in sources], body, [t], total, status=False,
+        src = _shader([STORAGE_TYPE[graph.specs[s].dtype] for s in sources], body, [STORAGE_TYPE[out.dtype]], total,
+                      status=False,
                       params=True)
         kernels.append(Kernel(src, [*sources, out_name], total, [node.name],
                               params=np.asarray(table, np.int32), label=f"{node.name}:copy"))
@@ -406,7 +413,7 @@ def _regions_overlap(regions: list[list[int]], numel: int) -> bool:
 
 
 def _literal(value: Any, dtype: DType) -> str:
-    if dtype is DType.float32:
+    if dtype in FLOATS:
         v = float(value)
         if math.isnan(v):
             return "bitcast<f32>(0x7fc00000u)"
@@ -430,9 +437,25 @@ def _shader(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[s
         decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> status: array<u32>;")
     if params:
         decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> params: array<i32>;")
+    lines = [_widen_half(line, in_types, out_types) for line in lines]
     body = "\n  ".join(lines)
-    return (f"{PRELUDE}{PYMOD}\n" + "\n".join(decls) +
+    enable = "enable f16;\n" if "f16" in (*in_types, *out_types) else ""
+    return (f"{enable}{PRELUDE}{PYMOD}\n" + "\n".join(decls) +
             f"\n@compute @workgroup_size({WORKGROUP})\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
             f"  let idx = gid.x + gid.y * nwg.x * {WORKGROUP}u;\n"
             f"  if (idx >= {threads}u) {{ return; }}\n  {body}\n}}\n")
+
+
+_LOAD = re.compile(r"\bin(\d+)\[([^\[\]]*)\]")
+_STORE = re.compile(r"^(out(\d+)\[[^\[\]]*\] = )(.*);$")
+
+
+def _widen_half(line: str, in_types: Sequence[str], out_types: Sequence[str]) -> str:
+    """f16 buffers: every load widens to f32 and every store rounds to f16 (kernels compute in f32)."""
+    if "f16" in in_types:
+        line = _LOAD.sub(lambda m: f"f32({m.group(0)})" if in_types[int(m.group(1))] == "f16" else m.group(0), line)
+    store = _STORE.match(line)
+    if store and out_types[int(store.group(2))] == "f16":
+        line = f"{store.group(1)}f16({store.group(3)});"
+    return line
