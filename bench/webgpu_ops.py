@@ -1,5 +1,5 @@
-"""webgpu on this machine's adapter (lavapipe here, a CPU: orientation only): per-op call time against the
-reference backend, dispatches per zoo model before and after fusion, host ms per call with and without
+"""webgpu on this machine's adapter (lavapipe here, a CPU: orientation only): per-op time against the
+reference backend (whole calls, and the kernels alone from timestamp queries), dispatches per zoo model before and after fusion, host ms per call with and without
 capture-replay.
 
     python bench/webgpu_ops.py [--runs 15] [--models mlp,din,...] [--work DIR]
@@ -78,7 +78,10 @@ def per_op(runs: int) -> list[dict[str, Any]]:
         gpu = edgerun.load(g, ["webgpu"])
         r = median_ms(functools.partial(ref.run, feeds), runs)
         w = median_ms(functools.partial(gpu.run, feeds), runs)
-        rows.append({"op": label, "reference_ms": r, "webgpu_ms": w, "ratio": w / r})
+        runner = WebGpuBackend().compile(g).info["runner"]
+        k = statistics.median(sum(runner.kernel_seconds(feeds)) for _ in range(runs)) * 1e3
+        rows.append({"op": label, "reference_ms": r, "webgpu_call_ms": w, "webgpu_kernel_ms": k,
+                     "kernel / reference": k / r})
     return rows
 
 

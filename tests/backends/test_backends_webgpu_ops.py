@@ -232,3 +232,14 @@ def test_adapter_limits_are_clear_errors() -> None:
     small.limits = replace(real, max_workgroups=2)
     with pytest.raises(EdgerunError, match="workgroups"):
         PartitionRunner(small, graph)
+
+
+def test_kernel_seconds_from_timestamp_queries() -> None:
+    x = f32(256, 256)
+    graph, feeds = build([x], lambda b, n: [b.emit("tanh", [b.emit("exp", n)]), b.emit("reduce_sum", n)])
+    runner = WebGpuBackend().compile(graph).info["runner"]
+    if "timestamp-query" not in runner.gpu.features:
+        pytest.skip("this adapter has no timestamp queries")
+    seconds = runner.kernel_seconds(feeds)
+    assert len(seconds) == len(runner.kernels) == 2  # exp+tanh fused, reduce_sum
+    assert all(0 < s < 60 for s in seconds)

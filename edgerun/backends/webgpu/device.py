@@ -47,7 +47,7 @@ class GpuDevice:
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
         limits = adapter.limits
-        wanted = [f for f in ("shader-f16",) if f in adapter.features]
+        wanted = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
         self.device = adapter.request_device_sync(required_features=wanted, required_limits={
             "max-storage-buffers-per-shader-stage": limits["max-storage-buffers-per-shader-stage"],
             "max-storage-buffer-binding-size": limits["max-storage-buffer-binding-size"],

@@ -229,6 +229,36 @@ class PartitionRunner:
             out.append((pipe, group, self.workgroups(k.threads)))
         return out
 
+    def kernel_seconds(self, inputs: Sequence[np.ndarray]) -> list[float]:
+        """Device time of each dispatch of one call, from timestamp queries (one pass per dispatch); for
+        benchmarks. EdgerunError when the adapter has no `timestamp-query`."""
+        if "timestamp-query" not in self.gpu.features:
+            raise EdgerunError(f"{self.gpu.description} has no timestamp queries")
+        device = self.gpu.device
+        n = len(self.kernels)
+        queries = device.create_query_set(type="timestamp", count=2 * n)
+        resolved = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                        | wgpu.BufferUsage.COPY_SRC)
+        readback = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        for name, a in zip(self.graph.inputs, inputs):
+            device.queue.write_buffer(self._arena, self._range[name][0], to_device(a, self.graph.specs[name].dtype, name))
+        enc = device.create_command_encoder()
+        for i, (pipe, group, (x, y)) in enumerate(self.encode_fresh()):
+            cpass = enc.begin_compute_pass(timestamp_writes={"query_set": queries,
+                                                             "beginning_of_pass_write_index": 2 * i,
+                                                             "end_of_pass_write_index": 2 * i + 1})
+            cpass.set_pipeline(pipe)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(x, y)
+            cpass.end()
+        enc.resolve_query_set(queries, 0, 2 * n, resolved, 0)
+        enc.copy_buffer_to_buffer(resolved, 0, readback, 0, 16 * n)
+        device.queue.submit([enc.finish()])
+        readback.map_sync(wgpu.MapMode.READ)
+        stamps = np.frombuffer(readback.read_mapped(), np.uint64).astype(np.int64)
+        readback.unmap()
+        return [float(stamps[2 * i + 1] - stamps[2 * i]) * 1e-9 for i in range(n)]  # WebGPU stamps are ns
+
     def _guard_miss(self, key: tuple[tuple[tuple[int, ...], str], ...]) -> str | None:
         cap = self._captured
         if cap is None:
