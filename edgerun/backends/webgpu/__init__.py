@@ -17,7 +17,7 @@ from __future__ import annotations
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.backends.webgpu.device import GpuDevice, get_device
 from edgerun.backends.webgpu.runner import PartitionRunner
-from edgerun.backends.webgpu.wgsl import _COMPARE, _FLOAT_UNARY, _INT_UNARY, _LOGICAL, REDUCE
+from edgerun.backends.webgpu.wgsl import COMPARE, FLOAT_UNARY, INT_UNARY, LOGICAL, REDUCE
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
@@ -33,12 +33,12 @@ def _int_ok(node: Node, graph: Graph) -> bool:
 
 
 SUPPORTED: dict[str, OpSupport] = {
-    **{op: OpSupport(_F) for op in _FLOAT_UNARY if op not in _INT_UNARY},
-    **{op: OpSupport(_NUM) for op in _INT_UNARY},
+    **{op: OpSupport(_F) for op in FLOAT_UNARY if op not in INT_UNARY},
+    **{op: OpSupport(_NUM) for op in INT_UNARY},
     **{op: OpSupport(_NUM) for op in ("add", "sub", "mul", "maximum", "minimum")},
     **{op: OpSupport(_F) for op in ("div", "mod", "pow")},
-    **{op: OpSupport(_ALL, check=_int_ok) for op in _COMPARE},
-    **{op: OpSupport(_B) for op in (*_LOGICAL, "logical_not")},
+    **{op: OpSupport(_ALL, check=_int_ok) for op in COMPARE},
+    **{op: OpSupport(_B) for op in (*LOGICAL, "logical_not")},
     "where": OpSupport(_ALL),
     "cast": OpSupport(_ALL),
     **{op: OpSupport(_NUM) for op in REDUCE},

@@ -18,13 +18,13 @@ from edgerun.backends.webgpu.wgsl import (
     ELEMENTWISE,
     STORAGE_TYPE,
     Kernel,
-    _shader,
     broadcast_strides,
     coords,
     elementwise_expr,
     node_body,
     offset_expr,
     raster_kernels,
+    shader_source,
 )
 from edgerun.ir.graph import Graph, Node
 
@@ -96,7 +96,7 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     stored = [v for v in current if v in outputs or readers[v] > inside[v]]
     lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
     status = group.anchor.op == "gather"
-    source = _shader([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
+    source = shader_source([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
                      [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
     nodes = [group.anchor.name, *(n.name for n in group.chain)]
     label = "+".join([group.anchor.op, *(n.op for n in group.chain)])

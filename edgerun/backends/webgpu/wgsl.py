@@ -65,20 +65,20 @@ fn e_cast_i32(x: f32) -> i32 {
 }
 """
 
-_FLOAT_UNARY = {
+FLOAT_UNARY = {
     "exp": "exp({0})", "log": "log({0})", "sqrt": "sqrt({0})", "rsqrt": "inverseSqrt({0})",
     "tanh": "e_tanh({0})", "sigmoid": "e_sigmoid({0})", "erf": "e_erf({0})", "sin": "sin({0})",
     "cos": "cos({0})", "floor": "floor({0})", "ceil": "ceil({0})", "round": "round({0})", "neg": "(-{0})",
     "abs": "abs({0})", "sign": "sign({0})", "reciprocal": "(1.0 / {0})",
 }
-_INT_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "sign({0})"}
+INT_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "sign({0})"}
 _ARITH = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})"}
 _FLOAT_BINARY = {**_ARITH, "maximum": "e_max({0}, {1})", "minimum": "e_min({0}, {1})", "pow": "e_pow({0}, {1})"}
 _INT_BINARY = {**_ARITH, "maximum": "max({0}, {1})", "minimum": "min({0}, {1})"}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_LOGICAL = {"logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})"}
+COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+LOGICAL = {"logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})"}
 
-ELEMENTWISE = {*_FLOAT_UNARY, *_INT_UNARY, *_FLOAT_BINARY, *_COMPARE, *_LOGICAL, "div", "mod", "logical_not",
+ELEMENTWISE = {*FLOAT_UNARY, *INT_UNARY, *_FLOAT_BINARY, *COMPARE, *LOGICAL, "div", "mod", "logical_not",
                "where", "cast"}
 REDUCE = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min"}
 
@@ -104,12 +104,12 @@ def elementwise_expr(node: Node, graph: Graph, args: Sequence[str]) -> str:
         return f"select({args[2]}, {args[1]}, {args[0]} != 0u)"
     if op == "logical_not":
         return f"(1u - {args[0]})"
-    if op in _LOGICAL:
-        return _LOGICAL[op].format(*args)
+    if op in LOGICAL:
+        return LOGICAL[op].format(*args)
     if op == "ne" and is_float:
         return f"select(0u, 1u, {args[0]} != {args[1]} || e_isnan({args[0]}) || e_isnan({args[1]}))"
-    if op in _COMPARE:
-        return f"select(0u, 1u, {args[0]} {_COMPARE[op]} {args[1]})"
+    if op in COMPARE:
+        return f"select(0u, 1u, {args[0]} {COMPARE[op]} {args[1]})"
     if op == "div":
         q = f"({args[0]} / {args[1]})"
         rounding = node.attrs.get("rounding", "none")
@@ -118,7 +118,7 @@ def elementwise_expr(node: Node, graph: Graph, args: Sequence[str]) -> str:
         a, b = args
         return f"({a} - {b} * trunc({a} / {b}))" if node.attrs.get("fmod") else \
             f"e_pymod({a}, {b})"
-    table: dict[str, str] = (_FLOAT_UNARY if is_float else _INT_UNARY) if len(args) == 1 else \
+    table: dict[str, str] = (FLOAT_UNARY if is_float else INT_UNARY) if len(args) == 1 else \
         (_FLOAT_BINARY if is_float else _INT_BINARY)
     return table[op].format(*args)
 
@@ -370,7 +370,7 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
     fill = node.attrs.get("fill")
     if fill is not None:
         lit = _literal(fill, out.dtype)
-        kernels.append(Kernel(_shader([], [f"out0[idx] = {lit};"], [STORAGE_TYPE[out.dtype]], out.numel,
+        kernels.append(Kernel(shader_source([], [f"out0[idx] = {lit};"], [STORAGE_TYPE[out.dtype]], out.numel,
                                       status=False),
                               [out_name], out.numel, [node.name], label=f"{node.name}:fill"))
     regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11]) > 0]
@@ -394,7 +394,7 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
         for k in range(len(sources)):
             body.append(f"  case {k}: {{ v = in{k}[so]; }}" if k else "  case 0, default: { v = in0[so]; }")
         body += ["}", "out0[dst] = v;"]
-        src = _shader([STORAGE_TYPE[graph.specs[s].dtype] for s in sources], body, [STORAGE_TYPE[out.dtype]], total,
+        src = shader_source([STORAGE_TYPE[graph.specs[s].dtype] for s in sources], body, [STORAGE_TYPE[out.dtype]], total,
                       status=False,
                       params=True)
         kernels.append(Kernel(src, [*sources, out_name], total, [node.name],
@@ -425,7 +425,7 @@ def _literal(value: Any, dtype: DType) -> str:
     return f"i32({int(value)})"
 
 
-def _shader(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
+def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
             status: bool, params: bool = False) -> str:
     """A compute shader: bindings in0.. (read), out0.. (written), then status or params; the body runs for
     idx < threads and stores its outputs itself."""
