@@ -1,0 +1,94 @@
+"""The webgpu backend: WGSL kernels for every atomic op and raster, run through wgpu-py (wgpu-native).
+
+A partition is lowered to a dispatch list (lowering.py; elementwise chains and matmul/conv + bias +
+activation fused into one dispatch each), its values are planned into one device buffer, and a call is one
+command encoder: input uploads, the dispatches, output copies, one submit (runner.py). After the first
+call the dispatch list is captured and replayed, with guards that fall back to a fresh encode.
+
+What it claims (`supported`, the contract): float32, int32, int64 and bool values, and float16 where the
+adapter has `shader-f16` (stored as f16, computed in f32). int64 is stored as int32 (WGSL has no 64-bit
+integers; values outside int32 are an EdgerunError at upload). int8 and uint8 are not claimed (the
+partitioner places them elsewhere); neither are integer div/mod/pow (the reference raises on division by
+zero, a shader cannot).
+"""
+
+from __future__ import annotations
+
+from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
+from edgerun.backends.webgpu.device import GpuDevice, get_device
+from edgerun.backends.webgpu.runner import PartitionRunner
+from edgerun.backends.webgpu.wgsl import COMPARE, FLOAT_UNARY, INT_UNARY, LOGICAL, REDUCE
+from edgerun.errors import UnsupportedOpError
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph, Node
+
+_F = frozenset({DType.float32, DType.float16})
+_NUM = frozenset({*_F, DType.int32, DType.int64})
+_B = frozenset({DType.bool})
+_ALL = frozenset({*_NUM, DType.bool})
+
+
+def _int_ok(node: Node, graph: Graph) -> bool:
+    return graph.specs[node.inputs[0]].dtype is not DType.bool
+
+
+SUPPORTED: dict[str, OpSupport] = {
+    **{op: OpSupport(_F) for op in FLOAT_UNARY if op not in INT_UNARY},
+    **{op: OpSupport(_NUM) for op in INT_UNARY},
+    **{op: OpSupport(_NUM) for op in ("add", "sub", "mul", "maximum", "minimum")},
+    **{op: OpSupport(_F) for op in ("div", "mod", "pow")},
+    **{op: OpSupport(_ALL, check=_int_ok) for op in COMPARE},
+    **{op: OpSupport(_B) for op in (*LOGICAL, "logical_not")},
+    "where": OpSupport(_ALL),
+    "cast": OpSupport(_ALL),
+    **{op: OpSupport(_NUM) for op in REDUCE},
+    "reduce_mean": OpSupport(_F),
+    "argmax": OpSupport(_NUM, check=_int_ok),
+    "argmin": OpSupport(_NUM, check=_int_ok),
+    "matmul": OpSupport(_NUM),
+    "conv2d": OpSupport(_F),
+    "max_pool2d": OpSupport(_F),
+    "avg_pool2d": OpSupport(_F),
+    "gather": OpSupport(_ALL),
+    "raster": OpSupport(_ALL),
+}
+
+
+class WebGpuBackend(Backend):
+    name = "webgpu"
+    extra = "webgpu"
+    supported = SUPPORTED
+    # A discrete GPU would be far faster; these describe lavapipe on a few CPU cores, the CI adapter.
+    throughput = Throughput(flops_per_s=2e9, bytes_per_s=2e9, dispatch_s=2e-5, transfer_bytes_per_s=4e9,
+                            transfer_latency_s=2e-4)
+
+    def __init__(self, fuse: bool = True, replay: bool = True) -> None:
+        self.fuse = fuse
+        self.replay = replay
+
+    @property
+    def gpu(self) -> GpuDevice:
+        return get_device()
+
+    def supports(self, node: Node, graph: Graph) -> bool:
+        if not super().supports(node, graph):
+            return False
+        return self.gpu.has_f16 or all(graph.specs[v].dtype is not DType.float16
+                                       for v in (*node.inputs, *node.outputs) if v)
+
+    def compile(self, subgraph: Graph) -> CompiledPartition:
+        for node in subgraph.nodes:
+            if not self.supports(node, subgraph):
+                raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
+                                         detail="not supported by the webgpu backend")
+        gpu = self.gpu
+        runner = PartitionRunner(gpu, subgraph, fuse=self.fuse, replay=self.replay)
+        return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
+                                 info={"dispatches": len(runner.kernels), "nodes": len(subgraph.nodes),
+                                       "arena_bytes": runner.arena_bytes, "adapter": gpu.description,
+                                       "shader_f16": gpu.has_f16, "runner": runner})
+
+
+def create_backend(fuse: bool = True, replay: bool = True) -> WebGpuBackend:
+    get_device()  # no adapter: BackendUnavailableError now, naming what to install
+    return WebGpuBackend(fuse, replay)

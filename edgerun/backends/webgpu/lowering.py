@@ -1,0 +1,104 @@
+"""A partition becomes a list of dispatches; with fusion, elementwise chains ride along in one dispatch.
+
+Fusion is the backend's own pass over the partition: a node with a per-output-element kernel (elementwise,
+matmul, conv, pooling, reduction, gather) anchors a dispatch, and each following elementwise node that
+reads the dispatch's current value, has the same output shape, and is that value's only reader (and the
+value is not a partition output) joins it as epilogue code. So matmul + bias + activation, conv + bias +
+ReLU, and elementwise chains (GELU's seven ops, softmax's sub+exp) each become one dispatch, and the
+intermediates never touch memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from edgerun.backends.webgpu.wgsl import (
+    ELEMENTWISE,
+    STORAGE_TYPE,
+    Kernel,
+    broadcast_strides,
+    coords,
+    elementwise_expr,
+    node_body,
+    offset_expr,
+    raster_kernels,
+    shader_source,
+)
+from edgerun.ir.graph import Graph, Node
+
+
+@dataclass
+class Group:
+    anchor: Node
+    chain: list[Node] = field(default_factory=list)
+
+
+def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
+    """The dispatch list of `graph` (a partition with atomic ops and rasters only), in execution order."""
+    readers: Counter[str] = Counter(v for n in graph.nodes for v in n.inputs if v)
+    outputs = set(graph.outputs)
+    kernels: list[Kernel] = []
+    open_group: Group | None = None
+    groups: list[Group | Node] = []
+    for node in graph.nodes:
+        if open_group is not None and fuse and _joins(node, open_group, graph):
+            open_group.chain.append(node)
+            continue
+        if node.op == "raster":
+            groups.append(node)
+            open_group = None
+            continue
+        open_group = Group(node)
+        groups.append(open_group)
+    for g in groups:
+        if isinstance(g, Node):
+            kernels += raster_kernels(g, graph)
+        else:
+            kernels.append(group_kernel(g, graph, readers, outputs))
+    return kernels
+
+
+def _joins(node: Node, group: Group, graph: Graph) -> bool:
+    """An elementwise node reading one of the group's values, over the group's output shape. Groups are
+    contiguous in the topological order, so every reader outside a group runs after its dispatch."""
+    values = {group.anchor.outputs[0], *(n.outputs[0] for n in group.chain)}
+    shape = graph.specs[group.anchor.outputs[0]].shape
+    return (node.op in ELEMENTWISE and any(v in values for v in node.inputs)
+            and graph.specs[node.outputs[0]].shape == shape)
+
+
+def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set[str]) -> Kernel:
+    """One dispatch for the group; it stores each value read outside the group (or a partition output)."""
+    body = node_body(group.anchor, graph)
+    bound = list(body.inputs)
+    lines = list(body.lines)
+    anchor_out = group.anchor.outputs[0]
+    shape = graph.specs[anchor_out].shape
+    current = {anchor_out: "acc"}
+    inside: Counter[str] = Counter()
+    if group.chain:
+        lines += coords(shape, prefix="e")
+    for k, node in enumerate(group.chain):
+        args = []
+        for v in node.inputs:
+            if v in current:
+                inside[v] += 1
+                args.append(current[v])
+                continue
+            bound.append(v)
+            strides = broadcast_strides(graph.specs[v].shape, shape)
+            args.append(f"in{len(bound) - 1}[{offset_expr(strides, prefix='e')}]")
+        name = f"acc_e{k}"
+        lines.append(f"let {name} = {elementwise_expr(node, graph, args)};")
+        current[node.outputs[0]] = name
+    stored = [v for v in current if v in outputs or readers[v] > inside[v]]
+    lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
+    status = group.anchor.op == "gather"
+    source = shader_source([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
+                     [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
+    nodes = [group.anchor.name, *(n.name for n in group.chain)]
+    label = "+".join([group.anchor.op, *(n.op for n in group.chain)])
+    return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,
+                  n_outputs=len(stored))

@@ -1,0 +1,461 @@
+"""WGSL for every atomic op and raster, generated per node with its static shapes baked in as constants.
+
+Every kernel has one thread per output element: it computes `acc`, the node's value at flat output index
+`idx`, and the fusion pass (lowering.py) may append elementwise ops before the stores. On
+the device float32 is `f32`, float16 `f16` (computed in f32; only on adapters with `shader-f16`), int32 and
+int64 are `i32` (WGSL has no 64-bit integers; int64 values are range-checked on upload), bool is `u32` 0/1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph, Node
+from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
+
+WORKGROUP = 64
+# What kernels compute in, and what buffers hold: float16 is stored as f16 and computed in f32 (a load
+# widens, a store rounds once), so a fused chain rounds to half precision once, at its end.
+WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32"}
+STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}
+FLOATS = frozenset({DType.float32, DType.float16})
+
+# Helpers every shader may call; the WGSL compiler drops the unused ones.
+PRELUDE = """
+fn e_tanh(x: f32) -> f32 { let e = exp(-2.0 * abs(x)); return sign(x) * (1.0 - e) / (1.0 + e); }
+fn e_sigmoid(x: f32) -> f32 { if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); } let e = exp(x); return e / (1.0 + e); }
+fn e_erf(x: f32) -> f32 {
+  // W. J. Cody's rational approximations through erfc for |x| >= 0.5, a series below: ~1 ulp in f32.
+  let a = abs(x);
+  if (a < 0.5) {
+    let t = x * x;
+    return x * (1.1283791671 + t * (-0.3761263890 + t * (0.1128379167 + t * (-0.0268661706
+           + t * (0.0052239776 + t * (-0.0008548327 + t * 0.0001205493))))));
+  }
+  let t = 1.0 / (1.0 + 0.5 * a);
+  let y = t * exp(-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+          + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
+  return sign(x) * (1.0 - y);
+}
+fn e_pow(a: f32, b: f32) -> f32 {
+  if (b == 0.0) { return 1.0; }
+  if (a == 0.0) { if (b > 0.0) { return 0.0; } return bitcast<f32>(0x7f800000u); }
+  if (a > 0.0) { return exp2(b * log2(a)); }
+  if (b != floor(b)) { return bitcast<f32>(0x7fc00000u); }
+  let m = exp2(b * log2(-a));
+  if (abs(b - 2.0 * floor(b * 0.5)) == 1.0) { return -m; }
+  return m;
+}
+// NaN tests on the bits: shader compilers may assume x == x.
+fn e_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn e_max(a: f32, b: f32) -> f32 { if (e_isnan(a)) { return a; } if (e_isnan(b)) { return b; } return max(a, b); }
+fn e_min(a: f32, b: f32) -> f32 { if (e_isnan(a)) { return a; } if (e_isnan(b)) { return b; } return min(a, b); }
+fn e_cast_i32(x: f32) -> i32 {
+  if (e_isnan(x)) { return 0; }
+  if (x >= 2147483520.0) { return 2147483647; }
+  if (x <= -2147483648.0) { return -2147483647 - 1; }
+  return i32(trunc(x));
+}
+"""
+
+FLOAT_UNARY = {
+    "exp": "exp({0})", "log": "log({0})", "sqrt": "sqrt({0})", "rsqrt": "inverseSqrt({0})",
+    "tanh": "e_tanh({0})", "sigmoid": "e_sigmoid({0})", "erf": "e_erf({0})", "sin": "sin({0})",
+    "cos": "cos({0})", "floor": "floor({0})", "ceil": "ceil({0})", "round": "round({0})", "neg": "(-{0})",
+    "abs": "abs({0})", "sign": "sign({0})", "reciprocal": "(1.0 / {0})",
+}
+INT_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "sign({0})"}
+_ARITH = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})"}
+_FLOAT_BINARY = {**_ARITH, "maximum": "e_max({0}, {1})", "minimum": "e_min({0}, {1})", "pow": "e_pow({0}, {1})"}
+_INT_BINARY = {**_ARITH, "maximum": "max({0}, {1})", "minimum": "min({0}, {1})"}
+COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+LOGICAL = {"logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})"}
+
+ELEMENTWISE = {*FLOAT_UNARY, *INT_UNARY, *_FLOAT_BINARY, *COMPARE, *LOGICAL, "div", "mod", "logical_not",
+               "where", "cast"}
+REDUCE = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min"}
+
+
+def elementwise_expr(node: Node, graph: Graph, args: Sequence[str]) -> str:
+    """The WGSL expression of one elementwise node over argument expressions `args`."""
+    op = node.op
+    in_dt = graph.specs[node.inputs[-1]].dtype
+    out_dt = graph.specs[node.outputs[0]].dtype
+    is_float = in_dt in FLOATS
+    if op == "cast":
+        src = graph.specs[node.inputs[0]].dtype
+        if out_dt is DType.bool:
+            if src in FLOATS:  # NaN is true; the bit test because compilers may fold x != 0 for NaN
+                return f"select(0u, 1u, {args[0]} != 0.0 || e_isnan({args[0]}))"
+            return f"select(0u, 1u, {args[0]} != {'0u' if src is DType.bool else '0'})"
+        if WGSL_TYPE[src] == WGSL_TYPE[out_dt]:  # int32 <-> int64, float16 <-> float32 (both computed in f32)
+            return args[0]
+        if out_dt in FLOATS:
+            return f"f32({args[0]})"
+        return f"e_cast_i32({args[0]})" if src in FLOATS else f"i32({args[0]})"
+    if op == "where":
+        return f"select({args[2]}, {args[1]}, {args[0]} != 0u)"
+    if op == "logical_not":
+        return f"(1u - {args[0]})"
+    if op in LOGICAL:
+        return LOGICAL[op].format(*args)
+    if op == "ne" and is_float:
+        return f"select(0u, 1u, {args[0]} != {args[1]} || e_isnan({args[0]}) || e_isnan({args[1]}))"
+    if op in COMPARE:
+        return f"select(0u, 1u, {args[0]} {COMPARE[op]} {args[1]})"
+    if op == "div":
+        q = f"({args[0]} / {args[1]})"
+        rounding = node.attrs.get("rounding", "none")
+        return f"floor{q}" if rounding == "floor" else f"trunc{q}" if rounding == "trunc" else q
+    if op == "mod":
+        a, b = args
+        return f"({a} - {b} * trunc({a} / {b}))" if node.attrs.get("fmod") else \
+            f"e_pymod({a}, {b})"
+    table: dict[str, str] = (FLOAT_UNARY if is_float else INT_UNARY) if len(args) == 1 else \
+        (_FLOAT_BINARY if is_float else _INT_BINARY)
+    return table[op].format(*args)
+
+
+PYMOD = """
+fn e_pymod(a: f32, b: f32) -> f32 {
+  let r = a - b * trunc(a / b);
+  if (r != 0.0 && ((r < 0.0) != (b < 0.0))) { return r + b; }
+  return r;
+}
+"""
+
+
+def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> list[int]:
+    """Element strides of a row-major `shape` read at `out_shape`'s coordinates (numpy broadcasting)."""
+    strides = [0] * len(out_shape)
+    step = 1
+    for k in range(1, len(shape) + 1):
+        d = shape[-k]
+        if d != 1:
+            strides[-k] = step
+        step *= d
+    return strides
+
+
+def coords(shape: Sequence[int], var: str = "idx", prefix: str = "c") -> list[str]:
+    """Lines declaring `{prefix}{axis}` = the coordinate of flat index `var` along each axis of `shape`."""
+    lines, step = [], 1
+    for axis in range(len(shape) - 1, -1, -1):
+        lines.append(f"let {prefix}{axis} = i32(({var} / {step}u) % {max(shape[axis], 1)}u);")
+        step *= max(shape[axis], 1)
+    return lines
+
+
+def offset_expr(strides: Sequence[int], prefix: str = "c", base: int | str = 0) -> str:
+    terms = [str(base)] if base != 0 else []
+    terms += [f"{prefix}{a} * {s}" for a, s in enumerate(strides) if s]
+    return " + ".join(terms) or "0"
+
+
+@dataclass
+class Kernel:
+    """One dispatch: WGSL source, the values bound (binding k = values[k]), threads and region parameters."""
+
+    source: str
+    values: list[str]  # bound in order; the last `n_outputs` are written
+    threads: int
+    nodes: list[str]
+    params: np.ndarray | None = None  # an extra i32 storage buffer bound after the values (raster regions)
+    label: str = ""
+    n_outputs: int = 1
+    status: bool = False  # binds the partition's status word (set to 1 on bad input, e.g. a gather index)
+
+
+@dataclass
+class Body:
+    """What one node's kernel contributes: the bound inputs and the lines computing `acc` at `idx`."""
+
+    inputs: list[str]
+    lines: list[str]
+    params: np.ndarray | None = None
+
+
+def _row_major(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return strides[::-1]
+
+
+def node_body(node: Node, graph: Graph) -> Body:
+    """The lines computing `acc` for output flat index `idx` (inputs are bound as in0, in1, ...)."""
+    op = node.op
+    out = graph.specs[node.outputs[0]]
+    ins = [graph.specs[v] for v in node.inputs if v]
+    inputs = [v for v in node.inputs if v]
+    if op in ELEMENTWISE:
+        lines = coords(out.shape)
+        args = []
+        for k, spec in enumerate(ins):
+            args.append(f"in{k}[{offset_expr(broadcast_strides(spec.shape, out.shape))}]")
+        return Body(inputs, [*lines, f"let acc = {elementwise_expr(node, graph, args)};"])
+    if op in REDUCE:
+        return _reduce_body(node, graph, inputs)
+    if op in ("argmax", "argmin"):
+        return _arg_body(node, graph, inputs)
+    if op == "matmul":
+        return _matmul_body(graph, inputs, out.shape)
+    if op == "conv2d":
+        return _conv_body(node, graph, inputs)
+    if op in ("max_pool2d", "avg_pool2d"):
+        return _pool_body(node, graph, inputs)
+    if op == "gather":
+        return _gather_body(node, graph, inputs)
+    raise KeyError(op)
+
+
+def _reduce_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    x = graph.specs[inputs[0]]
+    axes_attr = node.attrs.get("axes")
+    rank = max(x.rank, 1)
+    axes = sorted(range(x.rank)) if axes_attr is None else sorted({int(a) % rank for a in axes_attr})
+    kept = [a for a in range(x.rank) if a not in axes]
+    strides = _row_major(x.shape)
+    t = WGSL_TYPE[x.dtype]
+    lines = coords([x.shape[a] for a in kept], prefix="k")
+    base = " + ".join([f"k{i} * {strides[a]}" for i, a in enumerate(kept)]) or "0"
+    count = math.prod(x.shape[a] for a in axes)
+    red_shape = [x.shape[a] for a in axes]
+    red = coords(red_shape, "r", "q")
+    roff = " + ".join(f"q{i} * {strides[a]}" for i, a in enumerate(axes)) or "0"
+    op = node.op
+    if op in ("reduce_sum", "reduce_mean"):
+        init = "0.0" if t == "f32" else "0"
+        step = "acc_r = acc_r + v;"
+    else:
+        init = "in0[base]"
+        f = "max" if op == "reduce_max" else "min"
+        step = f"acc_r = e_{f}(acc_r, v);" if t == "f32" else f"acc_r = {f}(acc_r, v);"
+    lines += [f"let base = {base};", f"var acc_r: {t} = {init};",
+              f"for (var r: u32 = 0u; r < {count}u; r = r + 1u) {{", *red,
+              f"  let v = in0[base + {roff}];", f"  {step}", "}"]
+    lines.append(f"let acc = acc_r / {float(count)!r};" if op == "reduce_mean" else "let acc = acc_r;")
+    return Body(inputs, lines)
+
+
+def _arg_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    x = graph.specs[inputs[0]]
+    axis = int(node.attrs.get("axis", 0)) % max(x.rank, 1)
+    strides = _row_major(x.shape)
+    kept = [a for a in range(x.rank) if a != axis]
+    lines = coords([x.shape[a] for a in kept], prefix="k")
+    base = " + ".join(f"k{i} * {strides[a]}" for i, a in enumerate(kept)) or "0"
+    cmp = ">" if node.op == "argmax" else "<"
+    if node.attrs.get("select_last_index"):
+        cmp += "="
+    lines += [f"let base = {base};", "var best = in0[base];", "var best_i: i32 = 0;",
+              f"for (var r: i32 = 1; r < {x.shape[axis]}; r = r + 1) {{",
+              f"  let v = in0[base + r * {strides[axis]}];",
+              f"  if (v {cmp} best) {{ best = v; best_i = r; }}", "}", "let acc = best_i;"]
+    return Body(inputs, lines)
+
+
+def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> Body:
+    a, b = (graph.specs[v] for v in inputs)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = list(out_shape[:-2])
+    sa = broadcast_strides(a.shape[:-2], batch)
+    sb = broadcast_strides(b.shape[:-2], batch)
+    lines = coords(out_shape)
+    nb = len(batch)
+    abase = " + ".join([f"c{i} * {s * m * k}" for i, s in enumerate(sa) if s]) or "0"
+    bbase = " + ".join([f"c{i} * {s * k * n}" for i, s in enumerate(sb) if s]) or "0"
+    t = WGSL_TYPE[a.dtype]
+    lines += [f"let ab = {abase} + c{nb} * {k};", f"let bb = {bbase} + c{nb + 1};",
+              f"var acc_r: {t} = {'0.0' if t == 'f32' else '0'};",
+              f"for (var r: i32 = 0; r < {k}; r = r + 1) {{ acc_r = acc_r + in0[ab + r] * in1[bb + r * {n}]; }}",
+              "let acc = acc_r;"]
+    return Body(inputs, lines)
+
+
+def _conv_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    x, w = graph.specs[inputs[0]], graph.specs[inputs[1]]
+    out = graph.specs[node.outputs[0]]
+    (sh, sw), (pt, pl, _, _), (dh, dw), groups = conv_geometry(node.attrs)
+    _, c, h, wd = x.shape
+    oc, cin_g, kh, kw = w.shape
+    oc_g = oc // groups
+    lines = coords(out.shape)  # c0 n, c1 oc, c2 oh, c3 ow
+    lines += [f"let g = c1 / {oc_g};", f"var acc_r: f32 = {'in2[c1]' if len(inputs) > 2 else '0.0'};",
+              f"for (var ic: i32 = 0; ic < {cin_g}; ic = ic + 1) {{",
+              f"  let xc = c0 * {c * h * wd} + (g * {cin_g} + ic) * {h * wd};",
+              f"  let wc = (c1 * {cin_g} + ic) * {kh * kw};",
+              f"  for (var i: i32 = 0; i < {kh}; i = i + 1) {{",
+              f"    let y = c2 * {sh} - {pt} + i * {dh};",
+              f"    if (y < 0 || y >= {h}) {{ continue; }}",
+              f"    for (var j: i32 = 0; j < {kw}; j = j + 1) {{",
+              f"      let xx = c3 * {sw} - {pl} + j * {dw};",
+              f"      if (xx < 0 || xx >= {wd}) {{ continue; }}",
+              f"      acc_r = acc_r + in0[xc + y * {wd} + xx] * in1[wc + i * {kw} + j];",
+              "    }", "  }", "}", "let acc = acc_r;"]
+    return Body(inputs, lines)
+
+
+def _pool_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    x = graph.specs[inputs[0]]
+    out = graph.specs[node.outputs[0]]
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw), _ = pool_geometry(node.attrs)
+    _, c, h, wd = x.shape
+    is_max = node.op == "max_pool2d"
+    lines = coords(out.shape)
+    lines += [f"let xc = (c0 * {c} + c1) * {h * wd};",
+              "var acc_r: f32 = " + ("bitcast<f32>(0xff800000u);" if is_max else "0.0;"),
+              f"for (var i: i32 = 0; i < {kh}; i = i + 1) {{",
+              f"  let y = c2 * {sh} - {pt} + i * {dh};",
+              f"  if (y < 0 || y >= {h}) {{ continue; }}",
+              f"  for (var j: i32 = 0; j < {kw}; j = j + 1) {{",
+              f"    let xx = c3 * {sw} - {pl} + j * {dw};",
+              f"    if (xx < 0 || xx >= {wd}) {{ continue; }}",
+              f"    let v = in0[xc + y * {wd} + xx];",
+              "    acc_r = " + ("e_max(acc_r, v);" if is_max else "acc_r + v;"),
+              "  }", "}"]
+    if is_max:
+        lines.append("let acc = acc_r;")
+    else:
+        # The reference's divisor: window cells inside the input, plus the padding with count_include_pad
+        # (never the ceil_mode overhang past the padding).
+        inc = node.attrs.get("count_include_pad", True)
+        lo_r, lo_c = (-pt, -pl) if inc else (0, 0)
+        hi_r, hi_c = (h + pb, wd + pr) if inc else (h, wd)
+        lines += [f"let r0 = c2 * {sh} - {pt};", f"let q0 = c3 * {sw} - {pl};",
+                  f"let nr = min(r0 + {kh}, {hi_r}) - max(r0, {lo_r});",
+                  f"let nc = min(q0 + {kw}, {hi_c}) - max(q0, {lo_c});",
+                  "let acc = acc_r / f32(nr * nc);"]
+    return Body(inputs, lines)
+
+
+def _gather_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    data, idx = graph.specs[inputs[0]], graph.specs[inputs[1]]
+    out = graph.specs[node.outputs[0]]
+    axis = int(node.attrs.get("axis", 0)) % max(data.rank, 1)
+    n = data.shape[axis]
+    ds = _row_major(data.shape)
+    ist = _row_major(idx.shape)
+    lines = coords(out.shape)
+    ir = idx.rank
+    ioff = " + ".join(f"c{axis + i} * {ist[i]}" for i in range(ir)) or "0"
+    pre = [f"c{a} * {ds[a]}" for a in range(axis)]
+    post = [f"c{axis + ir + a - axis - 1} * {ds[a]}" for a in range(axis + 1, data.rank)]
+    lines += [f"var ix = in1[{ioff}];",
+              f"if (ix < -{n} || ix >= {n}) {{ status[0] = 1u; ix = 0; }}",
+              f"if (ix < 0) {{ ix = ix + {n}; }}",
+              f"let acc = in0[{' + '.join([*pre, f'ix * {ds[axis]}', *post])}];"]
+    return Body(inputs, lines)
+
+
+def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
+    """A fill dispatch (when the raster has a fill) and region copies driven by a table of region parameters.
+
+    One copy dispatch covers all regions (thread t finds its region by a scan over cumulative sizes) unless
+    two regions write the same output element: then one dispatch per region keeps the reference's order.
+    """
+    out_name = node.outputs[0]
+    out = graph.specs[out_name]
+    t = WGSL_TYPE[out.dtype]
+    sources = list(node.inputs)
+    kernels: list[Kernel] = []
+    fill = node.attrs.get("fill")
+    if fill is not None:
+        lit = _literal(fill, out.dtype)
+        kernels.append(Kernel(shader_source([], [f"out0[idx] = {lit};"], [STORAGE_TYPE[out.dtype]], out.numel,
+                                      status=False),
+                              [out_name], out.numel, [node.name], label=f"{node.name}:fill"))
+    regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11]) > 0]
+    if not regions:
+        return kernels
+    groups = [regions] if not _regions_overlap(regions, out.numel) else [[r] for r in regions]
+    for group in groups:
+        table, total = [], 0
+        for r in group:
+            table += [*r, total]
+            total += r[9] * r[10] * r[11]
+        nreg = len(group)
+        body = ["var reg: u32 = 0u;",
+                f"for (var k: u32 = 1u; k < {nreg}u; k = k + 1u) {{ if (u32(params[k * 13u + 12u]) <= idx) {{ reg = k; }} }}",
+                "let p = reg * 13u;", "let local = i32(idx) - params[p + 12u];",
+                "let n2 = params[p + 11u];", "let n1 = params[p + 10u];",
+                "let i2 = local % n2;", "let i1 = (local / n2) % n1;", "let i0 = local / (n2 * n1);",
+                "let so = params[p + 1u] + i0 * params[p + 2u] + i1 * params[p + 3u] + i2 * params[p + 4u];",
+                "let dst = params[p + 5u] + i0 * params[p + 6u] + i1 * params[p + 7u] + i2 * params[p + 8u];",
+                f"var v: {t};", "switch (params[p]) {"]
+        for k in range(len(sources)):
+            body.append(f"  case {k}: {{ v = in{k}[so]; }}" if k else "  case 0, default: { v = in0[so]; }")
+        body += ["}", "out0[dst] = v;"]
+        src = shader_source([STORAGE_TYPE[graph.specs[s].dtype] for s in sources], body, [STORAGE_TYPE[out.dtype]], total,
+                      status=False,
+                      params=True)
+        kernels.append(Kernel(src, [*sources, out_name], total, [node.name],
+                              params=np.asarray(table, np.int32), label=f"{node.name}:copy"))
+    return kernels
+
+
+def _regions_overlap(regions: list[list[int]], numel: int) -> bool:
+    if len(regions) < 2:
+        return False
+    seen = np.zeros(numel, np.int32)
+    for r in regions:
+        i0, i1, i2 = np.meshgrid(np.arange(r[9]), np.arange(r[10]), np.arange(r[11]), indexing="ij")
+        np.add.at(seen, (r[5] + i0 * r[6] + i1 * r[7] + i2 * r[8]).reshape(-1), 1)
+    return bool((seen > 1).any())
+
+
+def _literal(value: Any, dtype: DType) -> str:
+    if dtype in FLOATS:
+        v = float(value)
+        if math.isnan(v):
+            return "bitcast<f32>(0x7fc00000u)"
+        if math.isinf(v):
+            return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+        return f"f32({v!r})"
+    if dtype is DType.bool:
+        return "1u" if value else "0u"
+    return f"i32({int(value)})"
+
+
+def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
+            status: bool, params: bool = False) -> str:
+    """A compute shader: bindings in0.. (read), out0.. (written), then status or params; the body runs for
+    idx < threads and stores its outputs itself."""
+    decls = [f"@group(0) @binding({k}) var<storage, read_write> in{k}: array<{t}>;" for k, t in enumerate(in_types)]
+    decls += [f"@group(0) @binding({len(in_types) + j}) var<storage, read_write> out{j}: array<{t}>;"
+              for j, t in enumerate(out_types)]
+    nb = len(decls) - 1
+    if status:
+        decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> status: array<u32>;")
+    if params:
+        decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> params: array<i32>;")
+    lines = [_widen_half(line, in_types, out_types) for line in lines]
+    body = "\n  ".join(lines)
+    enable = "enable f16;\n" if "f16" in (*in_types, *out_types) else ""
+    return (f"{enable}{PRELUDE}{PYMOD}\n" + "\n".join(decls) +
+            f"\n@compute @workgroup_size({WORKGROUP})\n"
+            "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
+            f"  let idx = gid.x + gid.y * nwg.x * {WORKGROUP}u;\n"
+            f"  if (idx >= {threads}u) {{ return; }}\n  {body}\n}}\n")
+
+
+_LOAD = re.compile(r"\bin(\d+)\[([^\[\]]*)\]")
+_STORE = re.compile(r"^(out(\d+)\[[^\[\]]*\] = )(.*);$")
+
+
+def _widen_half(line: str, in_types: Sequence[str], out_types: Sequence[str]) -> str:
+    """f16 buffers: every load widens to f32 and every store rounds to f16 (kernels compute in f32)."""
+    if "f16" in in_types:
+        line = _LOAD.sub(lambda m: f"f32({m.group(0)})" if in_types[int(m.group(1))] == "f16" else m.group(0), line)
+    store = _STORE.match(line)
+    if store and out_types[int(store.group(2))] == "f16":
+        line = f"{store.group(1)}f16({store.group(3)});"
+    return line

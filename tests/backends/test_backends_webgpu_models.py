@@ -1,0 +1,196 @@
+"""The webgpu backend on whole programs: zoo models all on webgpu against the reference, fusion, capture-replay
+and its guards, placement around what it lacks, no adapter, device loss."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("wgpu")
+
+from webgpu_testkit import export_small
+
+import edgerun
+from edgerun.errors import BackendUnavailableError, EdgerunError
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.runtime.loader import prepare_graph
+
+try:
+    from edgerun.backends.webgpu import WebGpuBackend, get_device
+    from edgerun.backends.webgpu.device import DeviceLostError, GpuDevice, _request_adapter
+    from edgerun.backends.webgpu.runner import PartitionRunner
+
+    get_device()
+except BackendUnavailableError as exc:  # pragma: no cover - CI installs lavapipe
+    pytest.skip(f"no WebGPU adapter: {exc}", allow_module_level=True)
+
+FAST_MODELS = ("mlp", "din")
+ALL_MODELS = ("mlp", "din", "squeezenet1_1", "mobilenet_v2", "shufflenet_v2", "resnet18", "resnet50",
+              "minilm_l6", "llama_small", "vit_tiny")
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("webgpu_zoo"))
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    w = want.astype(np.float64)
+    return float(np.abs(got.astype(np.float64) - w).max() / max(np.abs(w).max(), 1e-30))
+
+
+def check_model_on_webgpu(name: str, zoo_dir: str) -> None:
+    from edgerun.zoo import get
+
+    program, feeds = export_small(name, zoo_dir)
+    want = edgerun.load(program).run(feeds)
+    loaded = edgerun.load(program, ["webgpu"])
+    placed = {p.backend for p in loaded.parts.partitions}
+    assert placed == {"webgpu"}, f"{name}: some nodes left webgpu: {placed}"
+    got = loaded.run(feeds)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert rel_err(g, w) <= get(name).tolerance, (name, rel_err(g, w))
+
+
+@pytest.mark.parametrize("name", FAST_MODELS)
+def test_small_zoo_models_all_on_webgpu(name: str, zoo_dir: str) -> None:
+    check_model_on_webgpu(name, zoo_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [m for m in ALL_MODELS if m not in FAST_MODELS])
+def test_every_zoo_model_all_on_webgpu(name: str, zoo_dir: str) -> None:
+    check_model_on_webgpu(name, zoo_dir)
+
+
+def mlp_partition(zoo_dir: str, fuse: bool = True, replay: bool = True) -> tuple[PartitionRunner, Graph, list[np.ndarray]]:
+    program, feeds = export_small("mlp", zoo_dir)
+    graph = prepare_graph(program.graph)
+    cp = WebGpuBackend(fuse=fuse, replay=replay).compile(graph)
+    runner = cp.info["runner"]
+    assert isinstance(runner, PartitionRunner)
+    return runner, graph, feeds
+
+
+def call(runner: PartitionRunner, graph: Graph, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    outs = [np.empty(graph.specs[o].shape, graph.specs[o].dtype.np) for o in graph.outputs]
+    runner.run(feeds, outs)
+    return outs
+
+
+def test_fusion_claims_matmul_bias_activation_and_chains(zoo_dir: str) -> None:
+    fused, graph, feeds = mlp_partition(zoo_dir, fuse=True)
+    plain, _, _ = mlp_partition(zoo_dir, fuse=False)
+    assert len(plain.kernels) == len(graph.nodes)  # one dispatch per node (no raster fills here)
+    assert len(fused.kernels) < len(plain.kernels)
+    labels = [k.label for k in fused.kernels]
+    assert "matmul+add+maximum" in labels  # linear + ReLU: one dispatch
+    assert any(label.count("+") >= 3 and "erf" in label for label in labels)  # GELU's chain: one dispatch
+    a, b = call(fused, graph, feeds)[0], call(plain, graph, feeds)[0]
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_replay_equals_fresh_encode_bit_for_bit_over_100_calls(zoo_dir: str) -> None:
+    replayed, graph, feeds = mlp_partition(zoo_dir, replay=True)
+    fresh, _, _ = mlp_partition(zoo_dir, replay=False)
+    rng = np.random.default_rng(1)
+    for step in range(100):
+        x = (feeds[0] + rng.normal(0, 0.1, feeds[0].shape)).astype(np.float32)
+        a, b = call(replayed, graph, [x])[0], call(fresh, graph, [x])[0]
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), step
+    assert replayed.stats.replays == 99 and replayed.stats.fresh == 1 and not replayed.stats.fallbacks
+    assert fresh.stats.replays == 0 and fresh.stats.fresh == 100
+
+
+def test_guard_inputs_new_shape_or_dtype_falls_back(zoo_dir: str) -> None:
+    runner, graph, feeds = mlp_partition(zoo_dir)
+    want = call(runner, graph, feeds)[0]
+    got = call(runner, graph, [feeds[0].astype(np.float64)])[0]  # same values, another dtype: re-encoded
+    assert runner.stats.fallbacks == {"inputs": 1}
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(EdgerunError, match="must have shape"):
+        call(runner, graph, [feeds[0][..., :-1]])
+    assert runner.stats.fallbacks == {"inputs": 2}
+    call(runner, graph, [feeds[0].astype(np.float64)])
+    assert runner.stats.replays == 1  # the captured (float64) call still replays
+
+
+def test_guard_plan_rebuilt_falls_back(zoo_dir: str) -> None:
+    runner, graph, feeds = mlp_partition(zoo_dir)
+    want = call(runner, graph, feeds)[0]
+    runner.set_fusion(False)
+    got = call(runner, graph, feeds)[0]
+    assert runner.stats.fallbacks == {"plan": 1} and runner.stats.replays == 0
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_guard_buffers_reallocated_falls_back_and_stale_replay_would_be_wrong(zoo_dir: str) -> None:
+    runner, graph, feeds = mlp_partition(zoo_dir)
+    before = call(runner, graph, feeds)[0]
+    stale = runner._captured
+    assert stale is not None
+    weight = max(graph.constants, key=lambda k: graph.constants[k].size)
+    new = {weight: (graph.constants[weight] * 0.5).astype(np.float32)}
+    runner.update_constants(new)
+    after = call(runner, graph, feeds)[0]
+    assert runner.stats.fallbacks == {"buffers": 1}
+    changed = graph.copy()
+    changed.constants[weight] = new[weight]
+    np.testing.assert_allclose(after, edgerun.load(changed).run(feeds)[0], rtol=1e-5, atol=1e-6)
+    outs = [np.empty_like(after)]
+    runner._submit(stale.dispatches, feeds, outs)  # what replaying the stale capture would have computed
+    np.testing.assert_allclose(outs[0], before, rtol=1e-6)
+    assert not np.allclose(outs[0], after)
+
+
+def test_op_the_backend_lacks_is_placed_elsewhere() -> None:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((4, 8), DType.float32))
+    y = b.emit("exp", [x])
+    small = b.emit("cast", [y], dtype="int8")  # int8: not claimed
+    h2 = b.emit("add", [small, small])
+    back = b.emit("cast", [h2], dtype="float32")
+    g.outputs = [b.emit("tanh", [back])]
+    loaded = edgerun.load(g, ["webgpu"])
+    placed = [p.backend for p in loaded.parts.partitions]
+    assert placed == ["webgpu", "reference", "webgpu"]
+    feed = np.linspace(-2, 2, 32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_allclose(loaded.run([feed])[0], edgerun.load(g).run([feed])[0], rtol=1e-6)
+
+
+def test_no_adapter_names_the_packages_to_install() -> None:
+    env = {**os.environ, "VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json",
+           "WGPU_BACKEND_TYPE": "Vulkan"}
+    code = ("import edgerun\nfrom edgerun.errors import BackendUnavailableError\n"
+            "try:\n    edgerun.load(edgerun.ir.graph.Graph(), ['webgpu'])\n"
+            "except BackendUnavailableError as e:\n    print('ERR', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "ERR backend 'webgpu' found no WebGPU adapter" in out.stdout, out.stdout + out.stderr
+    assert "pip install wgpu" in out.stdout and "mesa-vulkan-drivers libvulkan1" in out.stdout
+
+
+def test_device_loss_is_an_edgerun_error_not_a_hang(zoo_dir: str) -> None:
+    program, feeds = export_small("mlp", zoo_dir)
+    graph = prepare_graph(program.graph)
+    gpu = GpuDevice(_request_adapter())
+    runner = PartitionRunner(gpu, graph)
+    call(runner, graph, feeds)
+    gpu.device.destroy()  # wgpu's own device loss: the next command is refused, and we say so
+    start = time.perf_counter()
+    with pytest.raises(DeviceLostError, match="was lost while running"):
+        call(runner, graph, feeds)
+    assert time.perf_counter() - start < 5
+    assert gpu.lost
+    with pytest.raises(DeviceLostError, match="load the program again"):
+        call(runner, graph, feeds)
+    assert issubclass(DeviceLostError, EdgerunError)

@@ -1,0 +1,245 @@
+"""The webgpu backend op by op, on the machine's real WebGPU adapter (lavapipe here): every atomic op and raster
+against the reference kernels, edge cases included, and the adapter's limits as clear errors.
+
+Ops are batched into a few multi-output graphs so one compile covers many kernels (lavapipe compiles a
+shader in ~0.1 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("wgpu")
+
+from backends_testkit import assert_matches_reference
+
+from edgerun.errors import BackendUnavailableError, EdgerunError
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+
+try:
+    from edgerun.backends.webgpu import WebGpuBackend, get_device
+    from edgerun.backends.webgpu.runner import PartitionRunner
+
+    get_device()
+except BackendUnavailableError as exc:  # pragma: no cover - CI installs lavapipe
+    pytest.skip(f"no WebGPU adapter: {exc}", allow_module_level=True)
+
+RNG = np.random.default_rng(0)
+UNFUSED = WebGpuBackend(fuse=False)
+
+
+def build(inputs: Sequence[np.ndarray], body: Callable[[Builder, list[str]], list[str]],
+          constant: Sequence[bool] = ()) -> tuple[Graph, list[np.ndarray]]:
+    g = Graph()
+    b = Builder(g)
+    names, feeds = [], []
+    for k, value in enumerate(inputs):
+        if k < len(constant) and constant[k]:
+            names.append(g.add_constant(np.asarray(value)))
+        else:
+            names.append(g.add_input(f"in{k}", TensorSpec(np.shape(value), DType.of(value))))
+            feeds.append(value)
+    g.outputs = body(b, names)
+    return g, feeds
+
+
+def check(graph: Graph, feeds: list[np.ndarray], **tol: Any) -> None:
+    got = UNFUSED.compile(graph)(*feeds)
+    assert_matches_reference(graph, feeds, got, **tol)
+
+
+def f32(*shape: int, low: float = -3.0, high: float = 3.0) -> np.ndarray:
+    return RNG.uniform(low, high, shape).astype(np.float32)
+
+
+def test_float_unary_ops() -> None:
+    x = f32(4, 33)
+    x[0, :4] = [0.0, -0.0, 2.5, -2.5]  # round half to even, sign of zero
+    pos = f32(4, 33, low=0.05)
+    big = np.array([[-30.0, -8.0, 8.0, 30.0, 0.0, 1e-3]], np.float32)  # tanh/sigmoid/erf tails
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit(op, [n[0]]) for op in ("exp", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil",
+                                              "round", "neg", "abs", "sign", "reciprocal")]
+        outs += [b.emit(op, [n[1]]) for op in ("log", "sqrt", "rsqrt")]
+        outs += [b.emit(op, [n[2]]) for op in ("tanh", "sigmoid", "erf", "exp")]
+        return outs
+    check(*build([x, pos, big], body), rtol=2e-6, atol=1e-6)
+
+
+def test_binary_ops_broadcast_and_edges() -> None:
+    a, b_ = f32(3, 1, 5), f32(4, 5)
+    b_[0, 0] = 0.0
+    bases = np.array([-2.0, -2.0, -8.0, 0.0, 0.0, 3.0, 2.0], np.float32)
+    exps = np.array([2.0, 3.0, 0.5, 2.0, -1.0, 0.0, -1.5], np.float32)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit(op, [n[0], n[1]]) for op in ("add", "sub", "mul", "maximum", "minimum", "div")]
+        outs += [b.emit("div", [n[0], n[1]], rounding=r) for r in ("floor", "trunc")]
+        outs += [b.emit("mod", [n[0], n[1]], fmod=f) for f in (False, True)]
+        outs.append(b.emit("pow", [n[2], n[3]]))
+        return outs
+    check(*build([a, b_, bases, exps], body), rtol=1e-5, atol=1e-5)
+
+
+def test_integer_compare_logical_where_cast() -> None:
+    i64 = RNG.integers(-9, 10, (3, 4)).astype(np.int64)
+    i32 = RNG.integers(-9, 10, (1, 4)).astype(np.int32)
+    # Not +3e9 or +inf: the reference clips in float32, where int32's max rounds up to 2**31, and astype wraps to
+    # INT_MIN (found while bringing webgpu up; docs/webgpu-migration.md). The shader saturates to INT_MAX.
+    fl = np.array([[np.nan, 3.7, -3.7, 2e9], [-3e9, 0.0, 1.0, -np.inf]], np.float32)
+    m = RNG.random((3, 4)) > 0.5
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit(op, [n[0], n[0]]) for op in ("add", "sub", "mul", "maximum", "minimum")]
+        outs += [b.emit(op, [n[0]]) for op in ("neg", "abs", "sign")]
+        outs += [b.emit(op, [n[1], n[1]]) for op in ("add", "maximum")]
+        outs += [b.emit(op, [n[0], b.emit("cast", [n[1]], dtype="int64")]) for op in
+                 ("eq", "ne", "lt", "le", "gt", "ge")]
+        outs += [b.emit(op, [n[3], outs[-1]]) for op in ("logical_and", "logical_or", "logical_xor")]
+        outs.append(b.emit("logical_not", [n[3]]))
+        outs.append(b.emit("where", [n[3], n[0], outs[0]]))
+        outs += [b.emit("cast", [n[2]], dtype=d) for d in ("int32", "bool")]
+        outs += [b.emit("cast", [n[0]], dtype=d) for d in ("float32", "bool", "int32")]
+        outs.append(b.emit("cast", [n[3]], dtype="float32"))
+        return outs
+    check(*build([i64, i32, fl, m], body))
+
+
+def test_reductions_and_argmax() -> None:
+    x = f32(2, 3, 5)
+    ties = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, -1.0, -1.0]], np.float32)
+    ints = RNG.integers(-5, 5, (3, 4)).astype(np.int32)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit(op, [n[0]], axes=axes, keepdims=keep)
+                for op in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
+                for axes, keep in ((None, False), ([1], True), ([0, 2], False), ([-1], False))]
+        outs += [b.emit(op, [n[1]], axis=1, select_last_index=last)
+                 for op in ("argmax", "argmin") for last in (False, True)]
+        outs.append(b.emit("reduce_sum", [n[2]], axes=[0], keepdims=False))
+        outs.append(b.emit("argmax", [n[0]], axis=0, keepdims=True))
+        return outs
+    check(*build([x, ties, ints], body), rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_conv_pool() -> None:
+    a, bm = f32(2, 1, 3, 7), f32(4, 7, 5)
+    x = f32(1, 4, 9, 8)
+    w, wd, bias = f32(6, 2, 3, 3), f32(4, 1, 3, 3), f32(6)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit("matmul", [n[0], n[1]])]
+        outs.append(b.emit("conv2d", [n[2], n[3], n[5]], stride=[2, 1], padding=[1, 0, 2, 1], dilation=[1, 2],
+                           groups=2))
+        outs.append(b.emit("conv2d", [n[2], n[4]], stride=1, padding=[1, 1, 1, 1], groups=4))
+        outs.append(b.emit("max_pool2d", [n[2]], kernel=3, stride=2, padding=[1, 1, 1, 1], ceil_mode=True))
+        outs += [b.emit("avg_pool2d", [n[2]], kernel=3, stride=2, padding=[1, 1, 1, 1], ceil_mode=True,
+                        count_include_pad=inc) for inc in (True, False)]
+        return outs
+    check(*build([a, bm, x, w, wd, bias], body, constant=[False, False, False, True, True, True]),
+          rtol=1e-5, atol=1e-5)
+
+
+def test_gather_and_its_range_check() -> None:
+    table = f32(6, 3)
+    idx = np.array([[0, -1], [5, 2]], np.int64)
+    flags = RNG.random((2, 6)) > 0.5
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("gather", [n[0], n[1]], axis=0), b.emit("gather", [n[0], n[1]], axis=1),
+                b.emit("gather", [n[2], n[1]], axis=1)]
+    small_idx = np.array([[0, -1], [2, 1]], np.int64)
+    graph, _ = build([table, small_idx, flags], body)
+    check(graph, [table, small_idx, flags])
+    graph, _ = build([table, idx, flags], lambda b, n: [b.emit("gather", [n[0], n[1]], axis=0)])
+    part = UNFUSED.compile(graph)
+    np.testing.assert_array_equal(part(table, idx, flags)[0], table[[[0, 5], [5, 2]]])
+    with pytest.raises(EdgerunError, match="gather index out of range"):
+        part(table, np.array([[0, 6], [1, 1]], np.int64), flags)
+
+
+def test_raster_fill_sources_negative_strides_and_overlap() -> None:
+    x, y = f32(4, 6), f32(3, 6)
+    regions = [
+        [0, 0, 0, 6, 1, 0, 0, 6, 1, 1, 4, 6],  # x into rows 0..3
+        [1, 17, 0, -6, -1, 24, 0, 6, 1, 1, 3, 6],  # y reversed on both axes into rows 4..6
+        [0, 5, 0, 6, 0, 44, 0, 0, 1, 1, 1, 4],  # a broadcast (zero stride) overlapping the end of rows 7
+    ]
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("raster", [n[0], n[1]], regions=regions, shape=[9, 6], fill=-1.5),
+                b.emit("raster", [n[0]], regions=[[0, 0, 0, 1, 6, 0, 0, 4, 1, 1, 6, 4]], shape=[6, 4])]
+    check(*build([x, y], body))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the reference's f16 cast
+def test_float16_where_the_adapter_has_shader_f16() -> None:
+    if not get_device().has_f16:
+        pytest.skip("this adapter has no shader-f16")
+    x, y = f32(3, 5).astype(np.float16), f32(5).astype(np.float16)
+    a, w = f32(2, 4, 6).astype(np.float16), f32(6, 3).astype(np.float16)
+    img, k = f32(1, 2, 6, 5).astype(np.float16), f32(3, 2, 3, 3).astype(np.float16)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        outs = [b.emit(op, [n[0]]) for op in ("exp", "tanh", "erf", "neg")]
+        outs += [b.emit(op, [n[0], n[1]]) for op in ("add", "mul", "maximum", "div")]
+        outs += [b.emit("gt", [n[0], n[1]]), b.emit("matmul", [n[2], n[3]]),
+                 b.emit("reduce_sum", [n[0]], axes=[1]), b.emit("reduce_max", [n[2]], axes=[0]),
+                 b.emit("conv2d", [n[4], n[5]], padding=[1, 1, 1, 1]),
+                 b.emit("max_pool2d", [n[4]], kernel=2, stride=2),
+                 b.emit("cast", [n[0]], dtype="float32"), b.emit("cast", [outs[0]], dtype="int32"),
+                 b.emit("raster", [n[1]], shape=[5], regions=[[0, 4, -1, 0, 0, 0, 1, 0, 0, 5, 1, 1]])]
+        return outs
+    graph, feeds = build([x, y, a, w, img, k], body)
+    assert all(UNFUSED.supports(node, graph) for node in graph.nodes)
+    check(graph, feeds, rtol=2e-3, atol=2e-3)  # half precision: the checker's float16 tolerance
+
+
+def test_unclaimed_dtypes_and_ops() -> None:
+    i8 = np.ones((2, 3), np.int8)
+    i = np.ones((2, 3), np.int32)
+    g8, _ = build([i8, i8], lambda b, n: [b.emit("add", n)])
+    gdiv, _ = build([i, i], lambda b, n: [b.emit("div", n)])
+    assert not UNFUSED.supports(g8.nodes[0], g8)
+    assert not UNFUSED.supports(gdiv.nodes[0], gdiv)
+
+
+def test_adapter_limits_are_clear_errors() -> None:
+    from edgerun.backends.webgpu.device import GpuDevice, _request_adapter
+
+    x = f32(64, 64)
+    graph, _feeds = build([x], lambda b, n: [b.emit("exp", n)])
+    small = GpuDevice(_request_adapter())
+    real = small.limits
+    small.limits = replace(real, max_binding_bytes=4096)
+    with pytest.raises(EdgerunError, match="maxStorageBufferBindingSize"):
+        PartitionRunner(small, graph)
+    parts = [f32(2, 2) for _ in range(5)]
+    cat, _ = build(parts, lambda b, n: [b.emit("raster", n, shape=[10, 2], regions=[
+        [k, 0, 0, 2, 1, 4 * k, 0, 2, 1, 1, 2, 2] for k in range(5)])])
+    small.limits = replace(real, max_storage_buffers=4)
+    with pytest.raises(EdgerunError, match="maxStorageBuffersPerShaderStage"):
+        PartitionRunner(small, cat)
+    small.limits = replace(real, max_workgroups=2)
+    with pytest.raises(EdgerunError, match="workgroups"):
+        PartitionRunner(small, graph)
+
+
+def test_kernel_seconds_from_timestamp_queries() -> None:
+    x = f32(256, 256)
+    graph, feeds = build([x], lambda b, n: [b.emit("tanh", [b.emit("exp", n)]), b.emit("reduce_sum", n)])
+    runner = WebGpuBackend().compile(graph).info["runner"]
+    if "timestamp-query" not in runner.gpu.features:
+        pytest.skip("this adapter has no timestamp queries")
+    seconds = runner.kernel_seconds(feeds)
+    assert len(seconds) == len(runner.kernels) == 2  # exp+tanh fused, reduce_sum
+    assert all(0 < s < 60 for s in seconds)
