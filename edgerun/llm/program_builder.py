@@ -25,7 +25,7 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.llm.architecture import LlamaArchitecture
 
-WeightSource = "dict[str, np.ndarray]"
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +49,10 @@ class _StepBuilder:
     def weight_t(self, name: str) -> str:
         """The [in, out] constant of weight `name` (stored [out, in]), so a projection is one matmul."""
         if name not in self._transposed:
-            self._transposed[name] = self.g.add_constant(np.ascontiguousarray(self.w[name].T), name=name + ".T")
+            data = self.w.get(name + ".T")
+            if data is None:
+                data = np.ascontiguousarray(self.w[name].T)
+            self._transposed[name] = self.g.add_constant(data, name=name + ".T")
         return self._transposed[name]
 
     def const(self, name: str) -> str:
