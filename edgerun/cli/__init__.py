@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "edgerun.cli.onnx",
     "edgerun.cli.search",
     "edgerun.cli.zoo",
+    "edgerun.cli.llm",
 )
 
 

@@ -10,7 +10,6 @@ as they are stored; until the quantized matmul kernels exist it runs dequantized
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import warnings
@@ -34,6 +33,15 @@ from edgerun.llm.tokenizer import BPETokenizer, tokenizer_from_gguf, tokenizer_f
 DEFAULT_CONTEXT = 2048  # cache positions (the static programs carry a cache of this size)
 DEFAULT_CHUNK = 64  # prefill program length
 BUNDLE_MANIFEST = "llm.json"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    stop: list[str]
+    stop_token_ids: set[int]
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,19 @@ class LanguageModel:
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
                  on_text: TextCallback | None = None, keep_logits: bool = False) -> GenerationResult:
         """Continue the prompt. `on_text` receives the new text piece by piece as it is decoded."""
+        request = self.prepare(prompt_or_ids, max_new_tokens, temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                               repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                               stop_token_ids=stop_token_ids, ignore_eos=ignore_eos)
+        with self._lock:
+            return run_generation(self.runner, self.tokenizer, request.prompt_ids,
+                                  max_new_tokens=request.max_new_tokens, params=request.params, stop=request.stop,
+                                  stop_token_ids=request.stop_token_ids, on_text=on_text, keep_logits=keep_logits)
+
+    def prepare(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0, *,
+                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                seed: int | None = None, stop: str | Sequence[str] | None = None,
+                stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> GenerationRequest:
+        """Check a request without running it (the server does this before it starts a stream)."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
         params.check()
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -99,9 +120,7 @@ class LanguageModel:
         stop_ids = {int(i) for i in (stop_token_ids or [])}
         if not ignore_eos and self.eos_token_id is not None:
             stop_ids.add(self.eos_token_id)
-        with self._lock:
-            return run_generation(self.runner, self.tokenizer, ids, max_new_tokens=max_new_tokens, params=params,
-                                  stop=stops, stop_token_ids=stop_ids, on_text=on_text, keep_logits=keep_logits)
+        return GenerationRequest(ids, max_new_tokens, params, stops, stop_ids)
 
     def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
         special = {}
@@ -115,12 +134,15 @@ class LanguageModel:
 
     def chat(self, messages: Any, max_new_tokens: int = 256, **kwargs: Any) -> GenerationResult:
         """Answer the conversation `messages` ([{"role", "content"}, ...]) through the chat template."""
-        prompt = self.apply_chat_template(messages)
-        stop_ids = list(kwargs.pop("stop_token_ids", None) or [])
+        return self.generate(self.apply_chat_template(messages), max_new_tokens, **self.chat_kwargs(kwargs))
+
+    def chat_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """generate() arguments for a chat turn: the end-of-turn token stops it too."""
+        stop_ids = list(kwargs.get("stop_token_ids") or [])
         end = self.tokenizer.token_id("<|im_end|>") if self.tokenizer is not None else None
         if end is not None:
             stop_ids.append(end)
-        return self.generate(prompt, max_new_tokens, stop_token_ids=stop_ids, **kwargs)
+        return {**kwargs, "stop_token_ids": stop_ids}
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """[len(ids), vocab] logits of a fresh sequence (for comparisons; resets the cache)."""
@@ -198,4 +220,3 @@ def info_from_json(data: dict[str, Any]) -> ModelInfo:
                      {k: int(v) for k, v in data.get("special", {}).items()})
 
 
-__all__ = ["LanguageModel", "ModelInfo", "load", "info_to_json", "info_from_json", "json"]

@@ -59,6 +59,7 @@ class BPETokenizer:
         alternatives = sorted(self.special, key=len, reverse=True)
         self._special_split = regex.compile("(" + "|".join(regex.escape(s) for s in alternatives) + ")") \
             if alternatives else None
+        self.pattern = pattern
         self._pattern = regex.compile(pattern)
         self._byte_map = byte_to_unicode()
         self._char_to_byte = {c: b for b, c in self._byte_map.items()}
