@@ -50,19 +50,16 @@ class StepRunner:
         self.tokens = self.tokens[:keep]
         return list(ids[keep:])
 
-    def forward(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
         if not ids:
             raise EdgerunError("nothing to run: no token ids")
         if self.position + len(ids) > self.context:
             raise EdgerunError(f"{self.position + len(ids)} tokens do not fit the context of {self.context}")
-        logits = []
         if len(ids) == 1:
-            logits.append(self._run(self.decode, list(ids), 1))
-        else:
-            for begin in range(0, len(ids), self.chunk):
-                piece = list(ids[begin:begin + self.chunk])
-                logits.append(self._run(self.prefill, piece, self.chunk))
-        return np.concatenate(logits) if all_logits else logits[-1][-1]
+            return self._run(self.decode, list(ids), 1)
+        for begin in range(0, len(ids), self.chunk):
+            logits = self._run(self.prefill, list(ids[begin:begin + self.chunk]), self.chunk)
+        return logits
 
     def _run(self, program: LoadedProgram, ids: list[int], length: int) -> np.ndarray:
         n, start = len(ids), self.position
@@ -72,8 +69,7 @@ class StepRunner:
         outs = program.run([tokens, np.array([start], np.int64), np.array([n - 1], np.int64), *caches])
         self._write_rows(outs[1:], start, n)
         self.tokens += ids
-        logits = outs[0]
-        return logits[None, :] if logits.ndim == 1 else logits[:n]
+        return outs[0]
 
     def _write_rows(self, rows: list[np.ndarray], start: int, n: int) -> None:
         for i in range(self.config.layers):

@@ -144,11 +144,12 @@ class LanguageModel:
             stop_ids.append(end)
         return {**kwargs, "stop_token_ids": stop_ids}
 
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """[len(ids), vocab] logits of a fresh sequence (for comparisons; resets the cache)."""
+    def next_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """[vocab] logits after the last of `ids`, run as a fresh sequence (for comparisons; resets the cache)."""
+        ids = self.encode_prompt(ids)
         with self._lock:
             self.runner.reset()
-            return self.runner.forward(list(ids), all_logits=True)
+            return self.runner.forward(ids)
 
 
 def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, context: int | None = None,
