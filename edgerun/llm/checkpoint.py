@@ -190,6 +190,10 @@ def _from_hf_folder(path: str) -> Checkpoint:
     if os.path.exists(tok_config):
         with open(tok_config) as f:
             template = json.load(f).get("chat_template")
+    jinja = os.path.join(path, "chat_template.jinja")  # where transformers 5 saves it
+    if template is None and os.path.exists(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            template = f.read()
     for name in files:
         digest = file_digest(os.path.join(path, name)) + digest
     import hashlib

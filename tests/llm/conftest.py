@@ -73,6 +73,22 @@ def hf_model(gguf_path: str) -> Any:
     return model.eval()
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory: pytest.TempPathFactory, hf_tokenizer: Any) -> Path:
+    """A tiny random llama with SmolLM2's vocabulary, tokenizer.json and chat template: fast to load and run,
+    for the server and CLI tests (its text is noise; they compare paths, not quality)."""
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    write_tiny_model(folder, "llama", vocab=49152, tokenizer=hf_tokenizer)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_chat(tiny_chat_dir: Path) -> Any:
+    import edgerun.llm
+
+    return edgerun.llm.load(tiny_chat_dir, context=128, chunk=16)
+
+
 def write_tiny_model(folder: Path, model_type: str = "llama", vocab: int = 512, tokenizer: Any = None,
                      seed: int = 0) -> Any:
     """A small random model written by transformers' save_pretrained (offline), returned for reference."""
