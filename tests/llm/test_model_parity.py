@@ -29,20 +29,23 @@ _REFERENCE: dict[tuple[str, int], tuple[list[int], np.ndarray]] = {}
 
 
 def reference(hf_model, ids: list[int], new: int) -> tuple[list[int], np.ndarray]:
-    """transformers' greedy tokens and per-step logits, cached for the test session."""
+    """transformers' greedy decoding (the argmax of its logits each step, with its own KV cache) and the
+    per-step logits, cached for the test session. Written as the loop rather than `generate()` so that no
+    end-of-sequence stop or EOS-masking processor acts on one side only."""
     key = (",".join(map(str, ids)), new)
     if key not in _REFERENCE:
         import torch
-        from transformers import GenerationConfig
 
-        # No end-of-sequence token: both sides run all `new` steps (min_new_tokens would instead mask the
-        # EOS logit on transformers' side only and change its greedy choice).
-        config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=2)
+        tokens, logits = [], []
         with torch.no_grad():
-            out = hf_model.generate(torch.tensor([ids]), generation_config=config, output_logits=True,
-                                    return_dict_in_generate=True)
-        tokens = out.sequences[0, len(ids):].tolist()
-        _REFERENCE[key] = (tokens, torch.stack(out.logits)[:, 0].numpy())
+            out = hf_model(torch.tensor([ids]), use_cache=True)
+            for step in range(new):
+                step_logits = out.logits[0, -1]
+                logits.append(step_logits.numpy().copy())
+                tokens.append(int(step_logits.argmax()))
+                if step + 1 < new:
+                    out = hf_model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+        _REFERENCE[key] = (tokens, np.stack(logits))
     return _REFERENCE[key]
 
 
