@@ -1,8 +1,10 @@
 """Read a GGUF file (llama.cpp's model format) with the `gguf` package: metadata and tensors.
 
-Tensors come back as float32 arrays (F32, F16) or PackedWeight (Q4_0, Q4_1, Q8_0: codes and per-32 scales,
-never dequantized here). Any other tensor type, a file that is not GGUF, or a truncated one is an
-EdgerunError naming the file and what is wrong.
+Tensors come back as float32 arrays (F32, F16, BF16) or PackedWeight (Q4_0, Q4_1, Q8_0: codes and per-32
+scales, never dequantized here). The K-quants and Q5 formats common in downloaded GGUFs (Q4_K, Q5_K, Q6_K,
+Q5_0, Q5_1) are dequantized to float32 at load with gguf's own dequantizer: they run, but are not kept
+packed (their super-block layout is not the quantized IR's group-wise int4/int8). Any other tensor type, a
+file that is not GGUF, or a truncated one is an EdgerunError naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ Tensor = np.ndarray | PackedWeight
 # gguf's type names -> our packed schemes
 _PACKED = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
 _FLOAT = {"F32", "F16"}
-SUPPORTED_TYPES = sorted(_FLOAT | set(_PACKED))
+_DEQUANTIZED_AT_LOAD = {"BF16", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
+SUPPORTED_TYPES = sorted(_FLOAT | set(_PACKED) | _DEQUANTIZED_AT_LOAD)
 
 
 @dataclass
@@ -79,6 +82,11 @@ def _tensor(type_name: str, data: np.ndarray, shape: tuple[int, ...]) -> Tensor:
         if arr.size != int(np.prod(shape)):
             raise EdgerunError(f"holds {arr.size} values, its shape {shape} needs {int(np.prod(shape))}")
         return arr.astype(np.float32).reshape(shape)
+    if type_name in _DEQUANTIZED_AT_LOAD:
+        import gguf
+
+        values = gguf.quants.dequantize(np.asarray(data), gguf.GGMLQuantizationType[type_name])
+        return np.asarray(values, np.float32).reshape(shape)
     scheme = _PACKED.get(type_name)
     if scheme is None:
         raise EdgerunError(f"tensor type {type_name} is not supported (supported: {', '.join(SUPPORTED_TYPES)})")

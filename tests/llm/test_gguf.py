@@ -100,8 +100,22 @@ def test_unsupported_architecture_and_tensor_type(tmp_path: Path) -> None:
     _write_gguf(gpt2, arch="gpt2")
     with pytest.raises(EdgerunError, match="architecture 'gpt2' is not supported"):
         load_checkpoint(gpt2)
-    q6 = tmp_path / "q6k.gguf"
-    raw = np.zeros((4, 210), np.uint8)  # one 256-value Q6_K block per row
-    _write_gguf(q6, tensors={"token_embd.weight": raw}, raw_type=gguf.GGMLQuantizationType.Q6_K)
-    with pytest.raises(EdgerunError, match="tensor type Q6_K is not supported"):
-        read_gguf(q6)
+    q2 = tmp_path / "q2k.gguf"
+    raw = np.zeros((4, 84), np.uint8)  # one 256-value Q2_K block per row
+    _write_gguf(q2, tensors={"token_embd.weight": raw}, raw_type=gguf.GGMLQuantizationType.Q2_K)
+    with pytest.raises(EdgerunError, match="tensor type Q2_K is not supported"):
+        read_gguf(q2)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0"])
+def test_k_quants_load_dequantized(tmp_path: Path, qtype: str) -> None:
+    kind = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, (4, size * 256 // block), dtype=np.uint8)
+    raw[:, :] &= 0x3B  # keeps every float16 scale finite (exponent bits never all set)
+    path = tmp_path / f"{qtype}.gguf"
+    _write_gguf(path, tensors={"token_embd.weight": raw}, raw_type=kind)
+    values = read_gguf(path).tensors["token_embd.weight"]
+    assert isinstance(values, np.ndarray) and values.shape == (4, 256) and np.isfinite(values).all()
+    assert np.array_equal(values, gguf.quants.dequantize(raw, kind).reshape(4, 256))
