@@ -59,6 +59,7 @@ def _compare(smollm, hf_model, prompts: list[str], new: int) -> float:
         ours = np.stack(result.step_logits)
         worst = max(worst, float(np.abs(ours - logits).max()))
     assert worst < LOGIT_TOLERANCE
+    print(f"\n{len(prompts)} prompts x {new} tokens: largest logit difference {worst:.2e}")
     return worst
 
 
