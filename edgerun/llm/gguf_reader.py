@@ -46,10 +46,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
         raise EdgerunError(f"cannot read {path!r}: {exc.strerror or exc}") from None
     if magic != GGUF_MAGIC:
         raise EdgerunError(f"{path!r} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _plain_array_reader()(path, "r")
     except Exception as exc:  # the gguf package raises ValueError/IndexError/struct errors on bad bytes
         raise EdgerunError(f"{path!r} is a damaged or truncated GGUF file: {type(exc).__name__}: {exc}") from None
     metadata: dict[str, Any] = {}
@@ -74,6 +72,27 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
         except Exception as exc:
             raise EdgerunError(f"{path!r}: tensor {t.name!r} is damaged or truncated: {exc}") from None
     return GGUFContents(path, metadata, tensors, types)
+
+
+def _plain_array_reader() -> type:
+    """gguf's GGUFReader parsing a plain ndarray view of its memory map instead of the np.memmap itself.
+
+    Same parsing and the same mapped bytes, without np.memmap's subclass overhead on each of the ~250,000
+    small slices a 50k-entry vocabulary and merge list take: reading SmolLM2's file drops from about 7.5 s
+    to 2.4 s (measured on the busy project machine).
+    """
+    import gguf
+
+    class PlainArrayReader(gguf.GGUFReader):
+        @property  # type: ignore[override]
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)
+
+    return PlainArrayReader
 
 
 def _tensor(type_name: str, data: np.ndarray, shape: tuple[int, ...]) -> Tensor:
