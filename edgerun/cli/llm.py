@@ -1,0 +1,141 @@
+"""`edgerun generate`, `edgerun chat`, `edgerun llm export`, `edgerun llm serve`: LLMs from GGUF files.
+
+MODEL is a .gguf file, a Hugging Face model folder (config.json + safetensors) or a folder written by
+`edgerun llm export`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from typing import Any
+
+from edgerun.errors import EdgerunError
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a .gguf file, a Hugging Face model folder, or an exported bundle folder")
+    p.add_argument("--context", type=int, default=None, help="KV-cache positions (default: min(model's, 2048))")
+    p.add_argument("--backends", default=None, help="runtime backends: 'auto' or a comma-separated list")
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("-n", "--max-new-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("generate", help="continue a prompt with an LLM (streams the text)")
+    _model_args(p)
+    p.add_argument("--prompt", required=True, help="the text to continue ('-' reads stdin)")
+    _sampling_args(p, 128)
+    p.set_defaults(func=_generate)
+
+    p = subparsers.add_parser("chat", help="chat with an LLM in the terminal (multi-turn, streaming)")
+    _model_args(p)
+    p.add_argument("--system", default=None, help="a system message")
+    _sampling_args(p, 512)
+    p.set_defaults(func=_chat)
+
+    llm = subparsers.add_parser("llm", help="LLM programs: export a GGUF, serve an OpenAI-compatible API")
+    lsub = llm.add_subparsers(dest="llm_command", metavar="COMMAND", required=True)
+    p = lsub.add_parser("export", help="write the model's prefill and decode programs and tokenizer to a folder")
+    p.add_argument("model", help="a .gguf file or a Hugging Face model folder")
+    p.add_argument("-o", "--output", required=True, help="bundle folder to write (e.g. model.edgerun)")
+    p.add_argument("--context", type=int, default=None)
+    p.add_argument("--chunk", type=int, default=64, help="prefill program length (default 64)")
+    p.set_defaults(func=_export)
+    p = lsub.add_parser("serve", help="serve /v1/chat/completions, /v1/completions and /v1/models")
+    _model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=_serve)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    import edgerun.llm
+
+    backends = args.backends
+    if backends and backends != "auto":
+        backends = [b for b in backends.split(",") if b]
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the dequantized-weights note; said once below instead
+        model = edgerun.llm.load(args.model, dequantize=True, context=args.context, backends=backends)
+    print(f"[loaded {model.name} in {time.perf_counter() - start:.1f} s; weights run as float32 "
+          f"(packed int4 kernels not in edgerun yet); context {model.context}]", file=sys.stderr)
+    return model
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+            "top_p": args.top_p, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
+            "seed": args.seed, "stop": args.stop}
+
+
+def _print_piece(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _stats(result: Any) -> str:
+    return (f"[{result.prompt_tokens} prompt tokens in {result.prefill_seconds:.2f} s, {len(result.token_ids)} "
+            f"new at {result.decode_tokens_per_second:.1f} tokens/s; {result.finish_reason}]")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    model = _load(args)
+    result = model.generate(prompt, on_text=_print_piece, **_sampling(args))
+    print()
+    print(_stats(result), file=sys.stderr)
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    model = _load(args)
+    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        try:
+            result = model.chat(messages, on_text=_print_piece, **_sampling(args))
+        except EdgerunError as exc:
+            messages.pop()
+            print(f"\nedgerun: error: {exc}", file=sys.stderr)
+            continue
+        print()
+        print(_stats(result), file=sys.stderr)
+        messages.append({"role": "assistant", "content": result.text})
+
+
+def _export(args: argparse.Namespace) -> int:
+    from edgerun.llm.bundle import export_bundle
+
+    start = time.perf_counter()
+    for path in export_bundle(args.model, args.output, context=args.context, chunk=args.chunk):
+        print(path)
+    print(f"[exported in {time.perf_counter() - start:.1f} s]", file=sys.stderr)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from edgerun.llm.server import serve
+
+    serve(_load(args), host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,223 @@
+"""LanguageModel: a checkpoint's step programs loaded through the runtime, with its tokenizer and chat template.
+
+    model = edgerun.llm.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    model.generate("The capital of France is", max_new_tokens=16).text
+    model.chat([{"role": "user", "content": "Hi!"}], on_text=print)
+
+Weights run as float32 for now (dequantized at load). `dequantize=False` asks for the packed weights to run
+as they are stored; until the quantized matmul kernels exist it runs dequantized too, with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+from edgerun.ir.graph import Graph
+from edgerun.llm.architecture import LlamaArchitecture
+from edgerun.llm.chat_template import render_chat
+from edgerun.llm.checkpoint import Checkpoint, load_checkpoint
+from edgerun.llm.generation import GenerationResult, TextCallback, run_generation
+from edgerun.llm.kv_cache import StepRunner
+from edgerun.llm.program_builder import PROJECTIONS, step_graph
+from edgerun.llm.sampling import SamplingParams
+from edgerun.llm.tokenizer import BPETokenizer, tokenizer_from_gguf, tokenizer_from_json
+
+DEFAULT_CONTEXT = 2048  # cache positions (the static programs carry a cache of this size)
+DEFAULT_CHUNK = 64  # prefill program length
+BUNDLE_MANIFEST = "llm.json"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    stop: list[str]
+    stop_token_ids: set[int]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    source: str
+    digest: str
+    config: LlamaArchitecture
+    context: int
+    chunk: int
+    chat_template: str | None
+    special: dict[str, int]
+
+
+class LanguageModel:
+    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, prefill: Any, decode: Any,
+                 checkpoint: Checkpoint | None = None) -> None:
+        self.info, self.tokenizer, self.checkpoint = info, tokenizer, checkpoint
+        self.config = info.config
+        self.context = info.context
+        self.runner = StepRunner(info.config, prefill, decode, chunk=info.chunk, context=info.context)
+        self._lock = threading.Lock()  # one KV cache: one generation at a time
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.info.special.get("eos")
+
+    def encode_prompt(self, prompt_or_ids: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt_or_ids, str):
+            if self.tokenizer is None:
+                raise EdgerunError("this model has no tokenizer; pass token ids")
+            ids = self.tokenizer.encode(prompt_or_ids)
+        else:
+            ids = [int(i) for i in prompt_or_ids]
+            bad = [i for i in ids if not 0 <= i < self.config.vocab]
+            if bad:
+                raise EdgerunError(f"token ids {bad[:5]} are outside the vocabulary of {self.config.vocab}")
+        if not ids:
+            raise EdgerunError("the prompt is empty")
+        return ids
+
+    def generate(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0, *,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 seed: int | None = None, stop: str | Sequence[str] | None = None,
+                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+                 on_text: TextCallback | None = None, keep_logits: bool = False) -> GenerationResult:
+        """Continue the prompt. `on_text` receives the new text piece by piece as it is decoded."""
+        request = self.prepare(prompt_or_ids, max_new_tokens, temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                               repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                               stop_token_ids=stop_token_ids, ignore_eos=ignore_eos)
+        with self._lock:
+            return run_generation(self.runner, self.tokenizer, request.prompt_ids,
+                                  max_new_tokens=request.max_new_tokens, params=request.params, stop=request.stop,
+                                  stop_token_ids=request.stop_token_ids, on_text=on_text, keep_logits=keep_logits)
+
+    def prepare(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0, *,
+                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                seed: int | None = None, stop: str | Sequence[str] | None = None,
+                stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> GenerationRequest:
+        """Check a request without running it (the server does this before it starts a stream)."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        params.check()
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise EdgerunError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise EdgerunError("stop strings must be non-empty strings")
+        ids = self.encode_prompt(prompt_or_ids)
+        if len(ids) + max_new_tokens > self.context:
+            raise EdgerunError(f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
+                               f"the context of {self.context} tokens")
+        stop_ids = {int(i) for i in (stop_token_ids or [])}
+        if not ignore_eos and self.eos_token_id is not None:
+            stop_ids.add(self.eos_token_id)
+        return GenerationRequest(ids, max_new_tokens, params, stops, stop_ids)
+
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
+        special = {}
+        if self.tokenizer is not None:
+            for role in ("bos", "eos"):
+                i = self.info.special.get(role)
+                if i is not None:
+                    special[f"{role}_token"] = self.tokenizer.tokens[i]
+        return render_chat(self.info.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           special_tokens=special)
+
+    def chat(self, messages: Any, max_new_tokens: int = 256, **kwargs: Any) -> GenerationResult:
+        """Answer the conversation `messages` ([{"role", "content"}, ...]) through the chat template."""
+        return self.generate(self.apply_chat_template(messages), max_new_tokens, **self.chat_kwargs(kwargs))
+
+    def chat_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """generate() arguments for a chat turn: the end-of-turn token stops it too."""
+        stop_ids = list(kwargs.get("stop_token_ids") or [])
+        end = self.tokenizer.token_id("<|im_end|>") if self.tokenizer is not None else None
+        if end is not None:
+            stop_ids.append(end)
+        return {**kwargs, "stop_token_ids": stop_ids}
+
+    def next_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """[vocab] logits after the last of `ids`, run as a fresh sequence (for comparisons; resets the cache)."""
+        ids = self.encode_prompt(ids)
+        with self._lock:
+            self.runner.reset()
+            return self.runner.forward(ids)
+
+
+def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, context: int | None = None,
+         chunk: int = DEFAULT_CHUNK, backends: Sequence[str] | str | None = None) -> LanguageModel:
+    """Load a GGUF file, a Hugging Face model folder, or a bundle written by `edgerun llm export`."""
+    path = os.fspath(path_or_gguf)
+    if os.path.isfile(os.path.join(path, BUNDLE_MANIFEST)):
+        from edgerun.llm.bundle import load_bundle
+
+        return load_bundle(path, backends=backends)
+    checkpoint = load_checkpoint(path)
+    if not dequantize and checkpoint.packed_names:
+        warnings.warn("packed int4/int8 kernels are not in edgerun yet: the weights run dequantized to float32 "
+                      "(pass dequantize=True to ask for that and silence this warning)", UserWarning, stacklevel=2)
+    info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
+    prefill, decode = build_programs(checkpoint, info)
+    return LanguageModel(info, tokenizer, load_program(prefill, backends), load_program(decode, backends),
+                         checkpoint)
+
+
+def model_info(checkpoint: Checkpoint, context: int | None, chunk: int) -> ModelInfo:
+    limit = checkpoint.config.context
+    context = min(limit, DEFAULT_CONTEXT) if context is None else int(context)
+    if not 2 <= context <= limit:
+        raise EdgerunError(f"context must be between 2 and the model's {limit} tokens, got {context}")
+    if not 2 <= chunk <= context:
+        raise EdgerunError(f"prefill chunk must be between 2 and the context ({context}), got {chunk}")
+    name = os.path.basename(os.path.normpath(checkpoint.source))
+    return ModelInfo(name, checkpoint.source, checkpoint.digest, checkpoint.config, context, chunk,
+                     checkpoint.chat_template, dict(checkpoint.special))
+
+
+def checkpoint_tokenizer(checkpoint: Checkpoint) -> BPETokenizer | None:
+    if checkpoint.tokenizer_metadata.get("tokenizer.ggml.tokens"):
+        return tokenizer_from_gguf(checkpoint.tokenizer_metadata)
+    if checkpoint.tokenizer_json:
+        return tokenizer_from_json(checkpoint.tokenizer_json, checkpoint.special)
+    return None
+
+
+def build_programs(checkpoint: Checkpoint, info: ModelInfo) -> tuple[Graph, Graph]:
+    """The prefill and decode graphs, sharing one set of float32 weight arrays."""
+    # Dequantize straight into the [in, out] layout the projections use; the [out, in] copies are not kept.
+    weights = {n: checkpoint.float_weight(n) for n in checkpoint.weights
+               if n.rsplit(".", 1)[-1] not in PROJECTIONS}
+    for n in checkpoint.weights:
+        if n.rsplit(".", 1)[-1] in PROJECTIONS:
+            weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
+    prefill = step_graph(info.config, weights, chunk=info.chunk, context=info.context)
+    decode = step_graph(info.config, weights, chunk=1, context=info.context)
+    return prefill, decode
+
+
+def load_program(source: Any, backends: Sequence[str] | str | None) -> Any:
+    from edgerun.runtime import load as runtime_load
+
+    return runtime_load(source, backends=backends)
+
+
+def info_to_json(info: ModelInfo) -> dict[str, Any]:
+    return {"name": info.name, "source": info.source, "digest": info.digest, "config": info.config.__dict__,
+            "context": info.context, "chunk": info.chunk, "chat_template": info.chat_template,
+            "special": info.special}
+
+
+def info_from_json(data: dict[str, Any]) -> ModelInfo:
+    return ModelInfo(data["name"], data["source"], data["digest"], LlamaArchitecture(**data["config"]),
+                     int(data["context"]), int(data["chunk"]), data.get("chat_template"),
+                     {k: int(v) for k, v in data.get("special", {}).items()})
+
+

@@ -1,0 +1,161 @@
+"""The Llama forward pass as an edgerun graph: one "step" over a chunk of T tokens with an explicit KV cache.
+
+Static shapes for now, so the KV cache travels as program inputs and the new rows as outputs; the host
+(`kv_cache.py`) writes those rows into its cache arrays. Prefill is the step at a bucket length (the prompt
+padded, the padding never attended to by real tokens under the causal mask); decode is the step at T=1.
+When the IR gains state and multi-method programs, this module keeps the same graph and swaps the cache
+inputs/outputs for a state read and an in-place row write: the change is local to `_attention`'s cache
+plumbing and `step_graph`'s signature.
+
+Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit),
+         k_cache_{i} float32[kv_heads, head_dim, C] (keys stored transposed), v_cache_{i} float32[kv_heads, C, head_dim]
+Outputs: logits float32[vocab] (or [T, vocab] with all_logits), k_new_{i} [kv_heads, head_dim, T],
+         v_new_{i} [kv_heads, T, head_dim]
+
+Cache slots at positions >= start are masked out, so their contents never matter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.llm.architecture import LlamaArchitecture
+
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [context, head_dim], computed in float32 in the order transformers uses."""
+    hd = config.head_dim
+    inv_freq = (1.0 / (np.float32(config.rope_theta) ** (np.arange(0, hd, 2).astype(np.float32) / np.float32(hd))))
+    inv_freq = inv_freq.astype(np.float32)
+    angles = np.arange(context, dtype=np.float32)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class _StepBuilder:
+    def __init__(self, config: LlamaArchitecture, weights: dict[str, np.ndarray], chunk: int, context: int,
+                 all_logits: bool) -> None:
+        self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
+        self.g = Graph()
+        self.b = Builder(self.g)
+        self._transposed: dict[str, str] = {}
+
+    def weight_t(self, name: str) -> str:
+        """The [in, out] constant of weight `name` (stored [out, in]), so a projection is one matmul."""
+        if name not in self._transposed:
+            data = self.w.get(name + ".T")
+            if data is None:
+                data = np.ascontiguousarray(self.w[name].T)
+            self._transposed[name] = self.g.add_constant(data, name=name + ".T")
+        return self._transposed[name]
+
+    def const(self, name: str) -> str:
+        if name not in self.g.specs:
+            self.g.add_constant(np.ascontiguousarray(self.w[name], dtype=np.float32), name=name)
+        return name
+
+    def linear(self, x: str, name: str) -> str:
+        y = self.b.emit("matmul", [x, self.weight_t(name)])
+        if name + "_bias" in self.w:
+            y = self.b.binary("add", y, self.const(name + "_bias"))
+        return y
+
+    def rms_norm(self, x: str, name: str) -> str:
+        return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
+
+    def rotate(self, x: str, cos: str, sin: str) -> str:
+        """x * cos + rotate_half(x) * sin on [heads, T, head_dim]."""
+        b, half = self.b, self.c.head_dim // 2
+        x1 = b.emit("slice", [x], starts=[0], ends=[half], axes=[2])
+        x2 = b.emit("slice", [x], starts=[half], ends=[2 * half], axes=[2])
+        rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
+        return b.binary("add", b.binary("mul", x, cos), b.binary("mul", rotated, sin))
+
+    def heads_first(self, x: str, heads: int) -> str:
+        """[T, heads*hd] -> [heads, T, hd]."""
+        b = self.b
+        return b.emit("transpose", [b.emit("reshape", [x], shape=[self.T, heads, self.c.head_dim])], perm=[1, 0, 2])
+
+    def attention(self, h: str, i: int, cos: str, sin: str, cache_keep: str, causal: str) -> tuple[str, str, str]:
+        b, c, T, C = self.b, self.c, self.T, self.C
+        kv, hd, group = c.kv_heads, c.head_dim, c.group
+        prefix = f"layers.{i}."
+        q = self.rotate(self.heads_first(self.linear(h, prefix + "q"), c.heads), cos, sin)
+        k = self.rotate(self.heads_first(self.linear(h, prefix + "k"), kv), cos, sin)
+        v = self.heads_first(self.linear(h, prefix + "v"), kv)  # [kv, T, hd]
+        k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
+        k_cache = self.g.add_input(f"k_cache_{i}", TensorSpec((kv, hd, C), DType.float32))
+        v_cache = self.g.add_input(f"v_cache_{i}", TensorSpec((kv, C, hd), DType.float32))
+        # Query heads sharing a key/value head sit side by side (transformers' repeat_kv order), so grouped
+        # attention is one batched matmul per kv head with group*T query rows.
+        q = b.binary("mul", q, b.scalar(1.0 / float(np.sqrt(hd)), q))
+        q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
+        neg_inf = b.const(np.float32(-np.inf))
+        s_cache = b.emit("where", [cache_keep, b.emit("matmul", [q_grouped, k_cache]), neg_inf])
+        s_new = b.emit("where", [causal, b.emit("matmul", [q_grouped, k_new]), neg_inf])
+        probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
+        p_cache = b.emit("slice", [probs], starts=[0], ends=[C], axes=[2])
+        p_new = b.emit("slice", [probs], starts=[C], ends=[C + T], axes=[2])
+        out = b.binary("add", b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
+        out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
+        out = b.emit("reshape", [out], shape=[T, c.heads * hd])
+        return self.linear(out, prefix + "o"), k_new, v
+
+    def mlp(self, h: str, i: int) -> str:
+        b, prefix = self.b, f"layers.{i}."
+        gate = b.emit("silu", [self.linear(h, prefix + "gate")])
+        return self.linear(b.binary("mul", gate, self.linear(h, prefix + "up")), prefix + "down")
+
+    def build(self) -> Graph:
+        b, g, c, T, C = self.b, self.g, self.c, self.T, self.C
+        tokens = g.add_input("tokens", TensorSpec((T,), DType.int64))
+        start = g.add_input("start", TensorSpec((1,), DType.int64))
+        last = g.add_input("last", TensorSpec((1,), DType.int64))
+        positions = b.binary("add", b.const(np.arange(T, dtype=np.int64)), start)
+        # Padding rows past the context read the last table row; their outputs are never used.
+        positions = b.binary("minimum", positions, b.const(np.asarray(C - 1, np.int64)))
+        cos_table, sin_table = rope_tables(c, C)
+        cos = b.emit("gather", [b.const(cos_table), positions], axis=0)  # [T, hd], broadcasts over heads
+        sin = b.emit("gather", [b.const(sin_table), positions], axis=0)
+        cache_keep = b.emit("reshape", [b.binary("lt", b.const(np.arange(C, dtype=np.int64)), start)],
+                            shape=[1, 1, C])
+        causal = b.const(np.tile(np.tril(np.ones((T, T), dtype=bool)), (c.group, 1)))  # [group*T, T]
+        x = b.emit("gather", [self.const("embed"), tokens], axis=0)  # [T, dim]
+        new_rows: list[str] = []
+        for i in range(c.layers):
+            attn, k_new, v_new = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, cos, sin,
+                                                cache_keep, causal)
+            x = b.binary("add", x, attn)
+            x = b.binary("add", x, self.mlp(self.rms_norm(x, f"layers.{i}.mlp_norm"), i))
+            new_rows += [k_new, v_new]
+        h = self.rms_norm(x, "final_norm")
+        if not self.all_logits:
+            h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
+        head = self.const("lm_head" if "lm_head" in self.w else "embed")  # [vocab, dim]; tied shares embed
+        logits = b.emit("transpose", [b.emit("matmul", [head, b.emit("transpose", [h], perm=[1, 0])])], perm=[1, 0])
+        if not self.all_logits:
+            logits = b.emit("reshape", [logits], shape=[c.vocab])
+        g.outputs = [logits, *new_rows]
+        return g
+
+
+def step_graph(config: LlamaArchitecture, weights: dict[str, np.ndarray], *, chunk: int, context: int,
+               all_logits: bool = False) -> Graph:
+    """The step program for `chunk` tokens against a cache of `context` positions (float32 weights)."""
+    graph = _StepBuilder(config, weights, chunk, context, all_logits).build()
+    names = ["logits"] + [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
+    _rename_outputs(graph, names)
+    return graph
+
+
+def _rename_outputs(graph: Graph, names: list[str]) -> None:
+    """Give the outputs stable names (what the runner and a program file's reader look them up by)."""
+    from edgerun.passes.pipeline import restore_output_names
+
+    restore_output_names(graph, names)

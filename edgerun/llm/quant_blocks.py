@@ -1,0 +1,92 @@
+"""GGUF block formats unpacked into packed group-wise arrays, and their exact float32 dequantisation.
+
+GGUF stores a quantized row as blocks of 32 values: a float16 scale `d` (and for Q4_1 a float16 minimum `m`)
+followed by the codes. We keep the codes packed (two 4-bit codes per byte, or one int8 per value) with one
+float32 scale (and minimum) per group of 32 along the row: the group-wise int4/int8 representation the
+quantized IR takes, so the program can carry weights as the GGUF had them once packed kernels exist.
+
+value = scale * code + min   (Q4_1: code 0..15; Q4_0: code 0..15, min = -8 * scale; Q8_0: code int8, no min)
+
+The float32 arithmetic is the same as gguf's own `gguf.quants.dequantize` (checked bit for bit in the tests):
+d*q with q <= 15 and d a float16 is exact in float32, so adding the minimum rounds once, as theirs does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+
+GROUP = 32  # values per block (per scale) in every format we read
+
+# scheme -> bytes per 32-value block
+BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A row-major [rows, cols] matrix quantized in groups of 32 along each row (rows = output features)."""
+
+    scheme: str  # "q4_0" | "q4_1" | "q8_0"
+    shape: tuple[int, int]
+    data: np.ndarray  # q4: uint8 [rows, cols//2], byte k = element 2k (low nibble) | element 2k+1 (high)
+    scales: np.ndarray  # float32 [rows, cols//32]
+    mins: np.ndarray | None  # float32 [rows, cols//32]; None for q8_0
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.scheme == "q8_0" else 4
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.scales.nbytes + (self.mins.nbytes if self.mins is not None else 0))
+
+    def codes(self) -> np.ndarray:
+        """The integer codes, one per element: uint8 0..15 for 4-bit schemes, int8 for q8_0."""
+        if self.bits == 8:
+            return self.data
+        rows, cols = self.shape
+        out = np.empty((rows, cols), np.uint8)
+        out[:, 0::2] = self.data & 0x0F
+        out[:, 1::2] = self.data >> 4
+        return out
+
+    def dequantize(self) -> np.ndarray:
+        rows, cols = self.shape
+        codes = self.codes().reshape(rows, cols // GROUP, GROUP).astype(np.float32)
+        values = codes * self.scales[:, :, None]
+        if self.mins is not None:
+            values += self.mins[:, :, None]
+        return values.reshape(rows, cols)
+
+    def take_rows(self, order: np.ndarray) -> PackedWeight:
+        """The same matrix with its rows reordered (groups run along rows, so they move intact)."""
+        return PackedWeight(self.scheme, self.shape, self.data[order], self.scales[order],
+                            None if self.mins is None else self.mins[order])
+
+
+def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
+    """Split GGUF blocks `raw` (uint8 [rows, bytes per row]) of a [rows, cols] matrix into a PackedWeight."""
+    rows, cols = shape
+    if cols % GROUP:
+        raise EdgerunError(f"{scheme} row length {cols} is not a multiple of {GROUP}")
+    per_block = BLOCK_BYTES[scheme]
+    groups = cols // GROUP
+    if raw.dtype != np.uint8 or raw.size != rows * groups * per_block:
+        raise EdgerunError(f"{scheme} tensor of shape {shape} needs {rows * groups * per_block} bytes, "
+                           f"got {raw.size}")
+    blocks = np.ascontiguousarray(raw).reshape(rows, groups, per_block)
+    scales = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    if scheme == "q8_0":
+        codes = blocks[:, :, 2:].copy().view(np.int8).reshape(rows, cols)
+        return PackedWeight(scheme, shape, codes, scales, None)
+    start = 4 if scheme == "q4_1" else 2
+    mins = (blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32) if scheme == "q4_1"
+            else np.float32(-8.0) * scales)
+    qs = blocks[:, :, start:]  # [rows, groups, 16]: low nibbles hold elements 0..15, high nibbles 16..31
+    low, high = qs & 0x0F, qs >> 4
+    ordered = np.concatenate([low, high], axis=2).reshape(rows, cols)  # element order
+    packed = (ordered[:, 0::2] | (ordered[:, 1::2] << 4)).astype(np.uint8)
+    return PackedWeight(scheme, shape, packed, scales, mins)

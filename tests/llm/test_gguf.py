@@ -1,0 +1,121 @@
+"""GGUF import: exact block unpacking against gguf's own dequantizer, metadata, and clear errors on bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from edgerun.errors import EdgerunError
+from edgerun.llm.architecture import from_gguf_metadata
+from edgerun.llm.checkpoint import load_checkpoint
+from edgerun.llm.gguf_reader import read_gguf
+from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks
+
+
+@pytest.fixture(scope="module")
+def contents(gguf_path: str):
+    return read_gguf(gguf_path)
+
+
+def test_real_file_tensors_dequantize_exactly_as_gguf_does(gguf_path: str, contents) -> None:
+    reader = gguf.GGUFReader(gguf_path)
+    seen = set()
+    for t in reader.tensors:
+        if t.tensor_type.name in seen and not t.name.startswith("blk.29"):
+            continue
+        seen.add(t.tensor_type.name)
+        ours = contents.tensors[t.name]
+        values = ours.dequantize() if isinstance(ours, PackedWeight) else ours
+        ref = gguf.quants.dequantize(t.data, t.tensor_type)
+        assert np.array_equal(values.reshape(ref.shape), ref), t.name
+    assert seen == {"Q4_1", "Q8_0", "F32"}
+
+
+def test_packed_representation(contents) -> None:
+    w = contents.tensors["blk.0.ffn_up.weight"]
+    assert isinstance(w, PackedWeight) and w.scheme == "q4_1" and w.bits == 4
+    assert w.shape == (1536, 576) and w.data.shape == (1536, 288) and w.data.dtype == np.uint8
+    assert w.scales.shape == w.mins.shape == (1536, 18)
+    codes = w.codes()
+    assert codes.max() <= 15 and codes.min() == 0
+    assert w.nbytes < 1536 * 576  # well under one byte per weight
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_every_packed_scheme_matches_gguf(qtype: str) -> None:
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((8, 128)).astype(np.float32)
+    kind = gguf.GGMLQuantizationType[qtype]
+    raw = gguf.quants.quantize(data, kind)
+    packed = unpack_blocks(qtype.lower(), raw, (8, 128))
+    assert np.array_equal(packed.dequantize(), gguf.quants.dequantize(raw, kind))
+    assert np.abs(packed.dequantize() - data).max() < (0.3 if qtype != "Q8_0" else 0.03)
+
+
+def test_architecture_from_metadata(contents) -> None:
+    c = from_gguf_metadata(contents.metadata, 0)
+    assert (c.arch, c.layers, c.dim, c.heads, c.kv_heads, c.hidden, c.vocab) == ("llama", 30, 576, 9, 3, 1536, 49152)
+    assert c.head_dim == 64 and c.group == 3 and c.rope_theta == 100000.0
+
+
+def test_checkpoint_unpermutes_q_rows_without_unpacking(smollm, contents) -> None:
+    ckpt = smollm.checkpoint
+    raw_q = contents.tensors["blk.3.attn_q.weight"].dequantize()
+    q = ckpt.float_weight("layers.3.q")
+    # head 0: llama.cpp row 2i holds HF row i, row 2i+1 holds HF row 32+i
+    assert np.array_equal(q[:32], raw_q[0:64:2]) and np.array_equal(q[32:64], raw_q[1:64:2])
+    assert isinstance(ckpt.weights["layers.3.q"], PackedWeight) and ckpt.tied
+
+
+def _write_gguf(path: Path, arch: str = "llama", tensors: dict | None = None, raw_type=None) -> None:
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    for name, array in (tensors or {"token_embd.weight": np.zeros((4, 32), np.float32)}).items():
+        writer.add_tensor(name, array, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_bad_files_get_clear_errors(tmp_path: Path, gguf_path: str) -> None:
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 this is a zip")
+    with pytest.raises(EdgerunError, match="not a GGUF file"):
+        read_gguf(not_gguf)
+    truncated = tmp_path / "truncated.gguf"
+    with open(gguf_path, "rb") as f:
+        truncated.write_bytes(f.read(2_000))  # cut inside the vocabulary
+    with pytest.raises(EdgerunError, match="damaged or truncated"):
+        read_gguf(truncated)
+    with pytest.raises(EdgerunError, match="no model at"):
+        load_checkpoint(tmp_path / "missing.gguf")
+
+
+def test_unsupported_architecture_and_tensor_type(tmp_path: Path) -> None:
+    gpt2 = tmp_path / "gpt2.gguf"
+    _write_gguf(gpt2, arch="gpt2")
+    with pytest.raises(EdgerunError, match="architecture 'gpt2' is not supported"):
+        load_checkpoint(gpt2)
+    q2 = tmp_path / "q2k.gguf"
+    raw = np.zeros((4, 84), np.uint8)  # one 256-value Q2_K block per row
+    _write_gguf(q2, tensors={"token_embd.weight": raw}, raw_type=gguf.GGMLQuantizationType.Q2_K)
+    with pytest.raises(EdgerunError, match="tensor type Q2_K is not supported"):
+        read_gguf(q2)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0"])
+def test_k_quants_load_dequantized(tmp_path: Path, qtype: str) -> None:
+    kind = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, (4, size * 256 // block), dtype=np.uint8)
+    raw[:, :] &= 0x3B  # keeps every float16 scale finite (exponent bits never all set)
+    path = tmp_path / f"{qtype}.gguf"
+    _write_gguf(path, tensors={"token_embd.weight": raw}, raw_type=kind)
+    values = read_gguf(path).tensors["token_embd.weight"]
+    assert isinstance(values, np.ndarray) and values.shape == (4, 256) and np.isfinite(values).all()
+    assert np.array_equal(values, gguf.quants.dequantize(raw, kind).reshape(4, 256))
