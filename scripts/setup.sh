@@ -21,10 +21,19 @@ fi
 
 stamp=.venv/.installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+# Wheels that ship real ONNX models used by tests/onnx; --no-deps: only their .onnx files are read.
+install_model_wheels() {
+  for wheel in rapidocr-onnxruntime==1.4.4; do
+    .venv/bin/pip show -q "${wheel%%==*}" >/dev/null 2>&1 ||
+      .venv/bin/pip install -q --disable-pip-version-check --no-deps "$wheel"
+  done
+}
 if [[ -f $stamp && "$(cat $stamp)" == "$want" ]]; then
+  install_model_wheels
   exit 0
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+install_model_wheels
 echo "$want" > $stamp
