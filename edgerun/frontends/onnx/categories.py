@@ -24,6 +24,27 @@ DESIGN_CATEGORIES: dict[str, str] = {
              "complex): refused rather than silently cast",
 }
 
+# For each category: what would lift the refusal. "#12" is the dynamic shapes / state / control flow work
+# (symbolic dimensions with bounds, persistent state, cond/while subgraph ops); the rest is either other
+# work or truly out of reach.
+DESIGN_OUTLOOK: dict[str, str] = {
+    "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
+    "other-domain": "not #12: needs handlers for ai.onnx.ml (numeric ones such as Binarizer, "
+                    "ArrayFeatureExtractor, TreeEnsemble are static-shape and could be added today; string "
+                    "ones need string tensors) and for preview domains",
+    "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
+                             "over sequences also need #12's control flow: not planned",
+    "string": "cannot be supported: edgerun tensors are numeric",
+    "control-flow": "#12 (control flow): If on a run-time condition and Loop become cond/while subgraph ops; "
+                    "Loop with a run-time trip count also needs #12's symbolic dimensions",
+    "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
+              "generator could run the op but never match the reference bit for bit",
+    "data-dependent-shape": "#12 (dynamic shapes): an output bounded by its input's size (NonZero, Unique, "
+                            "Compress, NonMaxSuppression) needs a symbolic dimension with an upper bound; "
+                            "ImageDecoder needs image codecs and cannot be supported",
+    "dtype": "not #12: needs more element types in the IR (float64, bfloat16, float8, int4, ...)",
+}
+
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 _DATA_SHAPE = {"NonZero", "Unique", "NonMaxSuppression", "Compress", "ImageDecoder"}
