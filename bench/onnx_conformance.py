@@ -37,18 +37,18 @@ COMMAND = ".venv/bin/python bench/onnx_conformance.py"
 # Why an earlier committed ONNX Runtime column read lower, checked case by case (see docs/onnx-conformance.md).
 ORT_COLUMN_HISTORY = (
     "The ONNX Runtime column depends on the onnxruntime version installed: `requirements.txt` asks for "
-    "`onnxruntime>=1.20`, unpinned. The column committed on 2026-11-21 (1241 passed, 87.3%, 159 refused, 22 "
-    "wrong) came from onnxruntime 1.31.1; the version was not recorded then. onnxruntime 1.31.1 supports the "
-    "default ONNX domain up to opset 26 and refuses models stamped with a newer opset (\"Opset 28 is under "
-    "development ... Current official support for domain ai.onnx is till opset 26\"): 138 of the 1422 counted "
-    "node cases of onnx 1.23.2 are stamped opset 27 or 28, and onnxruntime 1.32.0 passes 126 of them. 1.31.1 also rejects "
-    "the graph of 11 Attention cases (opset 24/25) that 1.32.0 passes. 126 + 11 = 137 more passes: 1378. "
-    "The remaining 22 cases are refused by 1.32.0 too (missing kernels such as RoiAlign-22, BitCast-26). "
-    "Running this script's ONNX Runtime runner with onnxruntime 1.31.1 (its wheel unpacked on `PYTHONPATH` "
-    "ahead of the venv) reproduces the old column exactly, with the same status for every case. The "
-    "edgerun column does not depend on onnxruntime. The script and this page were committed once and never "
-    "changed (`git log -p -- bench/onnx_conformance.py docs/onnx-conformance.md`): the difference is the "
-    "environment, not the method. Both versions are now recorded above.")
+    "`onnxruntime>=1.20`, unpinned. The column committed on 2026-11-21 (1241 of 1422 passed, 87.3%, 159 "
+    "refused, 22 wrong) came from onnxruntime 1.31.1; the version was not recorded then. onnxruntime 1.31.1 "
+    "supports the default ONNX domain up to opset 26 and refuses models stamped with a newer opset (\"Opset "
+    "28 is under development ... Current official support for domain ai.onnx is till opset 26\"): 138 of the "
+    "1422 cases counted then (onnx 1.23.2) are stamped opset 27 or 28, and onnxruntime 1.32.0 passes 126 of "
+    "them. 1.31.1 also rejects the graph of 11 Attention cases (opset 24/25) that 1.32.0 passes. 126 + 11 = "
+    "137 more passes: 1378 of 1422 (96.9%). The remaining 22 cases are refused by 1.32.0 too (missing kernels"
+    " such as RoiAlign-22, BitCast-26). Running this script's ONNX Runtime runner with onnxruntime 1.31.1 "
+    "(its wheel unpacked on `PYTHONPATH` ahead of the venv) reproduces the old column exactly, with the same "
+    "status for every case. The edgerun column does not depend on onnxruntime. The script and this page were "
+    "committed once and never changed (`git log -p -- bench/onnx_conformance.py docs/onnx-conformance.md`): "
+    "the difference is the environment, not the method. Both versions are now recorded above.")
 
 
 def _ort_results(cases: list, design: dict[str, CaseResult]) -> list[CaseResult]:

@@ -23,7 +23,7 @@ stamp=.venv/.installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 # Wheels that ship real ONNX models used by tests/onnx; --no-deps: only their .onnx files are read.
 install_model_wheels() {
-  for wheel in rapidocr-onnxruntime==1.4.4; do
+  for wheel in rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3; do
     .venv/bin/pip show -q "${wheel%%==*}" >/dev/null 2>&1 ||
       .venv/bin/pip install -q --disable-pip-version-check --no-deps "$wheel"
   done

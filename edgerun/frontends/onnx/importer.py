@@ -162,6 +162,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}
+        ctx.producers.update({o: [i for i in node.inputs if i] for o in node.outputs if o})
         if node.op_type in ("If", "Scan"):
             def import_body(body: list[Any], prefix: str) -> None:
                 _import_nodes(ctx, body, opsets, types, handlers, depth + 1)
