@@ -67,6 +67,15 @@ def test_input_with_minus_one_is_dynamic_and_message_names_every_dimension():
     np.testing.assert_array_equal(got, x)
 
 
+def test_stale_value_info_from_the_exporters_shapes_does_not_fail_a_pinned_import():
+    """value_info declared (1, 2) by an export at batch 1; the input is (N, 2) and pinned to batch 3."""
+    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
+               [_declared("x", ("N", 2))], [_declared("y", ("N", 2))], [_declared("r", (1, 2))])
+    x = np.arange(-3, 3, dtype=np.float32).reshape(3, 2)
+    (got,) = interpret(import_onnx_graph(m, input_shapes={"x": (3, 2)}), [x])
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
 def test_known_different_sizes_disagree():
     assert disagreement((2, 2), _dims((-1, 2)), {}) == ""
     assert disagreement((2, 2), _dims((0, "unk__1")), {}) == ""
@@ -106,3 +115,21 @@ def test_rapidocr_text_direction_classifier_matches_onnxruntime():
         (want,) = session.run(None, {"x": x})
         assert got.shape == (shape[0], 2)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "shapes"), [
+    ("ch_PP-OCRv4_det_infer.onnx", [(1, 3, 64, 96), (1, 3, 96, 64)]),
+    ("ch_PP-OCRv4_rec_infer.onnx", [(1, 3, 48, 80)]),
+])
+def test_rapidocr_detector_and_recognizer_at_several_sizes_match_onnxruntime(name, shapes):
+    """Inputs ('p2o.DynamicDimension.0', 3, ?, ?): pinned per size, every import's checks pass."""
+    ort = pytest.importorskip("onnxruntime")
+    path = _wheel_model("rapidocr_onnxruntime", name)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
+        (got,) = interpret(from_onnx(str(path), input_shapes={"x": shape}).graph, [x])
+        (want,) = session.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -92,6 +92,9 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[int]] | N
 def _pin_input_shapes(model: Any, input_shapes: Mapping[str, Sequence[int]]) -> Any:
     import onnx
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    # value_info the exporter stored describes the shapes it saw (often batch 1); ONNX's inference recomputes
+    # it from the pinned inputs, so a stale declaration cannot fail the cross-check.
+    del model.graph.value_info[:]
     names = {vi.name for vi in model.graph.input}
     for name in input_shapes:
         if name not in names:
