@@ -229,14 +229,13 @@ def _branch(value):
     return helper.make_graph([node], f"b{value}", [], [out], initializer=[k])
 
 
-def test_if_on_constant_condition_is_inlined_and_runtime_condition_refused():
+def test_if_on_constant_condition_is_inlined():
     cond = numpy_helper.from_array(np.array(False), "cond")
     node = helper.make_node("If", ["cond"], ["y"], then_branch=_branch(2.0), else_branch=_branch(3.0))
     m = _model([node], [_vi("x", [2])], [_vi("y", [2])], [cond])
-    np.testing.assert_array_equal(_run(m, np.array([1, 2], np.float32))[0], [3, 6])
-    dynamic = _model([node], [_vi("x", [2]), _vi("cond", [], TensorProto.BOOL)], [_vi("y", [2])])
-    with pytest.raises(UnsupportedOpError, match="If on a condition computed at run time"):
-        from_onnx(dynamic)
+    graph = import_onnx_graph(m)
+    assert [n.op for n in graph.nodes] == ["mul"]  # only the else branch, no select
+    np.testing.assert_array_equal(interpret(graph, [np.array([1, 2], np.float32)])[0], [3, 6])
 
 
 @pytest.mark.parametrize("opset", [10, 13, 19])

@@ -15,13 +15,35 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "other-domain": "ops outside the default ONNX domain (ai.onnx.ml classic ML, preview domains)",
     "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
     "string": "string tensors and string ops",
-    "control-flow": "If and Loop (data-dependent control flow): edgerun graphs are static dataflow; Scan is "
-                    "unrolled and If on an import-time constant is inlined, so only their top-level use counts here",
+    "control-flow": "Loop (data-dependent control flow): edgerun graphs are static dataflow; Scan is unrolled, "
+                    "and If counts in the denominator (inlined on an import-time condition, a where select for "
+                    "small safe branches, refused otherwise)",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "data-dependent-shape": "outputs whose shape depends on input values (NonZero, Unique, "
                             "NonMaxSuppression, Compress, ImageDecoder): every edgerun value has a static shape",
     "dtype": "element types outside edgerun's seven (float64, bfloat16, float8, int4, int16, uint16/32/64, "
              "complex): refused rather than silently cast",
+}
+
+# For each category: what would lift the refusal. "#12" is the dynamic shapes / state / control flow work
+# (symbolic dimensions with bounds, persistent state, cond/while subgraph ops); the rest is either other
+# work or truly out of reach.
+DESIGN_OUTLOOK: dict[str, str] = {
+    "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
+    "other-domain": "not #12: needs handlers for ai.onnx.ml (numeric ones such as Binarizer, "
+                    "ArrayFeatureExtractor, TreeEnsemble are static-shape and could be added today; string "
+                    "ones need string tensors) and for preview domains",
+    "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
+                             "over sequences also need #12's control flow: not planned",
+    "string": "cannot be supported: edgerun tensors are numeric",
+    "control-flow": "#12 (control flow): Loop becomes a while subgraph op; a run-time trip count also needs "
+                    "#12's symbolic dimensions",
+    "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
+              "generator could run the op but never match the reference bit for bit",
+    "data-dependent-shape": "#12 (dynamic shapes): an output bounded by its input's size (NonZero, Unique, "
+                            "Compress, NonMaxSuppression) needs a symbolic dimension with an upper bound; "
+                            "ImageDecoder needs image codecs and cannot be supported",
+    "dtype": "not #12: needs more element types in the IR (float64, bfloat16, float8, int4, ...)",
 }
 
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
@@ -31,7 +53,7 @@ _STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatc
 _SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
             "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
             "OptionalGetElement", "OptionalHasElement"}
-_CONTROL = {"If", "Loop"}
+_CONTROL = {"Loop"}  # If is imported or refused per node (control_flow.py), so it counts
 _STRING_TYPE = 8
 
 

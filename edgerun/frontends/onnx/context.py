@@ -84,6 +84,20 @@ class ImportContext:
         self.b = Builder(graph)
         self.values: dict[str, str] = {}  # ONNX name -> IR value
         self.consts: dict[str, np.ndarray] = {}  # ONNX name -> constant known at import time
+        self.producers: dict[str, list[str]] = {}  # ONNX output name -> its node's ONNX inputs
+
+    def inputs_behind(self, name: str) -> list[str]:
+        """The graph inputs an ONNX value is computed from (for messages: which input to freeze)."""
+        found, seen, todo = set(), set(), [name]
+        while todo:
+            n = todo.pop()
+            if n in seen or n in self.consts:
+                continue
+            seen.add(n)
+            if n in self.graph.inputs:
+                found.add(n)
+            todo.extend(self.producers.get(n, []))
+        return sorted(found)
 
     # -- reading inputs ------------------------------------------------------------------------------
     def known(self, name: str) -> bool:

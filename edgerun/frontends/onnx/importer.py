@@ -23,6 +23,7 @@ from edgerun.frontends.onnx.context import (
     onnx_dtype,
 )
 from edgerun.frontends.onnx.control_flow import import_if, import_scan
+from edgerun.frontends.onnx.dims import describe, disagreement, symbol_bindings
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
 from edgerun.frontends.onnx.registry import load_handlers
@@ -33,6 +34,14 @@ from edgerun.oracle import interpret
 
 class OnnxImportError(EdgerunError):
     """A handler produced something inconsistent with ONNX's own inference: a bug, never a silent answer."""
+
+
+class CheckedTypes(dict[str, Any]):
+    """ONNX's inferred types by value name, and the symbols input_shapes pinned (see dims.py)."""
+
+    def __init__(self, types: Mapping[str, Any], bindings: Mapping[str, int]) -> None:
+        super().__init__(types)
+        self.bindings = dict(bindings)
 
 
 # Ops that must never be folded at import time: their value is not a function of their inputs.
@@ -49,9 +58,10 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[int]] | N
     """
     model = load_model(source)
     opset = check_model(model)
+    bindings = symbol_bindings(model.graph.input, input_shapes or {})
     if input_shapes:
         model = _pin_input_shapes(model, input_shapes)
-    types = infer_types(model)
+    types = CheckedTypes(infer_types(model), bindings)
     handlers = load_handlers()
     graph = Graph()
     ctx = ImportContext(graph)
@@ -82,6 +92,9 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[int]] | N
 def _pin_input_shapes(model: Any, input_shapes: Mapping[str, Sequence[int]]) -> Any:
     import onnx
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    # value_info the exporter stored describes the shapes it saw (often batch 1); ONNX's inference recomputes
+    # it from the pinned inputs, so a stale declaration cannot fail the cross-check.
+    del model.graph.value_info[:]
     names = {vi.name for vi in model.graph.input}
     for name in input_shapes:
         if name not in names:
@@ -115,14 +128,18 @@ def input_spec(vi: Any) -> TensorSpec:
     dtype = onnx_dtype(tt.elem_type, f"input {vi.name}")
     if not tt.HasField("shape"):
         raise UnsupportedOpError(f"input {vi.name}", detail="input has no shape; pass input_shapes=")
-    shape = []
-    for i, d in enumerate(tt.shape.dim):
-        if not d.HasField("dim_value"):
-            sym = d.dim_param or "?"
-            raise UnsupportedOpError(f"input {vi.name}", detail=(
-                f"dimension {i} is dynamic ({sym!r}); edgerun programs have static shapes: pass "
-                f"input_shapes={{{vi.name!r}: (...)}} to from_onnx or --input-shape on the CLI"))
-        shape.append(int(d.dim_value))
+    dims = list(tt.shape.dim)
+    dynamic = [i for i, d in enumerate(dims) if not d.HasField("dim_value") or d.dim_value < 0]
+    if dynamic:
+        said = describe(dims)
+        which = (f"dimension {dynamic[0]} is dynamic ({said[dynamic[0]]!r})" if len(dynamic) == 1 else
+                 "dimensions " + ", ".join(f"{i} ({said[i]!r})" for i in dynamic) + " are dynamic")
+        example = tuple(f"<dim {i}>" if i in dynamic else str(s) for i, s in enumerate(said))
+        raise UnsupportedOpError(f"input {vi.name}", detail=(
+            f"{which}; "
+            f"edgerun programs have static shapes: pass input_shapes={{{vi.name!r}: ({', '.join(example)})}} "
+            "to from_onnx or --input-shape on the CLI"))
+    shape = [int(d.dim_value) for d in dims]
     return TensorSpec(tuple(shape), dtype)
 
 
@@ -138,7 +155,7 @@ def _decode_attrs(node: Any) -> dict[str, Any]:
     return attrs
 
 
-def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], types: dict[str, Any],
+def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], types: CheckedTypes,
                   handlers: dict[str, Any], depth: int) -> None:
     for proto in dependency_order(nodes, set(ctx.values) | set(ctx.consts)):
         domain = proto.domain if proto.domain != "ai.onnx" else ""
@@ -149,6 +166,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}
+        ctx.producers.update({o: [i for i in node.inputs if i] for o in node.outputs if o})
         if node.op_type in ("If", "Scan"):
             def import_body(body: list[Any], prefix: str) -> None:
                 _import_nodes(ctx, body, opsets, types, handlers, depth + 1)
@@ -172,7 +190,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         _bind_outputs(ctx, node, outs, types)
 
 
-def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: dict[str, Any]) -> None:
+def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: CheckedTypes) -> None:
     for name, out in zip(node.outputs, outs):
         if not name:
             continue
@@ -180,14 +198,18 @@ def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: di
             ctx.consts[name] = out
         else:
             ctx.values[name] = out
-        _cross_check(ctx, node, name, types.get(name))
+        _cross_check(ctx, node, name, types.get(name), types.bindings)
     missing = [n for n in node.outputs[len(outs):] if n]
     if missing:
         raise node.refuse(f"outputs {missing} are not supported")
 
 
-def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any) -> None:
-    """Our inferred shape and dtype must agree with ONNX's wherever ONNX's is static."""
+def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any, bindings: Mapping[str, int]) -> None:
+    """Our inferred shape and dtype must agree with ONNX's wherever ONNX's is known.
+
+    A dimension ONNX leaves unknown (no value, -1, 0 as converters write it, a symbol it made up) agrees
+    with any size; only two known, different sizes (or a pinned input symbol and another size) disagree.
+    """
     if t is None or t.WhichOneof("value") != "tensor_type":
         return
     tt = t.tensor_type
@@ -195,11 +217,12 @@ def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any) -> None:
     if tt.elem_type and DTYPE_TO_ONNX.get(dtype) != tt.elem_type and name not in ctx.consts:
         raise OnnxImportError(f"{node.op_type} output {name!r}: edgerun gives {dtype.value}, "
                               f"ONNX infers element type {tt.elem_type}")
-    if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-        want = tuple(int(d.dim_value) for d in tt.shape.dim)
-        if want != tuple(shape):
-            raise OnnxImportError(f"{node.op_type} output {name!r}: edgerun infers shape {tuple(shape)}, "
-                                  f"ONNX infers {want}")
+    if not tt.HasField("shape"):
+        return
+    why = disagreement(shape, tt.shape.dim, bindings)
+    if why:
+        raise OnnxImportError(f"{node.op_type} output {name!r}: edgerun infers shape {tuple(shape)}, "
+                              f"ONNX infers {describe(tt.shape.dim)} ({why})")
 
 
 def _try_fold(ctx: ImportContext, node: OnnxNode, handler: Handler) -> bool:

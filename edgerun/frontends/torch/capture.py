@@ -57,9 +57,13 @@ def _explain(exc: BaseException) -> str:
     text = str(exc)
     name = type(exc).__name__
     hint = ("make the forward pass traceable by torch.export: no Python control flow that depends on tensor "
-            "values (use torch.where or torch.cond), no .item()/.tolist() on tensors, no data-dependent "
-            "output shapes, and no unsupported Python side effects")
+            "values (select with torch.where; torch.cond is captured but edgerun cannot convert it yet), no "
+            ".item()/.tolist() on tensors, no data-dependent output shapes, and no unsupported Python side "
+            "effects")
     if "data-dependent" in text or "GuardOnDataDependent" in name or "Could not guard" in text:
-        hint = ("the model branches on tensor values (data-dependent control flow); replace `if tensor...` "
-                "with torch.where(...) or torch.cond(...), or compute the condition from shapes only")
+        hint = ("the model branches on tensor values (data-dependent control flow), which edgerun cannot run "
+                "yet: compute both sides and select with torch.where(cond, a, b) when both are valid for "
+                "every input, or compute the condition from shapes or Python values (resolved at export). "
+                "torch.cond and torch.while_loop are captured by torch.export but edgerun cannot convert them "
+                "yet")
     return f"torch.export failed to capture the model ({name}): {_first_lines(exc)}\nHow to fix: {hint}"

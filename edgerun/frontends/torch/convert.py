@@ -26,6 +26,13 @@ class FrontendBugError(RuntimeError):
     """A handler produced a value whose shape differs from torch's: a bug in this frontend, not user error."""
 
 
+# What a model with control flow can use today; torch.cond and friends need subgraph ops (issue #12).
+CONTROL_FLOW_MESSAGE = (
+    "torch.cond, torch.while_loop and torch.map (higher-order control flow) cannot be converted yet: edgerun "
+    "graphs are static dataflow without subgraph ops. What converts today: torch.where(pred, a, b) with both "
+    "sides computed (when both are valid for every input), and Python if/for on shapes or Python values, "
+    "which torch.export resolves at export time for the example inputs")
+
 def convert_exported_program(ep: Any) -> Graph:
     import torch
 
@@ -44,7 +51,11 @@ def convert_exported_program(ep: Any) -> Graph:
         elif node.op == "output":
             graph.outputs = _outputs(ctx, node, sig)
         elif node.op == "get_attr":
-            ctx.env[node] = ctx.const_like_torch(getattr(ep.graph_module, str(node.target)))
+            attr = getattr(ep.graph_module, str(node.target))
+            if isinstance(attr, torch.fx.GraphModule):  # the branch or body of torch.cond / while_loop / map
+                ctx.node = next(iter(node.users), node)
+                ctx.unsupported(CONTROL_FLOW_MESSAGE)
+            ctx.env[node] = ctx.const_like_torch(attr)
         else:
             raise EdgerunError(f"unexpected FX node kind {node.op!r} ({node.name})")
     del torch
@@ -78,6 +89,10 @@ def _call(ctx: ConvertContext, node: Any) -> Any:
         if picked is None and read:
             ctx.unsupported("reading an output this frontend does not produce")
         return picked
+    from torch._ops import HigherOrderOperator
+
+    if isinstance(node.target, HigherOrderOperator):
+        ctx.unsupported(CONTROL_FLOW_MESSAGE)
     name = str(node.target)
     handler = HANDLERS.get(name)
     if handler is None:
