@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.onnx import from_onnx, import_onnx_graph
+from edgerun.oracle import interpret
 
 
 def _model(nodes, inputs, outputs, inits=()):

@@ -14,10 +14,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from edgerun.backends.reference.interpreter import interpret
 from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.onnx import from_onnx, import_onnx_graph
 from edgerun.frontends.onnx.dims import disagreement, symbol_bindings
+from edgerun.oracle import interpret
 
 
 def _model(nodes, inputs, outputs, value_info=()):
