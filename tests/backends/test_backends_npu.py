@@ -47,13 +47,15 @@ def on_backend(loaded: object, backend: str) -> list[str]:
     return [n.op for p in loaded.partitions if p.backend == backend for n in p.nodes]  # type: ignore[attr-defined]
 
 
-def test_int8_static_cnn_places_its_integer_products_on_npu_bit_exactly() -> None:
-    q = edgerun.quantize(small_cnn(), scheme="int8-static", calibration={"image": images(3, seed=1)})
+@pytest.mark.parametrize("scheme", ["int8-static", "int8-dynamic"])
+def test_int8_cnn_places_its_integer_products_on_npu_bit_exactly(scheme: str) -> None:
+    calibration = {"image": images(3, seed=1)} if scheme == "int8-static" else None
+    q = edgerun.quantize(small_cnn(), scheme=scheme, calibration=calibration)
     npu = NpuBackend()
     loaded = load(q.graph, [npu, "reference"])
     placed = on_backend(loaded, "npu")
     assert sorted(placed) == ["conv_integer", "conv_integer", "matmul_integer", "matmul_integer"], placed
-    assert not {"quantize_linear", "requantize", "dequantize_linear"} & set(placed)
+    assert not {"quantize_linear", "dynamic_quantize", "requantize", "dequantize_linear"} & set(placed)
     want = load(q.graph, ["reference"])
     assert on_backend(want, "npu") == []
     for i in range(2):
