@@ -27,6 +27,7 @@ QUICK = [
 ]
 LONG = [
     ["peers.py"],
+    ["auto_vs_single.py"],
     ["onnx_conformance.py"],
     ["torch_opdb.py"],
     ["fleet_sim.py", "--devices", "10000", "--db", "sqlite"],

@@ -73,28 +73,24 @@ def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
 CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
 
 
-def measure_placement(graph: Graph, placement: Mapping[str, str], runs: int = DEFAULT_RUNS,
-                      loader: CandidateLoader | None = None, deadline: float = math.inf,
-                      beaten_at: float = math.inf) -> tuple[float, LoadedProgram]:
-    """Median seconds of one call of `graph` loaded with `placement`, after one warm-up call, and the loaded
-    program. Fewer runs past `deadline` (at least one), and none after a warm-up slower than twice
-    `beaten_at` (the best time measured so far): such a candidate cannot win, its warm-up is its time."""
+MIN_TIMED_RUNS = 3  # a contender's median is over at least this many calls: one call on a busy machine lies
+CONTENDER_FACTOR = 2.0  # a candidate whose warm-up call is this much slower than the best warm-up is out
+
+
+def load_candidate(graph: Graph, placement: Mapping[str, str], loader: CandidateLoader | None) -> LoadedProgram:
     # The graph is the one the search placed (prepared for its candidates): hand it to the runtime as it is.
-    loaded = loader(placement) if loader is not None else \
+    return loader(placement) if loader is not None else \
         load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
-    inputs = synthetic_inputs(graph)
-    start = time.perf_counter()
-    loaded.run(inputs)
-    warm_up = time.perf_counter() - start
-    if warm_up > 2 * beaten_at:
-        return warm_up, loaded
+
+
+def time_calls(loaded: LoadedProgram, inputs: list[np.ndarray], runs: int, deadline: float = math.inf) -> float:
+    """Median seconds of a call: at least MIN_TIMED_RUNS calls, up to `runs` while before `deadline`."""
     times: list[float] = []
-    while len(times) < runs and (not times or time.perf_counter() < deadline) \
-            and (not times or times[0] <= 2 * beaten_at):
+    while len(times) < max(runs, 1) and (len(times) < MIN_TIMED_RUNS or time.perf_counter() < deadline):
         start = time.perf_counter()
         loaded.run(inputs)
         times.append(time.perf_counter() - start)
-    return statistics.median(times), loaded
+    return statistics.median(times)
 
 
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
@@ -123,18 +119,28 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     start = time.perf_counter()
     deadline = start + budget_s
     candidates = candidate_placements(graph, table, best, count)
-    measured: list[tuple[float, str, dict[str, str], float]] = []
-    best_loaded: LoadedProgram | None = None
     singles = sum(1 for label, _, _ in candidates if label.startswith("all "))
+    inputs = synthetic_inputs(graph)
+    # Pass 1: load each candidate and time one warm-up call. The optimum and the single-engine placements
+    # always (auto must not lose to one of them); the budget bounds the rest. Clear losers are freed at once.
+    warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
     for k, (label, placement, modelled) in enumerate(candidates):
-        # The optimum and the single-engine placements are always measured (auto must not lose to one of
-        # them); the budget bounds the rest. A losing candidate stops after its warm-up (measure_placement).
         if k > singles and time.perf_counter() >= deadline:
             break
-        best_s = min((m[0] for m in measured), default=math.inf)
-        seconds, loaded = measure_placement(graph, placement, runs, loader, deadline, best_s)
-        if seconds < best_s:
-            best_loaded = loaded  # only the fastest so far stays loaded: a loser's sessions are freed now
+        loaded = load_candidate(graph, placement, loader)
+        t0 = time.perf_counter()
+        loaded.run(inputs)
+        first = time.perf_counter() - t0
+        warm.append((first, label, placement, modelled, loaded))
+        cut = CONTENDER_FACTOR * min(w[0] for w in warm)
+        warm = [w if w[0] <= cut else (*w[:4], None) for w in warm]
+    # Pass 2: the contenders' medians over several calls (a losing candidate's warm-up is its time).
+    measured: list[tuple[float, str, dict[str, str], float]] = []
+    best_loaded: LoadedProgram | None = None
+    for first, label, placement, modelled, kept in warm:
+        seconds = first if kept is None else time_calls(kept, inputs, runs, deadline)
+        if kept is not None and seconds < min((m[0] for m in measured), default=math.inf):
+            best_loaded = kept
         measured.append((seconds, label, placement, modelled))
     winner = min(measured, key=lambda m: m[0])
     complete = len(measured) == len(candidates)
