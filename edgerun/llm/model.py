@@ -204,9 +204,9 @@ def build_programs(checkpoint: Checkpoint, info: ModelInfo) -> tuple[Graph, Grap
 
 
 def load_program(source: Any, backends: Sequence[str] | str | None) -> Any:
-    from edgerun.runtime import load as runtime_load
+    from edgerun.search import load  # edgerun.load: "auto" is resolved by the search, then the runtime loads
 
-    return runtime_load(source, backends=backends)
+    return load(source, backends=backends)
 
 
 def info_to_json(info: ModelInfo) -> dict[str, Any]:

@@ -91,7 +91,7 @@ def _zoo(name: str) -> tuple[Graph, list[np.ndarray], float]:
 @torch_needed
 @pytest.mark.parametrize("name", ["mlp", "din", "mobilenet_v2", "shufflenet_v2", "vit_tiny"])
 def test_zoo_model_whole_on_mnn_matches_reference(name: str) -> None:
-    from edgerun.runtime import load
+    from edgerun import load
 
     graph, args, tolerance = _zoo(name)
     want = load(graph).run(args)
@@ -109,7 +109,7 @@ def test_zoo_model_whole_on_mnn_matches_reference(name: str) -> None:
 @torch_needed
 @pytest.mark.parametrize("name", ["mlp", pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
 def test_mixed_placements_match_reference(name: str) -> None:
-    from edgerun.runtime import load
+    from edgerun import load
 
     graph, args, tolerance = _zoo(name)
     reference = load(graph)
@@ -132,7 +132,7 @@ def test_mixed_placements_match_reference(name: str) -> None:
 
 def test_search_places_work_on_mnn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # "auto" over MNN and the reference: calibration measures MNN, and the convolution goes to it.
-    from edgerun.runtime import load
+    from edgerun import load
     from edgerun.search import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
@@ -154,7 +154,7 @@ def test_real_pitch_tracker_on_mnn_matches_onnxruntime() -> None:
     import onnxruntime as ort
     from test_backends_ort_raster_layout import load_real
 
-    from edgerun.runtime import load
+    from edgerun import load
 
     path, graph = load_real("basic-pitch")
     inputs = [RNG.standard_normal(graph.specs[v].shape).astype(np.float32) for v in graph.inputs]
@@ -195,7 +195,7 @@ LAYOUT_CASES = _layout_cases()
 def test_layout_rasters_on_mnn_or_left_to_others(name: str) -> None:
     # MNN claims one-region rasters read forwards with no fill but 0; the rest (which made MNN 3.6.1 abort or
     # answer wrongly) stay on the reference, and the program is still right.
-    from edgerun.runtime import load
+    from edgerun import load
 
     graph, inputs, _ = LAYOUT_CASES[name]
     for node in graph.nodes:
