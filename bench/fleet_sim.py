@@ -194,9 +194,9 @@ def start_server(base: Path, keys: KeyDir, workers: int, db_url: str) -> tuple[s
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(base / "data"),
-           "--keys", str(keys.path), "--admin-token", "admin", "--enroll-token", "enroll",
-           "--workers", str(workers)] + (["--db", db_url] if db_url else [])
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+           "--keys", str(keys.path), "--workers", str(workers)] + (["--db", db_url] if db_url else [])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EDGERUN_FLEET_TOKEN": "admin", "EDGERUN_ENROLL_TOKEN": "enroll"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env,  # tokens from the environment: never argv
                             stdout=subprocess.DEVNULL, stderr=open(base / "server.log", "wb"))  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     import httpx

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,27 @@ def _csv(value: str) -> list[str]:
     return [v for v in value.split(",") if v]
 
 
+def _token(path: str | None, env: str) -> str:
+    """A token from a file or the environment, never argv (argv shows in `ps` to every user). A file that
+    group or others may read is refused, not warned about: a warning scrolls past in a service log while
+    the secret stays readable, and `chmod 600` is a one-line fix (ssh does the same with private keys)."""
+    from edgerun.fleet.errors import FleetError
+
+    if not path:
+        return os.environ.get(env, "").strip()
+    try:
+        mode = os.stat(path).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise FleetError(f"the token file {path} is accessible by others (mode {mode & 0o777:04o}); "
+                             f"run: chmod 600 {path}")
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise FleetError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise FleetError(f"the token file {path} is empty")
+    return token
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -29,14 +51,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgerun.fleet.server import ServerConfig, create_app, prepare
 
     cfg = prepare(ServerConfig(data_dir=Path(args.data), keys_dir=Path(args.keys), db_url=args.db or "",
-                               store=args.store or "", admin_token=args.admin_token or os.environ.get(TOKEN_ENV, ""),
-                               enroll_token=args.enroll_token or "", s3_endpoint_url=args.s3_endpoint_url or "",
+                               store=args.store or "", admin_token=_token(args.admin_token_file, TOKEN_ENV),
+                               enroll_token=_token(args.enroll_token_file, ENROLL_ENV),
+                               s3_endpoint_url=args.s3_endpoint_url or "",
                                s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
                                s3_secret_access_key=args.s3_secret_access_key or "",
                                monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl,
                                max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses))
-    print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in {cfg.data_dir}/admin_token, "
-          f"enrolment token in {cfg.data_dir}/enroll_token)", flush=True)
+    def where(path: str | None, env: str, name: str) -> str:
+        return path or (f"${env}" if os.environ.get(env) else str(cfg.data_dir / name))
+
+    print(f"edgerun fleet server on http://{args.host}:{args.port}/  (admin token in "
+          f"{where(args.admin_token_file, TOKEN_ENV, 'admin_token')}, enrolment token in "
+          f"{where(args.enroll_token_file, ENROLL_ENV, 'enroll_token')})", flush=True)
     if args.workers > 1:
         os.environ[ENV] = config_to_env(cfg)
         uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, host=args.host, port=args.port,
@@ -49,9 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from edgerun.fleet.agent import Agent
 
-    enroll_token = os.environ.get(ENROLL_ENV) or None
-    if args.enroll_token_file:  # a file or the environment, never argv: argv shows in `ps` to every user
-        enroll_token = Path(args.enroll_token_file).read_text().strip()
+    enroll_token = _token(args.enroll_token_file, ENROLL_ENV) or None
     agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=enroll_token,
                   app_version=args.app_version, os_name=args.os, device_groups=tuple(args.device_group),
                   user_groups=tuple(args.user_group), checkin_interval_s=args.interval)
@@ -99,7 +124,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from edgerun.fleet.admin_client import AdminClient
 
-    return AdminClient(args.server, args.token or os.environ.get(TOKEN_ENV, ""))
+    return AdminClient(args.server, _token(args.token_file, TOKEN_ENV))
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -182,14 +207,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=os.environ.get("EDGERUN_FLEET_SERVER", "http://127.0.0.1:8700"))
-    p.add_argument("--token", help=f"admin token (default: ${TOKEN_ENV})")
+    p.add_argument("--token-file", help=f"file holding the admin token, mode 600 (default: ${TOKEN_ENV})")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    # allow_abbrev=False where a token flag is: `--token SECRET` must fail, not pass as `--token-file SECRET`.
     fleet = subparsers.add_parser("fleet", help="fleet release server, device agent, keys and releases")
     fsub = fleet.add_subparsers(dest="fleet_command", metavar="SUBCOMMAND", required=True)
 
-    p = fsub.add_parser("serve", help="run the release server (HTTP API, dashboard at /)")
+    p = fsub.add_parser("serve", allow_abbrev=False, help="run the release server (HTTP API, dashboard at /)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--data", required=True, help="folder for the SQLite database and the file store")
@@ -203,8 +229,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="S3 secret key (default: $AWS_SECRET_ACCESS_KEY; prefer the variable, arguments show in ps)")
     p.add_argument("--monitor-interval", type=float, default=1.0,
                    help="seconds between re-evaluations of rollout steps against the live device count")
-    p.add_argument("--admin-token")
-    p.add_argument("--enroll-token", help="the server's own enrolment token: new device ids only, no groups")
+    p.add_argument("--admin-token-file",
+                   help=f"file holding the admin token, mode 600 (default: ${TOKEN_ENV}, else DATA/admin_token)")
+    p.add_argument("--enroll-token-file",
+                   help="file holding the server's own enrolment token (new device ids only, no groups), mode 600 "
+                        f"(default: ${ENROLL_ENV}, else DATA/enroll_token)")
     p.add_argument("--timestamp-ttl", type=float, default=600.0,
                    help="seconds a signed 'up to date' answer stays valid (TUF's timestamp role)")
     p.add_argument("--max-blob-mb", type=int, default=1024, help="largest file an admin may upload")
@@ -214,13 +243,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)
 
-    p = fsub.add_parser("agent", help="run a device agent")
+    p = fsub.add_parser("agent", allow_abbrev=False, help="run a device agent")
     p.add_argument("--server", required=True)
     p.add_argument("--device-id", required=True)
     p.add_argument("--state", required=True, help="folder for the agent's SQLite state and task files")
     p.add_argument("--root", help="trusted root document (needed on first start)")
     p.add_argument("--enroll-token-file",
-                   help=f"file holding the server's enrolment token, needed on first start (or ${ENROLL_ENV})")
+                   help=f"file holding an enrolment token, mode 600, needed on first start (or ${ENROLL_ENV})")
     p.add_argument("--app-version", default="1.0")
     p.add_argument("--os", default=sys.platform)
     p.add_argument("--device-group", action="append", default=[])
@@ -235,20 +264,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = ksub.add_parser("init", help="generate root, release and assignment keys and root v1")
     p.add_argument("--keys", required=True)
     p.set_defaults(func=cmd_keys_init)
-    p = ksub.add_parser("rotate", help="replace one role's key and sign the next root version")
+    p = ksub.add_parser("rotate", allow_abbrev=False,
+                        help="replace one role's key and sign the next root version")
     p.add_argument("--keys", required=True)
     p.add_argument("--role", required=True, choices=("root", "release", "assignment"))
     p.add_argument("--server", help="also push the new root to this server")
-    p.add_argument("--token")
+    p.add_argument("--token-file", help=f"file holding the admin token, mode 600 (default: ${TOKEN_ENV})")
     p.set_defaults(func=cmd_keys_rotate)
 
-    p = fsub.add_parser("release", help="list, show, pause, resume, abort releases; show the audit log")
+    p = fsub.add_parser("release", allow_abbrev=False,
+                        help="list, show, pause, resume, abort releases; show the audit log")
     p.add_argument("action", choices=("list", "show", "pause", "resume", "abort", "audit"))
     p.add_argument("id", type=int, nargs="?")
     _server_args(p)
     p.set_defaults(func=cmd_release)
 
-    p = fsub.add_parser("device", help="enrolment tokens, device groups (hardware class), revoking a device")
+    p = fsub.add_parser("device", allow_abbrev=False,
+                        help="enrolment tokens, device groups (hardware class), revoking a device")
     p.add_argument("action", choices=("enrol-token", "groups", "revoke"))
     p.add_argument("device_id", nargs="?", help="enrol-token: only this id may use it; groups/revoke: the device")
     p.add_argument("--group", action="append", default=[], help="device group the admin vouches for (repeat)")
@@ -268,7 +300,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--inputs", help="JSON given to run(inputs) (default {})")
     p.add_argument("--json", help="also write the result (outcome, output, error, isolation, ...) to this file")
     p.set_defaults(func=cmd_task_run)
-    p = tsub.add_parser("publish", help="sign a package with the offline release key and start its rollout")
+    p = tsub.add_parser("publish", allow_abbrev=False,
+                        help="sign a package with the offline release key and start its rollout")
     p.add_argument("package")
     p.add_argument("--keys", required=True, help="key folder holding release.key and the root chain")
     _server_args(p)

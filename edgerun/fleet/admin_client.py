@@ -16,7 +16,8 @@ from edgerun.fleet.signing import KeyDir, Root
 class AdminClient:
     def __init__(self, server_url: str, token: str, timeout_s: float = 60.0) -> None:
         if not token:
-            raise FleetError("an admin token is needed (--token or EDGERUN_FLEET_TOKEN; the server keeps it in DATA/admin_token)")
+            raise FleetError("an admin token is needed (--token-file or $EDGERUN_FLEET_TOKEN; "
+                             "the server keeps it in DATA/admin_token)")
         self.http = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout_s,
                                  headers={"Authorization": f"Bearer {token}"})
 

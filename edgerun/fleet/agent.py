@@ -118,7 +118,8 @@ class Agent:
     def token(self) -> str:
         if self._token is None:
             if not self._enroll_token:
-                raise FleetError("the agent is not enrolled; pass the server's enrolment token (--enroll-token)")
+                raise FleetError("the agent is not enrolled; pass an enrolment token "
+                                 "(--enroll-token-file or $EDGERUN_ENROLL_TOKEN)")
             # The device chooses its token and keeps it before asking, so a retry after a lost answer is
             # recognised; the server never issues a token for an id that is already enrolled.
             proposed = self.state.get("proposed_token")

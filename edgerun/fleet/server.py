@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
 import threading
 from dataclasses import dataclass
@@ -78,9 +79,10 @@ def _secret(data_dir: Path, name: str, given: str) -> str:
     if given:
         return given
     path = data_dir / name
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(24) + "\n")
-        path.chmod(0o600)
+    if not path.exists():  # created 0600 at once: a write-then-chmod leaves a moment where others may read it
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24) + "\n")
     return path.read_text().strip()
 
 

@@ -160,8 +160,8 @@ class FleetService:
 
     # ---- enrolment and device identity --------------------------------------------------------------
     def set_server_enrolment_token(self, token: str, max_uses: int | None = None) -> None:
-        """The server's own enrolment token (`--enroll-token`, DATA/enroll_token): new devices only, no device
-        groups, `max_uses` of them in all (None: any number; uses survive restarts). Replaces the previous
+        """The server's own enrolment token (`--enroll-token-file`, DATA/enroll_token): new devices only, no
+        device groups, `max_uses` of them in all (None: any number; uses survive restarts). Replaces the previous
         one, so a changed token takes the old one out of service."""
         h = token_hash(token)
         with self.engine.begin() as conn:

@@ -68,15 +68,28 @@ class FleetServer:
             self.proc.kill()
 
 
-def start_server(base: Path, keys: KeyDir, *extra: str, db_url: str = "") -> FleetServer:
+def token_file(path: Path, token: str) -> Path:
+    """A token file as the CLI accepts it: created mode 0600 (tokens never go on a command line)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
+
+
+def start_server(base: Path, keys: KeyDir, *extra: str, db_url: str = "", token_files: bool = True) -> FleetServer:
+    """The real server process; with `token_files=False` it generates its tokens into DATA/ itself."""
     port = free_port()
     data = base / f"data-{port}"
     log = base / f"server-{port}.log"
     cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(data),
-           "--keys", str(keys.path), "--admin-token", "admin-secret", "--enroll-token", "enroll-secret", *extra]
+           "--keys", str(keys.path), *extra]
+    if token_files:
+        cmd += ["--admin-token-file", str(token_file(base / f"admin-{port}", "admin-secret")),
+                "--enroll-token-file", str(token_file(base / f"enroll-{port}", "enroll-secret"))]
     if db_url:
         cmd += ["--db", db_url]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGERUN_FLEET_TOKEN", "EDGERUN_ENROLL_TOKEN")}
+    env["PYTHONPATH"] = str(REPO)
     with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
@@ -92,6 +105,9 @@ def start_server(base: Path, keys: KeyDir, *extra: str, db_url: str = "") -> Fle
     else:
         proc.kill()
         raise RuntimeError(f"server did not start: {log.read_text()}")
+    if not token_files:
+        return FleetServer(url, data, keys, (data / "admin_token").read_text().strip(),
+                           (data / "enroll_token").read_text().strip(), proc, log)
     return FleetServer(url, data, keys, "admin-secret", "enroll-secret", proc, log)
 
 

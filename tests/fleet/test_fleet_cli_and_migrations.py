@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from fleet_helpers import REPO, FleetServer
+from fleet_helpers import REPO, FleetServer, token_file
 
 from edgerun.fleet.database import MIGRATIONS, create_engine, upgrade
 
@@ -42,10 +42,9 @@ def test_cli_pack_publish_agent_release(server: FleetServer, tmp_path: Path) -> 
     r = edgerun("task", "publish", str(pkg), "--keys", str(server.keys.path), "--server", server.url,
                 "--steps", "100", "--min-reports", "1", token=server.admin_token)
     assert r.returncode == 0 and "published clitask v2" in r.stdout, r.stderr
-    token_file = tmp_path / "enroll_token"  # tokens never in argv
-    token_file.write_text(server.enroll_token)
+    enroll_file = token_file(tmp_path / "enroll_token", server.enroll_token)  # tokens never in argv
     r = edgerun("fleet", "agent", "--server", server.url, "--device-id", "cli-dev", "--state", str(tmp_path / "a"),
-                "--root", str(server.keys.latest_root_path()), "--enroll-token-file", str(token_file), "--once")
+                "--root", str(server.keys.latest_root_path()), "--enroll-token-file", str(enroll_file), "--once")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tasks"]["clitask"] == 2
     assert server.admin().device("cli-dev")["reports"] == {"success": 1}

@@ -22,6 +22,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def token_file(path: Path, token: str) -> Path:
+    """A token file as `edgerun fleet serve` accepts it: created mode 0600 (tokens never go on a command line)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
+
+
 class CloudServer:
     """The standalone cloud app in its own process; restartable on the same port and database."""
 

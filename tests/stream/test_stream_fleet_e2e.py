@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stream_helpers import REPO, free_port
+from stream_helpers import REPO, free_port, token_file
 
 from edgerun.fleet.admin_client import AdminClient
 from edgerun.fleet.agent import Agent
@@ -43,7 +43,8 @@ def fleet_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port),
                                  "--data", str(tmp_path / "data"), "--keys", str(keys.path),
-                                 "--admin-token", "admin-secret", "--enroll-token", "enroll-secret"],
+                                 "--admin-token-file", str(token_file(tmp_path / "admin", "admin-secret")),
+                                 "--enroll-token-file", str(token_file(tmp_path / "enroll", "enroll-secret"))],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
     url = f"http://127.0.0.1:{port}"
