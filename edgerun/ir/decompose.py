@@ -106,10 +106,24 @@ def _one_round(graph: Graph, keep: KeepWhole | None, origins: dict[str, str] | N
         if len(outs) != len(node.outputs):
             raise RuntimeError(f"decomposition of {node.op} returned {len(outs)} values, "
                                f"expected {len(node.outputs)}")
+        taken: dict[str, str] = {}  # a piece's result already renamed to an earlier output of this node
         for old, new in zip(node.outputs, outs):
+            if new in taken:
+                rename[old] = taken[new]
+                continue
             if graph.specs[old] != graph.specs[new]:
                 raise RuntimeError(f"decomposition of {node.op} changed {graph.specs[old]} "
                                    f"to {graph.specs[new]}")
-            rename[old] = new
+            pieces = graph.nodes[first_new:]
+            if any(new in piece.outputs for piece in pieces):
+                # The piece that computes the composite's result takes its name, so a value keeps its name
+                # through lowering (hooks, calibration and the developer tools look values up by name).
+                for piece in pieces:
+                    piece.inputs = [old if i == new else i for i in piece.inputs]
+                    piece.outputs = [old if o == new else o for o in piece.outputs]
+                del graph.specs[new]
+                taken[new] = old
+            else:
+                rename[old] = new  # the result is an existing value (an input or a constant passed through)
     graph.outputs = [rename.get(o, o) for o in graph.outputs]
     return changed

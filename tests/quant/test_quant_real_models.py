@@ -43,6 +43,11 @@ def captcha_model():  # type: ignore[no-untyped-def]
     del head.graph.input[0].type.tensor_type.shape.dim[:]
     head.graph.input[0].type.tensor_type.shape.dim.extend(
         onnx.TensorShapeProto.Dimension(dim_value=d) for d in lstm_out.shape)
+    # The model declares its output as (1, 'seqlen'), but its last Reshape makes a rank-3 value (ONNX Runtime
+    # only warns); the import checks declared shapes, so the extracted head declares three free dimensions instead.
+    out_dims = head.graph.output[0].type.tensor_type.shape.dim
+    del out_dims[:]
+    out_dims.extend(onnx.TensorShapeProto.Dimension(dim_param=p) for p in ("steps", "batch", "classes"))
     return cnn, head, lstm_out
 
 
