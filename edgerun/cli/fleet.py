@@ -40,9 +40,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         os.environ[ENV] = config_to_env(cfg)
         uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, log_level=args.log_level, access_log=False)
+                    workers=args.workers, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
     else:
-        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        # Open push streams never end by themselves; a stop waits this long for them, then closes them.
+        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    timeout_graceful_shutdown=2)
     return 0
 
 

@@ -27,6 +27,7 @@ from edgerun.fleet.errors import ExpiredError, FleetError, IntegrityError
 from edgerun.fleet.freshness import verify_timestamp
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import validate_release_manifest, verify_assignment, verify_release
+from edgerun.fleet.push_client import PushListener
 from edgerun.fleet.sandbox import detect_level, meets
 from edgerun.fleet.signing import Root, check_expiry, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile
@@ -78,6 +79,7 @@ class Agent:
         self._announced: set[tuple[str, int]] = set()
         self.isolation = detect_level()  # reported on every check-in as "isolation"
         self.failed_rounds = 0  # consecutive rounds whose check-in failed; the wait backs off with it
+        self.push_listener: PushListener | None = None  # set while run_forever(push=True) runs
 
     # ---- trust and identity -------------------------------------------------------------------------
     def _load_root(self, root_path: str | Path | None) -> Root:
@@ -330,16 +332,17 @@ class Agent:
             sent += len(batch)
         return sent
 
-    def step(self) -> None:
+    def step(self, check_in: bool = True) -> None:
         """One round of the agent loop; network errors are logged and retried next round."""
         self.errors = []
-        try:
-            self.check_in()
-            self.failed_rounds = 0
-        except ANSWER_ERRORS as exc:
-            self.failed_rounds += 1
-            self.errors.append(f"check-in: {type(exc).__name__}: {exc}"[:500])
-            log.warning("agent %s: check-in failed (%d in a row): %s", self.device_id, self.failed_rounds, exc)
+        if check_in:
+            try:
+                self.check_in()
+                self.failed_rounds = 0
+            except ANSWER_ERRORS as exc:
+                self.failed_rounds += 1
+                self.errors.append(f"check-in: {type(exc).__name__}: {exc}"[:500])
+                log.warning("agent %s: check-in failed (%d in a row): %s", self.device_id, self.failed_rounds, exc)
         self.announce_active()
         self.run_scheduled()
         if self.hooks is not None:
@@ -349,13 +352,34 @@ class Agent:
         except ANSWER_ERRORS as exc:
             self.errors.append(f"reports: {type(exc).__name__}: {exc}"[:500])
 
-    def run_forever(self, stop: threading.Event | None = None) -> None:
+    def run_forever(self, stop: threading.Event | None = None, *, push: bool = False,
+                    fallback_checkin_s: float = 300.0) -> None:
+        """The agent loop. With `push`, the server's event stream (push_client.py) says when to check in,
+        and a check-in without a nudge happens only every `fallback_checkin_s`; the loop still ticks every
+        `checkin_interval_s` for scheduled runs, the hooks and reports. Without it, every tick checks in."""
         stop = stop or threading.Event()
-        while not stop.is_set():
-            self.step()
-            for e in self.errors:
-                print(f"agent {self.device_id}: {e}", flush=True)
-            stop.wait(self.next_wait_s())
+        wake = threading.Event()
+        listener: PushListener | None = None
+        last_checkin = -1e18
+        try:
+            while not stop.is_set():
+                due = not push or wake.is_set() or self.failed_rounds > 0 or \
+                    time.monotonic() - last_checkin >= fallback_checkin_s
+                if due:
+                    wake.clear()  # a nudge arriving during this round wakes the next one at once
+                    last_checkin = time.monotonic()
+                self.step(check_in=due)
+                if push and listener is None and self._token is not None:  # enrolled by the first check-in
+                    listener = self.push_listener = PushListener(self.server_url, self.device_id, self._auth,
+                                                                 wake).start()
+                for e in self.errors:
+                    print(f"agent {self.device_id}: {e}", flush=True)
+                deadline = time.monotonic() + self.next_wait_s()
+                while not stop.is_set() and not wake.is_set() and time.monotonic() < deadline:
+                    wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        finally:
+            if listener is not None:
+                listener.stop()
 
     def next_wait_s(self) -> float:
         """The check-in interval, doubled per consecutive failed round up to 64×, with jitter (no stampede)."""
