@@ -292,10 +292,12 @@ class Agent:
             result = RunResult("failure", 0.0, error=f"not run: {exc}")
         else:
             shares: list[str | Path] = getattr(self.hooks, "shared_paths", list)()
+            cache, cache_env = search_cache()
             result = run_in_container(folder, config["entry"], inputs if inputs is not None else {},
                                       limits=Limits.from_config(config["limits"]), network=config["network"],
                                       level=self.isolation, work_root=self.state_dir / "scratch",
-                                      hide=[self.state_dir], readonly_shares=[Path(p) for p in shares])
+                                      hide=[self.state_dir], readonly_shares=[*(Path(p) for p in shares), cache],
+                                      extra_env=cache_env)
         self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         return result
 
@@ -389,6 +391,15 @@ class Agent:
     def close(self) -> None:
         self.http.close()
         self.state.close()
+
+
+def search_cache() -> tuple[Path, dict[str, str]]:
+    """The device's search cache (calibrations, tuned placements) and the environment that names it: a task
+    that calls `edgerun.load(..., backends="auto")` reads it, read-only, instead of calibrating again."""
+    from edgerun.search.fingerprint import CACHE_ENV, cache_dir
+
+    cache = cache_dir().resolve()
+    return cache, {CACHE_ENV: str(cache)}
 
 
 def _json_object(r: httpx.Response) -> dict[str, Any]:

@@ -75,11 +75,13 @@ class RunResult:
 def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s: float = 10.0,
                      memory_mb: int = 512, limits: Limits | None = None, network: bool = False,
                      work_root: str | Path | None = None, level: str | None = None,
-                     hide: list[Path] | None = None, readonly_shares: list[Path] | None = None) -> RunResult:
+                     hide: list[Path] | None = None, readonly_shares: list[Path] | None = None,
+                     extra_env: dict[str, str] | None = None) -> RunResult:
     """Run `run(inputs)` from `entry` in `task_dir` once, isolated; never raises for task faults.
 
     `limits` overrides `timeout_s`/`memory_mb`. `hide` names folders that must never be visible (the agent's
-    state); `readonly_shares` are files shared read-only at their own path (collective storage). Where a
+    state); `readonly_shares` are files shared read-only at their own path (collective storage, the device's
+    search cache); `extra_env` adds environment variables (EDGERUN_CACHE_DIR naming that cache). Where a
     folder is needed on the host (rlimit-only level) it goes under `work_root`, so a run cut short by
     kill -9 leaves its leftovers where the next start sweeps them (`clear_scratch`).
     """
@@ -105,7 +107,7 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
             "python_path": [str(package_root())], "set_no_new_privs": not level.startswith("bwrap"),
             "limit_nproc": uid is not None or level.startswith("bwrap")}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
     if scratch_host is not None:
         env.update(HOME=str(scratch_host), TMPDIR=str(scratch_host))
     start = time.perf_counter()

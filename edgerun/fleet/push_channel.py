@@ -12,6 +12,7 @@ token (GET, no body; the body limits of /v1/devices/ apply to it like to any dev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -72,10 +73,8 @@ class ReleaseWatch:
             return self.generation
         assert self._changed is not None
         event = self._changed
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
         return self.generation
 
 
