@@ -83,6 +83,29 @@ def _tasks(root: Path) -> dict[str, tuple[Path, Any]]:
     return out
 
 
+def _runs_per_s(run_once: Any, concurrency: int, total: int) -> float:
+    """`total` runs by `concurrency` threads; every run must succeed."""
+    left = [total]
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            r = run_once()
+            assert r.ok, r.error
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return round(total / (time.perf_counter() - t), 1)
+
+
 def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples), 2)
 
@@ -125,31 +148,16 @@ def main() -> None:
     for concurrency in (1, 2, 4):
         pool_c = WarmPool(launch_for, max_concurrency=concurrency, per_version=concurrency)
         pool_c.prestart(light, "main.py", limits, wait=True)
-        for mode in ("cold", "warm"):
-            left = [args.throughput_runs]
-            lock = threading.Lock()
+        def cold_once() -> Any:
+            return run_in_container(light, "main.py", light_inputs, limits=limits, level=level,
+                                    work_root=root / "scratch")
 
-            def worker(mode: str = mode, pool_c: WarmPool = pool_c) -> None:
-                while True:
-                    with lock:
-                        if left[0] <= 0:
-                            return
-                        left[0] -= 1
-                    if mode == "warm":
-                        r = pool_c.run(light, "main.py", limits, light_inputs)
-                    else:
-                        r = run_in_container(light, "main.py", light_inputs, limits=limits, level=level,
-                                             work_root=root / "scratch")
-                    assert r.ok, r.error
+        def warm_once(pool_c: WarmPool = pool_c) -> Any:
+            return pool_c.run(light, "main.py", limits, light_inputs)
 
-            t = time.perf_counter()
-            threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
+        for mode, once in (("cold", cold_once), ("warm", warm_once)):
             throughput.append({"concurrency": concurrency, "mode": mode,
-                               "runs_per_s": round(args.throughput_runs / (time.perf_counter() - t), 1)})
+                               "runs_per_s": _runs_per_s(once, concurrency, args.throughput_runs)})
         pool_c.close()
     pool.close()
 
