@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
