@@ -109,12 +109,17 @@ class Simulator:
 
     async def call(self, method: str, path: str, token: str, payload: Any = None) -> tuple[int, Any]:
         conn = await self.pool.get()
+        body = json.dumps(payload).encode() if payload is not None else b""
         try:
-            status, raw = await conn.request(method, path, token, json.dumps(payload).encode() if payload is not None else b"")
-        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-            conn.writer = None
-            self.c.errors += 1
-            return 0, None
+            for attempt in (1, 2):  # a pooled connection the server closed while idle is reopened once
+                try:
+                    status, raw = await conn.request(method, path, token, body)
+                    break
+                except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                    conn.writer = None
+                    if attempt == 2:
+                        self.c.errors += 1
+                        return 0, None
         finally:
             self.pool.put_nowait(conn)
         if method == "GET" and path.startswith("/v1/blobs/"):
