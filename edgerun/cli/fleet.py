@@ -63,7 +63,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from edgerun.stream.agent_hooks import StreamHooks
 
         # Tasks with `triggers` run when their events occur; outputs go to the server's /v1/stream.
-        hooks = StreamHooks.for_agent(agent)
+        # A ready output goes to the cloud at once; the tasks one event matched run side by side when warm.
+        hooks = StreamHooks.for_agent(agent, realtime=True,
+                                      max_concurrent_runs=args.max_concurrent_runs if args.warm else 1)
         agent.hooks = hooks
     try:
         if args.once:
