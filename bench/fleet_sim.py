@@ -3,7 +3,10 @@
 Measures, on SQLite and optionally on PostgreSQL (a throwaway cluster from Debian's packages):
   1. sustained check-ins per second (devices up to date, back-to-back check-ins over keep-alive connections);
   2. time for a gray release (1% → 5% → 20% → 50% → 100%) to reach every simulated device;
-  3. time from a bad version's first failure reports to the rollback version running on every device.
+  3. time from a bad version's first failure reports to the rollback version running on every device;
+  with --first-step instead (issue #18): the time for a release's first gray step to reach every device it
+  targets, devices polling every --poll-interval seconds (60) alone, against the same devices also holding
+  the server's push stream open (push-then-pull).
 
 Each simulated device is a coroutine with its own token and installed versions. It verifies the
 assignment and release signatures (ed25519) and each pulled file's SHA-256 and length, just as the real
@@ -40,6 +43,7 @@ from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir  # noqa
 from edgerun.fleet.manifest import verify_assignment, verify_release  # noqa: E402
 from edgerun.fleet.package import pack_task  # noqa: E402
 from edgerun.fleet.signing import KeyDir, Root  # noqa: E402
+from edgerun.fleet.targeting import bucket_percent  # noqa: E402
 
 STEPS = [1, 5, 20, 50, 100]
 
@@ -88,6 +92,7 @@ class Counters:
     last_error: str = ""
     installed_at: dict[int, list[float]] = field(default_factory=dict)  # version → when each device got it
     latencies: list[float] = field(default_factory=list)
+    streams: int = 0  # push streams open (--first-step with push)
 
 
 class Simulator:
@@ -104,12 +109,17 @@ class Simulator:
 
     async def call(self, method: str, path: str, token: str, payload: Any = None) -> tuple[int, Any]:
         conn = await self.pool.get()
+        body = json.dumps(payload).encode() if payload is not None else b""
         try:
-            status, raw = await conn.request(method, path, token, json.dumps(payload).encode() if payload is not None else b"")
-        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-            conn.writer = None
-            self.c.errors += 1
-            return 0, None
+            for attempt in (1, 2):  # a pooled connection the server closed while idle is reopened once
+                try:
+                    status, raw = await conn.request(method, path, token, body)
+                    break
+                except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                    conn.writer = None
+                    if attempt == 2:
+                        self.c.errors += 1
+                        return 0, None
         finally:
             self.pool.put_nowait(conn)
         if method == "GET" and path.startswith("/v1/blobs/"):
@@ -182,6 +192,28 @@ class Simulator:
                 self.c.last_error = repr(exc)
             if interval_s:
                 await asyncio.sleep(interval_s * random.uniform(0.9, 1.1))
+
+    async def event_stream(self, d: SimDevice, host: str, port: int) -> None:
+        """The device's push stream: a check-in on every `changed` nudge (and on every (re)connection)."""
+        while not self.stop:
+            writer = None
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(f"GET /v1/devices/{d.device_id}/events HTTP/1.1\r\nHost: {host}\r\n"
+                             f"Authorization: Bearer {d.token}\r\n\r\n".encode())
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    pass
+                self.c.streams += 1
+                await self.check_in(d)  # as the agent does on every (re)connection
+                while line := await reader.readline():  # chunk-size lines pass by; event lines are whole
+                    if line.startswith(b"event: changed"):
+                        await self.check_in(d)
+            except OSError:
+                self.c.errors += 1
+            finally:
+                if writer is not None:
+                    writer.close()
+            await asyncio.sleep(random.uniform(0.5, 1.0))
 
     def count_at(self, task: str, version: int) -> int:
         return sum(1 for d in self.devices if d.tasks.get(task) == version)
@@ -349,6 +381,48 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def run_first_step(db: str, args: argparse.Namespace, push: bool) -> dict[str, Any]:
+    """A release's first step (1%) reaching every device it targets, polling alone or with push."""
+    base = Path(tempfile.mkdtemp(prefix=f"fleet-sim-first-{db}-"))
+    keys = KeyDir(base / "keys")
+    keys.init()
+    pg = LocalPostgres().start() if db == "postgres" else None
+    proc, url = start_server(base, keys, args.workers, pg.url if pg else "")
+    admin = AdminClient(url, "admin")
+    host, port = url.split("//", 1)[1].split(":")
+    try:
+        sim = Simulator(url, Root(keys.root_chain()[-1]), args.devices, args.connections)
+        await sim.register_all("enroll")
+        loops = [asyncio.create_task(sim.device_loop(d, args.poll_interval)) for d in sim.devices]
+        streams = [asyncio.create_task(sim.event_stream(d, host, int(port))) for d in sim.devices] if push else []
+        if push:
+            await wait_until(lambda: sim.c.streams >= args.devices, args.timeout)
+        await asyncio.sleep(2.0)
+        version = 2
+        targeted = [d for d in sim.devices if bucket_percent(d.device_id, f"simtask:{version}") < STEPS[0]]
+        policy = {"steps": STEPS, "min_reports": 10 * args.devices}  # stays on its first step
+        t_pub = time.perf_counter()
+        admin.publish(make_package(base, version, "success"), keys, policy)
+        reach_s = await wait_until(lambda: all(d.tasks.get("simtask") == version for d in targeted), args.timeout)
+        others = sum(1 for d in sim.devices if d.tasks.get("simtask") == version) - len(targeted)
+        sim.stop = True
+        for t in loops + streams:
+            t.cancel()
+        await asyncio.gather(*loops, *streams, return_exceptions=True)
+        log(f"[{db}] {'push' if push else 'poll'}: first step reached its {len(targeted)} devices in {reach_s:.1f}s")
+        return {"db": db, "mode": "push+poll" if push else "poll", "devices": args.devices,
+                "poll_interval_s": args.poll_interval, "targeted": len(targeted), "untargeted_updated": others,
+                "first_step_to_all_targeted_s": reach_s, "publish_to_all_targeted_s": time.perf_counter() - t_pub,
+                "client_errors": sim.c.errors, "load_average": os.getloadavg()[0]}
+    finally:
+        admin.close()
+        proc.terminate()
+        proc.wait(30)
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=10_000)
@@ -360,10 +434,24 @@ def main() -> int:
     p.add_argument("--min-reports", type=int, default=0,
                    help="reports a step needs (default: half the devices of the 1%% step, at least 5)")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--first-step", action="store_true",
+                   help="only: a release's first step reaching its devices, polling alone against push")
+    p.add_argument("--poll-interval", type=float, default=60.0, help="with --first-step: the polling interval")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet_sim.json"))
     args = p.parse_args()
     args.min_reports = args.min_reports or max(5, args.devices // 200)
     dbs = args.db or (["sqlite", "postgres"] if postgres_bin_dir() else ["sqlite"])
+    if args.first_step:
+        rows = [asyncio.run(run_first_step(db, args, push)) for db in dbs for push in (False, True)]
+        print("db | mode | devices | poll interval s | targeted | first step to all targeted s | client errors")
+        for r in rows:
+            print(f"{r['db']} | {r['mode']} | {r['devices']} | {r['poll_interval_s']:.0f} | {r['targeted']} | "
+                  f"{r['first_step_to_all_targeted_s']:.1f} | {r['client_errors']}")
+        out = Path(args.out).with_name("fleet_sim_push.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "results": rows}, indent=1))
+        print(f"wrote {out}")
+        return 0
     results = [asyncio.run(run_scenario(db, args)) for db in dbs]
     cols = [("db", "{}"), ("devices", "{}"), ("register_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
             ("checkins_per_server_cpu_s", "{:.0f}"), ("load_average", "{:.1f}"),

@@ -67,9 +67,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         os.environ[ENV] = config_to_env(cfg)
         uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, log_level=args.log_level, access_log=False)
+                    workers=args.workers, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
     else:
-        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        # Open push streams never end by themselves; a stop waits this long for them, then closes them.
+        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    timeout_graceful_shutdown=2)
     return 0
 
 
@@ -79,13 +81,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     enroll_token = _token(args.enroll_token_file, ENROLL_ENV) or None
     agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=enroll_token,
                   app_version=args.app_version, os_name=args.os, device_groups=tuple(args.device_group),
-                  user_groups=tuple(args.user_group), checkin_interval_s=args.interval)
+                  user_groups=tuple(args.user_group), checkin_interval_s=args.interval,
+                  warm_workers=args.warm, max_concurrent_runs=args.max_concurrent_runs)
     hooks = None
     if not args.no_stream:
         from edgerun.stream.agent_hooks import StreamHooks
 
         # Tasks with `triggers` run when their events occur; outputs go to the server's /v1/stream.
-        hooks = StreamHooks.for_agent(agent)
+        # A ready output goes to the cloud at once; the tasks one event matched run side by side when warm.
+        hooks = StreamHooks.for_agent(agent, realtime=True,
+                                      max_concurrent_runs=args.max_concurrent_runs if args.warm else 1)
         agent.hooks = hooks
     try:
         if args.once:
@@ -94,7 +99,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 print(f"agent {args.device_id}: {e}", file=sys.stderr)
             _print({"device": args.device_id, "tasks": agent.profile().tasks, "errors": agent.errors})
             return 1 if agent.errors else 0
-        agent.run_forever()
+        agent.run_forever(push=not args.no_push, fallback_checkin_s=args.fallback_interval)
     finally:
         if hooks is not None:
             hooks.close()
@@ -254,7 +259,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--os", default=sys.platform)
     p.add_argument("--device-group", action="append", default=[])
     p.add_argument("--user-group", action="append", default=[])
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between check-ins")
+    p.add_argument("--interval", type=float, default=5.0,
+                   help="seconds between rounds (scheduled runs, stream, reports; check-ins with --no-push)")
+    p.add_argument("--no-push", action="store_true", help="poll every round instead of the server's event stream")
+    p.add_argument("--fallback-interval", type=float, default=300.0,
+                   help="with push: seconds between check-ins when no nudge came (the fallback poll)")
+    p.add_argument("--warm", action="store_true", help="pre-started isolated workers per task version")
+    p.add_argument("--max-concurrent-runs", type=int, default=4, help="with --warm: runs at once, all tasks")
     p.add_argument("--once", action="store_true", help="one round (check in, run due tasks, report), then exit")
     p.add_argument("--no-stream", action="store_true", help="do not run the on-device stream pipeline")
     p.set_defaults(func=cmd_agent)

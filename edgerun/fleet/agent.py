@@ -22,15 +22,17 @@ from typing import Any, Protocol
 import httpx
 
 from edgerun.fleet.agent_state import AgentState
-from edgerun.fleet.container import Limits, RunResult, clear_scratch, run_in_container
+from edgerun.fleet.container import Launch, Limits, RunResult, clear_scratch, run_in_container
 from edgerun.fleet.errors import ExpiredError, FleetError, IntegrityError
 from edgerun.fleet.freshness import verify_timestamp
 from edgerun.fleet.installer import Installer
 from edgerun.fleet.manifest import validate_release_manifest, verify_assignment, verify_release
+from edgerun.fleet.push_client import PushListener
 from edgerun.fleet.sandbox import detect_level, meets
 from edgerun.fleet.signing import Root, check_expiry, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile
 from edgerun.fleet.task_schema import validate_task_config
+from edgerun.fleet.warm_pool import WARM_WORKER, WarmPool
 
 RunFn = Callable[[Any], RunResult]
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class Agent:
                  app_version: str = "1.0", os_name: str = platform.system().lower(),
                  device_groups: tuple[str, ...] = (), user_groups: tuple[str, ...] = (),
                  hooks: TaskHooks | None = None, checkin_interval_s: float = 5.0,
-                 http_timeout_s: float = 30.0) -> None:
+                 http_timeout_s: float = 30.0, warm_workers: bool = False, max_concurrent_runs: int = 4) -> None:
         self.server_url = server_url.rstrip("/")
         self.device_id = device_id
         self.state_dir = Path(state_dir).resolve()
@@ -78,6 +80,10 @@ class Agent:
         self._announced: set[tuple[str, int]] = set()
         self.isolation = detect_level()  # reported on every check-in as "isolation"
         self.failed_rounds = 0  # consecutive rounds whose check-in failed; the wait backs off with it
+        self.push_listener: PushListener | None = None  # set while run_forever(push=True) runs
+        # Pre-started isolated workers per active task version (warm_pool.py); None: every run starts cold.
+        self.pool = WarmPool(self._launch_for, max_concurrency=max_concurrent_runs) if warm_workers else None
+        self._state_lock = threading.Lock()  # runs may go concurrently; their outbox writes take turns
 
     # ---- trust and identity -------------------------------------------------------------------------
     def _load_root(self, root_path: str | Path | None) -> Root:
@@ -244,15 +250,22 @@ class Agent:
         self.installer.activate(task, version)
         self.installer.prune(task, keep={version})
         self._announce(task, version, manifest["config"])
+        if self.pool is not None:
+            self.pool.retire(lambda folder: folder.exists())  # the pruned version's workers go
         return True
 
     def _deactivate(self, task: str) -> None:
         self.installer.deactivate(task)
+        if self.pool is not None:
+            self.pool.retire(lambda folder: folder.parent.name != task)
         if self.hooks is not None:
             self.hooks.on_task_deactivated(task)
 
     def _announce(self, task: str, version: int, config: dict[str, Any]) -> None:
         self._announced.add((task, version))
+        if self.pool is not None and meets(self.isolation, config.get("min_isolation")):
+            self.pool.prestart(self.installer.version_dir(task, version), config["entry"],
+                               Limits.from_config(config.get("limits", {})))
         if self.hooks is not None:
             self.hooks.on_task_activated(task, config, lambda inputs: self.run_task(task, inputs))
 
@@ -277,7 +290,8 @@ class Agent:
         expired = self._expired_release(task, folder)
         if expired is not None:
             return expired
-        run_id = self.state.begin_run(task, version)
+        with self._state_lock:
+            run_id = self.state.begin_run(task, version)
         try:
             # Before every run: the files are exactly the signed ones, and the config is one we can honour.
             self.installer.verify_version(folder)
@@ -290,13 +304,30 @@ class Agent:
         except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:
             result = RunResult("failure", 0.0, error=f"not run: {exc}")
         else:
-            shares: list[str | Path] = getattr(self.hooks, "shared_paths", list)()
-            result = run_in_container(folder, config["entry"], inputs if inputs is not None else {},
-                                      limits=Limits.from_config(config["limits"]), network=config["network"],
-                                      level=self.isolation, work_root=self.state_dir / "scratch",
-                                      hide=[self.state_dir], readonly_shares=[Path(p) for p in shares])
-        self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
+            if self.pool is not None:
+                result = self.pool.run(folder, config["entry"], Limits.from_config(config["limits"]),
+                                       inputs if inputs is not None else {})
+            else:
+                result = self._run_cold(folder, config, inputs)
+        with self._state_lock:
+            self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         return result
+
+    def _container_options(self, folder: Path) -> dict[str, Any]:
+        """How every run of this device is isolated, cold or warm: the same level, hidden state, shares."""
+        shares: list[str | Path] = getattr(self.hooks, "shared_paths", list)()
+        cache, cache_env = search_cache()
+        config = json.loads((folder / "release.json").read_text())["signed"]["config"]
+        return {"network": bool(config.get("network", False)), "level": self.isolation,
+                "work_root": self.state_dir / "scratch", "hide": [self.state_dir],
+                "readonly_shares": [*(Path(p) for p in shares), cache], "extra_env": cache_env}
+
+    def _launch_for(self, folder: Path, entry: str, limits: Limits) -> Launch:
+        return Launch.prepare(folder, entry, limits, worker_script=WARM_WORKER, **self._container_options(folder))
+
+    def _run_cold(self, folder: Path, config: dict[str, Any], inputs: Any) -> RunResult:
+        return run_in_container(folder, config["entry"], inputs if inputs is not None else {},
+                                limits=Limits.from_config(config["limits"]), **self._container_options(folder))
 
     def _expired_release(self, task: str, folder: Path) -> RunResult | None:
         """An active release past its signed expiry is not run any more (it is reported in `errors`)."""
@@ -331,16 +362,17 @@ class Agent:
             sent += len(batch)
         return sent
 
-    def step(self) -> None:
+    def step(self, check_in: bool = True) -> None:
         """One round of the agent loop; network errors are logged and retried next round."""
         self.errors = []
-        try:
-            self.check_in()
-            self.failed_rounds = 0
-        except ANSWER_ERRORS as exc:
-            self.failed_rounds += 1
-            self.errors.append(f"check-in: {type(exc).__name__}: {exc}"[:500])
-            log.warning("agent %s: check-in failed (%d in a row): %s", self.device_id, self.failed_rounds, exc)
+        if check_in:
+            try:
+                self.check_in()
+                self.failed_rounds = 0
+            except ANSWER_ERRORS as exc:
+                self.failed_rounds += 1
+                self.errors.append(f"check-in: {type(exc).__name__}: {exc}"[:500])
+                log.warning("agent %s: check-in failed (%d in a row): %s", self.device_id, self.failed_rounds, exc)
         self.announce_active()
         self.run_scheduled()
         if self.hooks is not None:
@@ -350,13 +382,34 @@ class Agent:
         except ANSWER_ERRORS as exc:
             self.errors.append(f"reports: {type(exc).__name__}: {exc}"[:500])
 
-    def run_forever(self, stop: threading.Event | None = None) -> None:
+    def run_forever(self, stop: threading.Event | None = None, *, push: bool = False,
+                    fallback_checkin_s: float = 300.0) -> None:
+        """The agent loop. With `push`, the server's event stream (push_client.py) says when to check in,
+        and a check-in without a nudge happens only every `fallback_checkin_s`; the loop still ticks every
+        `checkin_interval_s` for scheduled runs, the hooks and reports. Without it, every tick checks in."""
         stop = stop or threading.Event()
-        while not stop.is_set():
-            self.step()
-            for e in self.errors:
-                print(f"agent {self.device_id}: {e}", flush=True)
-            stop.wait(self.next_wait_s())
+        wake = threading.Event()
+        listener: PushListener | None = None
+        last_checkin = -1e18
+        try:
+            while not stop.is_set():
+                due = not push or wake.is_set() or self.failed_rounds > 0 or \
+                    time.monotonic() - last_checkin >= fallback_checkin_s
+                if due:
+                    wake.clear()  # a nudge arriving during this round wakes the next one at once
+                    last_checkin = time.monotonic()
+                self.step(check_in=due)
+                if push and listener is None and self._token is not None:  # enrolled by the first check-in
+                    listener = self.push_listener = PushListener(self.server_url, self.device_id, self._auth,
+                                                                 wake).start()
+                for e in self.errors:
+                    print(f"agent {self.device_id}: {e}", flush=True)
+                deadline = time.monotonic() + self.next_wait_s()
+                while not stop.is_set() and not wake.is_set() and time.monotonic() < deadline:
+                    wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        finally:
+            if listener is not None:
+                listener.stop()
 
     def next_wait_s(self) -> float:
         """The check-in interval, doubled per consecutive failed round up to 64×, with jitter (no stampede)."""
@@ -364,8 +417,19 @@ class Agent:
         return self.checkin_interval_s * factor * (random.uniform(0.5, 1.0) if self.failed_rounds else 1.0)
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         self.http.close()
         self.state.close()
+
+
+def search_cache() -> tuple[Path, dict[str, str]]:
+    """The device's search cache (calibrations, tuned placements) and the environment that names it: a task
+    that calls `edgerun.load(..., backends="auto")` reads it, read-only, instead of calibrating again."""
+    from edgerun.search.fingerprint import CACHE_ENV, cache_dir
+
+    cache = cache_dir().resolve()
+    return cache, {CACHE_ENV: str(cache)}
 
 
 def _json_object(r: httpx.Response) -> dict[str, Any]:

@@ -75,61 +75,101 @@ class RunResult:
 def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s: float = 10.0,
                      memory_mb: int = 512, limits: Limits | None = None, network: bool = False,
                      work_root: str | Path | None = None, level: str | None = None,
-                     hide: list[Path] | None = None, readonly_shares: list[Path] | None = None) -> RunResult:
+                     hide: list[Path] | None = None, readonly_shares: list[Path] | None = None,
+                     extra_env: dict[str, str] | None = None) -> RunResult:
     """Run `run(inputs)` from `entry` in `task_dir` once, isolated; never raises for task faults.
 
     `limits` overrides `timeout_s`/`memory_mb`. `hide` names folders that must never be visible (the agent's
-    state); `readonly_shares` are files shared read-only at their own path (collective storage). Where a
+    state); `readonly_shares` are files shared read-only at their own path (collective storage, the device's
+    search cache); `extra_env` adds environment variables (EDGERUN_CACHE_DIR naming that cache). Where a
     folder is needed on the host (rlimit-only level) it goes under `work_root`, so a run cut short by
     kill -9 leaves its leftovers where the next start sweeps them (`clear_scratch`).
     """
     limits = limits or Limits(timeout_s=timeout_s, memory_mb=memory_mb)
-    level = level or detect_level()
-    task_dir = Path(task_dir).resolve()
-    uid = run_uid()
-    cgroup = RunCgroup.create(limits.memory_mb, limits.processes) if level.endswith("cgroup") else None
-    if level.endswith("cgroup") and cgroup is None:
-        level = "bwrap+rlimit" if level.startswith("bwrap") else "rlimit-only"
-    scratch_host: Path | None = None
-    seccomp_fd = filter_fd() if level.startswith("bwrap") else None
-    if level.startswith("bwrap"):
-        prefix, plan = bwrap_command(task_dir, WORKER, scratch_mb=limits.scratch_mb, network=network,
-                                     hide=list(hide or []), readonly_shares=list(readonly_shares or []),
-                                     seccomp_fd=seccomp_fd)
-        run_dir, worker, cwd = plan.task_dir, plan.worker, None
-    else:
-        prefix, run_dir, worker = [], str(task_dir), str(WORKER)
-        scratch_host = _make_scratch(work_root, uid)
-        cwd = str(scratch_host)
-    spec = {"task_dir": run_dir, "entry": entry, "uid": uid, "limits": limits.as_worker_spec(),
-            "python_path": [str(package_root())], "set_no_new_privs": not level.startswith("bwrap"),
-            "limit_nproc": uid is not None or level.startswith("bwrap")}
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    if scratch_host is not None:
-        env.update(HOME=str(scratch_host), TMPDIR=str(scratch_host))
+    launch = Launch.prepare(task_dir, entry, limits, network=network, work_root=work_root, level=level,
+                            hide=hide, readonly_shares=readonly_shares, extra_env=extra_env)
     start = time.perf_counter()
     try:
-        result = _spawn_and_watch(prefix, [sys.executable, "-I", worker], spec, env, cwd, inputs, limits.timeout_s,
-                                  cgroup, start, extra_fds=(seccomp_fd,) if seccomp_fd is not None else ())
+        result = _spawn_and_watch(launch.prefix, launch.worker, launch.spec, launch.env, launch.cwd, inputs,
+                                  limits.timeout_s, launch.cgroup, start, extra_fds=launch.extra_fds)
     finally:
-        if seccomp_fd is not None:
-            os.close(seccomp_fd)
-        if uid is not None and not level.startswith("bwrap"):
-            _kill_uid(uid)  # no pid namespace: every process of the run's own uid goes
-        if cgroup is not None:
-            result_extra = {"peak_memory_mb": round(cgroup.peak_memory_bytes() / 2**20, 1),
-                            "oom_killed": cgroup.oom_killed()}
-            cgroup.kill_all()
-            cgroup.remove()
-        else:
-            result_extra = {}
-        if scratch_host is not None:
-            shutil.rmtree(scratch_host, ignore_errors=True)
-    result.extra.update(isolation=level, seccomp=seccomp_fd is not None, **result_extra)
+        result_extra = launch.release()
+    result.extra.update(isolation=launch.level, seccomp=launch.seccomp_fd is not None, **result_extra)
     if result.extra.get("oom_killed") and result.outcome == "crash":
         result.error = f"the run's processes together exceeded memory_mb={limits.memory_mb}; {result.error}"
     return result
+
+
+@dataclass
+class Launch:
+    """Everything one isolated worker process is started with, and what must be undone after it: the
+    bubblewrap prefix, the run's own uid, cgroup, seccomp filter and (without a mount namespace) scratch
+    folder. A cold run and a warm worker (warm_pool.py) are started from the same Launch, so they are
+    isolated alike."""
+
+    level: str
+    prefix: list[str]
+    worker: list[str]
+    spec: dict[str, Any]
+    env: dict[str, str]
+    cwd: str | None
+    uid: int | None
+    cgroup: RunCgroup | None
+    seccomp_fd: int | None
+    scratch_host: Path | None
+
+    @property
+    def extra_fds(self) -> tuple[int, ...]:
+        return (self.seccomp_fd,) if self.seccomp_fd is not None else ()
+
+    @classmethod
+    def prepare(cls, task_dir: str | Path, entry: str, limits: Limits, *, network: bool = False,
+                work_root: str | Path | None = None, level: str | None = None, hide: list[Path] | None = None,
+                readonly_shares: list[Path] | None = None, extra_env: dict[str, str] | None = None,
+                worker_script: Path = WORKER) -> Launch:
+        level = level or detect_level()
+        task_dir = Path(task_dir).resolve()
+        uid = run_uid()
+        cgroup = RunCgroup.create(limits.memory_mb, limits.processes) if level.endswith("cgroup") else None
+        if level.endswith("cgroup") and cgroup is None:
+            level = "bwrap+rlimit" if level.startswith("bwrap") else "rlimit-only"
+        scratch_host: Path | None = None
+        seccomp_fd = filter_fd() if level.startswith("bwrap") else None
+        if level.startswith("bwrap"):
+            prefix, plan = bwrap_command(task_dir, worker_script, scratch_mb=limits.scratch_mb, network=network,
+                                         hide=list(hide or []), readonly_shares=list(readonly_shares or []),
+                                         seccomp_fd=seccomp_fd)
+            run_dir, worker, cwd = plan.task_dir, plan.worker, None
+        else:
+            prefix, run_dir, worker = [], str(task_dir), str(worker_script)
+            scratch_host = _make_scratch(work_root, uid)
+            cwd = str(scratch_host)
+        spec = {"task_dir": run_dir, "entry": entry, "uid": uid, "limits": limits.as_worker_spec(),
+                "python_path": [str(package_root())], "set_no_new_privs": not level.startswith("bwrap"),
+                "limit_nproc": uid is not None or level.startswith("bwrap")}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
+        if scratch_host is not None:
+            env.update(HOME=str(scratch_host), TMPDIR=str(scratch_host))
+        return cls(level, prefix, [sys.executable, "-I", worker], spec, env, cwd, uid, cgroup, seccomp_fd,
+                   scratch_host)
+
+    def release(self) -> dict[str, Any]:
+        """Kill whatever is left of the worker and undo the launch; returns the cgroup's figures."""
+        if self.seccomp_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.seccomp_fd)
+        if self.uid is not None and not self.level.startswith("bwrap"):
+            _kill_uid(self.uid)  # no pid namespace: every process of the run's own uid goes
+        extra: dict[str, Any] = {}
+        if self.cgroup is not None:
+            extra = {"peak_memory_mb": round(self.cgroup.peak_memory_bytes() / 2**20, 1),
+                     "oom_killed": self.cgroup.oom_killed()}
+            self.cgroup.kill_all()
+            self.cgroup.remove()
+        if self.scratch_host is not None:
+            shutil.rmtree(self.scratch_host, ignore_errors=True)
+        return extra
 
 
 def _make_scratch(work_root: str | Path | None, uid: int | None) -> Path:

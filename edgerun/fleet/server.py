@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from edgerun.fleet.admin_api import build_admin_router
 from edgerun.fleet.api_models import (
@@ -32,6 +32,7 @@ from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S
 from edgerun.fleet.group_commit import ReportGroupCommit
+from edgerun.fleet.push_channel import ReleaseWatch, device_events
 from edgerun.fleet.s3_store import S3Options
 from edgerun.fleet.service import DeviceIdentity, EnrolmentError, FleetService
 from edgerun.fleet.signing import KeyDir
@@ -146,6 +147,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     group_commit = ReportGroupCommit(service)
     step_monitor = StepMonitor(engine, cfg.monitor_interval_s, on_change=service.invalidate)
     stop = threading.Event()
+    watch = ReleaseWatch(service)
+    blob_downloads: dict[str, int] = {}  # digest -> GETs served by this process (operators, tests)
 
     def flush_loop() -> None:
         while not stop.wait(1.0):
@@ -169,6 +172,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     app = FastAPI(title="edgerun fleet release server", version="1",
                   on_startup=[on_startup], on_shutdown=[on_shutdown])
     app.state.service, app.state.engine, app.state.store = service, engine, store
+    app.state.release_watch = watch
 
     def require_admin(request: Request) -> str:
         token = _bearer(request)
@@ -305,6 +309,17 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         owner = require_device(request, device_id)
         return service.assignment(service.trusted_profile(service.stored_profile(device_id), owner))
 
+    @app.get("/v1/devices/{device_id}/events")
+    def events(device_id: str, request: Request) -> StreamingResponse:
+        """Push-then-pull: a server-sent-event stream of "something changed" nudges (push_channel.py)."""
+        owner = require_device(request, device_id)
+
+        def stale(who: DeviceIdentity) -> bool:
+            return bool(service.needs_update(service.trusted_profile(service.stored_profile(who.device_id), who)))
+
+        return StreamingResponse(device_events(watch, owner, stale), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
     @app.post("/v1/devices/{device_id}/reports")
     async def add_reports(device_id: str, body: ReportBatch, request: Request) -> dict[str, int]:
         require_device(request, device_id)
@@ -312,7 +327,14 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @app.get("/v1/blobs/{digest}", dependencies=[Depends(require_any)])
     def get_blob(digest: str, request: Request) -> Response:
+        digest = check_digest(digest)
+        blob_downloads[digest] = blob_downloads.get(digest, 0) + 1
         return blob_response(store, check_digest(digest), request.headers.get("range"))
+
+    @app.get("/v1/admin/blob-downloads", dependencies=[Depends(require_admin)])
+    def blob_download_counts() -> dict[str, int]:
+        """How often this process served each blob: shared files must be fetched once per device."""
+        return dict(blob_downloads)
 
     app.include_router(build_admin_router(engine, service, store, simulator.kick, require_admin))
     # The cloud end of the stream tunnel (edgerun.stream.cloud) lives in this server at /v1/stream.

@@ -1,11 +1,18 @@
 """DevicePipeline: what the device agent owns. Events in from the durable queue, trigger matching, task
-outputs into collective storage, and uploads through the tunnel. One thread drives it (the agent loop)."""
+outputs into collective storage, and uploads through the tunnel. One thread drives it (the agent loop).
+
+`max_concurrent_runs` > 1 runs the tasks one event matched side by side (Walle runs matched tasks
+concurrently; the agent's warm pool bounds them too); their outputs are stored in match order all the same.
+`realtime` sends a batch through the tunnel as soon as a pump stored outputs, instead of waiting for the
+agent's next `upload()`; delivery is the same code path, so it stays exactly-once.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +34,7 @@ class DevicePipeline:
     def __init__(self, state_dir: str | Path, upload_url: str | None = None, device_id: str = "device",
                  token: str | Callable[[], str] | None = None, *, flush_threshold: int = 32, max_pending: int = 50_000,
                  drop_policy: str = DROP_OLDEST, batch_records: int = 200, backoff: Backoff | None = None,
-                 pump_batch: int = 1000) -> None:
+                 pump_batch: int = 1000, max_concurrent_runs: int = 1, realtime: bool = False) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.device_id = device_id
@@ -44,6 +51,8 @@ class DevicePipeline:
         self._closed_now: list[PageVisit] = []  # visits the event being processed closed
         self._replayed = False
         self.pump_batch = pump_batch
+        self.realtime = realtime
+        self._executor = ThreadPoolExecutor(max_concurrent_runs, "pipeline-run") if max_concurrent_runs > 1 else None
         self.stats: dict[str, int] = {"events_processed": 0, "matches": 0, "task_errors": 0}
 
     # -- tasks ---------------------------------------------------------------------------------------------
@@ -84,12 +93,22 @@ class DevicePipeline:
                 if event is None:
                     continue  # counted by the queue as events_malformed
                 self._observe(event)
-                for match in self.trie.match(event):
-                    self._run(match)
+                matches = [self._prepare(m) for m in self.trie.match(event)]
+                self.stats["matches"] += sum(1 for m in matches if m.task_id in self._handlers)
+                if self._executor is not None and len(matches) > 1:
+                    self.store.flush()  # what the tasks may read is written before they start, on this thread
+                    outputs = list(self._executor.map(self._call, matches))
+                else:
+                    outputs = [self._call(m) for m in matches]
+                for match, output in zip(matches, outputs, strict=True):
+                    if output is not None:
+                        self.store.put(match.task_id, output, record_id=match.record_id)
             # Outputs first, cursor second: a crash in between re-runs the events, and the idempotent record
             # ids make the re-run store nothing twice.
-            self.store.flush()
+            stored = self.store.flush()
             self.queue.commit(batch[-1][0])
+            if self.realtime and stored:
+                self.upload()
             total += len(batch)
             self.stats["events_processed"] += len(batch)
             if total >= limit:
@@ -107,23 +126,24 @@ class DevicePipeline:
         self._recent.append(event)
         self._closed_now = self._pages.add(event)
 
-    def _run(self, match: TriggerMatch) -> None:
+    def _prepare(self, match: TriggerMatch) -> TriggerMatch:
+        """The match with the events its condition captures (read from the sequences, on this thread)."""
         if match.condition.capture == CAPTURE_SPAN:
-            match = match._replace(events=self._span(match.events))
-        elif match.condition.capture == CAPTURE_PAGE:
-            match = match._replace(events=self._page_visit(match.events[-1]))
+            return match._replace(events=self._span(match.events))
+        if match.condition.capture == CAPTURE_PAGE:
+            return match._replace(events=self._page_visit(match.events[-1]))
+        return match
+
+    def _call(self, match: TriggerMatch) -> dict[str, Any] | None:
         handler = self._handlers.get(match.task_id)
         if handler is None:
-            return
-        self.stats["matches"] += 1
+            return None
         try:
-            output = handler(match)
+            return handler(match)
         except Exception:  # a task's fault must not stop the pipeline or the other tasks
-            self.stats["task_errors"] += 1
+            self.stats["task_errors"] += 1  # (a lost increment under concurrency only skews a counter)
             log.exception("task %s failed on a trigger match", match.task_id)
-            return
-        if output is not None:
-            self.store.put(match.task_id, output, record_id=match.record_id)
+            return None
 
     def _span(self, matched: tuple[Event, ...]) -> tuple[Event, ...]:
         first, last = matched[0].uid, matched[-1].uid
@@ -166,6 +186,8 @@ class DevicePipeline:
                 **{f"queue_{k}": v for k, v in self.queue.stats().items()}}
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         self.store.close()
         self.queue.close()
         if self._emitter is not None:

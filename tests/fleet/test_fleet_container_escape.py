@@ -98,7 +98,9 @@ def test_hostile_task_cannot_reach_agent_state_other_tasks_or_blobs(shared_serve
                    "write_own_files", "list_state"):
         assert got[attack].startswith("refused"), (attack, got[attack])
     assert got["uid"] not in (0, os.getuid())  # its own identity, never the agent's
-    assert not [name for name in got["env"] if "TOKEN" in name or name.startswith("EDGERUN")]  # nor its environment
+    # Nor its environment: the one EDGERUN variable is the one the agent sets, naming the read-only search cache.
+    assert not [name for name in got["env"] if "TOKEN" in name or
+                (name.startswith("EDGERUN") and name != "EDGERUN_CACHE_DIR")]
     assert agent.state.get("root") == root_before
     assert {p: _sha(p) for p in before} == before
     # Its report was queued by the agent, where the task cannot reach, and reaches the server.
