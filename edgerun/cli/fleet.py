@@ -210,6 +210,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from edgerun.fleet.walle_demo import run_demo
+
+    return run_demo(args.devices, args.events, Path(args.keep) if args.keep else None)
+
+
 def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=os.environ.get("EDGERUN_FLEET_SERVER", "http://127.0.0.1:8700"))
     p.add_argument("--token-file", help=f"file holding the admin token, mode 600 (default: ${TOKEN_ENV})")
@@ -269,6 +275,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="one round (check in, run due tasks, report), then exit")
     p.add_argument("--no-stream", action="store_true", help="do not run the on-device stream pipeline")
     p.set_defaults(func=cmd_agent)
+
+    p = fsub.add_parser("demo", help="Walle's use case end to end on loopback: page events → trigger → IPV "
+                                     "features → DIN in a task → real-time tunnel → the server's cloud store")
+    p.add_argument("name", choices=("walle",))
+    p.add_argument("--devices", type=int, default=2, help="device agents, each with its own user's events")
+    p.add_argument("--events", type=int, default=200, help="page events per device (whole item page visits)")
+    p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (server log, keys, device state)")
+    p.set_defaults(func=cmd_demo)
 
     keys = fsub.add_parser("keys", help="signing keys and the root of trust")
     ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
