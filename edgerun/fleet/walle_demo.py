@@ -195,6 +195,8 @@ def run_demo(devices: int = 2, events: int = 200, work: Path | None = None,
     if devices < 1 or events < 1:
         raise FleetError("--devices and --events must be at least 1")
     keep = work is not None
+    if work is not None and Path(work).exists() and any(Path(work).iterdir()):
+        raise FleetError(f"--keep {work}: give a new or empty folder (the demo makes its own keys and server)")
     base = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="edgerun-walle-"))
     base.mkdir(parents=True, exist_ok=True)
     keys = KeyDir(base / "keys")

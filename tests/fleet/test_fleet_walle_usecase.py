@@ -72,3 +72,7 @@ def test_the_demo_command_runs_the_use_case_and_cleans_up(tmp_path: Path) -> Non
     bad = subprocess.run([sys.executable, "-m", "edgerun", "fleet", "demo", "walle", "--devices", "0"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert bad.returncode != 0 and "at least 1" in bad.stderr and "Traceback" not in bad.stderr
+    (tmp_path / "used" / "keys").mkdir(parents=True)
+    bad = subprocess.run([sys.executable, "-m", "edgerun", "fleet", "demo", "walle", "--keep", str(tmp_path / "used")],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert bad.returncode != 0 and "new or empty folder" in bad.stderr and "Traceback" not in bad.stderr
