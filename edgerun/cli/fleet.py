@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
+
+from edgerun.secret_files import secret_from
 
 TOKEN_ENV = "EDGERUN_FLEET_TOKEN"
 ENROLL_ENV = "EDGERUN_ENROLL_TOKEN"
@@ -23,27 +24,6 @@ def _csv(value: str) -> list[str]:
     return [v for v in value.split(",") if v]
 
 
-def _token(path: str | None, env: str) -> str:
-    """A token from a file or the environment, never argv (argv shows in `ps` to every user). A file that
-    group or others may read is refused, not warned about: a warning scrolls past in a service log while
-    the secret stays readable, and `chmod 600` is a one-line fix (ssh does the same with private keys)."""
-    from edgerun.fleet.errors import FleetError
-
-    if not path:
-        return os.environ.get(env, "").strip()
-    try:
-        mode = os.stat(path).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise FleetError(f"the token file {path} is accessible by others (mode {mode & 0o777:04o}); "
-                             f"run: chmod 600 {path}")
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise FleetError(f"cannot read the token file {path}: {exc.strerror}") from None
-    if not token:
-        raise FleetError(f"the token file {path} is empty")
-    return token
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -51,11 +31,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgerun.fleet.server import ServerConfig, create_app, prepare
 
     cfg = prepare(ServerConfig(data_dir=Path(args.data), keys_dir=Path(args.keys), db_url=args.db or "",
-                               store=args.store or "", admin_token=_token(args.admin_token_file, TOKEN_ENV),
-                               enroll_token=_token(args.enroll_token_file, ENROLL_ENV),
+                               store=args.store or "", admin_token=secret_from(args.admin_token_file, TOKEN_ENV),
+                               enroll_token=secret_from(args.enroll_token_file, ENROLL_ENV),
                                s3_endpoint_url=args.s3_endpoint_url or "",
                                s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
-                               s3_secret_access_key=args.s3_secret_access_key or "",
                                monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl,
                                max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses))
     def where(path: str | None, env: str, name: str) -> str:
@@ -78,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from edgerun.fleet.agent import Agent
 
-    enroll_token = _token(args.enroll_token_file, ENROLL_ENV) or None
+    enroll_token = secret_from(args.enroll_token_file, ENROLL_ENV) or None
     agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=enroll_token,
                   app_version=args.app_version, os_name=args.os, device_groups=tuple(args.device_group),
                   user_groups=tuple(args.user_group), checkin_interval_s=args.interval,
@@ -129,7 +108,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from edgerun.fleet.admin_client import AdminClient
 
-    return AdminClient(args.server, _token(args.token_file, TOKEN_ENV))
+    return AdminClient(args.server, secret_from(args.token_file, TOKEN_ENV))
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -235,9 +214,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--store", help="blob store: a folder or s3://bucket/prefix (default: DATA/blobs)")
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for an s3:// store (default: $AWS_ENDPOINT_URL)")
     p.add_argument("--s3-region", help="S3 region (default: $AWS_DEFAULT_REGION, else us-east-1)")
-    p.add_argument("--s3-access-key-id", help="S3 access key (default: $AWS_ACCESS_KEY_ID or ~/.aws)")
-    p.add_argument("--s3-secret-access-key",
-                   help="S3 secret key (default: $AWS_SECRET_ACCESS_KEY; prefer the variable, arguments show in ps)")
+    p.add_argument("--s3-access-key-id", help="S3 access key id (default: $AWS_ACCESS_KEY_ID or ~/.aws); the secret "
+                                              "key is never an argument: $AWS_SECRET_ACCESS_KEY or ~/.aws")
     p.add_argument("--monitor-interval", type=float, default=1.0,
                    help="seconds between re-evaluations of rollout steps against the live device count")
     p.add_argument("--admin-token-file",

@@ -104,10 +104,11 @@ def cmd_ipv_demo(args: argparse.Namespace) -> int:
 def cmd_cloud(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from edgerun.stream.cloud_app import create_app
+    from edgerun.stream.cloud_app import create_app, tokens_from_args
 
+    devices, admin = tokens_from_args(args)
     print(f"edgerun stream cloud end on http://{args.host}:{args.port}/v1/stream", flush=True)
-    uvicorn.run(create_app(args.db), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.db, devices, admin), host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -143,8 +144,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(func=cmd_ipv_demo)
 
-    p = ssub.add_parser("cloud", help="run a standalone cloud end (the fleet server mounts the same routes)")
+    p = ssub.add_parser("cloud", allow_abbrev=False,
+                        help="run a standalone cloud end (the fleet server mounts the same routes)")
     p.add_argument("--db", required=True, help="SQLAlchemy URL, e.g. sqlite:////tmp/stream-cloud.db")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8780)
+    # Token files, never values (argv shows in `ps`); the same options as `python -m edgerun.stream.cloud_app`,
+    # not imported from it: that would load FastAPI on every `edgerun` start.
+    p.add_argument("--device-tokens-file", metavar="FILE",
+                   help="file of DEVICE=TOKEN lines, mode 600: accept these devices (turns authentication on)")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="file holding the token that may read every record, mode 600 "
+                        "(default: $EDGERUN_STREAM_ADMIN_TOKEN)")
     p.set_defaults(func=cmd_cloud)

@@ -31,12 +31,12 @@ CHUNK = 1 << 16
 @dataclass(frozen=True)
 class S3Options:
     """Connection settings; an empty field falls back to boto3's own chain (AWS_ENDPOINT_URL,
-    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, ~/.aws, instance roles)."""
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, ~/.aws, instance roles). No secret key
+    field: the server's settings come from its command line, and `ps` shows that to every user."""
 
     endpoint_url: str = ""
     region: str = ""
     access_key_id: str = ""
-    secret_access_key: str = ""
 
 
 def parse_s3_spec(spec: str) -> tuple[str, str]:
@@ -63,9 +63,13 @@ class S3BlobStore:
             kwargs["region_name"] = opts.region
         elif not os.environ.get("AWS_DEFAULT_REGION") and not os.environ.get("AWS_REGION"):
             kwargs["region_name"] = "us-east-1"  # S3-compatible servers ignore it, but botocore wants one
-        if opts.access_key_id:
+        if opts.access_key_id:  # boto3 pairs an explicit key id only with an explicit secret
+            secret = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+            if not secret:
+                raise FleetError("an S3 access key id was given but no secret key: set $AWS_SECRET_ACCESS_KEY "
+                                 "(the secret is never a command-line argument)")
             kwargs["aws_access_key_id"] = opts.access_key_id
-            kwargs["aws_secret_access_key"] = opts.secret_access_key
+            kwargs["aws_secret_access_key"] = secret
         self.client = boto3.client("s3", **kwargs)
         self._errors = self.client.exceptions.ClientError
         try:

@@ -61,7 +61,6 @@ class ServerConfig:
     s3_endpoint_url: str = ""     # for an s3:// store; empty fields fall back to the AWS_* environment
     s3_region: str = ""
     s3_access_key_id: str = ""
-    s3_secret_access_key: str = ""
     monitor_interval_s: float = 1.0  # how often steps are re-evaluated against the live device count
     timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S  # lifetime of the signed timestamp on "up to date" answers
     max_blob_mb: int = 1024          # largest file an admin may upload (the body is held in memory)
@@ -138,7 +137,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     upgrade(engine)
     keys = KeyDir(cfg.keys_dir)
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
-        cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id, cfg.s3_secret_access_key))
+        cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
     service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s, cfg.timestamp_ttl_s,
                            online_key_loader=lambda: keys.key("assignment"),
                            enroll_token_uses=cfg.enroll_token_uses or None)

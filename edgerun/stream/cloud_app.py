@@ -1,6 +1,10 @@
 """A standalone cloud end: the stream router alone in a FastAPI app, for the tunnel tests and local demos.
 
-    python -m edgerun.stream.cloud_app --db sqlite:///cloud.db --port 8765
+    python -m edgerun.stream.cloud_app --db sqlite:///cloud.db --port 8765 \
+        [--device-tokens-file F] [--admin-token-file F]
+
+Tokens come from files (mode 0600; DEVICE=TOKEN lines for the devices) or $EDGERUN_STREAM_ADMIN_TOKEN,
+never from argv: `ps` and /proc/PID/cmdline show every process's arguments to every user.
 
 In production the fleet server mounts the same router (edgerun/fleet/stream_mount.py).
 """
@@ -9,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import sys
 
 import sqlalchemy as sa
 from fastapi import FastAPI
 
+from edgerun.errors import EdgerunError
+from edgerun.secret_files import read_secret_file, secret_from
 from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
 from edgerun.stream.cloud import MAX_BATCH_BYTES, build_router
 
 SMALL_BODY = 64 * 1024
+ADMIN_TOKEN_ENV = "EDGERUN_STREAM_ADMIN_TOKEN"
 
 
 def sqlite_engine(url: str) -> sa.Engine:
@@ -69,20 +77,48 @@ def create_app(db_url: str, device_tokens: dict[str, str] | None = None, admin_t
     return app
 
 
+def read_device_tokens(path: str) -> dict[str, str]:
+    """The devices file: one `DEVICE=TOKEN` a line; blank lines and `#` comments skipped. Errors name the
+    line, never its text (it holds a token)."""
+    tokens: dict[str, str] = {}
+    for number, line in enumerate(read_secret_file(path).splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        device, sep, token = (part.strip() for part in line.partition("="))
+        if not (sep and device and token):
+            raise EdgerunError(f"{path} line {number}: expected DEVICE=TOKEN")
+        tokens[device] = token
+    if not tokens:
+        raise EdgerunError(f"{path} holds no DEVICE=TOKEN line")
+    return tokens
+
+
+def tokens_from_args(args: argparse.Namespace) -> tuple[dict[str, str] | None, str | None]:
+    """(device tokens or None, admin token or None) as `create_app` takes them."""
+    devices = read_device_tokens(args.device_tokens_file) if args.device_tokens_file else None
+    return devices, secret_from(args.admin_token_file, ADMIN_TOKEN_ENV) or None
+
+
 def main() -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__)
+    # allow_abbrev=False: `--admin-token SECRET` must fail, not pass as `--admin-token-file SECRET`.
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", required=True, help="SQLAlchemy URL, e.g. sqlite:////tmp/cloud.db")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--device-token", action="append", default=[], metavar="DEVICE=TOKEN",
-                        help="accept this device with this token (turns authentication on)")
-    parser.add_argument("--admin-token", help="token that may read every record")
+    parser.add_argument("--device-tokens-file", metavar="FILE",
+                        help="file of DEVICE=TOKEN lines, mode 600: accept these devices (turns authentication on)")
+    parser.add_argument("--admin-token-file", metavar="FILE",
+                        help=f"file holding the token that may read every record, mode 600 (default: ${ADMIN_TOKEN_ENV})")
     args = parser.parse_args()
-    tokens = dict(item.split("=", 1) for item in args.device_token) if args.device_token else None
-    uvicorn.run(create_app(args.db, tokens, args.admin_token), host=args.host, port=args.port,
-                log_level="warning")
+    try:
+        devices, admin = tokens_from_args(args)
+    except EdgerunError as exc:
+        sys.exit(f"edgerun.stream.cloud_app: error: {exc}")
+    uvicorn.run(create_app(args.db, devices, admin), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -139,9 +139,15 @@ def test_tampered_object_in_s3_is_refused_by_the_device(s3_servers: list[FleetSe
     assert agent.profile().tasks["s3tamper"] == 2
 
 
-def test_unreachable_bucket_is_a_clear_error_at_start(s3_endpoint: str, tmp_path: Path) -> None:
+def test_unreachable_bucket_is_a_clear_error_at_start(s3_endpoint: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     keys = KeyDir(tmp_path / "keys")
     keys.init()
+    store = ("--store", "s3://no-such-bucket", "--s3-endpoint-url", s3_endpoint, "--s3-access-key-id", "fleet-test")
+    # The secret key is never an argument (`ps` shows arguments): without the variable, a clear refusal.
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="no secret key: set \\$AWS_SECRET_ACCESS_KEY"):
+        start_server(tmp_path, keys, *store)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
     with pytest.raises(RuntimeError, match="cannot reach S3 bucket 'no-such-bucket'"):
-        start_server(tmp_path, keys, "--store", "s3://no-such-bucket", "--s3-endpoint-url", s3_endpoint,
-                     "--s3-access-key-id", "fleet-test", "--s3-secret-access-key", "x")
+        start_server(tmp_path, keys, *store)

@@ -64,6 +64,7 @@ def test_value_taking_token_flags_are_gone(tmp_path: Path) -> None:
     """Not even as abbreviations: argparse would otherwise take `--token SECRET` for `--token-file SECRET`."""
     serve = ("fleet", "serve", "--data", str(tmp_path / "d"), "--keys", str(tmp_path / "k"))
     for args in ((*serve, "--admin-token", "s3cr3t"), (*serve, "--enroll-token", "s3cr3t"),
+                 (*serve, "--s3-secret-access-key", "s3cr3t"),
                  ("fleet", "release", "list", "--token", "s3cr3t"),
                  ("fleet", "keys", "rotate", "--keys", str(tmp_path / "k"), "--role", "root", "--token", "s3cr3t")):
         r = edgerun(*args)

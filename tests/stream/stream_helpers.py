@@ -23,7 +23,8 @@ def free_port() -> int:
 
 
 def token_file(path: Path, token: str) -> Path:
-    """A token file as `edgerun fleet serve` accepts it: created mode 0600 (tokens never go on a command line)."""
+    """A token file as `edgerun fleet serve` and the cloud app accept it: created mode 0600 (tokens never go
+    on a command line)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
@@ -36,10 +37,12 @@ class CloudServer:
     def __init__(self, directory: Path, device_tokens: dict[str, str] | None = None,
                  admin_token: str | None = None) -> None:
         self.device_tokens, self.admin_token = device_tokens, admin_token
-        self.extra_args = [arg for device, token in (device_tokens or {}).items()
-                           for arg in ("--device-token", f"{device}={token}")]
+        self.extra_args: list[str] = []  # token files, never token values: argv shows in `ps`
+        if device_tokens:
+            lines = "\n".join(f"{device}={token}" for device, token in device_tokens.items())
+            self.extra_args += ["--device-tokens-file", str(token_file(directory / "device-tokens", lines))]
         if admin_token:
-            self.extra_args += ["--admin-token", admin_token]
+            self.extra_args += ["--admin-token-file", str(token_file(directory / "admin-token", admin_token))]
         self.db_url = f"sqlite:///{directory / 'cloud.db'}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1/stream"
