@@ -25,9 +25,9 @@ def read_tokens(path: str) -> list[str]:
 
 def _serve(args: argparse.Namespace) -> int:
     from edgerun.remote.keys import read_allowed_keys, read_key_pair
-    from edgerun.remote.server import DeviceServer
-    from edgerun.remote.sessions import SessionLimits, default_total_bytes
     from edgerun.remote.wire import Limits
+    from edgerun.remote_server.server import DeviceServer
+    from edgerun.remote_server.sessions import SessionLimits, default_total_bytes
 
     tokens = read_tokens(args.token_file) if args.token_file else None
     curve_secret = read_key_pair(args.curve_secret) if args.curve_secret else None

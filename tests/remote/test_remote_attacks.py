@@ -258,7 +258,7 @@ def test_curve_with_a_token_as_second_factor(tmp_path: Path) -> None:
 def test_keys_are_files_written_0600_and_never_argv(tmp_path: Path) -> None:
     from edgerun.cli import build_parser, main
     from edgerun.remote.keys import KeyFileError, read_key_pair, read_public_key
-    from edgerun.remote.server import DeviceServer
+    from edgerun.remote_server.server import DeviceServer
 
     assert main(["remote", "keys", "init", str(tmp_path / "k"), "--name", "dev"]) == 0
     public, secret = tmp_path / "k" / "dev.key", tmp_path / "k" / "dev.key_secret"

@@ -16,7 +16,7 @@ from remote_testkit import RawPeer, ServerProcess, header, start_server
 import edgerun
 from edgerun.cli import build_parser
 from edgerun.errors import EdgerunError, RemoteError
-from edgerun.remote.server import DeviceServer
+from edgerun.remote_server.server import DeviceServer
 
 METHODS = ["hello", "open_session", "close_session", "upload", "put", "empty", "get", "free", "call", "describe"]
 

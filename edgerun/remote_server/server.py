@@ -21,9 +21,7 @@ import zmq
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
-from edgerun.remote.auth import ZAP_DOMAIN, HandshakeAuthenticator
 from edgerun.remote.keys import KeyPair
-from edgerun.remote.sessions import Session, SessionLimitError, SessionLimits, SessionStore
 from edgerun.remote.wire import (
     MAX_RANK,
     Limits,
@@ -33,6 +31,8 @@ from edgerun.remote.wire import (
     encode,
     error_body,
 )
+from edgerun.remote_server.auth import ZAP_DOMAIN, HandshakeAuthenticator
+from edgerun.remote_server.sessions import Session, SessionLimitError, SessionLimits, SessionStore
 from edgerun.runtime.arena_limit import ArenaLimitError, arena_limit, human_bytes
 
 log = logging.getLogger("edgerun.remote")
