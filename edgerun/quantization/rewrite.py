@@ -12,6 +12,7 @@ value in the float and the quantized graph. The forms (ONNX Runtime's, so a dele
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,25 +86,33 @@ def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str, qmax: int) -> tupl
     return acc, w_scale
 
 
-def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]],
-                        qmax: int = 127) -> Graph:
-    """`params`: activation value -> (scale, zero point) from calibration; weights in [-qmax, qmax]."""
+def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, Layer], None]) -> Graph:
+    """Each chosen layer's node is replaced, in place in the node order, by what `emit` builds for it."""
     chosen = {layer.output: layer for layer in layers}
-    quantized: dict[str, str] = {}
     old, graph.nodes = graph.nodes, []
     for node in old:
         layer = chosen.get(node.outputs[0] if node.outputs else "")
         if layer is None:
             graph.nodes.append(node)
-            continue
-        b = Builder(graph, node.meta)
+        else:
+            emit(Builder(graph, node.meta), layer)
+    return graph
+
+
+def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]],
+                        qmax: int = 127) -> Graph:
+    """`params`: activation value -> (scale, zero point) from calibration; weights in [-qmax, qmax]."""
+    quantized: dict[str, str] = {}
+
+    def emit(b: Builder, layer: Layer) -> None:
         scale, zp = params[layer.activation]
         x_zp = b.const(zp)
         if layer.activation not in quantized:
             quantized[layer.activation] = b.emit("quantize_linear", [layer.activation, b.const(scale), x_zp])
         acc, w_scale = _integer_op(b, layer, quantized[layer.activation], x_zp, qmax)
         _finish(b, layer, acc, b.const((scale * w_scale).astype(np.float32)))
-    return graph
+
+    return _replace_layers(graph, layers, emit)
 
 
 EMBEDDING_MIN_ROWS = 256  # gathers from smaller tables (position, token-type embeddings) stay float
@@ -122,46 +131,27 @@ def find_embeddings(graph: Graph) -> list[Layer]:
 
 def rewrite_int8_embeddings(graph: Graph, embeddings: list[Layer]) -> Graph:
     """Tables to int8 with one scale per row; a lookup gathers rows and their scales, then dequantizes."""
-    chosen = {layer.output: layer for layer in embeddings}
-    old, graph.nodes = graph.nodes, []
-    for node in old:
-        layer = chosen.get(node.outputs[0] if node.outputs else "")
-        if layer is None:
-            graph.nodes.append(node)
-            continue
-        b = Builder(graph, node.meta)
+    def emit(b: Builder, layer: Layer) -> None:
         q, scale = int8_per_channel(layer.weight, axis=0)
-        ids = node.inputs[1]
+        ids = layer.node.inputs[1]
         rows = b.emit("gather", [b.const(q), ids], axis=0)
         scales = b.emit("gather", [b.const(scale.reshape(-1, 1)), ids], axis=0)
         _named(b, layer.output, "dequantize_linear", [rows, scales, b.const(np.zeros((), np.int8))])
-    return graph
+
+    return _replace_layers(graph, embeddings, emit)
 
 
 def rewrite_int8_dynamic(graph: Graph, layers: list[Layer], qmax: int = 127) -> Graph:
-    chosen = {layer.output: layer for layer in layers}
-    old, graph.nodes = graph.nodes, []
-    for node in old:
-        layer = chosen.get(node.outputs[0] if node.outputs else "")
-        if layer is None:
-            graph.nodes.append(node)
-            continue
-        b = Builder(graph, node.meta)
+    def emit(b: Builder, layer: Layer) -> None:
         xq, x_scale, x_zp = b.emit_multi("dynamic_quantize", [layer.activation], dtype="uint8")
         acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
         _finish(b, layer, acc, b.emit("mul", [x_scale, b.const(w_scale.astype(np.float32))]))
-    return graph
+
+    return _replace_layers(graph, layers, emit)
 
 
 def rewrite_int4(graph: Graph, layers: list[Layer], group: int, dynamic_int8_activations: bool) -> Graph:
-    chosen = {layer.output: layer for layer in layers}
-    old, graph.nodes = graph.nodes, []
-    for node in old:
-        layer = chosen.get(node.outputs[0] if node.outputs else "")
-        if layer is None:
-            graph.nodes.append(node)
-            continue
-        b = Builder(graph, node.meta)
+    def emit(b: Builder, layer: Layer) -> None:
         k, n = layer.weight.shape
         packed, scales, zps = int4_groups(layer.weight, group, symmetric=dynamic_int8_activations)
         x = layer.activation
@@ -170,4 +160,5 @@ def rewrite_int4(graph: Graph, layers: list[Layer], group: int, dynamic_int8_act
             x = b.emit("dequantize_linear", [xq, x_scale, x_zp])
         ins = [x, b.const(packed), b.const(scales), b.const(zps)]
         _named(b, layer.output, "matmul_int4", ins, k=k, n=n, group_size=group)
-    return graph
+
+    return _replace_layers(graph, layers, emit)
