@@ -37,10 +37,12 @@ def release_manifest(package: TaskPackage, lifetime_s: float = RELEASE_LIFETIME_
 
 def rollback_manifest(release: dict[str, Any], previous: dict[str, Any] | None,
                       lifetime_s: float = RELEASE_LIFETIME_S) -> dict[str, Any]:
-    """Version+1 of `release` carrying `previous`'s files and config, or removing the task if none."""
+    """Version+1 of `release` carrying `previous`'s files and config, or removing the task if there is none
+    (or `previous` is a removal)."""
     base = {"_type": "release", "task": release["task"], "version": release["version"] + 1,
             "expires": iso_after(lifetime_s), "rollback_of": release["version"]}
-    if previous is None:
+    if previous is None or previous.get("removed"):
+        # Nothing to go back to (first release, or the stable one is itself a removal): rolling back removes.
         return {**base, "config": {"name": release["task"]}, "files": [], "removed": True}
     return {**base, "config": previous["config"], "files": previous["files"], "removed": False}
 

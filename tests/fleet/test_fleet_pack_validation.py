@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from edgerun.fleet.errors import FleetError
-from edgerun.fleet.manifest import validate_release_manifest, validate_task_config
+from edgerun.fleet.manifest import (
+    release_manifest,
+    rollback_manifest,
+    validate_release_manifest,
+    validate_task_config,
+)
 from edgerun.fleet.package import pack_task, read_package
 
 
@@ -153,3 +158,23 @@ def test_release_manifest_validation_for_the_server(tmp_path: Path) -> None:
             validate_release_manifest({**good, "files": files})
     removed = {**good, "config": {"name": "t"}, "files": [], "removed": True}
     assert validate_release_manifest(removed)["removed"] is True
+
+
+def test_the_rollback_of_a_release_after_a_removal_is_a_removal_the_server_accepts(tmp_path: Path) -> None:
+    # A task whose stable release is a removal (its first release was rolled back) gets published again:
+    # its rollback must remove the task again, not carry the removal's config as a runnable release.
+    src = tmp_path / "t"
+    src.mkdir()
+    (src / "task.json").write_text(json.dumps({"name": "t", "version": 4, "entry": "main.py"}))
+    (src / "main.py").write_text("def run(inputs):\n    return {}\n")
+    pack_task(src, tmp_path / "t.tar")
+    release = release_manifest(read_package(tmp_path / "t.tar"))
+    first = {**release, "version": 2}
+    removal = rollback_manifest(first, None)
+    assert removal["removed"] and validate_release_manifest(removal) is removal
+    rollback = rollback_manifest(release, removal)
+    assert rollback["removed"] and rollback["files"] == [] and rollback["version"] == 5
+    validate_release_manifest(rollback)
+    carried = rollback_manifest(release, release)
+    assert not carried["removed"] and carried["config"] == release["config"]
+    validate_release_manifest(carried)
