@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
@@ -9,12 +11,13 @@ from edgerun.frontends.onnx.einsum import einsum
 from edgerun.frontends.onnx.registry import onnx_op
 
 
-def matmul_nd(ctx: ImportContext, a: str, b: str) -> str:
-    """numpy matmul semantics, including 1-D operands (our matmul needs rank >= 2)."""
+def matmul_nd(ctx: ImportContext, a: str, b: str, op: str = "matmul", extra: Sequence[str] = ()) -> str:
+    """numpy matmul semantics, including 1-D operands (our matmul ops need rank >= 2). `op` is "matmul" or
+    another op with matmul's shapes (matmul_integer), `extra` its operands after the two matrices."""
     sa, sb = ctx.b.shape(a), ctx.b.shape(b)
     a2 = ctx.emit("reshape", [a], shape=[1, sa[0]]) if len(sa) == 1 else a
     b2 = ctx.emit("reshape", [b], shape=[sb[0], 1]) if len(sb) == 1 else b
-    y = ctx.emit("matmul", [a2, b2])
+    y = ctx.emit(op, [a2, b2, *extra])
     if len(sa) == 1 or len(sb) == 1:
         shp = list(ctx.b.shape(y))
         if len(sb) == 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
+from edgerun.frontends.onnx.nn import matmul_nd
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.ir.dtypes import DType
 from edgerun.oracle.quant_kernels import unpack_int4
@@ -73,20 +74,9 @@ def dequantize_linear(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 def _matmul_integer_nd(ctx: ImportContext, node: OnnxNode, a: str, b: str, a_zp: str, b_zp: str) -> str:
     """matmul_integer with numpy's rules for 1-D operands; a per-row a_zp [M] and per-column b_zp [N]."""
-    sa, sb = ctx.b.shape(a), ctx.b.shape(b)
     if ctx.b.spec(a_zp).numel > 1:
         a_zp = ctx.emit("reshape", [a_zp], shape=[ctx.b.spec(a_zp).numel, 1])
-    a2 = ctx.emit("reshape", [a], shape=[1, sa[0]]) if len(sa) == 1 else a
-    b2 = ctx.emit("reshape", [b], shape=[sb[0], 1]) if len(sb) == 1 else b
-    y = ctx.emit("matmul_integer", [a2, b2, a_zp, b_zp])
-    if len(sa) == 1 or len(sb) == 1:
-        shp = list(ctx.b.shape(y))
-        if len(sb) == 1:
-            shp.pop(-1)
-        if len(sa) == 1:
-            shp.pop(-2 if len(sb) != 1 else -1)
-        y = ctx.emit("reshape", [y], shape=shp)
-    return y
+    return matmul_nd(ctx, a, b, "matmul_integer", [a_zp, b_zp])
 
 
 @onnx_op("MatMulInteger")
