@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_cnn import small_cnn as _small_cnn
 
 import edgerun
 from edgerun.backends.npu import NpuBackend, create_backend
@@ -19,24 +20,8 @@ from edgerun.runtime import load
 
 
 def small_cnn(seed: int = 0) -> Program:
-    """conv(pad, bias)-relu-conv(stride 2)-relu-mean-linear-relu-linear on [2, 3, 12, 12]."""
-    rng = np.random.default_rng(seed)
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("image", TensorSpec((2, 3, 12, 12), DType.float32))
-
-    def w(*shape: int) -> str:
-        fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
-        return b.const((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
-
-    relu = lambda v: b.emit("maximum", [v, b.scalar(0.0, v)])  # noqa: E731
-    h = relu(b.emit("conv2d", [x, w(8, 3, 3, 3), b.const(rng.standard_normal(8).astype(np.float32) * 0.1)],
-                    padding=[1, 1, 1, 1]))
-    h = relu(b.emit("conv2d", [h, w(16, 8, 3, 3)], padding=[1, 1, 1, 1], stride=[2, 2]))
-    h = b.emit("reduce_mean", [h], axes=[2, 3])
-    h = relu(b.emit("matmul", [h, w(16, 32)]))
-    g.outputs = [b.emit("matmul", [h, w(32, 10)])]
-    return Program(graph=g)
+    """The shared small CNN on [2, 3, 12, 12] with a 32-wide hidden layer."""
+    return _small_cnn((2, 3, 12, 12), hidden=32, seed=seed)
 
 
 def images(n: int, seed: int) -> np.ndarray:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from small_cnn import small_cnn
 
 import edgerun
 from edgerun.errors import EdgerunError
@@ -20,27 +21,6 @@ from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 from edgerun.program import Program
 from edgerun.quantization import quantize_with_report
-
-
-def small_cnn(hidden: int = 64, seed: int = 0) -> Program:
-    """conv-relu-conv-relu-mean-linear-relu-linear on [4, 3, 16, 16]: both layer kinds, one graph input."""
-    rng = np.random.default_rng(seed)
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("image", TensorSpec((4, 3, 16, 16), DType.float32))
-
-    def w(*shape: int) -> str:
-        fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
-        return b.const((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32))
-
-    relu = lambda v: b.emit("maximum", [v, b.scalar(0.0, v)])  # noqa: E731
-    h = relu(b.emit("conv2d", [x, w(8, 3, 3, 3), b.const(rng.standard_normal(8).astype(np.float32) * 0.1)],
-                    padding=[1, 1, 1, 1]))
-    h = relu(b.emit("conv2d", [h, w(16, 8, 3, 3)], padding=[1, 1, 1, 1], stride=[2, 2]))
-    h = b.emit("reduce_mean", [h], axes=[2, 3])
-    h = relu(b.emit("matmul", [h, w(16, hidden)]))
-    g.outputs = [b.emit("matmul", [h, w(hidden, 10)])]
-    return Program(graph=g)
 
 
 def images(n: int, seed: int) -> np.ndarray:
