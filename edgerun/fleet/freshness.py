@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.fleet.canonical import iso_after
-from edgerun.fleet.errors import RollbackAttackError, SignatureError
-from edgerun.fleet.signing import Root, SigningKey, check_expiry, sign_envelope
+from edgerun.fleet.errors import SignatureError
+from edgerun.fleet.manifest import verify_device_metadata
+from edgerun.fleet.signing import Root, SigningKey, sign_envelope
 
 TIMESTAMP_LIFETIME_S = 600.0
 
@@ -30,12 +31,4 @@ def verify_timestamp(root: Root, envelope: Any, *, device_id: str, min_serial: i
     """Signed by the assignment role, for this device, not expired, and not older than a serial seen."""
     if not isinstance(envelope, dict):
         raise SignatureError("an 'up to date' answer without a signed timestamp is not trusted")
-    signed = root.verify_role(envelope, "assignment")
-    if signed.get("_type") != "timestamp":
-        raise SignatureError("not a timestamp")
-    if signed.get("device_id") != device_id:
-        raise SignatureError(f"timestamp is for {signed.get('device_id')!r}, not {device_id!r}")
-    check_expiry(signed, f"timestamp #{signed.get('serial')}")
-    if int(signed["serial"]) < min_serial:
-        raise RollbackAttackError(f"timestamp #{signed['serial']} is older than #{min_serial}, already seen")
-    return signed
+    return verify_device_metadata(root, envelope, "timestamp", device_id=device_id, min_serial=min_serial)

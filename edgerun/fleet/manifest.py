@@ -115,14 +115,21 @@ def validate_release_manifest(signed: Any) -> dict[str, Any]:
 
 def verify_assignment(root: Root, envelope: dict[str, Any], *, device_id: str,
                       min_serial: int = 0) -> dict[str, Any]:
+    return verify_device_metadata(root, envelope, "assignment", device_id=device_id, min_serial=min_serial)
+
+
+def verify_device_metadata(root: Root, envelope: dict[str, Any], kind: str, *, device_id: str,
+                           min_serial: int) -> dict[str, Any]:
+    """What the online (assignment) key signs for one device, an assignment or a timestamp: signed by that
+    role, of this `kind`, for this device, not expired, and no older than a serial already seen."""
     signed = root.verify_role(envelope, "assignment")
-    if signed.get("_type") != "assignment":
-        raise SignatureError("not an assignment")
+    if signed.get("_type") != kind:
+        raise SignatureError(f"not {'an' if kind[0] in 'aeiou' else 'a'} {kind}")
     if signed.get("device_id") != device_id:
-        raise SignatureError(f"assignment is for {signed.get('device_id')!r}, not {device_id!r}")
-    check_expiry(signed, f"assignment #{signed['serial']}")
+        raise SignatureError(f"{kind} is for {signed.get('device_id')!r}, not {device_id!r}")
+    check_expiry(signed, f"{kind} #{signed.get('serial')}")
     if int(signed["serial"]) < min_serial:
-        raise RollbackAttackError(f"assignment #{signed['serial']} is older than #{min_serial}, already seen")
+        raise RollbackAttackError(f"{kind} #{signed['serial']} is older than #{min_serial}, already seen")
     return signed
 
 
