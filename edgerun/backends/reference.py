@@ -19,7 +19,11 @@ import numpy as np
 from edgerun.backends.base import AlgorithmChoice, Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.decompose import decomposed
+from edgerun.ir.subgraphs import body_names, is_control_flow
 from edgerun.oracle import KERNELS, run_partition
+from edgerun.oracle.control_flow import run_control_flow
+from edgerun.oracle.interpreter import run_body
 from edgerun.oracle.conv_algorithms import CONV_ALGORITHMS, ConvShape, chosen_conv_kernel
 from edgerun.oracle.kernels import raster_views
 
@@ -43,6 +47,7 @@ class ReferenceBackend(Backend):
     supported = {op: OpSupport() for op in KERNELS}
     throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6)
     runs_decomposed = True  # every composite, through its decomposition (the runtime lowers it after placement)
+    control_flow = frozenset({"cond", "while_loop", "scan"})  # bodies run by the oracle's node walk
 
     def algorithm_choices(self, node: Node, graph: Graph) -> Sequence[AlgorithmChoice]:
         if node.op != "conv2d":
@@ -55,10 +60,10 @@ class ReferenceBackend(Backend):
 
     def compile_with_algorithms(self, subgraph: Graph, algorithms: Mapping[str, str]) -> CompiledPartition:
         for node in subgraph.nodes:
-            if node.op not in KERNELS:
+            if node.op not in KERNELS and node.op not in self.control_flow:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="no reference kernel (composite ops must be decomposed first)")
-        binder = functools.partial(bind_node, algorithms=dict(algorithms)) if algorithms else bind_node
+        binder = functools.partial(bind_node, algorithms=dict(algorithms), subgraphs=subgraph.subgraphs)
         return CompiledPartition(self.name, subgraph, functools.partial(run_partition, subgraph), binder)
 
 
@@ -66,14 +71,18 @@ def create_backend() -> ReferenceBackend:
     return ReferenceBackend()
 
 
-def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[str, str] | None = None) -> BoundCall:
+def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[str, str] | None = None,
+              subgraphs: Mapping[str, Graph] | None = None) -> BoundCall:
     """A call with no arguments computing `node` from and into the fixed `arrays` (name -> array).
 
-    `algorithms` maps node names to the conv algorithm the search chose (conv_algorithms.CONV_ALGORITHMS).
+    `algorithms` maps node names to the conv algorithm the search chose (conv_algorithms.CONV_ALGORITHMS);
+    `subgraphs` holds the bodies a control-flow node names.
     """
     ins = [arrays[i] for i in node.inputs if i]
     outs = [arrays[o] for o in node.outputs]
     op = node.op
+    if is_control_flow(op):
+        return _bind_control_flow(node, ins, outs, subgraphs or {})
     ufunc = _UFUNC_ANY_DTYPE.get(op)
     if ufunc is None and all(a.dtype.kind == "f" for a in ins):
         ufunc = _UFUNC_FLOAT_ONLY.get(op)
@@ -98,6 +107,17 @@ def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[
     if kernel is None:
         raise UnsupportedOpError(op, detail="no reference kernel")
     return functools.partial(kernel, ins, node.attrs, outs)
+
+
+def _bind_control_flow(node: Node, ins: list[np.ndarray], outs: list[np.ndarray],
+                       subgraphs: Mapping[str, Graph]) -> BoundCall:
+    # The bodies are lowered once here, at load, and walked by the oracle on every call.
+    holder = Graph(subgraphs={k: decomposed(subgraphs[k]) for k in body_names(node)})
+
+    def call() -> None:
+        for dst, value in zip(outs, run_control_flow(node, ins, holder, run_body)):
+            np.copyto(dst, value)
+    return call
 
 
 def _rsqrt(x: np.ndarray, out: np.ndarray) -> None:

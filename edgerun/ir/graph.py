@@ -41,6 +41,9 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     specs: dict[str, TensorSpec] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    # Bodies of control-flow nodes (cond, while_loop, scan), by the name their node's attrs give. A body is
+    # closed: everything it reads is one of its inputs or constants (ir/subgraphs.py).
+    subgraphs: dict[str, Graph] = field(default_factory=dict)
     _counter: Iterator[int] = field(default_factory=itertools.count, repr=False, compare=False)
 
     # -- construction ------------------------------------------------------------------------------
@@ -103,7 +106,7 @@ class Graph:
     def copy(self) -> Graph:
         """A structural copy; constant arrays are shared (they are never mutated in place)."""
         g = Graph(list(self.inputs), list(self.outputs), copy.deepcopy(self.nodes), dict(self.specs),
-                  dict(self.constants))
+                  dict(self.constants), {k: body.copy() for k, body in self.subgraphs.items()})
         return g
 
     def toposort(self) -> None:

@@ -41,7 +41,8 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
             if i and i not in defined:
                 raise VerificationError(f"{_where(node)} reads {i!r} before it is defined (dangling or cycle)")
         try:
-            want = infer_specs(node.op, [graph.specs[i] if i else _ABSENT for i in node.inputs], node.attrs)
+            want = infer_specs(node.op, [graph.specs[i] if i else _ABSENT for i in node.inputs], node.attrs,
+                               graph.subgraphs)
         except (ValueError, KeyError, TypeError) as exc:
             raise VerificationError(f"{_where(node)}: {exc}") from None
         if len(want) != len(node.outputs):
@@ -56,3 +57,8 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
     for name in graph.outputs:
         if name not in defined:
             raise VerificationError(f"graph output {name!r} is never defined")
+    for name, body in graph.subgraphs.items():  # bodies are closed graphs: verified on their own
+        try:
+            verify(body, allow_composite=allow_composite)
+        except VerificationError as exc:
+            raise VerificationError(f"subgraph {name!r}: {exc}") from None

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import transform_bodies
 
 
 @dataclass
@@ -42,6 +43,7 @@ def run_pipeline(graph: Graph, passes: Sequence[Pass], verify_each: bool = True)
         before = graph.op_counts()
         t0 = time.perf_counter()
         graph = p.call(graph).graph
+        transform_bodies(graph, lambda body, p=p: p.call(body).graph)  # control-flow bodies: closed graphs
         records.append(PassRecord(p.name, before, graph.op_counts(), time.perf_counter() - t0))
         if verify_each:
             verify(graph)

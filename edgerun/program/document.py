@@ -12,6 +12,7 @@ from edgerun.errors import ProgramFormatError
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
+from edgerun.ir.subgraphs import constant_home
 from edgerun.program.format import MAX_METADATA_ENTRIES
 from edgerun.program.graph_codec import check_keys, decode_graph, encode_graph
 from edgerun.program.segment_table import SegmentEntry, decode_segment_table
@@ -43,7 +44,9 @@ def decode_document(obj: object, data_length: int,
     entries = decode_segment_table(doc["segments"], data_length, allow_unknown)
     graph = decode_graph(doc["graph"], (e.name for e in entries), allow_unknown)
     for e in entries:
-        spec = graph.specs[e.name]
+        home = constant_home(graph, e.name)
+        assert home is not None  # decode_graph defined every segment in some graph
+        spec = home[0].specs[home[1]]
         if spec != TensorSpec(e.shape, e.dtype):
             raise ProgramFormatError(f"segment {e.name[:80]!r} holds {e.dtype.value}{list(e.shape)} but the "
                                      f"graph declares the value as {spec}")

@@ -18,7 +18,9 @@ MAGIC = b"EDGR"
 FORMAT_MAJOR = 1
 # Minor 1: graphs keep some composite ops (softmax, layer_norm, gelu, ...) for the device to lower at load;
 # a 1.0 reader already decomposed every composite at load, so it reads 1.1 files correctly.
-FORMAT_MINOR = 1
+# Minor 2: graphs may hold bodies of control-flow nodes ("subgraphs", weights under qualified names); a
+# 1.1 reader ignores the key and then refuses the control-flow op by name, never misreads.
+FORMAT_MINOR = 2
 
 # 64 bytes is a cache line on x86 and most ARM cores and the width of an AVX-512 register, so a kernel can
 # use aligned vector loads on any weight straight out of the mapped file. Page alignment (4 KiB) would only

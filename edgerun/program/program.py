@@ -12,6 +12,7 @@ import numpy as np
 
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import flat_constant_specs, flat_constants
 from edgerun.program.canonical_json import canonical_json_bytes
 from edgerun.program.format import HEADER_SIZE
 from edgerun.program.graph_codec import encode_graph
@@ -84,8 +85,9 @@ class Program:
         h = decoded.header
         info = ProgramFileInfo(path, (h.major, h.minor), h.file_length, mmapped, decoded.weights_verified)
         program = cls(decoded.graph, decoded.metadata, info)
+        arrays = flat_constants(decoded.graph)
         for e in decoded.segments:
-            program._digests[e.name] = (decoded.graph.constants[e.name], e.sha256)
+            program._digests[e.name] = (arrays[e.name], e.sha256)
         return program
 
     # -- inspection --------------------------------------------------------------------------------------
@@ -93,14 +95,15 @@ class Program:
         """SHA-256 of each constant's little-endian bytes; taken from the file's table when loaded."""
         digests = {}
         to_hash = {}
-        for name, array in self.graph.constants.items():
+        specs = flat_constant_specs(self.graph)  # bodies' constants under qualified names
+        for name, array in flat_constants(self.graph).items():
             cached = self._digests.get(name)
             if cached is not None and cached[0] is array and not array.flags.writeable:
                 digests[name] = cached[1]
             else:
                 to_hash[name] = array
         if to_hash:
-            partial = Graph(specs=self.graph.specs, constants=to_hash)
+            partial = Graph(specs=specs, constants=to_hash)
             for w in prepare_weights(partial):
                 digests[w.name] = w.sha256
                 if not w.array.flags.writeable and w.array is to_hash[w.name]:
@@ -114,8 +117,8 @@ class Program:
         re-saving a program, or changing only its description, keeps the key.
         """
         digests = self.weight_digests()
-        weights = sorted([name, self.graph.specs[name].dtype.value, list(self.graph.specs[name].shape),
-                          digests[name]] for name in digests)
+        specs = flat_constant_specs(self.graph)
+        weights = sorted([name, specs[name].dtype.value, list(specs[name].shape), digests[name]] for name in digests)
         content = canonical_json_bytes({"graph": encode_graph(self.graph), "weights": weights})
         return hashlib.sha256(_HASH_DOMAIN + content).hexdigest()
 

@@ -112,5 +112,7 @@ def decode_program(buffer: Buffer, verify_weights: bool = True) -> DecodedProgra
         array = np.frombuffer(buffer, e.dtype.np.newbyteorder("<"), e.numel, header.data_offset + e.offset)
         array = array.reshape(e.shape)
         array.flags.writeable = False
-        graph.constants[e.name] = array
+        home = constant_home(graph, e.name)  # a body's constant has a qualified name (ir/subgraphs.py)
+        assert home is not None
+        home[0].constants[home[1]] = array
     return DecodedProgram(graph, metadata, header, entries, verify_weights)

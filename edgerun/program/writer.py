@@ -19,6 +19,7 @@ import numpy as np
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import flat_constant_specs, flat_constants
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import canonical_json_bytes
 from edgerun.program.document import Metadata, decode_document, encode_document
@@ -49,13 +50,14 @@ class PreparedWeight:
 
 def prepare_weights(graph: Graph) -> list[PreparedWeight]:
     prepared = []
-    for name, value in graph.constants.items():
+    specs = flat_constant_specs(graph)
+    for name, value in flat_constants(graph).items():  # bodies' constants under qualified names
         array = np.asarray(value)
         try:
             dtype = DType.of(array)
         except ValueError as e:
             raise ProgramFormatError(f"constant {name!r}: {e}") from None
-        spec = graph.specs.get(name)
+        spec = specs.get(name)
         if spec != TensorSpec(array.shape, dtype):
             raise ProgramFormatError(f"constant {name!r} is {dtype.value}{list(array.shape)} but its spec is {spec}")
         # astype rather than ascontiguousarray: the latter turns 0-d arrays into shape (1,).
