@@ -69,7 +69,7 @@ class OnnxBuilder:
         for node in reversed(self.nodes):
             if needed.intersection(node.output):
                 keep.append(node)
-                needed.update(node.input)
+                needed.update(reads(node))
         return keep[::-1]
 
     def const(self, value: np.ndarray, hint: str = "c") -> str:
@@ -79,6 +79,19 @@ class OnnxBuilder:
 
     def ints(self, values: list[int] | tuple[int, ...], hint: str = "shape") -> str:
         return self.const(np.asarray(values, np.int64), hint)
+
+
+def reads(proto: Any) -> set[str]:
+    """Every value an ONNX node reads: its inputs, and what its bodies (If, Loop, Scan) read from outside."""
+    names = {i for i in proto.input if i}
+    for attr in proto.attribute:
+        if attr.type == 5:  # AttributeProto.GRAPH
+            body = attr.g
+            local = {vi.name for vi in body.input} | {t.name for t in body.initializer}
+            local |= {o for n in body.node for o in n.output}
+            used = {o.name for o in body.output}.union(*(reads(n) for n in body.node))
+            names |= used - local
+    return names
 
 
 Translator = Callable[[OnnxBuilder, Node], None]
