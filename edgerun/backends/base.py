@@ -119,14 +119,16 @@ class Backend(ABC):
     composites: ClassVar[Mapping[str, OpSupport]] = {}
     # Runs any composite through its decomposition (the runtime lowers it after placement): the reference.
     runs_decomposed: ClassVar[bool] = False
-    # Control-flow ops (cond, while_loop, scan) this backend runs whole, bodies included: it gets such a node
-    # only when it also supports every node of every body (at any depth), so a body never needs a second
-    # backend. The partitioner hands it the node with its bodies (CompiledPartition graph's `subgraphs`).
-    control_flow: ClassVar[frozenset[str]] = frozenset()
+    # Control-flow ops (cond, while_loop, scan) this backend runs whole, bodies included, with the same kind
+    # of constraints as `supported`: it gets such a node only when it also supports every node of every body
+    # (at any depth), so a body never needs a second backend. The partitioner hands it the node with its
+    # bodies (the partition graph's `subgraphs`).
+    control_flow: ClassVar[Mapping[str, OpSupport]] = {}
 
     def supports(self, node: Node, graph: Graph) -> bool:
         if is_control_flow(node.op):
-            return node.op in self.control_flow and all(self.supports(inner, body) for body in bodies_of(node, graph)
+            return _fits(self.control_flow.get(node.op), node, graph) and all(
+                self.supports(inner, body) for body in bodies_of(node, graph)
                                                         for inner in body.nodes)
         if is_composite(node.op):
             return self.runs_decomposed or self.keeps_whole(node, graph)

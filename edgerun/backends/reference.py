@@ -47,7 +47,8 @@ class ReferenceBackend(Backend):
     supported = {op: OpSupport() for op in KERNELS}
     throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6)
     runs_decomposed = True  # every composite, through its decomposition (the runtime lowers it after placement)
-    control_flow = frozenset({"cond", "while_loop", "scan"})  # bodies run by the oracle's node walk
+    # Bodies walked by the oracle; a cond's left-out branch is the oracle's clear error when taken.
+    control_flow = {op: OpSupport() for op in ("cond", "while_loop", "scan")}
 
     def algorithm_choices(self, node: Node, graph: Graph) -> Sequence[AlgorithmChoice]:
         if node.op != "conv2d":

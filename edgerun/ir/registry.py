@@ -33,7 +33,7 @@ class OpKind(StrEnum):
 ShapeRule = Callable[[list[TensorSpec], dict[str, Any]], list[TensorSpec]]
 Decomposition = Callable[["Builder", list[str], dict[str, Any]], list[str]]
 # The shape rule of a control-flow op also sees its bodies (in the order of OpDef.bodies).
-BodyShapeRule = Callable[[list[TensorSpec], dict[str, Any], Sequence["Graph"]], list[TensorSpec]]
+BodyShapeRule = Callable[[list[TensorSpec], dict[str, Any], Sequence["Graph | None"]], list[TensorSpec]]
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,12 @@ def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any],
         bodies = []
         for key in d.bodies:
             name = attrs.get(key)
-            if not isinstance(name, str) or name not in (subgraphs or {}):
+            if name == "":  # no body: a branch that cannot run at these shapes (the op's rule says if allowed)
+                bodies.append(None)
+            elif not isinstance(name, str) or name not in (subgraphs or {}):
                 raise ValueError(f"{op} attr {key!r} names subgraph {name!r}, which the graph does not have")
-            bodies.append((subgraphs or {})[name])
+            else:
+                bodies.append((subgraphs or {})[name])
         return d.infer_with_bodies(inputs, attrs, bodies)
     return d.infer(inputs, attrs)
 

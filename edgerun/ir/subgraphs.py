@@ -31,12 +31,19 @@ def is_control_flow(op: str) -> bool:
 
 
 def body_names(node: Node) -> list[str]:
-    """The subgraph names `node` refers to, in its op's body order (none for an ordinary op)."""
-    return [node.attrs[key] for key in get_op(node.op).bodies]
+    """The subgraph names `node` refers to, in its op's body order (none for an ordinary op). A cond branch
+    that cannot run at the graph's shapes has no body (its attr is "", see control_flow_ops.py)."""
+    return [node.attrs[key] for key in get_op(node.op).bodies if node.attrs[key] != ""]
+
+
+def has_every_body(node: Node) -> bool:
+    """False for a cond with a branch that cannot run at these shapes (taking it is a run-time error)."""
+    return all(node.attrs[key] != "" for key in get_op(node.op).bodies)
 
 
 def bodies_of(node: Node, graph: Graph) -> list[Graph]:
-    """The bodies of control-flow `node` (in its op's order), looked up in `graph`, the graph holding it."""
+    """The bodies of control-flow `node` (in its op's order, absent branches left out), looked up in `graph`,
+    the graph holding it."""
     try:
         return [graph.subgraphs[name] for name in body_names(node)]
     except KeyError as exc:

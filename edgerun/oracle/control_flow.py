@@ -30,9 +30,13 @@ def truth(value: np.ndarray, what: str) -> bool:
 
 def run_control_flow(node: Node, args: Sequence[np.ndarray], graph: Graph, run_body: BodyRunner) -> list[np.ndarray]:
     """Fresh result arrays of control-flow `node` (held by `graph`) computed from `args`."""
-    bodies = [decomposed(b) for b in bodies_of(node, graph)]
     if node.op == "cond":
-        return _fresh(run_body(bodies[0] if truth(args[0], f"cond {node.name!r} predicate") else bodies[1], args[1:]))
+        side = "then" if truth(args[0], f"cond {node.name!r} predicate") else "else"
+        if node.attrs[side] == "":
+            raise EdgerunError(f"cond {node.name!r} took its {side} branch, which cannot run at this program's "
+                               f"shapes: {node.attrs.get('unreachable', '')}")
+        return _fresh(run_body(decomposed(graph.subgraphs[node.attrs[side]]), args[1:]))
+    bodies = [decomposed(b) for b in bodies_of(node, graph)]
     if node.op == "while_loop":
         return _while_loop(node, args, bodies[0], bodies[1], run_body)
     if node.op == "scan":

@@ -14,13 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from edgerun.backends.base import OpSupport
 from edgerun.backends.onnxruntime.onnx_ops import ONNX_DTYPE, TRANSLATORS, OnnxBuilder
 from edgerun.backends.onnxruntime.onnx_quant_ops import QUANT_TRANSLATORS
 from edgerun.backends.onnxruntime.onnx_raster import emit_raster
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.subgraphs import bodies_of
+from edgerun.ir.subgraphs import bodies_of, has_every_body
 
-CONTROL_FLOW = frozenset({"cond", "while_loop", "scan"})
+# A cond with a left-out branch (ir/ops/control_flow_ops.py) stays on the reference, whose error names it.
+CONTROL_FLOW = {"cond": OpSupport(check=lambda node, graph: has_every_body(node)), "while_loop": OpSupport(),
+                "scan": OpSupport()}
 
 
 class _BodyBuilder(OnnxBuilder):

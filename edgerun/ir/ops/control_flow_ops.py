@@ -5,7 +5,10 @@ while_loop's carried values keep theirs from one iteration to the next, and a sc
 inputs' shapes. So every node's result has a spec known before it runs, the memory plan is exact, and the
 verifier checks each body's signature against its node here, in the shape rules.
 
-- cond(pred, *operands; then, else): run one branch on the operands. pred is a one-element bool.
+- cond(pred, *operands; then, else): run one branch on the operands. pred is a one-element bool. A branch
+  that cannot run at the graph's shapes (ONNX models branch on shapes: silero-vad's 8 kHz branch at a 16 kHz
+  chunk length) may be left out: its attr is "" and attr `unreachable` says why; taking it is a clear
+  run-time error, as in ONNX Runtime, instead of a failed import.
 - while_loop(*carried, *invariants; cond, body, num_carried): while cond(carried, invariants) holds,
   carried = body(carried, invariants); the results are the final carried values.
 - scan(*carried, *sequences, *invariants; body, num_carried, num_sequences, length): for t in 0..length-1,
@@ -52,20 +55,31 @@ def _count(attrs: Attrs, key: str, low: int, high: int) -> int:
     return n
 
 
+def _all_present(op: str, bodies: Sequence[Graph | None]) -> list[Graph]:
+    if any(b is None for b in bodies):
+        raise ValueError(f"{op} needs every body (only a cond branch may be left out)")
+    return [b for b in bodies if b is not None]
+
+
 def _needs_bodies(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
     raise ValueError("a control-flow op's shape rule needs its graph's subgraphs")
 
 
 # ---- cond --------------------------------------------------------------------------------------------------
 
-def _cond_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph]) -> list[TensorSpec]:
-    then, other = bodies
+def _cond_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph | None]) -> list[TensorSpec]:
     _check_predicate("cond predicate", ins[0])
-    for side, body in (("then", then), ("else", other)):
+    present = [(side, body) for side, body in zip(("then", "else"), bodies) if body is not None]
+    if not present:
+        raise ValueError("cond needs at least one branch")
+    if len(present) < 2 and not isinstance(attrs.get("unreachable"), str):
+        raise ValueError("cond leaves out a branch without saying why (attr unreachable)")
+    for side, body in present:
         _check_inputs(f"cond {side} branch", body, ins[1:])
-    outs = _specs(then, then.outputs)
-    if _specs(other, other.outputs) != outs:
-        raise ValueError(f"cond branches give {_describe(outs)} and {_describe(_specs(other, other.outputs))}")
+    outs = _specs(present[0][1], present[0][1].outputs)
+    for side, body in present[1:]:
+        if _specs(body, body.outputs) != outs:
+            raise ValueError(f"cond branches give {_describe(outs)} and {_describe(_specs(body, body.outputs))}")
     return outs
 
 
@@ -77,8 +91,8 @@ register(OpDef("cond", OpKind.CONTROL_FLOW, _needs_bodies, 1, None, bodies=("the
 
 # ---- while_loop --------------------------------------------------------------------------------------------
 
-def _while_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph]) -> list[TensorSpec]:
-    cond, body = bodies
+def _while_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph | None]) -> list[TensorSpec]:
+    cond, body = _all_present("while_loop", bodies)
     k = _count(attrs, "num_carried", 0, len(ins))
     carried = ins[:k]
     _check_inputs("while_loop cond", cond, ins)
@@ -100,8 +114,8 @@ register(OpDef("while_loop", OpKind.CONTROL_FLOW, _needs_bodies, 0, None, bodies
 
 # ---- scan --------------------------------------------------------------------------------------------------
 
-def _scan_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph]) -> list[TensorSpec]:
-    (body,) = bodies
+def _scan_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph | None]) -> list[TensorSpec]:
+    (body,) = _all_present("scan", bodies)
     k = _count(attrs, "num_carried", 0, len(ins))
     m = _count(attrs, "num_sequences", 0, len(ins) - k)
     length = attrs.get("length")
