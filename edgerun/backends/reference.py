@@ -18,13 +18,13 @@ import numpy as np
 
 from edgerun.backends.base import AlgorithmChoice, Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.errors import UnsupportedOpError
-from edgerun.ir.graph import Graph, Node
 from edgerun.ir.decompose import decomposed
+from edgerun.ir.graph import Graph, Node
 from edgerun.ir.subgraphs import body_names, is_control_flow
 from edgerun.oracle import KERNELS, run_partition
 from edgerun.oracle.control_flow import run_control_flow
-from edgerun.oracle.interpreter import run_body
 from edgerun.oracle.conv_algorithms import CONV_ALGORITHMS, ConvShape, chosen_conv_kernel
+from edgerun.oracle.interpreter import run_body
 from edgerun.oracle.kernels import raster_views
 
 BoundCall = Callable[[], None]

@@ -96,7 +96,7 @@ def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any],
         want = f"{d.min_inputs}" if d.max_inputs == d.min_inputs else f"{d.min_inputs}..{d.max_inputs or 'n'}"
         raise ValueError(f"{op} takes {want} inputs, got {n}")
     if d.infer_with_bodies is not None:
-        bodies = []
+        bodies: list[Graph | None] = []
         for key in d.bodies:
             name = attrs.get(key)
             if name == "":  # no body: a branch that cannot run at these shapes (the op's rule says if allowed)

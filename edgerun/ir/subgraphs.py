@@ -115,3 +115,40 @@ def constant_home(graph: Graph, qualified: str) -> tuple[Graph, str] | None:
     if sep and sub in graph.subgraphs:
         return constant_home(graph.subgraphs[sub], rest)
     return None
+
+
+def inline_body(graph: Graph, body: Graph, args: list[str], results: list[str], hint: str) -> None:
+    """Append `body`'s nodes to `graph`, reading `args` for its inputs and defining `results` for its outputs
+    (values it defines get fresh names from `hint`; its constants and bodies are copied in)."""
+    rename = dict(zip(body.inputs, args))
+    for name, array in body.constants.items():
+        rename[name] = graph.add_constant(array, hint=f"{hint}_const")
+    outputs = dict(zip(body.outputs, results))
+    pending: list[tuple[str, str]] = []  # (result, body value) where a result is an input or constant
+    for out, value in zip(results, body.outputs):
+        if value in rename or body.outputs.count(value) > 1:
+            pending.append((out, value))
+            outputs.pop(value, None)
+    renamed_bodies = {k: add_subgraph(graph, sub, f"{hint}_{k}") for k, sub in body.subgraphs.items()}
+    for node in body.nodes:
+        for out in node.outputs:
+            rename[out] = outputs.get(out) or graph.fresh_name(hint)
+            graph.specs[rename[out]] = body.specs[out]
+        attrs = dict(node.attrs)
+        for key in get_op(node.op).bodies:
+            if attrs[key]:
+                attrs[key] = renamed_bodies[attrs[key]]
+        graph.nodes.append(Node(node.op, [rename.get(i, i) for i in node.inputs], [rename[o] for o in node.outputs],
+                                attrs, dict(node.meta), name=rename[node.outputs[0]] if node.outputs else hint))
+    for out, value in pending:  # a result that is an input or constant of the body: a copy keeps it a node
+        spec = body.specs[value]
+        graph.specs[out] = spec
+        graph.nodes.append(Node("raster", [rename[value]], [out], _identity_raster(spec), name=out))
+
+
+def _identity_raster(spec: TensorSpec) -> dict[str, object]:
+    from edgerun.ir.ops.raster import strided_copy_regions
+    from edgerun.ir.tensor_spec import contiguous_strides
+    strides = contiguous_strides(spec.shape)
+    return {"regions": strided_copy_regions(0, 0, strides, 0, strides, spec.shape), "shape": list(spec.shape),
+            "fill": None}

@@ -15,6 +15,12 @@ def _where(node: Node) -> str:
 
 def verify(graph: Graph, *, allow_composite: bool = True) -> None:
     """Raise VerificationError on the first broken invariant."""
+    # Bodies first: they are closed graphs, verified on their own, and their nodes' shape rules read them.
+    for name, body in graph.subgraphs.items():  # bodies are closed graphs: verified on their own
+        try:
+            verify(body, allow_composite=allow_composite)
+        except VerificationError as exc:
+            raise VerificationError(f"subgraph {name!r}: {exc}") from None
     defined: set[str] = set()
     for name in graph.inputs:
         if name in defined:
@@ -57,8 +63,3 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
     for name in graph.outputs:
         if name not in defined:
             raise VerificationError(f"graph output {name!r} is never defined")
-    for name, body in graph.subgraphs.items():  # bodies are closed graphs: verified on their own
-        try:
-            verify(body, allow_composite=allow_composite)
-        except VerificationError as exc:
-            raise VerificationError(f"subgraph {name!r}: {exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ class Pass(ABC):
     def call(self, graph: Graph) -> PassResult: ...
 
 
+def _call(p: Pass, graph: Graph) -> Graph:
+    return p.call(graph).graph
+
+
 def run_pipeline(graph: Graph, passes: Sequence[Pass], verify_each: bool = True) -> tuple[Graph, list[PassRecord]]:
     import time
 
@@ -43,7 +48,7 @@ def run_pipeline(graph: Graph, passes: Sequence[Pass], verify_each: bool = True)
         before = graph.op_counts()
         t0 = time.perf_counter()
         graph = p.call(graph).graph
-        transform_bodies(graph, lambda body, p=p: p.call(body).graph)  # control-flow bodies: closed graphs
+        transform_bodies(graph, functools.partial(_call, p))  # control-flow bodies: closed graphs of their own
         records.append(PassRecord(p.name, before, graph.op_counts(), time.perf_counter() - t0))
         if verify_each:
             verify(graph)

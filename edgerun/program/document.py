@@ -10,9 +10,9 @@ from typing import Any
 
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import constant_home
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
-from edgerun.ir.subgraphs import constant_home
 from edgerun.program.format import MAX_METADATA_ENTRIES
 from edgerun.program.graph_codec import check_keys, decode_graph, encode_graph
 from edgerun.program.segment_table import SegmentEntry, decode_segment_table

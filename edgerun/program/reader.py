@@ -16,6 +16,7 @@ import numpy as np
 
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import constant_home
 from edgerun.program.canonical_json import parse_json_section
 from edgerun.program.document import Metadata, decode_document
 from edgerun.program.format import (

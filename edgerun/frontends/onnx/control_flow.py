@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.frontends.onnx.context import ImportContext, OnnxImportError, OnnxNode
+from edgerun.frontends.onnx.context import DynamicInputError, ImportContext, OnnxImportError, OnnxNode
 from edgerun.frontends.onnx.functions import rename_outer_refs
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
@@ -184,8 +184,7 @@ def import_loop(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> 
     if n_scan_out:
         # Stacked per-trip outputs: only a count fixed at import time gives them a static length.
         if trip is None or (node.has_input(1) and not _always_true(ctx, node, body)):
-            raise node.refuse("a Loop with scan outputs whose trip count is known only at run time (the stacked "
-                              "outputs' length would depend on data)")
+            raise _run_time_trips(ctx, node)
         length = int(np.asarray(trip).reshape(-1)[0])
         if length < 1:
             raise node.refuse("a Loop with scan outputs and no trips (empty outputs)")
@@ -225,6 +224,17 @@ def import_loop(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> 
             ctx.values[dst] = value
 
 
+def _run_time_trips(ctx: ImportContext, node: OnnxNode) -> DynamicInputError:
+    """The refusal of stacked outputs over a run-time trip count, naming a graph input behind the count (the
+    ONNX test backend freezes it and imports again)."""
+    behind = [n for i in node.inputs[:2] if i for n in ctx.inputs_behind(i)]
+    return DynamicInputError(node.op_type, behind[0] if behind else node.inputs[0], source=node.name or None,
+                             detail="a Loop with scan outputs whose trip count or condition is known only at run "
+                                    "time: the stacked outputs' length would depend on data (freeze the inputs "
+                                    f"behind it{', ' + ', '.join(map(repr, behind)) if behind else ''}, with "
+                                    "constant_inputs=)")
+
+
 def _always_true(ctx: ImportContext, node: OnnxNode, body: Any) -> bool:
     """A Loop condition that starts True and that the body passes through unchanged (exporters' for-loops)."""
     first = ctx.const(node.inputs[1])
@@ -240,52 +250,82 @@ def _always_true(ctx: ImportContext, node: OnnxNode, body: Any) -> bool:
 # -- Scan -----------------------------------------------------------------------------------------------------
 
 def import_scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> None:
-    if node.version < 9:
-        raise node.refuse("opset-8 Scan (batched, with sequence_lens)")
     body = node.attr("body")
     m = int(node.attr("num_scan_inputs"))
+    b = ctx.b
+    if node.version < 9:
+        _import_batched_scan(ctx, node, import_into, m)
+        return
     states, scans = node.inputs[:len(node.inputs) - m], node.inputs[len(node.inputs) - m:]
     k = len(body.output) - len(states)
     in_axes = [int(a) % len(ctx.shape(s)) for a, s in zip(node.attr("scan_input_axes") or [0] * m, scans)]
-    in_dirs = list(node.attr("scan_input_directions") or [0] * m)
-    out_axes = list(node.attr("scan_output_axes") or [0] * k)
-    out_dirs = list(node.attr("scan_output_directions") or [0] * k)
-    b = ctx.b
     sequences = []
-    for s, axis, reverse in zip(scans, in_axes, in_dirs):
+    for s, axis, reverse in zip(scans, in_axes, node.attr("scan_input_directions") or [0] * m):
         v = ctx.value(s)
         rank = len(ctx.shape(s))
         if axis:
             v = b.emit("transpose", [v], perm=[axis, *(a for a in range(rank) if a != axis)])
         sequences.append(_reverse(b, v) if reverse else v)
+    results = _scan(ctx, node, import_into, [ctx.value(s) for s in states], sequences)
+    outs = results[:len(states)]
+    for value, axis, reverse in zip(results[len(states):], node.attr("scan_output_axes") or [0] * k,
+                                    node.attr("scan_output_directions") or [0] * k):
+        if reverse:
+            value = _reverse(b, value)
+        rank = len(b.shape(value))
+        if int(axis) % rank:
+            perm = list(range(1, rank))
+            perm.insert(int(axis) % rank, 0)
+            value = b.emit("transpose", [value], perm=perm)
+        outs.append(value)
+    for dst, value in zip(node.outputs, outs):
+        if dst:
+            ctx.values[dst] = value
+
+
+def _import_batched_scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto, m: int) -> None:
+    """Opset-8 Scan: a leading batch axis on every state and sequence (sequences scan axis 1): one scan per
+    batch element, their results joined again."""
+    if node.has_input(0):
+        raise node.refuse("opset-8 Scan with sequence_lens")
+    states, scans = node.inputs[1:len(node.inputs) - m], node.inputs[len(node.inputs) - m:]
+    b = ctx.b
+    batch = {ctx.shape(v)[0] for v in (*states, *scans)}
+    if len(batch) != 1:
+        raise ValueError(f"opset-8 Scan inputs disagree on the batch size: {sorted(batch)}")
+    per_item: list[list[str]] = []
+    for i in range(batch.pop()):
+        def item(v: str, i: int = i) -> str:
+            shape = list(ctx.shape(v))
+            return b.emit("reshape", [b.emit("slice", [ctx.value(v)], starts=[i], ends=[i + 1], axes=[0])],
+                          shape=shape[1:])
+        sequences = [item(s) for s in scans]
+        sequences = [_reverse(b, v) if rev else v for v, rev in zip(sequences, node.attr("directions") or [0] * m)]
+        per_item.append(_scan(ctx, node, import_into, [item(s) for s in states], sequences))
+    for j, dst in enumerate(node.outputs):
+        if dst:
+            parts = [b.emit("reshape", [r[j]], shape=[1, *b.shape(r[j])]) for r in per_item]
+            ctx.values[dst] = parts[0] if len(parts) == 1 else b.emit("concat", parts, axis=0)
+
+
+def _scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto, states: list[str],
+          sequences: list[str]) -> list[str]:
+    """The IR scan of ONNX Scan's body over `sequences` (each scanned along axis 0) from `states`."""
+    b = ctx.b
     lengths = {b.shape(v)[0] for v in sequences}
     if len(lengths) != 1:
         raise ValueError(f"Scan inputs disagree on the sequence length: {sorted(lengths)}")
     length = lengths.pop()
     if length == 0:
         raise node.refuse("Scan over an empty sequence")
+    body = node.attr("body")
     captured = captured_values(ctx, [body])
-    formals = [(vi.name, TensorSpec(ctx.shape(v), ctx.dtype(v))) for vi, v in zip(body.input, states)]
+    formals = [(vi.name, b.spec(v)) for vi, v in zip(body.input, states)]
     formals += [(vi.name, TensorSpec(b.shape(v)[1:], b.dtype(v))) for vi, v in zip(body.input[len(states):], sequences)]
     child, outs = import_body(ctx, body, formals, captured, import_into)
     name = add_subgraph(ctx.graph, _close(child, outs), "scan")
-    results = b.emit_multi("scan", [*(ctx.value(s) for s in states), *sequences, *(ctx.value(n) for n in captured)],
-                           body=name, num_carried=len(states), num_sequences=m, length=length)
-    for dst, value in zip(node.outputs[:len(states)], results):
-        if dst:
-            ctx.values[dst] = value
-    for j, (dst, value) in enumerate(zip(node.outputs[len(states):], results[len(states):])):
-        if not dst:
-            continue
-        if out_dirs[j]:
-            value = _reverse(b, value)
-        rank = len(b.shape(value))
-        axis = int(out_axes[j]) % rank
-        if axis:
-            perm = list(range(1, rank))
-            perm.insert(axis, 0)
-            value = b.emit("transpose", [value], perm=perm)
-        ctx.values[dst] = value
+    return b.emit_multi("scan", [*states, *sequences, *(ctx.value(n) for n in captured)], body=name,
+                        num_carried=len(states), num_sequences=len(sequences), length=length)
 
 
 def _reverse(b: Builder, x: str) -> str:

@@ -77,7 +77,7 @@ def _cond_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph | Non
     for side, body in present:
         _check_inputs(f"cond {side} branch", body, ins[1:])
     outs = _specs(present[0][1], present[0][1].outputs)
-    for side, body in present[1:]:
+    for _side, body in present[1:]:
         if _specs(body, body.outputs) != outs:
             raise ValueError(f"cond branches give {_describe(outs)} and {_describe(_specs(body, body.outputs))}")
     return outs
