@@ -116,7 +116,7 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
             external[name] = np.ascontiguousarray(value)
             inits.append(_external_placeholder(name, value))
         else:
-            inits.append(b.numpy_helper.from_array(np.ascontiguousarray(value), name))
+            inits.append(b.numpy_helper.from_array(np.array(value, order="C", copy=None), name))  # keeps 0-d 0-d
 
     def info(v: str) -> Any:
         spec = subgraph.specs[v]

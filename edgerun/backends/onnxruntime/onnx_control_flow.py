@@ -70,7 +70,7 @@ def _emit_body(b: OnnxBuilder, body: Graph, prefix: str, bind: Sequence[str]) ->
         emit_node(child, inner_node)
     outs = [child.node("Identity", [v], [f"{prefix}out{j}"]) for j, v in enumerate(child.graph.outputs)]
     inits = list(child.initializers)
-    inits += [b.numpy_helper.from_array(np.ascontiguousarray(value), name)
+    inits += [b.numpy_helper.from_array(np.array(value, order="C"), name)  # ascontiguousarray makes 0-d 1-d
               for name, value in child.graph.constants.items()]
     return child.nodes, inits, outs
 
