@@ -57,13 +57,12 @@ def _explain(exc: BaseException) -> str:
     text = str(exc)
     name = type(exc).__name__
     hint = ("make the forward pass traceable by torch.export: no Python control flow that depends on tensor "
-            "values (select with torch.where; torch.cond is captured but edgerun cannot convert it yet), no "
+            "values (branch with torch.cond, loop with torch.while_loop, or select with torch.where), no "
             ".item()/.tolist() on tensors, no data-dependent output shapes, and no unsupported Python side "
             "effects")
     if "data-dependent" in text or "GuardOnDataDependent" in name or "Could not guard" in text:
-        hint = ("the model branches on tensor values (data-dependent control flow), which edgerun cannot run "
-                "yet: compute both sides and select with torch.where(cond, a, b) when both are valid for "
-                "every input, or compute the condition from shapes or Python values (resolved at export). "
-                "torch.cond and torch.while_loop are captured by torch.export but edgerun cannot convert them "
-                "yet")
+        hint = ("the model branches on tensor values (data-dependent control flow) in Python, which torch.export "
+                "cannot capture: write the branch as torch.cond(pred, true_fn, false_fn, operands) and a loop "
+                "as torch.while_loop(cond_fn, body_fn, carried) (edgerun converts both), or select with "
+                "torch.where(cond, a, b) when both sides are valid for every input")
     return f"torch.export failed to capture the model ({name}): {_first_lines(exc)}\nHow to fix: {hint}"

@@ -18,8 +18,7 @@ DYNAMIC_SHAPES_MESSAGE = (
     "dynamic_shapes is not supported yet (torch.export.Dim bounds are not taken): edgerun programs are "
     "specialised to the shapes of the example inputs. What works "
     "today: export once per input shape you need (e.g. one program per sequence length), or pad inputs to a "
-    "fixed shape; Python branches on shapes are resolved for the example shapes. torch.cond and "
-    "torch.while_loop cannot be converted yet either.")
+    "fixed shape; Python branches on shapes are resolved for the example shapes.")
 
 
 def export_graph(module: Any, args: tuple[Any, ...], dynamic_shapes: Any = None, *,
