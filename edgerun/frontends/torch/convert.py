@@ -28,7 +28,6 @@ class FrontendBugError(RuntimeError):
 
 
 def convert_exported_program(ep: Any) -> Graph:
-    import torch
 
     graph = Graph()
     ctx = ConvertContext(graph)
