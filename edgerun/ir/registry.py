@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from edgerun.errors import UnsupportedOpError
+from edgerun.ir.symbolic import SymbolicShapeError
 from edgerun.ir.tensor_spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -95,18 +96,21 @@ def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any],
     if n < d.min_inputs or (d.max_inputs is not None and n > d.max_inputs):
         want = f"{d.min_inputs}" if d.max_inputs == d.min_inputs else f"{d.min_inputs}..{d.max_inputs or 'n'}"
         raise ValueError(f"{op} takes {want} inputs, got {n}")
-    if d.infer_with_bodies is not None:
-        bodies: list[Graph | None] = []
-        for key in d.bodies:
-            name = attrs.get(key)
-            if name == "":  # no body: a branch that cannot run at these shapes (the op's rule says if allowed)
-                bodies.append(None)
-            elif not isinstance(name, str) or name not in (subgraphs or {}):
-                raise ValueError(f"{op} attr {key!r} names subgraph {name!r}, which the graph does not have")
-            else:
-                bodies.append((subgraphs or {})[name])
-        return d.infer_with_bodies(inputs, attrs, bodies)
-    return d.infer(inputs, attrs)
+    try:
+        if d.infer_with_bodies is not None:
+            bodies: list[Graph | None] = []
+            for key in d.bodies:
+                name = attrs.get(key)
+                if name == "":  # no body: a branch that cannot run at these shapes (the op's rule says if allowed)
+                    bodies.append(None)
+                elif not isinstance(name, str) or name not in (subgraphs or {}):
+                    raise ValueError(f"{op} attr {key!r} names subgraph {name!r}, which the graph does not have")
+                else:
+                    bodies.append((subgraphs or {})[name])
+            return d.infer_with_bodies(inputs, attrs, bodies)
+        return d.infer(inputs, attrs)
+    except SymbolicShapeError as exc:  # a rule that needs a concrete size: say which op asked
+        raise SymbolicShapeError(f"{op}: {exc}") from None
 
 
 _loaded = False

@@ -19,6 +19,7 @@ from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.subgraphs import QUALIFIER
+from edgerun.ir.symbolic import dim_to_json
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
 from edgerun.program.format import (
@@ -32,6 +33,13 @@ from edgerun.program.format import (
     MAX_RANK,
     MAX_STRING_LENGTH,
     MAX_VALUES,
+)
+from edgerun.program.symbols_codec import (
+    SYMBOLS_KEY,
+    decode_symbolic_attrs,
+    decode_symbolic_dim,
+    decode_symbols,
+    encode_symbols,
 )
 
 _DTYPES = {d.value: d for d in DType}
@@ -78,23 +86,29 @@ def decode_dtype(obj: object, what: str) -> DType:
     return _DTYPES[obj]
 
 
-def decode_shape(obj: object, what: str) -> tuple[int, ...]:
+def decode_shape(obj: object, what: str, symbols: dict[str, tuple[int, int]] | None = None) -> tuple[int, ...]:
     dims = check_list(obj, f"{what} shape", MAX_RANK)
     numel = 1
+    out = []
     for i, d in enumerate(dims):
+        if symbols and type(d) is dict:
+            out.append(decode_symbolic_dim(d, f"{what} dimension {i}", symbols))
+            continue
         numel *= check_int(d, f"{what} dimension {i}", 0, MAX_DIM)
         if numel > MAX_ELEMENTS:
             raise ProgramFormatError(f"{what} shape {dims} has more than {MAX_ELEMENTS} elements")
-    return tuple(dims)
+        out.append(d)
+    return tuple(out)
 
 
-def decode_spec(obj: object, what: str, allow_unknown: bool = False) -> TensorSpec:
+def decode_spec(obj: object, what: str, allow_unknown: bool = False,
+                symbols: dict[str, tuple[int, int]] | None = None) -> TensorSpec:
     spec = check_keys(obj, what, ("dtype", "shape"), (), allow_unknown)
-    return TensorSpec(decode_shape(spec["shape"], what), decode_dtype(spec["dtype"], what))
+    return TensorSpec(decode_shape(spec["shape"], what, symbols), decode_dtype(spec["dtype"], what))
 
 
 def encode_spec(spec: TensorSpec) -> dict[str, Any]:
-    return {"dtype": spec.dtype.value, "shape": list(spec.shape)}
+    return {"dtype": spec.dtype.value, "shape": [dim_to_json(d) for d in spec.shape]}
 
 
 # -- graph --------------------------------------------------------------------------------------------------
@@ -113,8 +127,11 @@ def encode_graph(graph: Graph) -> dict[str, Any]:
         "values": {name: encode_spec(spec) for name, spec in graph.specs.items()},
         "nodes": nodes,
     }
-    if graph.subgraphs:
-        doc["subgraphs"] = {name: {**encode_graph(body), "constants": list(body.constants)}
+    if graph.symbols:  # only templates carry the key, so static graphs encode exactly as before
+        doc[SYMBOLS_KEY] = encode_symbols(graph.symbols)
+    if graph.subgraphs:  # bodies share the top level's symbols; only graphs with bodies carry the key
+        doc["subgraphs"] = {name: {**{k: v for k, v in encode_graph(body).items() if k != SYMBOLS_KEY},
+                                   "constants": list(body.constants)}
                             for name, body in graph.subgraphs.items()}
     return doc
 
@@ -155,14 +172,17 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
 
     `constant_names`: the segment table's names, bodies' constants under their qualified names.
     """
-    return _decode_graph(obj, "graph", set(constant_names), "", allow_unknown, 0)[0]
+    return _decode_graph(obj, "graph", set(constant_names), "", allow_unknown, 0, {})[0]
 
 
 def _decode_graph(obj: object, what: str, segments: set[str], prefix: str, allow_unknown: bool,
-                  depth: int) -> tuple[Graph, set[str]]:
-    """The graph, and the qualified names of its bodies' constants (taken from `segments`)."""
+                  depth: int, symbols: dict[str, tuple[int, int]]) -> tuple[Graph, set[str]]:
+    """The graph, and the qualified names of its bodies' constants (taken from `segments`). Bodies use the
+    top level's symbols."""
     doc = check_keys(obj, what, ("inputs", "outputs", "values", "nodes"),
-                     ("subgraphs", "constants") if prefix else ("subgraphs",), allow_unknown)
+                     ("subgraphs", "constants") if prefix else ("subgraphs", SYMBOLS_KEY), allow_unknown)
+    if not prefix:
+        symbols = decode_symbols(doc[SYMBOLS_KEY]) if SYMBOLS_KEY in doc else {}
     subgraphs: dict[str, Graph] = {}
     claimed: set[str] = set()
     if "subgraphs" in doc:
@@ -173,7 +193,7 @@ def _decode_graph(obj: object, what: str, segments: set[str], prefix: str, allow
         for name, body in bodies.items():
             check_string(name, f"{what} subgraph name")
             subgraphs[name], inner = _decode_graph(body, f"subgraph {name[:80]!r}", segments,
-                                                   f"{prefix}{name}{QUALIFIER}", allow_unknown, depth + 1)
+                                                   f"{prefix}{name}{QUALIFIER}", allow_unknown, depth + 1, symbols)
             claimed |= inner
     if prefix:
         own = _decode_names(doc.get("constants", []), f"{what} constants", MAX_VALUES)
@@ -185,12 +205,13 @@ def _decode_graph(obj: object, what: str, segments: set[str], prefix: str, allow
         claimed |= {prefix + name for name in own}
     else:
         constant_names = [n for n in segments if n not in claimed]
-    graph = _decode_flat_graph(doc, constant_names, allow_unknown)
+    graph = _decode_flat_graph(doc, constant_names, allow_unknown, symbols)
     graph.subgraphs = subgraphs
     return graph, claimed
 
 
-def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow_unknown: bool) -> Graph:
+def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow_unknown: bool,
+                       symbols: dict[str, tuple[int, int]]) -> Graph:
     inputs = _decode_names(doc["inputs"], "graph inputs", MAX_VALUES)
     outputs = _decode_names(doc["outputs"], "graph outputs", MAX_VALUES)
     values = doc["values"]
@@ -199,9 +220,12 @@ def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow
     specs = {}
     for name, spec in values.items():
         check_string(name, "value name")
-        specs[name] = decode_spec(spec, f"value {name[:80]!r}", allow_unknown)
+        specs[name] = decode_spec(spec, f"value {name[:80]!r}", allow_unknown, symbols)
     nodes = [_decode_node(n, i, allow_unknown) for i, n in enumerate(check_list(doc["nodes"], "graph nodes",
                                                                                   MAX_NODES))]
+    if symbols:
+        for node in nodes:
+            node.attrs = decode_symbolic_attrs(node.attrs, f"node {node.name or node.op} attrs", symbols)
 
     defined_by: dict[str, str] = {}
 
@@ -226,4 +250,4 @@ def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow
     for name in outputs:
         if name not in defined_by:
             raise ProgramFormatError(f"graph output {name[:80]!r} is not defined")
-    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs)
+    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs, symbols=symbols)

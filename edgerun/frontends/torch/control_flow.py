@@ -46,8 +46,9 @@ def _body(ctx: ConvertContext, gm: Any, carried: Sequence[str], operands: Sequen
           convert_module: ConvertModule, inner: Sequence[tuple[int, ...]] = ()) -> Graph:
     """A closed graph of `gm`: inputs for `carried` (always) and for the run-time `operands` (constants become
     body constants). `inner`: shapes that replace the carried specs (a scan step sees one slice)."""
-    child = ConvertContext(Graph())
+    child = ConvertContext(Graph(symbols=dict(ctx.graph.symbols)))
     child.user_outputs = ctx.user_outputs
+    child.symbol_names = ctx.symbol_names
     args: list[Any] = []
     for j, v in enumerate(carried):
         spec = ctx.graph.specs[v]
