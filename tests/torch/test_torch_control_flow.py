@@ -116,3 +116,26 @@ def test_torch_scan_and_map_match_eager(backends):
     program = export(Mapped(), (xs, y))
     (got,) = _run(program, backends, [xs.numpy(), y.numpy()])
     np.testing.assert_allclose(got, Mapped()(xs, y).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_control_flow_in_a_template_specialises_with_its_bodies(tmp_path):
+    """torch.cond under a dynamic batch and scan over a dynamic length: one program, several shapes."""
+    model = Gate().eval()
+    program = export(model, (torch.ones(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=16)},))
+    assert program.graph.symbols == {"batch": (1, 16)}
+    path = tmp_path / "gate.edgerun"
+    program.save(path)
+    loaded = edgerun.load(str(path), backends=["onnxruntime", "reference"])
+    for batch in (1, 3, 7):
+        for sign in (1.0, -1.0):
+            x = torch.randn(batch, 4).abs() * sign
+            np.testing.assert_allclose(loaded(x.numpy()), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    steps = torch.export.Dim("steps", min=2, max=64)
+    program = export(RunningSum(), (torch.randn(3), torch.randn(5, 3)), dynamic_shapes=(None, {0: steps}))
+    (node,) = [n for n in program.graph.nodes if n.op == "scan"]
+    assert str(node.attrs["length"]) == "steps"
+    loaded = edgerun.load(program, backends=["onnxruntime", "reference"])
+    for length in (2, 9, 33):
+        h, xs = torch.randn(3), torch.randn(length, 3)
+        for got, want in zip(loaded(h.numpy(), xs.numpy()), RunningSum()(h, xs)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
