@@ -329,9 +329,8 @@ def _scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto, states: l
 
 
 def _reverse(b: Builder, x: str) -> str:
-    """`x` with its leading axis reversed."""
-    n = b.shape(x)[0]
-    return b.emit("slice", [x], starts=[n - 1], ends=[-n - 1], axes=[0], steps=[-1])
+    """`x` with its leading axis reversed (the end clamps, so a symbolic length needs no arithmetic)."""
+    return b.emit("slice", [x], starts=[-1], ends=[-(2 ** 62)], axes=[0], steps=[-1])
 
 
 CONTROL_FLOW_IMPORTERS: dict[str, Callable[[ImportContext, OnnxNode, ImportInto], None]] = {
