@@ -18,13 +18,9 @@ import numpy as np
 
 from edgerun.backends.base import AlgorithmChoice, Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.errors import UnsupportedOpError
-from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.subgraphs import body_names, is_control_flow
 from edgerun.oracle import KERNELS, run_partition
-from edgerun.oracle.control_flow import run_control_flow
 from edgerun.oracle.conv_algorithms import CONV_ALGORITHMS, ConvShape, chosen_conv_kernel
-from edgerun.oracle.interpreter import run_body
 from edgerun.oracle.kernels import raster_views
 
 BoundCall = Callable[[], None]
@@ -47,7 +43,8 @@ class ReferenceBackend(Backend):
     supported = {op: OpSupport() for op in KERNELS}
     throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6)
     runs_decomposed = True  # every composite, through its decomposition (the runtime lowers it after placement)
-    # Bodies walked by the oracle; a cond's left-out branch is the oracle's clear error when taken.
+    # In the runtime its bodies load as programs of their own (runtime/control_flow.py); standalone
+    # (run_partition) the oracle walks them. A cond's left-out branch is the oracle's clear error when taken.
     control_flow = {op: OpSupport() for op in ("cond", "while_loop", "scan")}
 
     def algorithm_choices(self, node: Node, graph: Graph) -> Sequence[AlgorithmChoice]:
@@ -64,7 +61,7 @@ class ReferenceBackend(Backend):
             if node.op not in KERNELS and node.op not in self.control_flow:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="no reference kernel (composite ops must be decomposed first)")
-        binder = functools.partial(bind_node, algorithms=dict(algorithms), subgraphs=subgraph.subgraphs)
+        binder = functools.partial(bind_node, algorithms=dict(algorithms)) if algorithms else bind_node
         return CompiledPartition(self.name, subgraph, functools.partial(run_partition, subgraph), binder)
 
 
@@ -72,18 +69,15 @@ def create_backend() -> ReferenceBackend:
     return ReferenceBackend()
 
 
-def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[str, str] | None = None,
-              subgraphs: Mapping[str, Graph] | None = None) -> BoundCall:
+def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[str, str] | None = None) -> BoundCall:
     """A call with no arguments computing `node` from and into the fixed `arrays` (name -> array).
 
-    `algorithms` maps node names to the conv algorithm the search chose (conv_algorithms.CONV_ALGORITHMS);
-    `subgraphs` holds the bodies a control-flow node names.
+    `algorithms` maps node names to the conv algorithm the search chose (conv_algorithms.CONV_ALGORITHMS).
+    A control-flow node is bound by the runtime (runtime/control_flow.py), which loads its bodies.
     """
     ins = [arrays[i] for i in node.inputs if i]
     outs = [arrays[o] for o in node.outputs]
     op = node.op
-    if is_control_flow(op):
-        return _bind_control_flow(node, ins, outs, subgraphs or {})
     ufunc = _UFUNC_ANY_DTYPE.get(op)
     if ufunc is None and all(a.dtype.kind == "f" for a in ins):
         ufunc = _UFUNC_FLOAT_ONLY.get(op)
@@ -108,17 +102,6 @@ def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[
     if kernel is None:
         raise UnsupportedOpError(op, detail="no reference kernel")
     return functools.partial(kernel, ins, node.attrs, outs)
-
-
-def _bind_control_flow(node: Node, ins: list[np.ndarray], outs: list[np.ndarray],
-                       subgraphs: Mapping[str, Graph]) -> BoundCall:
-    # The bodies are lowered once here, at load, and walked by the oracle on every call.
-    holder = Graph(subgraphs={k: decomposed(subgraphs[k]) for k in body_names(node)})
-
-    def call() -> None:
-        for dst, value in zip(outs, run_control_flow(node, ins, holder, run_body)):
-            np.copyto(dst, value)
-    return call
 
 
 def _rsqrt(x: np.ndarray, out: np.ndarray) -> None:

@@ -1,8 +1,8 @@
 """The executable meaning of the control-flow ops (ir/ops/control_flow_ops.py): cond, while_loop, scan.
 
-Each runs its closed bodies through a `BodyRunner` (the interpreter's node walk, or a backend's own way of
-running a graph), binding node inputs to body inputs and body outputs to node results by position. Bodies
-are lowered once per call (`decomposed` is free when they hold no composites), not once per iteration.
+Each runs its closed bodies through a `BodyRunner` (the interpreter's node walk, or the runtime's loaded
+bodies), binding node inputs to body inputs and body outputs to node results by position. The runner gets
+the body graphs themselves (a runner keys on them) and lowers what it needs to.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.subgraphs import bodies_of
 
@@ -35,8 +34,8 @@ def run_control_flow(node: Node, args: Sequence[np.ndarray], graph: Graph, run_b
         if node.attrs[side] == "":
             raise EdgerunError(f"cond {node.name!r} took its {side} branch, which cannot run at this program's "
                                f"shapes: {node.attrs.get('unreachable', '')}")
-        return _fresh(run_body(decomposed(graph.subgraphs[node.attrs[side]]), args[1:]))
-    bodies = [decomposed(b) for b in bodies_of(node, graph)]
+        return _fresh(run_body(graph.subgraphs[node.attrs[side]], args[1:]))
+    bodies = bodies_of(node, graph)
     if node.op == "while_loop":
         return _while_loop(node, args, bodies[0], bodies[1], run_body)
     if node.op == "scan":

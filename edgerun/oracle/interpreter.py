@@ -75,7 +75,8 @@ def walk(graph: Graph, env: dict[str, np.ndarray], *, kernel_for: KernelChoice |
 
 
 def run_body(body: Graph, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run a control-flow body (closed, lowered) on its inputs: the oracle's BodyRunner."""
+    """Run a control-flow body (a closed graph) on its inputs: the oracle's BodyRunner."""
+    body = decomposed(body)  # the same graph, unless it still holds composites (rare: callers lower first)
     env: dict[str, np.ndarray] = dict(body.constants)
     env.update(zip(body.inputs, args))
     walk(body, env)

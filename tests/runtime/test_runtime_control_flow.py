@@ -93,3 +93,22 @@ def test_a_forced_placement_on_a_backend_that_cannot_run_the_op_is_refused_with_
         model = edgerun.load(graph, backends=["onnxruntime", "reference"],
                              placement={graph.nodes[0].name: "onnxruntime"})
     assert _placed(model)["cond"] == "reference"
+
+
+def test_bodies_of_a_node_left_on_the_reference_load_through_the_runtime():
+    """Bodies that return an input, the same value twice, or a constant, run as programs of their own."""
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((3,), F32))
+    p = g.add_input("p", TensorSpec((), DType.bool))
+    spec = [TensorSpec((3,), F32)]
+    then = add_subgraph(g, body(lambda b, a: [a, a], spec))
+    other = add_subgraph(g, body(lambda b, a: [b.emit("mod", [a, b.const(np.full(3, 2.0, np.float32))], fmod=False),
+                                                b.const(np.ones(3, np.float32))], spec))
+    g.outputs = b.emit_multi("cond", [p, x], then=then, **{"else": other})
+    for backends in (["reference"], ["onnxruntime", "reference"]):
+        model = edgerun.load(g, backends=backends)
+        assert _placed(model)["cond"] == "reference"
+        for q in (True, False):
+            for got, want in zip(model(X, np.array(q)), interpret(g, [X, np.array(q)])):
+                np.testing.assert_array_equal(got, want)
