@@ -104,7 +104,7 @@ class Graph:
         return dict(sorted(counts.items()))
 
     def weight_bytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.constants.values())
+        return sum(int(a.nbytes) for a in self.constants.values()) + sum(b.weight_bytes() for b in self.subgraphs.values())
 
     def copy(self) -> Graph:
         """A structural copy; constant arrays are shared (they are never mutated in place)."""
