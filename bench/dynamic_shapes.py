@@ -119,7 +119,7 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
             "static_steady_ms": _steady(static, arrays, runs) * 1e3,
             "static_export_s": static_export_s,
             "max_abs_diff_template_vs_static": max_diff,
-            "arena_bytes": template.specialization(*arrays).plan.arena_bytes,
+            "arena_bytes": template.specialization(arrays).plan.arena_bytes,
             "static_arena_bytes": static.plan.arena_bytes,
         }
         static_first = row["static_load_ms"] + row["static_first_call_ms"]
