@@ -8,7 +8,8 @@ three shapes. Per shape:
   for the same first result, re-export excluded);
 - steady state: the median call once both are warm.
 Medians over --rounds fresh loads (first call) and --runs calls (steady state), default backends
-(reference). Ratios are template / static.
+(reference), one BLAS thread unless --threads says otherwise; steady-state calls of the two programs are
+interleaved so both see the same load. Ratios are template / static.
 
     .venv/bin/python bench/dynamic_shapes.py [--models resnet18,minilm_l6] [--runs 20] [--rounds 3]
 
@@ -18,6 +19,7 @@ Writes bench/results/dynamic_shapes.json. Last line: `max_steady_ratio=<x> max_f
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -67,20 +69,23 @@ def _minilm_case() -> tuple[Any, Callable[[tuple[int, ...]], tuple[Any, ...]], A
 CASES = {"resnet18": _resnet_case, "minilm_l6": _minilm_case}
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
     start = time.perf_counter()
-    result = fn()
+    result = fn(*args)
     return time.perf_counter() - start, result
 
 
-def _steady(model: Any, arrays: list[np.ndarray], runs: int) -> float:
-    model(*arrays)
-    times = []
+def _steady(models: list[Any], arrays: list[np.ndarray], runs: int) -> list[float]:
+    """Median call time of each model, calls interleaved so that both see the same load on a shared box."""
+    times: list[list[float]] = [[] for _ in models]
+    for m in models:
+        m(*arrays)
     for _ in range(runs):
-        start = time.perf_counter()
-        model(*arrays)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for m, t in zip(models, times):
+            start = time.perf_counter()
+            m(*arrays)
+            t.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[str, Any]]:
@@ -89,7 +94,7 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
     model, make_inputs, dims, shapes = CASES[name]()
     example = make_inputs((2, shapes[0][1]))
     template_path = workdir / f"{name}.template.edgerun"
-    export_s, program = _timed(lambda: edgerun.export(model, example, dynamic_shapes=dims))
+    export_s, program = _timed(functools.partial(edgerun.export, dynamic_shapes=dims), model, example)
     program.save(template_path)
     print(f"{name}: template exported in {export_s:.1f} s, symbols {program.graph.symbols}", flush=True)
     rows = []
@@ -97,15 +102,15 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
         torch_inputs = make_inputs(shape)
         arrays = [t.numpy() for t in torch_inputs]
         static_path = workdir / f"{name}.{'x'.join(map(str, shape))}.edgerun"
-        static_export_s, static_program = _timed(lambda: edgerun.export(model, torch_inputs))
+        static_export_s, static_program = _timed(edgerun.export, model, torch_inputs)
         static_program.save(static_path)
         firsts, static_loads, static_firsts = [], [], []
         for _ in range(rounds):
             template = edgerun.load(template_path)
-            firsts.append(_timed(lambda: template(*arrays))[0])
-            load_s, static = _timed(lambda: edgerun.load(static_path))
+            firsts.append(_timed(template, *arrays)[0])
+            load_s, static = _timed(edgerun.load, static_path)
             static_loads.append(load_s)
-            static_firsts.append(_timed(lambda: static(*arrays))[0])
+            static_firsts.append(_timed(static, *arrays)[0])
         ours = template(*arrays)
         theirs = static(*arrays)
         pairs = zip(ours, theirs) if isinstance(ours, tuple) else [(ours, theirs)]
@@ -115,8 +120,8 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
             "template_first_call_ms": statistics.median(firsts) * 1e3,
             "static_load_ms": statistics.median(static_loads) * 1e3,
             "static_first_call_ms": statistics.median(static_firsts) * 1e3,
-            "template_steady_ms": _steady(template, arrays, runs) * 1e3,
-            "static_steady_ms": _steady(static, arrays, runs) * 1e3,
+            **dict(zip(("template_steady_ms", "static_steady_ms"),
+                       (t * 1e3 for t in _steady([template, static], arrays, runs)))),
             "static_export_s": static_export_s,
             "max_abs_diff_template_vs_static": max_diff,
             "arena_bytes": template.specialization(arrays).plan.arena_bytes,
@@ -126,7 +131,7 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
         row["first_call_ratio"] = row["template_first_call_ms"] / static_first
         row["steady_ratio"] = row["template_steady_ms"] / row["static_steady_ms"]
         rows.append(row)
-        print(f"{name:10s} {str(tuple(shape)):14s} {row['template_first_call_ms']:9.1f} {static_first:9.1f} "
+        print(f"{name:10s} {tuple(shape)!s:14s} {row['template_first_call_ms']:9.1f} {static_first:9.1f} "
               f"{row['first_call_ratio']:6.2f} {row['template_steady_ms']:9.2f} {row['static_steady_ms']:9.2f} "
               f"{row['steady_ratio']:6.3f} {row['arena_bytes'] == row['static_arena_bytes']!s:>6s}", flush=True)
     return rows
@@ -137,7 +142,11 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,minilm_l6", help=f"comma-separated, from {sorted(CASES)}")
     parser.add_argument("--runs", type=int, default=20, help="steady-state calls per shape (median)")
     parser.add_argument("--rounds", type=int, default=3, help="fresh loads per shape for first-call times (median)")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS threads (1 keeps a shared box's noise down)")
     args = parser.parse_args()
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=args.threads)
     load_before = os.getloadavg()
     print(f"{'model':10s} {'shape':14s} {'1st tmpl':>9s} {'1st stat':>9s} {'ratio':>6s} {'steady t':>9s} "
           f"{'steady s':>9s} {'ratio':>6s} {'arena=':>6s}   (ms; 1st stat = static load + first call)")
@@ -149,6 +158,7 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"python": sys.version.split()[0], "load_average_before": load_before,
                                "load_average_after": os.getloadavg(), "runs": args.runs, "rounds": args.rounds,
+                               "threads": args.threads,
                                "rows": rows}, indent=2) + "\n")
     print(f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
     print(f"max_steady_ratio={max(r['steady_ratio'] for r in rows):.3f} "
