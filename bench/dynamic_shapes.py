@@ -5,13 +5,16 @@ sequence length) the model is exported once with bounded torch.export.Dims, and 
 three shapes. Per shape:
 - first call: a freshly loaded template's first call at that shape (bind, specialise, run the export
   pipeline, load, run), against the static program's load plus its first call (what a static user pays
-  for the same first result, re-export excluded);
+  for the same first result, re-export excluded); the specialisation alone (substitution and the pass
+  pipeline) is timed too;
 - steady state: the median call once both are warm.
 Medians over --rounds fresh loads (first call) and --runs calls (steady state), default backends
 (reference), one BLAS thread unless --threads says otherwise; steady-state calls of the two programs are
 interleaved so both see the same load. Ratios are template / static.
 
     .venv/bin/python bench/dynamic_shapes.py [--models resnet18,minilm_l6] [--runs 20] [--rounds 3]
+
+Then the call overhead a template adds, on a one-node program where no kernel hides it (2000 calls).
 
 Writes bench/results/dynamic_shapes.json. Last line: `max_steady_ratio=<x> max_first_call_ratio=<y>`.
 """
@@ -90,6 +93,7 @@ def _steady(models: list[Any], arrays: list[np.ndarray], runs: int) -> list[floa
 
 def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[str, Any]]:
     import edgerun
+    from edgerun.runtime.specializing import specialize_program
 
     model, make_inputs, dims, shapes = CASES[name]()
     example = make_inputs((2, shapes[0][1]))
@@ -111,6 +115,8 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
             load_s, static = _timed(edgerun.load, static_path)
             static_loads.append(load_s)
             static_firsts.append(_timed(static, *arrays)[0])
+        bindings = dict(template.specialization(arrays).program.metadata["specialized_from"]["symbols"])
+        specialise_s = statistics.median(_timed(specialize_program, program, bindings)[0] for _ in range(rounds))
         ours = template(*arrays)
         theirs = static(*arrays)
         pairs = zip(ours, theirs) if isinstance(ours, tuple) else [(ours, theirs)]
@@ -118,6 +124,7 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
         row = {
             "model": name, "shape": list(shape),
             "template_first_call_ms": statistics.median(firsts) * 1e3,
+            "specialise_ms": specialise_s * 1e3,
             "static_load_ms": statistics.median(static_loads) * 1e3,
             "static_first_call_ms": statistics.median(static_firsts) * 1e3,
             **dict(zip(("template_steady_ms", "static_steady_ms"),
@@ -131,10 +138,41 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
         row["first_call_ratio"] = row["template_first_call_ms"] / static_first
         row["steady_ratio"] = row["template_steady_ms"] / row["static_steady_ms"]
         rows.append(row)
-        print(f"{name:10s} {tuple(shape)!s:14s} {row['template_first_call_ms']:9.1f} {static_first:9.1f} "
+        print(f"{name:10s} {tuple(shape)!s:14s} {row['template_first_call_ms']:9.1f} {row['specialise_ms']:8.1f} "
+              f"{static_first:9.1f} "
               f"{row['first_call_ratio']:6.2f} {row['template_steady_ms']:9.2f} {row['static_steady_ms']:9.2f} "
               f"{row['steady_ratio']:6.3f} {row['arena_bytes'] == row['static_arena_bytes']!s:>6s}", flush=True)
     return rows
+
+
+def call_overhead_us(calls: int = 2000) -> dict[str, float]:
+    """What a template adds to each call, measured on a one-node program (relu on float32[n, 64]), where the
+    kernel is too small to hide it: median per-call time of the template and the static program."""
+    import edgerun
+    from edgerun.ir.builder import Builder
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.symbolic import sym
+    from edgerun.ir.tensor_spec import TensorSpec
+    from edgerun.program import Program
+
+    def tiny(dim: Any, symbols: dict[str, tuple[int, int]]) -> Any:
+        g = Graph(symbols=symbols)
+        x = g.add_input("x", TensorSpec((dim, 64), DType.float32))
+        g.outputs = [Builder(g).emit("relu", [x])]
+        return edgerun.load(Program(g))
+
+    template, static = tiny(sym("n"), {"n": (1, 64)}), tiny(8, {})
+    x = np.ones((8, 64), np.float32)
+    per_call: list[list[float]] = [[], []]
+    for _ in range(20):
+        for model, out in zip((template, static), per_call):
+            start = time.perf_counter()
+            for _ in range(calls // 20):
+                model(x)
+            out.append((time.perf_counter() - start) / (calls // 20))
+    t, s = (statistics.median(v) * 1e6 for v in per_call)
+    return {"template_call_us": t, "static_call_us": s, "added_us": t - s}
 
 
 def main() -> None:
@@ -148,17 +186,22 @@ def main() -> None:
 
     threadpool_limits(limits=args.threads)
     load_before = os.getloadavg()
-    print(f"{'model':10s} {'shape':14s} {'1st tmpl':>9s} {'1st stat':>9s} {'ratio':>6s} {'steady t':>9s} "
-          f"{'steady s':>9s} {'ratio':>6s} {'arena=':>6s}   (ms; 1st stat = static load + first call)")
+    print(f"{'model':10s} {'shape':14s} {'1st tmpl':>9s} {'of it sp':>8s} {'1st stat':>9s} {'ratio':>6s} "
+          f"{'steady t':>9s} {'steady s':>9s} {'ratio':>6s} {'arena=':>6s}")
+    print("(ms; 1st tmpl: the template's first call at the shape, 'of it sp' the specialisation (substitute and "
+          "pass pipeline) inside it; 1st stat: the static program's load plus first call; arena=: same arena bytes)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             rows += bench_model(name, args.runs, args.rounds, Path(tmp))
+    overhead = call_overhead_us()
+    print(f"call overhead on a one-node program: template {overhead['template_call_us']:.1f} us, static "
+          f"{overhead['static_call_us']:.1f} us, added {overhead['added_us']:.1f} us per call")
     out = Path(__file__).parent / "results" / "dynamic_shapes.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"python": sys.version.split()[0], "load_average_before": load_before,
                                "load_average_after": os.getloadavg(), "runs": args.runs, "rounds": args.rounds,
-                               "threads": args.threads,
+                               "threads": args.threads, "call_overhead": overhead,
                                "rows": rows}, indent=2) + "\n")
     print(f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
     print(f"max_steady_ratio={max(r['steady_ratio'] for r in rows):.3f} "

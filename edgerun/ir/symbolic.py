@@ -296,8 +296,8 @@ def is_symbolic(d: object) -> bool:
 
 
 def as_dim(value: object) -> Dim:
-    """An attribute's dimension as a Dim: SymDims pass, anything int-like becomes an int."""
-    return value if isinstance(value, SymDim) else operator.index(value)  # type: ignore[arg-type]
+    """An attribute's dimension as a Dim: SymDims pass, anything else goes through int() as rules always did."""
+    return value if isinstance(value, SymDim) else int(value)  # type: ignore[call-overload]
 
 
 def free_symbols(d: Dim) -> frozenset[str]:
