@@ -424,6 +424,10 @@ def _substitute_atom(atom: _Atom, bindings: Mapping[str, Dim]) -> Dim:
     return _extreme(atom.kind, a, b)
 
 
+def dim_to_json(d: Dim) -> int | dict[str, str]:
+    return d.to_json() if isinstance(d, SymDim) else d
+
+
 def sample_bindings(symbols: Mapping[str, tuple[int, int]], count: int = 6) -> list[dict[str, int]]:
     """Bindings spread over the bounds: all minima, all maxima, and a few points between (deterministic)."""
     names = sorted(symbols)

@@ -15,7 +15,6 @@ from edgerun.ir.symbolic import (
     RESERVED,
     Dim,
     SymbolicShapeError,
-    SymDim,
     floordiv,
     mod,
     sym,
@@ -110,10 +109,6 @@ class _Parser:
 
 
 # -- JSON form of a dimension ---------------------------------------------------------------------------------
-def dim_to_json(d: Dim) -> int | dict[str, str]:
-    return d.to_json() if isinstance(d, SymDim) else d
-
-
 def dim_from_json(obj: object) -> Dim:
     """An int stays an int; {"sym": text} is parsed. Anything else is a SymbolicShapeError."""
     if type(obj) is int:
