@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CACHE_SIZE = 8  # loaded specialisations kept; each holds its own arena and compiled partitions
 Bindings = tuple[tuple[str, int], ...]  # sorted (symbol, value) pairs: the cache key
+_MAX_REMEMBERED_SHAPES = 1024  # input-shape tuples whose binding is remembered (a dict, cleared when full)
 
 
 def specialize_program(template: Program, bindings: Mapping[str, int]) -> Program:
@@ -61,6 +62,7 @@ class SpecializingProgram(LoadedProgram):
         self._cache: OrderedDict[Bindings, LoadedProgram] = OrderedDict()
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
+        self._bound_shapes: dict[tuple[tuple[int, ...], ...], Bindings] = {}  # input shapes -> their binding
         self.specializations_made = 0  # loads done, evictions included (first-call cost is paid this often)
 
     def __getattr__(self, name: str) -> NoReturn:
@@ -134,5 +136,11 @@ class SpecializingProgram(LoadedProgram):
             if len(inputs) != len(names):
                 raise EdgerunError(f"the program takes {len(names)} inputs {names}, got {len(inputs)}")
             values = list(inputs)
-        shapes = {n: tuple(v) if as_shapes else np.shape(v) for n, v in zip(names, values)}
-        return tuple(sorted(bind_symbols(self.graph, shapes).items()))
+        shapes = tuple(tuple(v) if as_shapes else np.shape(v) for v in values)
+        key = self._bound_shapes.get(shapes)
+        if key is None:  # binding checks every dimension in Python: done once per distinct set of shapes
+            key = tuple(sorted(bind_symbols(self.graph, dict(zip(names, shapes))).items()))
+            if len(self._bound_shapes) >= _MAX_REMEMBERED_SHAPES:
+                self._bound_shapes.clear()
+            self._bound_shapes[shapes] = key
+        return key

@@ -175,3 +175,12 @@ def test_dimension_torch_specialises_is_reported_by_torch_export() -> None:
 
     with pytest.raises(EdgerunError, match=r"(?s)Constraints violated \(seq\).*neither 0 nor 1"):
         edgerun.export(FixedSeq(), (torch.randn(2, 32),), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+
+
+def test_float_computed_from_a_symbolic_size_is_refused_clearly() -> None:
+    class ScaledBySeq(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * x.shape[1] ** -0.5
+
+    with pytest.raises(EdgerunError, match="float or boolean computed from symbolic sizes"):
+        edgerun.export(ScaledBySeq(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))

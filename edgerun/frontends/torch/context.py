@@ -80,6 +80,9 @@ class ConvertContext:
         if not isinstance(arg, torch.fx.Node):
             self.unsupported(f"expected a tensor argument, got {type(arg).__name__}")
         value = self.env[arg]
+        if value is None and type(self.fake(arg)).__name__ in ("SymFloat", "SymBool"):
+            self.unsupported(f"argument {arg.name} is a float or boolean computed from symbolic sizes "
+                             f"({self.fake(arg)}); template programs compute with sizes as integers only")
         if not isinstance(value, str):
             self.unsupported(f"argument {arg.name} is not a single tensor")
         return value
