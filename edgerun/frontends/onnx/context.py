@@ -17,6 +17,7 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.symbolic import Dim, SymDim
 
 # ONNX TensorProto data types we hold natively; the rest are refused (see docs/onnx.md).
 ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 3: DType.int8, 2: DType.uint8,
@@ -85,6 +86,8 @@ class ImportContext:
         self.values: dict[str, str] = {}  # ONNX name -> IR value
         self.consts: dict[str, np.ndarray] = {}  # ONNX name -> constant known at import time
         self.producers: dict[str, list[str]] = {}  # ONNX output name -> its node's ONNX inputs
+        # Element types of import-time values holding symbolic dimensions (object arrays; see symfold.py).
+        self.symbolic_dtypes: dict[str, DType] = {}
 
     def inputs_behind(self, name: str) -> list[str]:
         """The graph inputs an ONNX value is computed from (for messages: which input to freeze)."""
@@ -113,6 +116,9 @@ class ImportContext:
             return self.values[name]
         if name in self.consts:
             arr = self.consts[name]
+            if arr.dtype == object:
+                self.values[name] = self._runtime_dims(arr, self.dtype(name))
+                return self.values[name]
             try:
                 DType.of(arr)
             except ValueError as exc:  # a constant of a type we cannot hold (float64, ...) is needed at run time
@@ -136,15 +142,34 @@ class ImportContext:
                 "a Constant, fold from static shapes, or be frozen with constant_inputs=)"))
         return arr
 
-    def shape(self, name: str) -> tuple[int, ...]:
+    def shape(self, name: str) -> tuple[Dim, ...]:
         if name in self.consts:
             return tuple(self.consts[name].shape)
         return self.graph.specs[self.value(name)].shape
 
     def dtype(self, name: str) -> DType:
         if name in self.consts:
+            if self.consts[name].dtype == object:
+                return self.symbolic_dtypes.get(name, DType.int64)
             return DType.of(self.consts[name])
         return self.graph.specs[self.value(name)].dtype
+
+    def _runtime_dims(self, arr: np.ndarray, dtype: DType) -> str:
+        """An array of sizes, some symbolic, computed at run time: a symbolic size d is the sum of d ones.
+
+        Used where shape arithmetic turns into data (a size cast to float, a comparison the symbols' bounds do
+        not decide); it costs O(d) per symbolic element, which is small beside the tensor of that size.
+        """
+        one = self.b.const(np.ones(1, dtype=np.int64))
+        parts = []
+        for d in arr.reshape(-1):
+            if isinstance(d, SymDim):
+                ones = self.emit("expand", [one], shape=[d])
+                parts.append(self.emit("reduce_sum", [ones], axes=[0], keepdims=True))
+            else:
+                parts.append(self.b.const(np.asarray([int(d)], dtype=np.int64)))
+        flat = parts[0] if len(parts) == 1 else self.emit("concat", parts, axis=0)
+        return self.cast(self.emit("reshape", [flat], shape=list(arr.shape)), dtype)
 
     # -- emitting ------------------------------------------------------------------------------------
     def emit(self, op: str, inputs: list[str], **attrs: Any) -> str:

@@ -5,16 +5,30 @@ Shape-like inputs (Reshape's shape, Slice's starts, Pad's pads, ...) must be kno
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.frontends.onnx.symfold import dims_array, is_symbolic
 from edgerun.ir.ops.raster import strided_copy_regions
+from edgerun.ir.symbolic import Dim, SymDim
 from edgerun.ir.tensor_spec import contiguous_strides
 
 
-def _ints(arr: np.ndarray | None) -> list[int]:
-    return [] if arr is None else [int(v) for v in np.asarray(arr).reshape(-1)]
+def _ints(arr: np.ndarray | None) -> list[Dim]:
+    """Sizes, axes or bounds known at import time; symbolic ones (see symfold.py) stay SymDims."""
+    return [] if arr is None else [v if isinstance(v, SymDim) else int(v) for v in np.asarray(arr).reshape(-1)]
+
+
+def _concrete(node: OnnxNode, values: list[Dim], what: str) -> list[int]:
+    """Values that must be known exactly at import time (axes, repeat counts): refuse symbolic ones."""
+    for v in values:
+        if isinstance(v, SymDim):
+            raise node.refuse(f"{what} {v} depends on symbolic dimensions {sorted(v.free_symbols)}; pin them "
+                              "in input_shapes= (an int instead of (name, min, max))")
+    return [int(v) for v in values]
 
 
 @onnx_op("Constant")
@@ -34,12 +48,12 @@ def constant(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def shape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     dims = list(ctx.shape(node.inputs[0]))
     start, end = int(node.attr("start", 0)), node.attr("end")
-    return [np.asarray(dims[slice(start, None if end is None else int(end))], dtype=np.int64)]
+    return [dims_array(dims[slice(start, None if end is None else int(end))])]
 
 
 @onnx_op("Size")
 def size(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [np.asarray(int(np.prod(ctx.shape(node.inputs[0]))), dtype=np.int64)]
+    return [dims_array(math.prod(ctx.shape(node.inputs[0])))]
 
 
 @onnx_op("ConstantOfShape")
@@ -48,7 +62,11 @@ def constant_of_shape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     dims = _ints(ctx.static(node, 0, "shape"))
     value = node.attr("value")
     fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
-    return [np.full(dims, fill, dtype=np.asarray(fill).dtype)]
+    if any(isinstance(d, SymDim) for d in dims):
+        # A symbolic shape: the fill value broadcast at run time (one expand of a one-element constant).
+        one = ctx.b.const(np.full([1] * len(dims), fill, dtype=np.asarray(fill).dtype))
+        return [ctx.emit("expand", [one], shape=dims)]
+    return [np.full([int(d) for d in dims], fill, dtype=np.asarray(fill).dtype)]
 
 
 @onnx_op("Reshape")
@@ -68,8 +86,7 @@ def flatten(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     shape_ = ctx.b.shape(x)
     axis = int(node.attr("axis", 1))
     axis = axis + len(shape_) if axis < 0 else axis
-    outer = int(np.prod(shape_[:axis]))
-    return [ctx.emit("reshape", [x], shape=[outer, int(np.prod(shape_[axis:]))])]
+    return [ctx.emit("reshape", [x], shape=[math.prod(shape_[:axis]), math.prod(shape_[axis:])])]
 
 
 @onnx_op("Transpose")
@@ -83,7 +100,7 @@ def transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def _axes_arg(ctx: ImportContext, node: OnnxNode, since: int) -> list[int] | None:
     if node.version >= since:
         arr = ctx.static(node, 1, "axes")
-        return None if arr is None else _ints(arr)
+        return None if arr is None else _concrete(node, _ints(arr), "axis")
     axes = node.attr("axes")
     return None if axes is None else [int(a) for a in axes]
 
@@ -93,6 +110,10 @@ def squeeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     shp = ctx.b.shape(x)
     axes = _axes_arg(ctx, node, 13)
+    unknown = [d for i, d in enumerate(shp) if isinstance(d, SymDim) and (axes is None or i in axes)]
+    if unknown:
+        # Which axes are dropped (or whether the size is 1 at all) would depend on the run-time size.
+        raise node.refuse(f"Squeeze of symbolic dimension {unknown[0]}: pin it in input_shapes= (to 1)")
     if axes is None:
         drop = {i for i, d in enumerate(shp) if d == 1}
     else:
@@ -154,10 +175,10 @@ def slice_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     rank = len(ctx.b.shape(x))
     axes = list(axes) if axes is not None else list(range(len(starts)))
     # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping.
-    attrs = {"starts": [int(s) for s in starts], "ends": [int(e) for e in ends],
-             "axes": [int(a) % rank for a in axes]}
+    attrs = {"starts": _ints(np.asarray(starts, dtype=object)), "ends": _ints(np.asarray(ends, dtype=object)),
+             "axes": [a % rank for a in _concrete(node, list(axes), "Slice axis")]}
     if steps is not None:
-        attrs["steps"] = steps
+        attrs["steps"] = _concrete(node, list(steps), "Slice step")
     return [ctx.emit("slice", [x], **attrs)]
 
 
@@ -175,7 +196,8 @@ def pad(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         pads = _ints(ctx.static(node, 1, "pads"))
         cv = ctx.static(node, 2, "constant_value")
         value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
-        axes = [a % rank for a in _ints(ctx.static(node, 3, "axes"))] if node.has_input(3) else list(range(rank))
+        axes = ([a % rank for a in _concrete(node, _ints(ctx.static(node, 3, "axes")), "Pad axis")]
+                if node.has_input(3) else list(range(rank)))
     pairs = [[0, 0] for _ in range(rank)]
     k = len(axes)
     for i, a in enumerate(axes):
@@ -214,7 +236,7 @@ def expand(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 @onnx_op("Tile")
 def tile(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
-    reps = _ints(ctx.static(node, 1, "repeats"))
+    reps = _concrete(node, _ints(ctx.static(node, 1, "repeats")), "Tile repeat count")
     shp = ctx.b.shape(x)
     # Tile = broadcast to [r0, d0, r1, d1, ...] then merge each pair: one expand and one reshape.
     inter = [v for r, d in zip(reps, shp) for v in (1, d)]
@@ -254,6 +276,9 @@ def eye_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def range_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     start, limit, delta = (ctx.static(node, i, name) for i, name in enumerate(("start", "limit", "delta")))
     assert start is not None and limit is not None and delta is not None
+    if any(is_symbolic(v) for v in (start, limit, delta)):
+        raise node.refuse("Range over symbolic dimensions (its values, not only its length, would be computed at "
+                          "run time): pin the dimensions in input_shapes=")
     return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
 
 
