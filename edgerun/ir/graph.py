@@ -42,6 +42,9 @@ class Graph:
     specs: dict[str, TensorSpec] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     _counter: Iterator[int] = field(default_factory=itertools.count, repr=False, compare=False)
+    # Symbolic dimensions (ir/symbolic.py) the specs may use: name -> inclusive (min, max). Empty for a
+    # static graph; a graph with symbols is a template the runtime specialises per concrete shape.
+    symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     # -- construction ------------------------------------------------------------------------------
     def fresh_name(self, hint: str = "v") -> str:
@@ -104,6 +107,7 @@ class Graph:
         """A structural copy; constant arrays are shared (they are never mutated in place)."""
         g = Graph(list(self.inputs), list(self.outputs), copy.deepcopy(self.nodes), dict(self.specs),
                   dict(self.constants))
+        g.symbols = dict(self.symbols)
         return g
 
     def toposort(self) -> None:

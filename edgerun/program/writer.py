@@ -29,6 +29,7 @@ from edgerun.program.format import (
     FORMAT_MINOR,
     HEADER_SIZE,
     MAX_GRAPH_SECTION_BYTES,
+    STATIC_FORMAT_MINOR,
     Header,
     align_up,
 )
@@ -107,7 +108,8 @@ def write_program(graph: Graph, metadata: Metadata, stream: BinaryIO) -> int:
     entries, data_length = plan_segments(weights)
     document = encode_document(graph, metadata, entries)
     decode_document(document, data_length)  # the reader's checks: refuse to write what could not be read
-    prefix = seal(canonical_json_bytes(document), data_length)
+    prefix = seal(canonical_json_bytes(document), data_length,
+                  minor=FORMAT_MINOR if graph.symbols else STATIC_FORMAT_MINOR)
     stream.write(prefix)
     written = 0
     for w, e in zip(weights, entries):
