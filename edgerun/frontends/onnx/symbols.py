@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.onnx.context import OnnxModelError
 from edgerun.frontends.onnx.dims import anonymous_symbol, describe
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, sym
@@ -61,7 +62,8 @@ def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[An
     """Resolve every tensor input's shape from the model and `input_shapes`; inputs in `skip` are constants.
 
     Raises OnnxModelError for an input_shapes entry that names no input, has the wrong rank, or a malformed
-    dimension, and for a dynamic dimension left without a size or bounded symbol (naming the form to pass).
+    dimension, and UnsupportedOpError for a dynamic dimension left without a size or bounded symbol (naming
+    the form to pass).
     """
     by_name = {vi.name: vi for vi in inputs}
     for name in input_shapes:
@@ -85,7 +87,7 @@ def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[An
                 size = 0
             shape.append(size)
         if unresolved:
-            raise OnnxModelError(_unbounded_message(vi.name, dims, unresolved))
+            raise UnsupportedOpError(f"input {vi.name}", detail=_unbounded_message(vi.name, dims, unresolved))
         declared = [int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None for d in dims]
         out.rewritten |= any(s != d for s, d in zip(shape, declared))
         out.shapes[vi.name] = tuple(shape)
@@ -154,9 +156,9 @@ def _bind(out: DeclaredInputs, param: str, size: Dim) -> None:
 
 def _unbounded_message(name: str, dims: Sequence[Any], unresolved: list[int]) -> str:
     said = describe(dims)
-    which = (f"dimension {unresolved[0]} ({said[unresolved[0]]!r}) is dynamic" if len(unresolved) == 1 else
+    which = (f"dimension {unresolved[0]} is dynamic ({said[unresolved[0]]!r})" if len(unresolved) == 1 else
              "dimensions " + ", ".join(f"{i} ({said[i]!r})" for i in unresolved) + " are dynamic")
     example = ", ".join(f"<dim {i}>" if i in unresolved else str(s) for i, s in enumerate(said))
-    return (f"input {name!r}: {which} and nothing bounds it: pass input_shapes={{{name!r}: ({example})}} to "
+    return (f"{which}, with no size or bounds: pass input_shapes={{{name!r}: ({example})}} to "
             "from_onnx (or --input-shape on the CLI), each <dim> a size that pins it or a bounded symbol "
             "(name, min, max) such as ('H', 32, 2048) that keeps it dynamic")
