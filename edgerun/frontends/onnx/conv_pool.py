@@ -13,6 +13,7 @@ import numpy as np
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.ir.dtypes import DType
+from edgerun.ir.symbolic import SymDim
 
 
 def _as_2d(ctx: ImportContext, node: OnnxNode, x: str) -> tuple[str, bool]:
@@ -124,12 +125,7 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     else:
         p = _spatial(node, "pads", 0, 2 * n_sp)
         begin, end = _lift(p[:n_sp], lifted, 0), _lift(p[n_sp:], lifted, 0)
-    nb, c, h, w = ctx.b.shape(x)
-    dh, dw = (h - 1) * strides[0] + 1, (w - 1) * strides[1] + 1
-    from edgerun.ir.ops.raster import strided_copy_regions
-    regions = strided_copy_regions(0, 0, [c * h * w, h * w, w, 1], 0, [c * dh * dw, dh * dw, strides[0] * dw, strides[1]],
-                                   [nb, c, h, w])
-    spread = ctx.emit("raster", [x], regions=regions, shape=[nb, c, dh, dw], fill=0.0)
+    spread = _insert_zeros(ctx, x, strides)
     pairs = [[0, 0], [0, 0]] + [[d * (k - 1) - b, d * (k - 1) - e + op]
                                 for k, d, b, e, op in zip(kernel, dil, begin, end, out_pad)]
     padded = ctx.emit("pad", [spread], pads=pairs, mode="constant", value=0.0)
@@ -142,6 +138,24 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         s = ctx.b.shape(y)
         y = ctx.emit("reshape", [y], shape=[s[0], s[1], s[3]])
     return [y]
+
+
+def _insert_zeros(ctx: ImportContext, x: str, strides: list[int]) -> str:
+    """x [N, C, H, W] with strides-1 zeros between neighbours along H and W: [N, C, (H-1)*sh+1, (W-1)*sw+1]."""
+    nb, c, h, w = ctx.b.shape(x)
+    dh, dw = (h - 1) * strides[0] + 1, (w - 1) * strides[1] + 1
+    if any(isinstance(d, SymDim) for d in (nb, c, h, w)):
+        # A raster's regions are concrete; with symbolic sizes the same spread is a pad of [.., H, 1, W, 1] to
+        # [.., H, sh, W, sw], merged back and cut after the last element.
+        cells = ctx.emit("reshape", [x], shape=[nb, c, h, 1, w, 1])
+        gaps = [[0, 0]] * 3 + [[0, strides[0] - 1], [0, 0], [0, strides[1] - 1]]
+        grid = ctx.emit("pad", [cells], pads=gaps, mode="constant", value=0.0)
+        merged = ctx.emit("reshape", [grid], shape=[nb, c, h * strides[0], w * strides[1]])
+        return ctx.emit("slice", [merged], starts=[0, 0], ends=[dh, dw], axes=[2, 3])
+    from edgerun.ir.ops.raster import strided_copy_regions
+    regions = strided_copy_regions(0, 0, [c * h * w, h * w, w, 1], 0, [c * dh * dw, dh * dw, strides[0] * dw, strides[1]],
+                                   [nb, c, h, w])
+    return ctx.emit("raster", [x], regions=regions, shape=[nb, c, dh, dw], fill=0.0)
 
 
 def _out_size(size: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool) -> int:
