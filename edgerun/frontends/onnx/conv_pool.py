@@ -12,6 +12,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.frontends.onnx.symfold import is_symbolic
 from edgerun.ir.dtypes import DType
 from edgerun.ir.symbolic import SymDim
 
@@ -96,12 +97,11 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     # flipped and its in/out channels swapped per group.
     x0 = ctx.input(node, 0)
     x, lifted = _as_2d(ctx, node, x0)
-    wc = ctx.static(node, 1, "weight")
-    assert wc is not None
+    wshape = ctx.shape(node.inputs[1])
     if lifted:
-        wc = wc[:, :, None, :]
+        wshape = (wshape[0], wshape[1], 1, wshape[2])
     groups = int(node.attr("group", 1))
-    cin, cout_g, kh, kw = wc.shape
+    cin, cout_g, kh, kw = wshape
     n_sp = len(ctx.b.shape(x0)) - 2
     strides = _lift(_spatial(node, "strides", 1, n_sp), lifted, 1)
     dil = _lift(_spatial(node, "dilations", 1, n_sp), lifted, 1)
@@ -129,15 +129,34 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     pairs = [[0, 0], [0, 0]] + [[d * (k - 1) - b, d * (k - 1) - e + op]
                                 for k, d, b, e, op in zip(kernel, dil, begin, end, out_pad)]
     padded = ctx.emit("pad", [spread], pads=pairs, mode="constant", value=0.0)
-    cin_g = cin // groups
-    flipped = wc[:, :, ::-1, ::-1].reshape(groups, cin_g, cout_g, kh, kw).transpose(0, 2, 1, 3, 4)
-    weight = ctx.b.const(np.ascontiguousarray(flipped.reshape(groups * cout_g, cin_g, kh, kw)))
+    weight = _flipped_kernel(ctx, node.inputs[1], (cin, cout_g, kh, kw), groups)
     ins = [padded, weight] + ([ctx.input(node, 2)] if node.has_input(2) else [])
     y = ctx.emit("conv2d", ins, dilation=dil, groups=groups)
     if lifted:
         s = ctx.b.shape(y)
         y = ctx.emit("reshape", [y], shape=[s[0], s[1], s[3]])
     return [y]
+
+
+def _flipped_kernel(ctx: ImportContext, name: str, shape: tuple[int, int, int, int], groups: int) -> str:
+    """ConvTranspose's weight [Cin, Cout/g, kh, kw] as the equivalent Conv's: flipped, in/out swapped per group.
+
+    A constant weight is rearranged at import time; a weight computed at run time (or fed as an input) gets
+    the same rearrangement as graph ops (two reversals, a transpose), so it needs no freezing.
+    """
+    cin, cout_g, kh, kw = shape
+    cin_g = cin // groups
+    wc = ctx.const(name)
+    if wc is not None and not is_symbolic(wc):
+        wc = wc.reshape(shape)
+        flipped = wc[:, :, ::-1, ::-1].reshape(groups, cin_g, cout_g, kh, kw).transpose(0, 2, 1, 3, 4)
+        return ctx.b.const(np.ascontiguousarray(flipped.reshape(groups * cout_g, cin_g, kh, kw)))
+    from edgerun.frontends.onnx.shape import reverse_axis
+    w = ctx.emit("reshape", [ctx.value(name)], shape=list(shape))
+    w = reverse_axis(ctx, reverse_axis(ctx, w, 2), 3)
+    w = ctx.emit("reshape", [w], shape=[groups, cin_g, cout_g, kh, kw])
+    w = ctx.emit("transpose", [w], perm=[0, 2, 1, 3, 4])
+    return ctx.emit("reshape", [w], shape=[groups * cout_g, cin_g, kh, kw])
 
 
 def _insert_zeros(ctx: ImportContext, x: str, strides: list[int]) -> str:
