@@ -8,17 +8,20 @@ and the per-pass op counts under `passes`).
 from __future__ import annotations
 
 from edgerun.ir.graph import Graph
-from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
+from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json, template_pipeline
 from edgerun.program.program import Program, default_metadata
 
 
 def make_program(graph: Graph, *, frontend: str, name: str | None = None, run_passes: bool = True) -> Program:
-    """Wrap a frontend's verified graph as a Program, running the default pass pipeline first unless told not to."""
+    """Wrap a frontend's verified graph as a Program, running the default pass pipeline first unless told not to.
+
+    A graph with symbolic dimensions is a template: it gets only the passes that are safe on symbols, and
+    the runtime runs the default pipeline per concrete shape."""
     metadata = default_metadata()
     if name:
         metadata["name"] = name
     metadata["frontend"] = frontend
     if run_passes:
-        graph, records = optimize(graph)
+        graph, records = optimize(graph, template_pipeline() if graph.symbols else None)
         metadata[METADATA_KEY] = records_to_json(records)
     return Program(graph, metadata)

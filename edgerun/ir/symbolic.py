@@ -290,6 +290,17 @@ def is_symbolic(d: object) -> bool:
     return isinstance(d, SymDim)
 
 
+def as_dim(value: object) -> Dim:
+    """An attribute's dimension as a Dim: SymDims pass, anything int-like becomes an int."""
+    return value if isinstance(value, SymDim) else operator.index(value)  # type: ignore[arg-type]
+
+
+def known_equal(a: Dim, b: Dim) -> bool | None:
+    """True or False when the equality of a and b is decided by their forms; None when only values can tell."""
+    diff = a - b
+    return diff == 0 if isinstance(diff, int) else None
+
+
 def free_symbols(d: Dim) -> frozenset[str]:
     return d.free_symbols if isinstance(d, SymDim) else frozenset()
 
@@ -311,7 +322,34 @@ def floordiv(a: Dim, b: Dim) -> Dim:
         if all(c % b == 0 for c in terms.values()):
             # a = b*P + k with P an integer expression, so floor(a / b) = P + floor(k / b).
             return SymDim._from_terms({m: c // b for m, c in terms.items()}) + const // b
+    else:
+        quotient = exact_quotient(a, b)
+        if quotient is not None:
+            return quotient
     return _atom_dim(_Atom("floordiv", args=(a, b)))
+
+
+def exact_quotient(a: Dim, b: Dim) -> Dim | None:
+    """a / b when b is one term (c * monomial) that divides every term of a exactly, else None.
+
+    Enough for the element counts of reshapes: (batch*seq*32) / (batch*seq) = 32.
+    """
+    a, b = _normalise(a), _normalise(b)
+    divisor = _terms_of(b)
+    if len(divisor) != 1:
+        return None
+    ((mono_b, coeff_b),) = divisor.items()
+    out: dict[Monomial, int] = {}
+    for mono, coeff in _terms_of(a).items():
+        rest = list(mono)
+        for atom in mono_b:
+            if atom not in rest:
+                return None
+            rest.remove(atom)
+        if coeff % coeff_b:
+            return None
+        out[tuple(rest)] = coeff // coeff_b
+    return SymDim._from_terms(out)
 
 
 def mod(a: Dim, b: Dim) -> Dim:
@@ -330,6 +368,8 @@ def mod(a: Dim, b: Dim) -> Dim:
         const = terms.pop((), 0)
         if all(c % b == 0 for c in terms.values()):
             return const % b
+    elif exact_quotient(a, b) is not None:
+        return 0
     return _atom_dim(_Atom("mod", args=(a, b)))
 
 
@@ -488,3 +528,29 @@ def shape_symbols(shape: tuple[Dim, ...]) -> frozenset[str]:
     for d in shape:
         out |= free_symbols(d)
     return out
+
+
+def sample_bindings(symbols: Mapping[str, tuple[int, int]], count: int = 6) -> list[dict[str, int]]:
+    """Bindings spread over the bounds: all minima, all maxima, and a few points between (deterministic)."""
+    names = sorted(symbols)
+    out = [{n: symbols[n][0] for n in names}, {n: symbols[n][1] for n in names}]
+    for k in range(count):
+        out.append({n: symbols[n][0] + (symbols[n][1] - symbols[n][0]) * ((k * 7 + i * 3 + 1) % 11) // 10
+                    for i, n in enumerate(names)})
+    return out
+
+
+def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether two shapes agree at sampled bindings within bounds: two forms of one size ((h + 1)//2 and
+    (h - 1)//2 + 1) that the canonical form does not identify."""
+    if len(a) != len(b):
+        return False
+    if any(not isinstance(x, SymDim) and not isinstance(y, SymDim) and x != y for x, y in zip(a, b)):
+        return False
+    for binding in sample_bindings(symbols):
+        try:
+            if any(evaluate(x, binding) != evaluate(y, binding) for x, y in zip(a, b)):
+                return False
+        except SymbolicShapeError:
+            return False
+    return True

@@ -35,6 +35,7 @@ from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
+from edgerun.runtime.specializing import SpecializingProgram
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
@@ -60,6 +61,10 @@ def load(source: str | os.PathLike[str] | Program | Graph,
                                "(edgerun.search.load), not edgerun.runtime.load")
         backends = [backends]
     program, original = read_source(source, verify_weights)
+    if original.symbols:  # a template: each concrete shape is specialised, then loaded by this function
+        return SpecializingProgram(program or Program(original), functools.partial(
+            load, backends=backends, placement=placement, algorithms=algorithms, alias_reshapes=alias_reshapes,
+            arena_limit=arena_limit))
     graph = prepare_graph(original, resolve_backends(backends, placement).values())
     if placement and not set(placement) <= {n.name for n in graph.nodes}:
         # Names of the fully lowered graph (what the developer tools show and migrate op by op): honour

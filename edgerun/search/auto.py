@@ -10,6 +10,7 @@ its own choice on every machine.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -17,22 +18,21 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgerun.backends.base import Backend
 from edgerun.backends.registry import get_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.graph import Graph
+from edgerun.program import Program
 from edgerun.runtime import LoadedProgram
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
+from edgerun.runtime.specializing import SpecializingProgram
 from edgerun.search.calibrate import BackendProfile, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
 from edgerun.search.placement_search import search_placement
 from edgerun.search.tune import FIRST_LOAD_BUDGET_S, tune_placement
-
-if TYPE_CHECKING:
-    from edgerun.program import Program
 
 AUTO = "auto"
 AUTO_BACKENDS = ("onnxruntime", "reference")
@@ -138,6 +138,10 @@ def load(source: str | os.PathLike[str] | Program | Graph,
                             alias_reshapes=alias_reshapes, arena_limit=arena_limit)
     names = [n for n in backends[len(AUTO) + 1:].split(",") if n] or None
     program, original = read_source(source, verify_weights)
+    if original.symbols:  # a template: the search places each concrete shape's specialisation
+        return SpecializingProgram(program or Program(original), functools.partial(
+            load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
+            arena_limit=arena_limit))
     graph = prepare_graph(original, auto_backends(names))
     plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
                      arena_limit=arena_limit)

@@ -3,7 +3,8 @@
     program = edgerun.frontends.torch.export(model, (example_input,))
     graph = edgerun.frontends.torch.export_graph(model, (example_input,))
 
-Programs are specialised to the example inputs' shapes (dynamic_shapes is refused with a clear error).
+Programs are specialised to the example inputs' shapes, unless `dynamic_shapes` names bounded
+`torch.export.Dim`s: then the program is a template over those symbols, specialised per shape at run time.
 """
 
 from edgerun.frontends.torch.capture import ExportFailedError
