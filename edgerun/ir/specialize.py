@@ -14,7 +14,7 @@ from typing import Any
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.symbolic import Dim, SymDim, evaluate, free_symbols
+from edgerun.ir.symbolic import Dim, SymDim, evaluate, free_symbols, substitute, sym
 from edgerun.ir.tensor_spec import TensorSpec
 
 
@@ -41,17 +41,21 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
                 if want != got:
                     raise ShapeBindingError(f"{where} is {got}, the program needs {want} ({spec})")
                 continue
-            symbols = free_symbols(want)
-            text = str(want)
-            if len(symbols) == 1 and text in symbols:  # the dimension is the symbol itself
-                if text in bindings and bindings[text] != got:
+            scaled = _scaled_symbol(want)
+            if scaled is not None:  # the dimension is the symbol itself, or a multiple of it (32*H_div32)
+                text, factor = scaled
+                if got % factor:
+                    raise ShapeBindingError(f"{where} is {got}: the program needs a multiple of {factor} ({want})")
+                value = got // factor
+                if text in bindings and bindings[text] != value:
                     raise ShapeBindingError(f"{where} is {got}, but symbol {text!r} is already {bindings[text]} "
                                             f"from {bound_at[text]}: one symbol, two values")
                 low, high = graph.symbols[text]
-                if not low <= got <= high:
-                    raise ShapeBindingError(f"{where} is {got}: symbol {text!r} must be within [{low}, {high}] "
-                                            "(the bounds the program was exported with)")
-                bindings[text] = got
+                if not low <= value <= high:
+                    sizes = "" if factor == 1 else f" ({want} within [{low * factor}, {high * factor}])"
+                    raise ShapeBindingError(f"{where} is {got}: symbol {text!r} must be within [{low}, {high}]"
+                                            f"{sizes} (the bounds the program was exported with)")
+                bindings[text] = value
                 bound_at[text] = f"{where}"
             else:
                 derived.append((name, axis, want, got))
@@ -68,6 +72,18 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
     if unbound:
         raise ShapeBindingError(f"symbol {unbound[0]!r} is used by no input dimension, so no call can bind it")
     return bindings
+
+
+def _scaled_symbol(want: SymDim) -> tuple[str, int] | None:
+    """(symbol, factor) when `want` is factor * symbol with factor >= 1 (from_onnx's (name, min, max, multiple))."""
+    symbols = free_symbols(want)
+    if len(symbols) != 1:
+        return None
+    (text,) = symbols
+    factor = substitute(want, {text: 1})
+    if isinstance(factor, int) and factor >= 1 and want == sym(text) * factor:
+        return text, factor
+    return None
 
 
 def _describe(bindings: Mapping[str, int]) -> str:

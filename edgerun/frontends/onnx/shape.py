@@ -11,7 +11,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
-from edgerun.frontends.onnx.symfold import dims_array, is_symbolic
+from edgerun.frontends.onnx.symfold import dims_array, interval, is_symbolic
 from edgerun.ir.ops.raster import strided_copy_regions
 from edgerun.ir.symbolic import Dim, SymDim
 from edgerun.ir.tensor_spec import contiguous_strides
@@ -77,7 +77,30 @@ def reshape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     allowzero = bool(node.attr("allowzero", 0))
     if not allowzero:
         target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
-    return [ctx.emit("reshape", [x], shape=target)]
+    return [ctx.emit("reshape", [x], shape=_infer_minus_one(in_shape, target))]
+
+
+def _infer_minus_one(in_shape: tuple[Dim, ...], target: list[Dim]) -> list[Dim]:
+    """A -1 in a Reshape target over symbolic sizes, by cancelling the target's sizes against the input's.
+
+    numel // (product of the others) is exact but stays an undivided expression when the symbols do not cancel
+    by themselves ((512*X + 512) // (X + 1)); matching whole dimensions first gives the plain product (512).
+    """
+    if -1 not in target or not any(isinstance(d, SymDim) for d in (*in_shape, *target)):
+        return target
+    left = list(in_shape)
+    for t in target:
+        if t == -1:
+            continue
+        if t in left:
+            left.remove(t)
+            continue
+        ints = [d for d in left if not isinstance(d, SymDim)]
+        whole = math.prod(ints)
+        if isinstance(t, SymDim) or t == 0 or whole % t:
+            return target  # no exact cancellation: the reshape rule divides
+        left = [d for d in left if isinstance(d, SymDim)] + [whole // t]
+    return [math.prod(left) if t == -1 else t for t in target]
 
 
 @onnx_op("Flatten")
@@ -172,14 +195,31 @@ def slice_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         starts, ends = _ints(ctx.static(node, 1, "starts")), _ints(ctx.static(node, 2, "ends"))
         axes = _ints(ctx.static(node, 3, "axes")) if node.has_input(3) else None
         steps = _ints(ctx.static(node, 4, "steps")) if node.has_input(4) else None
-    rank = len(ctx.b.shape(x))
-    axes = list(axes) if axes is not None else list(range(len(starts)))
-    # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping.
-    attrs = {"starts": _ints(np.asarray(starts, dtype=object)), "ends": _ints(np.asarray(ends, dtype=object)),
-             "axes": [a % rank for a in _concrete(node, list(axes), "Slice axis")]}
+    shape = ctx.b.shape(x)
+    rank = len(shape)
+    axes = [a % rank for a in _concrete(node, list(axes if axes is not None else range(len(starts))), "Slice axis")]
+    # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping. A symbolic axis
+    # cannot be clamped by the rule, so bounds past its largest size are clamped here (symbols' bounds).
+    attrs = {"starts": [_clamp(v, shape[a], ctx.graph.symbols) for v, a in zip(_ints(np.asarray(starts, object)), axes)],
+             "ends": [_clamp(v, shape[a], ctx.graph.symbols) for v, a in zip(_ints(np.asarray(ends, object)), axes)],
+             "axes": axes}
     if steps is not None:
         attrs["steps"] = _concrete(node, list(steps), "Slice step")
     return [ctx.emit("slice", [x], **attrs)]
+
+
+def _clamp(bound: Dim, size: Dim, symbols: dict[str, tuple[int, int]]) -> Dim:
+    """A concrete slice bound on a symbolic axis: the axis itself when it is past the axis's largest size.
+
+    Exact: min(bound, size) is size whenever bound >= size's upper bound. Exporters write INT32_MAX or INT64_MAX
+    for "to the end"; sizes never reach 2^31 - 1 elements on one axis, so those are open ends too.
+    """
+    if not isinstance(size, SymDim) or isinstance(bound, SymDim):
+        return bound
+    _, hi = interval(size, symbols)
+    if bound >= (1 << 31) - 1 or (hi is not None and bound >= hi):
+        return size
+    return bound
 
 
 @onnx_op("Pad")

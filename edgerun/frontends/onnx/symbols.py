@@ -1,7 +1,8 @@
 """The shapes of an ONNX model's inputs: the model's own sizes, sizes pinned by `input_shapes`, and bounded symbols.
 
 `input_shapes={"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`: an int pins a dimension, a `(name, min, max)`
-tuple declares a symbol with inclusive bounds. The program is then a template that serves every shape in the
+tuple declares a symbol with inclusive bounds, and `(name, min, max, multiple)` one whose sizes are multiples
+(`("H", 32, 2048, 32)`: the dimension is `32*H_div32`, for models that only work on such sizes). The program is then a template that serves every shape in the
 bounds (the runtime specialises it per concrete shape). Every symbol needs a bound: the runtime plans memory for
 a concrete shape, and a missing bound is almost always a mistake in the call, so a dynamic dimension nobody
 bounded is refused with the form to pass, never given a silent default.
@@ -22,8 +23,8 @@ from edgerun.frontends.onnx.context import OnnxModelError
 from edgerun.frontends.onnx.dims import anonymous_symbol, describe
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, sym
 
-# What input_shapes holds per dimension: a size, or (symbol, min, max).
-InputDim = int | tuple[str, int, int]
+# What input_shapes holds per dimension: a size, (symbol, min, max), or (symbol, min, max, multiple).
+InputDim = int | tuple[str, int, int] | tuple[str, int, int, int]
 
 
 @dataclass
@@ -125,15 +126,24 @@ def _resolve(input_name: str, i: int, d: Any, given: Any, out: DeclaredInputs) -
 
 
 def _symbol(given: Any, where: str, out: DeclaredInputs) -> Dim:
-    form = "(name, min, max), e.g. ('H', 32, 2048)"
+    """The dimension for (name, min, max) or (name, min, max, multiple); a multiple m makes it m * name_div<m>."""
+    form = "(name, min, max), e.g. ('H', 32, 2048), or (name, min, max, multiple)"
     if isinstance(given, str):
         raise OnnxModelError(f"{where} is the symbol {given!r} without bounds: give {form} (edgerun plans memory "
                              "for the largest shape, so every symbol needs an upper bound)")
-    if not isinstance(given, tuple | list) or len(given) != 3:
+    if not isinstance(given, tuple | list) or len(given) not in (3, 4):
         raise OnnxModelError(f"{where} is {given!r}: give a size or {form}")
-    name, lo, hi = given
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 0 <= lo <= hi:
-        raise OnnxModelError(f"{where} has bounds {lo!r}..{hi!r}: they must be integers with 0 <= min <= max")
+    name, lo, hi, multiple = (*given, 1) if len(given) == 3 else given
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, multiple)) or not 0 <= lo <= hi \
+            or multiple < 1:
+        raise OnnxModelError(f"{where} has bounds {lo!r}..{hi!r} (multiple {multiple!r}): they must be integers "
+                             "with 0 <= min <= max and a multiple of at least 1")
+    if multiple > 1:
+        # A model that halves a size five times and doubles it back (a U-Net, a text detector) adds the two only
+        # when the size is a multiple of 32; as 32 * H_div32 the shape arithmetic cancels exactly.
+        name, lo, hi = f"{name}_div{multiple}", -(-lo // multiple), hi // multiple
+        if lo > hi:
+            raise OnnxModelError(f"{where}: no multiple of {multiple} lies within {given[1]}..{given[2]}")
     try:
         symbol = sym(name)
     except SymbolicShapeError as exc:
@@ -142,7 +152,7 @@ def _symbol(given: Any, where: str, out: DeclaredInputs) -> Dim:
         raise OnnxModelError(f"{where} bounds symbol {name!r} by {lo}..{hi}, elsewhere by "
                              f"{out.symbols[name][0]}..{out.symbols[name][1]}")
     out.symbols[name] = (lo, hi)
-    return symbol
+    return symbol * multiple
 
 
 def _bind(out: DeclaredInputs, param: str, size: Dim) -> None:

@@ -59,7 +59,8 @@ def _guard(fn: Folder) -> Folder:
     def run(inputs: list[np.ndarray | None], node: OnnxNode,
             symbols: Mapping[str, tuple[int, int]]) -> list[np.ndarray] | None:
         try:
-            return [dims_array(o, o.dtype if o.dtype != object else np.int64) for o in fn(inputs, node, symbols)]
+            outs = [np.asarray(o, dtype=o.dtype if isinstance(o, np.ndarray) else object) for o in fn(inputs, node, symbols)]
+            return [dims_array(o, o.dtype if o.dtype != object else np.int64) for o in outs]
         except _Unfoldable:
             return None
     return run
