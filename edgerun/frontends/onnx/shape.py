@@ -133,16 +133,22 @@ def squeeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     shp = ctx.b.shape(x)
     axes = _axes_arg(ctx, node, 13)
-    unknown = [d for i, d in enumerate(shp) if isinstance(d, SymDim) and (axes is None or i in axes)]
+    named = None if axes is None else {a % len(shp) for a in axes}
+    # A symbolic size squeezes only where the symbols' bounds make it 1 for every shape; elsewhere which axes
+    # go (or whether the size is 1 at all) would depend on the run-time size.
+    ones = {i for i, d in enumerate(shp) if (interval(d, ctx.graph.symbols) == (1, 1) if isinstance(d, SymDim)
+                                              else d == 1)}
+    unknown = [d for i, d in enumerate(shp) if isinstance(d, SymDim) and i not in ones
+               and (named is None or i in named)]
     if unknown:
-        # Which axes are dropped (or whether the size is 1 at all) would depend on the run-time size.
-        raise node.refuse(f"Squeeze of symbolic dimension {unknown[0]}: pin it in input_shapes= (to 1)")
-    if axes is None:
-        drop = {i for i, d in enumerate(shp) if d == 1}
-    else:
-        drop = {a % len(shp) for a in axes}
-        if any(shp[a] != 1 for a in drop):
-            raise ValueError(f"Squeeze axes {axes} are not all of size 1 in {shp}")
+        raise node.refuse(f"Squeeze of symbolic dimension {unknown[0]}, which is 1 only for some shapes: pin it in "
+                          "input_shapes= or bound its symbols so that it is always 1")
+    drop = ones if named is None else named
+    if not drop <= ones:
+        raise ValueError(f"Squeeze axes {axes} are not all of size 1 in {shp}")
+    always_one = sorted(i for i in drop if isinstance(shp[i], SymDim))
+    if always_one:  # a slice of one element gives the size as 1 itself (the bounds guarantee it loses nothing)
+        x = ctx.emit("slice", [x], starts=[0] * len(always_one), ends=[1] * len(always_one), axes=always_one)
     return [ctx.emit("reshape", [x], shape=[d for i, d in enumerate(shp) if i not in drop])]
 
 
@@ -216,8 +222,8 @@ def _clamp(bound: Dim, size: Dim, symbols: dict[str, tuple[int, int]]) -> Dim:
     """
     if not isinstance(size, SymDim) or isinstance(bound, SymDim):
         return bound
-    _, hi = interval(size, symbols)
-    if bound >= (1 << 31) - 1 or (hi is not None and bound >= hi):
+    bounds = interval(size, symbols)
+    if bound >= (1 << 31) - 1 or (bounds is not None and bound >= bounds[1]):
         return size
     return bound
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ONNX_TO_DTYPE, ImportContext, OnnxNode
 from edgerun.ir.dtypes import DType
-from edgerun.ir.symbolic import SymDim, floordiv, mod, sym_max, sym_min
+from edgerun.ir.symbolic import SymDim, floordiv, mod, sym_max, sym_min, value_range
 
 Folder = Callable[[list[np.ndarray | None], OnnxNode, Mapping[str, tuple[int, int]]], list[np.ndarray] | None]
 
@@ -222,37 +222,20 @@ def _neg(ins: list[np.ndarray | None], node: OnnxNode, symbols: Any) -> list[np.
 
 def _sign_of(d: Any, symbols: Mapping[str, tuple[int, int]]) -> int | None:
     """-1, 0 or 1 when the bounds of the symbols decide the sign of d, else None."""
-    if not isinstance(d, SymDim):
-        return (d > 0) - (d < 0)
-    lo, hi = interval(d, symbols)
-    if lo is not None and lo > 0:
+    bounds = interval(d, symbols)
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    if lo > 0:
         return 1
-    if hi is not None and hi < 0:
+    if hi < 0:
         return -1
-    if lo == hi == 0:
-        return 0
-    return None
+    return 0 if lo == hi == 0 else None
 
 
-def interval(d: Any, symbols: Mapping[str, tuple[int, int]]) -> tuple[int | None, int | None]:
-    """Bounds of an expression that is linear in one symbol (c*s + k), from that symbol's bounds; else unknown."""
-    if not isinstance(d, SymDim):
-        return int(d), int(d)
-    names = sorted(d.free_symbols)
-    if len(names) != 1 or names[0] not in symbols:
-        return None, None
-    from edgerun.ir.symbolic import substitute
-    lo_s, hi_s = symbols[names[0]]
-    at_lo, at_hi = substitute(d, {names[0]: lo_s}), substitute(d, {names[0]: hi_s})
-    k = substitute(d, {names[0]: 0})
-    slope = substitute(d, {names[0]: 1})
-    if not all(isinstance(v, int) for v in (at_lo, at_hi, k, slope)):
-        return None, None
-    # Linear only if d(s) = k + (d(1) - k) * s at both ends; otherwise the expression bends (floordiv, max).
-    c = int(slope) - int(k)
-    if k + c * lo_s != at_lo or k + c * hi_s != at_hi or substitute(d, {names[0]: 2}) != k + 2 * c:
-        return None, None
-    return min(int(at_lo), int(at_hi)), max(int(at_lo), int(at_hi))
+def interval(d: Any, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """Bounds of a size expression over every shape the declared symbol bounds allow (None: unknown)."""
+    return value_range(d, symbols)
 
 
 _COMPARE: dict[str, Callable[[int], bool]] = {
