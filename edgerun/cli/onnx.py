@@ -8,21 +8,22 @@ from typing import Any
 from edgerun.errors import EdgerunError
 
 
-def _parse_shape(text: str) -> tuple[str, tuple[int | tuple[str, int, int], ...]]:
-    """NAME=D0,D1,...: each D a size (pins it) or SYMBOL:MIN:MAX (a symbolic dimension with inclusive bounds)."""
+def _parse_shape(text: str) -> tuple[str, tuple[Any, ...]]:
+    """NAME=D0,D1,...: each D a size (pins it), SYMBOL:MIN:MAX (a symbolic dimension with inclusive bounds) or
+    SYMBOL:MIN:MAX:MULTIPLE (sizes that are multiples of MULTIPLE)."""
     name, sep, dims = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,..., got {text!r}")
-    out: list[int | tuple[str, int, int]] = []
+    out: list[Any] = []
     for d in (d.strip() for d in dims.split(",") if d.strip()):
         parts = d.split(":")
         try:
-            out.append(int(d) if len(parts) == 1 else (parts[0], int(parts[1]), int(parts[2])))
-            if len(parts) not in (1, 3):
+            if len(parts) not in (1, 3, 4):
                 raise ValueError
-        except (ValueError, IndexError):
+            out.append(int(d) if len(parts) == 1 else (parts[0], *(int(p) for p in parts[1:])))
+        except ValueError:
             raise argparse.ArgumentTypeError(f"dimension {d!r} of {text!r} must be a size (224) or a bounded "
-                                             "symbol SYMBOL:MIN:MAX (H:32:2048)") from None
+                                             "symbol SYMBOL:MIN:MAX (H:32:2048), optionally :MULTIPLE") from None
     return name, tuple(out)
 
 
@@ -33,7 +34,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", required=True, help="program file to write")
     p.add_argument("--input-shape", action="append", type=_parse_shape, default=[], metavar="NAME=D0,D1,...",
                    help="size an input's dynamic dimensions (repeatable): each D a size that pins it or "
-                        "SYMBOL:MIN:MAX that keeps it symbolic within bounds, e.g. x=1,3,H:32:2048,W:32:2048")
+                        "SYMBOL:MIN:MAX[:MULTIPLE] that keeps it symbolic within bounds, e.g. "
+                        "x=1,3,H:32:2048,W:32:2048")
     p.add_argument("--no-optimize", action="store_true", help="save the imported graph without running passes")
     p.set_defaults(func=_import_onnx)
 

@@ -6,13 +6,13 @@ Includes a real model with real weights from a PyPI wheel: RapidOCR's text-direc
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from wheel_models import wheel_model
 
 from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.onnx import from_onnx, import_onnx_graph
@@ -93,13 +93,7 @@ def test_pinned_input_symbol_is_checked_other_symbols_are_not():
 
 
 def _wheel_model(package: str, name: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        pytest.skip(f"{package} is not installed (scripts/setup.sh installs it with --no-deps)")
-    path = Path(spec.origin).parent / "models" / name
-    if not path.is_file():
-        pytest.skip(f"{package} has no {name}")
-    return path
+    return wheel_model(package, f"models/{name}")
 
 
 def test_rapidocr_text_direction_classifier_matches_onnxruntime():
