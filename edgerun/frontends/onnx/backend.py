@@ -5,9 +5,10 @@ inputs. A handler that needs such a value at import time gets it by freezing: th
 value given to `run` and the model is imported for it (cached per value). Which inputs were frozen is
 reported in `rep.frozen`; the conformance report counts the passes that needed it.
 
-With `symbolic_dims=True` every input dimension is made a bounded symbol before import, as an exporter with
-dynamic axes would write it: one template program serves every input shape, and each call binds the
-symbols from its inputs' shapes and runs the specialisation for them (edgerun.ir.specialize).
+With `symbolic_dims=True` the input dimensions are made bounded symbols before import, as an exporter with
+dynamic axes would write them (one symbol per distinct size, sizes 0 and 1 static): one template program
+serves every input shape, and each call binds the symbols from its inputs' shapes and runs the
+specialisation for them (edgerun.ir.specialize).
 """
 
 from __future__ import annotations
@@ -27,27 +28,35 @@ def _input_names(model: Any) -> list[str]:
     return [vi.name for vi in model.graph.input if vi.name not in inits]
 
 
-# Bounds of the symbols symbolic_dims gives every input dimension (node cases are small; 0 allows empty inputs).
-SYMBOL_BOUNDS = (0, 1 << 16)
+# Bounds of the symbols symbolic_dims declares (node cases are small); sizes 0 and 1 stay static.
+SYMBOL_BOUNDS = (2, 1 << 16)
 
 
 def symbolic_input_model(model: Any) -> tuple[Any, dict[str, tuple[Any, ...]]]:
-    """`model` with each input dimension a dim_param, and the input_shapes that declares them bounded symbols."""
+    """`model` with its input dimensions symbolic, and the input_shapes that declares the symbols' bounds.
+
+    As an exporter with dynamic axes names them: one symbol per distinct size (`n4` for every dimension of 4,
+    so the two operands of an Add keep one shape), and sizes 0 and 1 static, as torch.export specialises
+    them (a size-1 dimension broadcasts, which a symbol that might be 5 could not).
+    """
     import onnx
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     shapes: dict[str, tuple[Any, ...]] = {}
     inits = {t.name for t in model.graph.initializer}
-    for i, vi in enumerate(model.graph.input):
+    for vi in model.graph.input:
         if vi.name in inits or vi.type.WhichOneof("value") != "tensor_type" or \
                 not vi.type.tensor_type.HasField("shape"):
             continue
-        dims = []
-        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-            name = f"in{i}_d{axis}"
+        dims: list[Any] = []
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") or d.dim_value <= 1:
+                dims.append(None)
+                continue
+            name = f"n{d.dim_value}"
+            dims.append((name, *SYMBOL_BOUNDS))
             d.Clear()
             d.dim_param = name
-            dims.append((name, *SYMBOL_BOUNDS))
         shapes[vi.name] = tuple(dims)
     return model, shapes
 

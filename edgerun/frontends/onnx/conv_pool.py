@@ -14,7 +14,7 @@ from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.frontends.onnx.symfold import is_symbolic
 from edgerun.ir.dtypes import DType
-from edgerun.ir.symbolic import SymDim
+from edgerun.ir.symbolic import SymDim, sym_max
 
 
 def _as_2d(ctx: ImportContext, node: OnnxNode, x: str) -> tuple[str, bool]:
@@ -39,7 +39,7 @@ def _pads(node: OnnxNode, in_sizes: list[int], kernel: list[int], strides: list[
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []
         for size, k, s, d in zip(in_sizes, kernel, strides, dilations):
-            total = max(0, (math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size)
+            total = sym_max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
             small, big = total // 2, total - total // 2
             begin.append(small if auto == "SAME_UPPER" else big)
             end.append(big if auto == "SAME_UPPER" else small)

@@ -166,8 +166,8 @@ def trilu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     else:
         # A diagonal offset k known only at run time: keep column - row >= k (upper) or <= k (lower).
         diagonal = ctx.b.const(np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None])
-        k = ctx.emit("reshape", [ctx.cast(ctx.input(node, 1), DType.int64)], shape=[])
-        mask = ctx.emit("ge" if upper else "le", [diagonal, k])
+        offset = ctx.emit("reshape", [ctx.cast(ctx.input(node, 1), DType.int64)], shape=[])
+        mask = ctx.emit("ge" if upper else "le", [diagonal, offset])
     return [ctx.emit("where", [mask, x, ctx.scalar(0, x)])]
 
 

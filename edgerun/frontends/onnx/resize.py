@@ -156,8 +156,8 @@ def _repeat_symbolic(ctx: ImportContext, node: OnnxNode, x: str, scales: np.ndar
         if k == 1:
             continue
         cur = list(ctx.b.shape(x))
-        split = cur[:axis + 1] + [1] + cur[axis + 1:]
-        wide = cur[:axis + 1] + [k] + cur[axis + 1:]
+        split = [*cur[:axis + 1], 1, *cur[axis + 1:]]
+        wide = [*cur[:axis + 1], k, *cur[axis + 1:]]
         y = ctx.emit("expand", [ctx.emit("reshape", [x], shape=split)], shape=wide)
-        x = ctx.emit("reshape", [y], shape=cur[:axis] + [cur[axis] * k] + cur[axis + 1:])
+        x = ctx.emit("reshape", [y], shape=[*cur[:axis], cur[axis] * k, *cur[axis + 1:]])
     return x

@@ -110,7 +110,7 @@ def _resolve(input_name: str, i: int, d: Any, given: Any, out: DeclaredInputs) -
         return None
     if isinstance(given, bool):
         raise OnnxModelError(f"{where} is {given!r}: give a size or (name, min, max)")
-    if isinstance(given, int) or hasattr(given, "__index__") and not isinstance(given, tuple | list | str):
+    if isinstance(given, int) or (hasattr(given, "__index__") and not isinstance(given, tuple | list | str)):
         size = int(given)
         if size < 0:
             raise OnnxModelError(f"{where} is {size}: sizes are non-negative")

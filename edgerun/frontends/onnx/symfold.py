@@ -59,10 +59,13 @@ def _guard(fn: Folder) -> Folder:
     def run(inputs: list[np.ndarray | None], node: OnnxNode,
             symbols: Mapping[str, tuple[int, int]]) -> list[np.ndarray] | None:
         try:
-            outs = [np.asarray(o, dtype=o.dtype if isinstance(o, np.ndarray) else object) for o in fn(inputs, node, symbols)]
-            return [dims_array(o, o.dtype if o.dtype != object else np.int64) for o in outs]
+            results = fn(inputs, node, symbols)
         except _Unfoldable:
             return None
+        assert results is not None
+        # np.take of one index gives a bare SymDim; every output is an array again here.
+        outs = [np.asarray(o, dtype=o.dtype if isinstance(o, np.ndarray) else object) for o in results]
+        return [dims_array(o, o.dtype if o.dtype != object else np.int64) for o in outs]
     return run
 
 
