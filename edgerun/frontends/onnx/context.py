@@ -107,8 +107,13 @@ class ImportContext:
         return name in self.values or name in self.consts
 
     def const(self, name: str) -> np.ndarray | None:
-        """The value of an ONNX input when it is known at import time, else None."""
-        return self.consts.get(name) if name else None
+        """The numeric value of an ONNX input when it is known at import time, else None.
+
+        Sizes that are symbolic (object arrays, symfold.py) count as unknown here: a handler computing with
+        numbers gets them as run-time values. Handlers that take sizes (shape.py) read them with `static`.
+        """
+        arr = self.consts.get(name) if name else None
+        return None if arr is None or arr.dtype == object else arr
 
     def value(self, name: str) -> str:
         """The IR value of an ONNX input, materialising a constant into the graph on first use."""
@@ -132,10 +137,11 @@ class ImportContext:
         return self.value(node.inputs[i]) if node.has_input(i) else ""
 
     def static(self, node: OnnxNode, i: int, what: str) -> np.ndarray | None:
-        """Input i as a constant (None when absent); refuse when it is computed at run time."""
+        """Input i as a constant (None when absent; an object array when it holds symbolic sizes); refuse when it
+        is computed at run time."""
         if not node.has_input(i):
             return None
-        arr = self.const(node.inputs[i])
+        arr = self.consts.get(node.inputs[i])
         if arr is None:
             raise DynamicInputError(node.op_type, node.inputs[i], source=node.name or None, detail=(
                 f"dynamic {what} input {node.inputs[i]!r} is not supported (it must be an initializer, "

@@ -31,7 +31,7 @@ from edgerun.frontends.onnx.registry import load_handlers
 from edgerun.frontends.onnx.symbols import InputDim, declare_inputs
 from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
 from edgerun.ir.graph import Graph
-from edgerun.ir.symbolic import Dim, SymbolicShapeError, sym
+from edgerun.ir.symbolic import Dim, SymbolicShapeError, SymDim, sym
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 
@@ -164,7 +164,14 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                               "input_shapes= (an int instead of (name, min, max))") from None
         except EdgerunError:
             raise
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
+            if _symbolic_inputs(ctx, node):
+                # Over symbolic sizes a shape rule fails when it cannot prove two sizes agree for every shape
+                # in the bounds (n6 against a split into 2 + 4), or a handler needs a number (np.arange(n)).
+                raise node.refuse(f"{exc}: over symbolic sizes this holds only for some shapes, or edgerun cannot "
+                                  "prove it holds for all; pin the dimensions in input_shapes=") from None
+            if isinstance(exc, TypeError):
+                raise
             raise OnnxImportError(f"importing {node.op_type} node {node.name or node.outputs[0]!r}: {exc}") from exc
         _bind_outputs(ctx, node, outs, types)
 
@@ -241,3 +248,13 @@ def _fold_symbolic(ctx: ImportContext, node: OnnxNode) -> bool:
             if is_symbolic(out):
                 ctx.symbolic_dtypes[name] = dtype
     return True
+
+
+def _symbolic_inputs(ctx: ImportContext, node: OnnxNode) -> bool:
+    """Whether a node reads a value of symbolic shape, or symbolic sizes as a value."""
+    for name in node.inputs:
+        if not name or not ctx.known(name):
+            continue
+        if is_symbolic(ctx.consts.get(name)) or any(isinstance(d, SymDim) for d in ctx.shape(name)):
+            return True
+    return False

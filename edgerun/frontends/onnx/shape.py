@@ -13,7 +13,7 @@ from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dt
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.frontends.onnx.symfold import dims_array, interval, is_symbolic
 from edgerun.ir.ops.raster import strided_copy_regions
-from edgerun.ir.symbolic import Dim, SymDim
+from edgerun.ir.symbolic import Dim, SymDim, sym_max, sym_min
 from edgerun.ir.tensor_spec import contiguous_strides
 
 
@@ -206,26 +206,35 @@ def slice_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     axes = [a % rank for a in _concrete(node, list(axes if axes is not None else range(len(starts))), "Slice axis")]
     # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping. A symbolic axis
     # cannot be clamped by the rule, so bounds past its largest size are clamped here (symbols' bounds).
-    attrs = {"starts": [_clamp(v, shape[a], ctx.graph.symbols) for v, a in zip(_ints(np.asarray(starts, object)), axes)],
-             "ends": [_clamp(v, shape[a], ctx.graph.symbols) for v, a in zip(_ints(np.asarray(ends, object)), axes)],
-             "axes": axes}
+    step_list = _concrete(node, list(steps), "Slice step") if steps is not None else [1] * len(axes)
+    starts_, ends_ = _ints(np.asarray(starts, object)), _ints(np.asarray(ends, object))
+    attrs: dict[str, object] = {
+        "starts": [_clamp(v, shape[a], ctx.graph.symbols) if st > 0 else v for v, a, st in zip(starts_, axes, step_list)],
+        "ends": [_clamp(v, shape[a], ctx.graph.symbols) if st > 0 else v for v, a, st in zip(ends_, axes, step_list)],
+        "axes": axes}
     if steps is not None:
-        attrs["steps"] = _concrete(node, list(steps), "Slice step")
+        attrs["steps"] = step_list
     return [ctx.emit("slice", [x], **attrs)]
 
 
 def _clamp(bound: Dim, size: Dim, symbols: dict[str, tuple[int, int]]) -> Dim:
-    """A concrete slice bound on a symbolic axis: the axis itself when it is past the axis's largest size.
+    """A concrete slice bound on a symbolic axis, clamped into [0, size] as ONNX clamps it, for every size.
 
-    Exact: min(bound, size) is size whenever bound >= size's upper bound. Exporters write INT32_MAX or INT64_MAX
-    for "to the end"; sizes never reach 2^31 - 1 elements on one axis, so those are open ends too.
+    The shape rule cannot clamp against a symbolic size, so the clamp is written into the bound: `size` when
+    the bound is past the axis's largest size (INT32_MAX / INT64_MAX sentinels: no axis reaches 2^31 - 1),
+    `min(bound, size)` when only some sizes are shorter; a negative bound counts from the end and stops at 0.
     """
     if not isinstance(size, SymDim) or isinstance(bound, SymDim):
         return bound
     bounds = interval(size, symbols)
-    if bound >= (1 << 31) - 1 or (bounds is not None and bound >= bounds[1]):
-        return size
-    return bound
+    lo, hi = bounds if bounds is not None else (None, None)
+    if bound >= 0:
+        if bound >= (1 << 31) - 1 or (hi is not None and bound >= hi):
+            return size
+        return bound if lo is not None and bound <= lo else sym_min(bound, size)
+    if bound <= -((1 << 31) - 1) or (hi is not None and -bound >= hi):
+        return 0
+    return size + bound if lo is not None and -bound <= lo else sym_max(size + bound, 0)
 
 
 @onnx_op("Pad")
