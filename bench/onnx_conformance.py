@@ -125,12 +125,16 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         "Those values decide the structure of the program (which axes are reduced, an interpolation matrix, "
         "an output rank), not a size a symbolic dimension could stand for; see the last section.",
         "",
-        "**With every input dimension symbolic** (`EdgerunBackend.prepare(model, symbolic_dims=True)`), each "
-        "input dimension is declared a symbol bounded by "
-        "[0, 65536] before import, as an exporter with dynamic axes writes it: the import runs once, the shape "
-        "arithmetic folds over the symbols, and each call binds them from its inputs' shapes and runs the "
-        "specialisation (`edgerun/ir/specialize.py`), checked by the verifier. A case the template cannot "
-        "express is refused at import naming its node (below); none may give a wrong answer.",
+        "**With every input dimension symbolic** (`EdgerunBackend.prepare(model, symbolic_dims=True)`), every "
+        "input dimension of size 2 or more is declared a symbol bounded by [2, 65536] before import, one symbol "
+        "per distinct size (`n4` for every dimension of 4, so the operands of an Add keep one shape), sizes 0 "
+        "and 1 static (as torch.export specialises them: a size-1 dimension broadcasts). This is stricter than "
+        "a real model, whose exporter makes only batch or sequence axes dynamic: here channel counts, head "
+        "sizes and kernel sizes are symbols too, and two unrelated dimensions of one size are one symbol. The "
+        "import runs once, the shape arithmetic folds over the symbols, and each call binds them from its "
+        "inputs' shapes and runs the specialisation (`edgerun/ir/specialize.py`), checked by the verifier. A "
+        "case the template cannot express is refused at import naming its node (below); none may give a wrong "
+        "answer.",
         "",
         "## The ONNX Runtime column",
         "",

@@ -140,13 +140,20 @@ def test_a_comparison_the_bounds_decide_folds_and_one_they_do_not_runs_at_run_ti
         np.testing.assert_array_equal(m(x), _ort(model, {"x": x})[0])
 
 
-def test_range_over_a_symbolic_size_is_refused_naming_the_node():
-    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
-             helper.make_node("Range", ["zero", "n", "one"], ["r"], name="positions"),
-             helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT)]
-    model = _model(nodes, [_vi("x", ["N"])], [_vi("y", ["N"])], [_i64("zero", 0), _i64("one", 1)])
-    with pytest.raises(UnsupportedOpError, match=r"'Range' at positions: Range over symbolic dimensions"):
-        from_onnx(model, input_shapes={"x": (("N", 1, 64),)})
+def test_range_up_to_a_symbolic_size_runs_and_a_symbolic_step_is_refused_naming_the_node():
+    def model(step_from_shape):
+        nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+                 helper.make_node("Range", ["zero", "n", "n" if step_from_shape else "one"], ["r"], name="positions"),
+                 helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+                 helper.make_node("Add", ["x", "rf"], ["y"])]
+        return _model(nodes, [_vi("x", ["N"])], [_vi("y", ["N"])], [_i64("zero", 0), _i64("one", 1)])
+
+    m = edgerun.load(from_onnx(model(False), input_shapes={"x": (("N", 1, 64),)}), backends="reference")
+    for n in (1, 5, 64):
+        x = np.full(n, 0.5, np.float32)
+        np.testing.assert_array_equal(m(x), _ort(model(False), {"x": x})[0])
+    with pytest.raises(UnsupportedOpError, match=r"'Range' at positions: Range with a symbolic start or delta"):
+        from_onnx(model(True), input_shapes={"x": (("N", 1, 64),)})
 
 
 def test_an_op_that_needs_a_concrete_size_is_refused_naming_the_node_and_the_symbol():

@@ -161,19 +161,14 @@ class ImportContext:
         return self.graph.specs[self.value(name)].dtype
 
     def _runtime_dims(self, arr: np.ndarray, dtype: DType) -> str:
-        """An array of sizes, some symbolic, computed at run time: a symbolic size d is the sum of d ones.
-
-        Used where shape arithmetic turns into data (a size cast to float, a comparison the symbols' bounds do
-        not decide); it costs O(d) per symbolic element, which is small beside the tensor of that size.
-        """
-        one = self.b.const(np.ones(1, dtype=np.int64))
+        """An array of sizes, some symbolic, as a run-time value (one dim_value per symbolic size, a constant
+        once the program is specialised): where shape arithmetic turns into data, such as a size cast to float
+        or a comparison the symbols' bounds do not decide."""
         parts = []
         for d in arr.reshape(-1):
-            if isinstance(d, SymDim):
-                ones = self.emit("expand", [one], shape=[d])
-                parts.append(self.emit("reduce_sum", [ones], axes=[0], keepdims=True))
-            else:
-                parts.append(self.b.const(np.asarray([int(d)], dtype=np.int64)))
+            one = self.emit("dim_value", [], value=d, dtype="int64") if isinstance(d, SymDim) else \
+                self.b.const(np.asarray(int(d), dtype=np.int64))
+            parts.append(self.emit("reshape", [one], shape=[1]))
         flat = parts[0] if len(parts) == 1 else self.emit("concat", parts, axis=0)
         return self.cast(self.emit("reshape", [flat], shape=list(arr.shape)), dtype)
 

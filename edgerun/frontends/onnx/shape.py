@@ -332,9 +332,31 @@ def range_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     start, limit, delta = (ctx.static(node, i, name) for i, name in enumerate(("start", "limit", "delta")))
     assert start is not None and limit is not None and delta is not None
     if any(is_symbolic(v) for v in (start, limit, delta)):
-        raise node.refuse("Range over symbolic dimensions (its values, not only its length, would be computed at "
-                          "run time): pin the dimensions in input_shapes=")
+        return [_symbolic_range(ctx, node, start, limit, delta)]
     return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
+
+
+def _symbolic_range(ctx: ImportContext, node: OnnxNode, start: np.ndarray, limit: np.ndarray,
+                    delta: np.ndarray) -> str:
+    """Range up to a symbolic limit: the values up to the limit's bound, as a constant, cut to the length.
+
+    Exact for every size in the bounds; only the limit may be symbolic (a symbolic start or step would make
+    the values themselves depend on the call).
+    """
+    if is_symbolic(start) or is_symbolic(delta):
+        raise node.refuse("Range with a symbolic start or delta: its values depend on the run-time size; pin the "
+                          "dimensions in input_shapes=")
+    end = limit.reshape(-1)[0]
+    step = delta.item()
+    bounds = interval(end, ctx.graph.symbols)
+    if bounds is None or start.dtype.kind not in "iu" or step == 0:
+        raise node.refuse(f"Range up to symbolic {end}: needs integer values and bounds on its symbols")
+    widest = bounds[1] if step > 0 else bounds[0]
+    values = np.arange(start.item(), widest, step).astype(start.dtype)
+    count = (end - int(start.item()) + step - 1) // step if step > 0 else (int(start.item()) - end - step - 1) // -step
+    count_bounds = interval(count, ctx.graph.symbols)
+    length = count if count_bounds is not None and count_bounds[0] >= 0 else sym_max(count, 0)
+    return ctx.emit("slice", [ctx.b.const(values)], starts=[0], ends=[length], axes=[0])
 
 
 def reverse_axis(ctx: ImportContext, x: str, axis: int) -> str:
