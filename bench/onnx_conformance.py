@@ -53,6 +53,19 @@ ORT_COLUMN_HISTORY = (
     "the difference is the environment, not the method. Both versions are now recorded above.")
 
 
+# Why the passes that freeze an input value still need it with symbolic dimensions (issue #12's target of 95%
+# without freezing is not met; this says what stands in the way).
+FREEZING_NOTE = (
+    "These cases feed, as a graph input, a value the importer needs: it decides the program's structure, not "
+    "a size. Symbolic dimensions are bound from the input *shapes* of a call; these are input *values*. Most "
+    "are reduction or unsqueeze axes (which axes go, and the output rank), Resize's scales or sizes (the "
+    "interpolation matrices and, from float scales, the output size), CumSum's axis, TopK's k and OneHot's "
+    "depth (an output size read from a value), Split sizes, and Reshape / Expand / Pad / Slice / Tile values. "
+    "The last groups could become symbols bound from the input's values at call time (MNN reads such inputs at "
+    "resize); that is not done: the runtime binds symbols from shapes only. ConvTranspose's weight, Trilu's k "
+    "and Dropout's ratio no longer need freezing (graph ops at run time, or unused in inference).")
+
+
 def _ort_results(cases: list, design: dict[str, CaseResult]) -> list[CaseResult]:
     """ONNX Runtime on the same cases; any exception counts as a refusal, as ORT has no error taxonomy."""
     return [design[c.name] if design[c.name].status == "design" else
@@ -177,7 +190,7 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         reason = first.detail.replace("|", "/").replace("\n", " ")
         lines.append(f"| {op} | {len(sym_misses[op])} | {first.status} | {reason[:200]} |")
     frozen_by_op: Counter = Counter(r.op for r in ours if r.status == "pass" and r.frozen)
-    lines += ["", "## Passes that freeze an input value", "",
+    lines += ["", "## Passes that freeze an input value", "", FREEZING_NOTE, "",
               "| op | cases | frozen inputs (first case) |", "|---|---|---|"]
     for op, n in sorted(frozen_by_op.items()):
         first = next(r for r in ours if r.op == op and r.status == "pass" and r.frozen)

@@ -6,8 +6,6 @@ auto_pad SAME_* is resolved here into explicit pads from the static input shape.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
