@@ -67,7 +67,8 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
     frozen = set(constant_inputs or {}) | {t.name for t in g.initializer}
     declared = declare_inputs(g.input, input_shapes or {}, frozen)
     if input_shapes or declared.rewritten:
-        model = declared.apply(model)
+        constants = {k: tuple(np.shape(v)) for k, v in (constant_inputs or {}).items()}
+        model = declared.apply(model, constants)
         g = model.graph
     bindings = {**declared.bindings, **{name: sym(name) for name in declared.symbols}}
     types = CheckedTypes(infer_types(model), bindings)

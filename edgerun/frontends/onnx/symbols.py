@@ -38,18 +38,21 @@ class DeclaredInputs:
     conflicting: set[str] = field(default_factory=set)  # dim_params given two different sizes: name nothing
     rewritten: bool = False  # some input's declared dimensions differ from the model's
 
-    def apply(self, model: Any) -> Any:
-        """A copy of `model` whose inputs declare these shapes (symbols as dim_params), for ONNX's inference."""
+    def apply(self, model: Any, constants: Mapping[str, tuple[int, ...]] | None = None) -> Any:
+        """A copy of `model` whose inputs declare these shapes (symbols as dim_params), for ONNX's inference;
+        inputs frozen to constants declare the constants' shapes."""
         import onnx
 
         model = onnx.ModelProto.FromString(model.SerializeToString())
         # value_info the exporter stored describes the shapes it saw (often batch 1); ONNX's inference recomputes
         # it from the declared inputs, so a stale declaration cannot fail the cross-check.
         del model.graph.value_info[:]
+        shapes: dict[str, tuple[Dim, ...]] = {**self.shapes, **(constants or {})}
         for vi in model.graph.input:
-            if vi.name not in self.shapes:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name not in shapes or len(dims) != len(shapes[vi.name]):
                 continue
-            for d, size in zip(vi.type.tensor_type.shape.dim, self.shapes[vi.name]):
+            for d, size in zip(dims, shapes[vi.name]):
                 d.Clear()
                 if isinstance(size, int):
                     d.dim_value = size
