@@ -41,24 +41,34 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
                 if want != got:
                     raise ShapeBindingError(f"{where} is {got}, the program needs {want} ({spec})")
                 continue
-            scaled = _scaled_symbol(want)
-            if scaled is not None:  # the dimension is the symbol itself, or a multiple of it (32*H_div32)
-                text, factor = scaled
-                if got % factor:
-                    raise ShapeBindingError(f"{where} is {got}: the program needs a multiple of {factor} ({want})")
-                value = got // factor
-                if text in bindings and bindings[text] != value:
+            symbols = free_symbols(want)
+            text = str(want)
+            if len(symbols) == 1 and text in symbols:  # the dimension is the symbol itself
+                if text in bindings and bindings[text] != got:
                     raise ShapeBindingError(f"{where} is {got}, but symbol {text!r} is already {bindings[text]} "
                                             f"from {bound_at[text]}: one symbol, two values")
                 low, high = graph.symbols[text]
-                if not low <= value <= high:
-                    sizes = "" if factor == 1 else f" ({want} within [{low * factor}, {high * factor}])"
-                    raise ShapeBindingError(f"{where} is {got}: symbol {text!r} must be within [{low}, {high}]"
-                                            f"{sizes} (the bounds the program was exported with)")
-                bindings[text] = value
+                if not low <= got <= high:
+                    raise ShapeBindingError(f"{where} is {got}: symbol {text!r} must be within [{low}, {high}] "
+                                            "(the bounds the program was exported with)")
+                bindings[text] = got
                 bound_at[text] = f"{where}"
             else:
                 derived.append((name, axis, want, got))
+    for name, axis, want, got in derived:  # a symbol seen only as a multiple (32*H_div32) binds from it
+        scaled = _scaled_symbol(want)
+        if scaled is None or scaled[0] in bindings:
+            continue
+        text, factor = scaled
+        where = f"input {name!r} dimension {axis}"
+        if got % factor:
+            raise ShapeBindingError(f"{where} is {got}: the program needs a multiple of {factor} ({want})")
+        low, high = graph.symbols[text]
+        if not low <= got // factor <= high:
+            raise ShapeBindingError(f"{where} is {got}: {want} must be within [{low * factor}, {high * factor}] "
+                                    f"(symbol {text!r} within [{low}, {high}], the bounds the program was "
+                                    "exported with)")
+        bindings[text] = got // factor
     for name, axis, want, got in derived:  # expressions (2*seq) are checked once their symbols are known
         missing = sorted(free_symbols(want) - set(bindings))
         if missing:
@@ -75,13 +85,13 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
 
 
 def _scaled_symbol(want: SymDim) -> tuple[str, int] | None:
-    """(symbol, factor) when `want` is factor * symbol with factor >= 1 (from_onnx's (name, min, max, multiple))."""
+    """(symbol, factor) when `want` is factor * symbol with factor >= 2 (from_onnx's (name, min, max, multiple))."""
     symbols = free_symbols(want)
     if len(symbols) != 1:
         return None
     (text,) = symbols
     factor = substitute(want, {text: 1})
-    if isinstance(factor, int) and factor >= 1 and want == sym(text) * factor:
+    if isinstance(factor, int) and factor >= 2 and want == sym(text) * factor:
         return text, factor
     return None
 
