@@ -15,13 +15,17 @@ from edgerun.errors import EdgerunError
 from edgerun.frontends.onnx import from_onnx
 from edgerun.ir.specialize import bind_symbols, specialize
 from edgerun.oracle import interpret
+from edgerun.program import Program
 
 ort = pytest.importorskip("onnxruntime")
 
 
-def _check_sizes(path, input_shapes, sizes, rtol=1e-4, atol=1e-4):
+def _check_sizes(path, input_shapes, sizes, rtol=1e-4, atol=1e-4, via_file=None):
     program = from_onnx(str(path), input_shapes=input_shapes)
     assert program.graph.symbols, "the program must be a template, not pinned to one size"
+    if via_file is not None:  # the template's symbolic shapes and attributes survive the program file
+        program.save(via_file)
+        program = Program.read(via_file)
     model = edgerun.load(program, backends="reference")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
@@ -44,12 +48,12 @@ def test_rapidocr_text_direction_classifier_batch_and_width():
                  [(1, 3, 48, 192), (3, 3, 48, 96), (2, 3, 48, 320)], atol=1e-5)
 
 
-def test_rapidocr_text_detector_page_sizes_multiples_of_32():
+def test_rapidocr_text_detector_page_sizes_multiples_of_32(tmp_path):
     """PP-OCRv4 halves H and W five times and doubles them back: the adds line up only on multiples of 32,
     which ("H", 32, 1024, 32) declares; any page size in the bounds runs without a re-import."""
     path = wheel_model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx")
     model = _check_sizes(path, {"x": (("batch", 1, 2), 3, ("H", 32, 1024, 32), ("W", 32, 1024, 32))},
-                         [(1, 3, 64, 96), (1, 3, 96, 64), (2, 3, 32, 64)])
+                         [(1, 3, 64, 96), (1, 3, 96, 64), (2, 3, 32, 64)], via_file=tmp_path / "det.edgerun")
     with pytest.raises(EdgerunError, match=r"input 'x' dimension 2 is 100: the program needs a multiple of 32"):
         model(np.zeros((1, 3, 100, 96), np.float32))
 
