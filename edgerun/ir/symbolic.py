@@ -9,8 +9,8 @@ a sum of integer-weighted monomials, each monomial a sorted product of atoms, an
 operation that does not simplify (`floor(a / c)` of a non-divisible sum, `a % c`, `max`, `min`). Arithmetic
 that comes out constant returns a plain int, so a SymDim is never a disguised constant.
 
-`str(d)` is a parseable form and `parse_dim(text)` reads it back with a small recursive-descent parser
-(never eval; no sympy). `int(d)` raises a clear error naming the symbol: a shape rule that truly needs a
+`str(d)` is a parseable form and `symbolic_text.parse_dim(text)` reads it back with a small
+recursive-descent parser (never eval; no sympy). `int(d)` raises a clear error naming the symbol: a shape rule that truly needs a
 concrete size says so instead of computing with a wrong one.
 """
 
@@ -28,9 +28,8 @@ from edgerun.errors import EdgerunError
 
 Dim = Union[int, "SymDim"]
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_RESERVED = {"max", "min"}
-MAX_EXPRESSION_LENGTH = 4096  # characters of a dimension's text form; bounds the parser's work
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED = frozenset({"max", "min"})  # function names in the text form, so never symbols
 
 
 class SymbolicShapeError(EdgerunError):
@@ -228,7 +227,7 @@ class SymDim(_IntForTypeChecking):
         return self
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (parse_dim, (str(self),))
+        return (_from_text, (str(self),))
 
 
 def _mono_key(mono: Monomial) -> tuple[bool, int, tuple[str, ...]]:
@@ -273,6 +272,12 @@ def _mul(a: Dim, b: Dim) -> Dim:
     return SymDim._from_terms(terms)
 
 
+def _from_text(text: str) -> Dim:
+    from edgerun.ir.symbolic_text import parse_dim  # the parser builds SymDims, so it imports this module
+
+    return parse_dim(text)
+
+
 def _atom_dim(atom: _Atom) -> SymDim:
     return SymDim((((atom,), 1),))
 
@@ -280,7 +285,7 @@ def _atom_dim(atom: _Atom) -> SymDim:
 # -- public constructors and operations ---------------------------------------------------------------------
 def sym(name: str) -> SymDim:
     """The symbol `name` as a dimension."""
-    if not isinstance(name, str) or not _NAME.match(name) or name in _RESERVED:
+    if not isinstance(name, str) or not NAME.match(name) or name in RESERVED:
         raise SymbolicShapeError(f"invalid symbol name {name!r}: use letters, digits and '_', not starting with a "
                                  "digit, and not 'max' or 'min'")
     return _atom_dim(_Atom("sym", name))
@@ -293,12 +298,6 @@ def is_symbolic(d: object) -> bool:
 def as_dim(value: object) -> Dim:
     """An attribute's dimension as a Dim: SymDims pass, anything int-like becomes an int."""
     return value if isinstance(value, SymDim) else operator.index(value)  # type: ignore[arg-type]
-
-
-def known_equal(a: Dim, b: Dim) -> bool | None:
-    """True or False when the equality of a and b is decided by their forms; None when only values can tell."""
-    diff = a - b
-    return diff == 0 if isinstance(diff, int) else None
 
 
 def free_symbols(d: Dim) -> frozenset[str]:
@@ -423,111 +422,6 @@ def _substitute_atom(atom: _Atom, bindings: Mapping[str, Dim]) -> Dim:
     if atom.kind == "mod":
         return mod(a, b)
     return _extreme(atom.kind, a, b)
-
-
-# -- text form ------------------------------------------------------------------------------------------------
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
-
-
-def parse_dim(text: str) -> Dim:
-    """Read back `str(d)` (or any expression over ints, symbols, + - * // %, max(,), min(,) and parentheses)."""
-    if not isinstance(text, str):
-        raise SymbolicShapeError(f"a symbolic dimension's text must be a string, got {type(text).__name__}")
-    if len(text) > MAX_EXPRESSION_LENGTH:
-        raise SymbolicShapeError(f"symbolic dimension text is {len(text)} characters, limit {MAX_EXPRESSION_LENGTH}")
-    tokens: list[str] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise SymbolicShapeError(f"cannot parse dimension {text!r} at character {pos}")
-        tokens.append(m.group(m.lastindex or 0))
-        pos = m.end()
-    parser = _Parser(tokens, text)
-    value = parser.expression(0)
-    if parser.pos != len(tokens):
-        raise SymbolicShapeError(f"cannot parse dimension {text!r}: unexpected {tokens[parser.pos]!r}")
-    return value
-
-
-class _Parser:
-    MAX_DEPTH = 64
-
-    def __init__(self, tokens: list[str], text: str) -> None:
-        self.tokens, self.text, self.pos = tokens, text, 0
-
-    def _peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def _take(self, want: str | None = None) -> str:
-        tok = self._peek()
-        if tok is None or (want is not None and tok != want):
-            raise SymbolicShapeError(f"cannot parse dimension {self.text!r}: expected {want or 'more'} "
-                                     f"at token {self.pos}")
-        self.pos += 1
-        return tok
-
-    def expression(self, depth: int) -> Dim:
-        if depth > self.MAX_DEPTH:
-            raise SymbolicShapeError(f"dimension {self.text[:80]!r} is nested too deeply")
-        value = self.term(depth)
-        while self._peek() in ("+", "-"):
-            op = self._take()
-            rhs = self.term(depth)
-            value = value + rhs if op == "+" else value - rhs
-        return value
-
-    def term(self, depth: int) -> Dim:
-        value = self.factor(depth)
-        while self._peek() in ("*", "//", "%"):
-            op = self._take()
-            rhs = self.factor(depth)
-            value = value * rhs if op == "*" else floordiv(value, rhs) if op == "//" else mod(value, rhs)
-        return value
-
-    def factor(self, depth: int) -> Dim:
-        tok = self._take()
-        if tok == "-":
-            return -self.factor(depth + 1)
-        if tok == "(":
-            value = self.expression(depth + 1)
-            self._take(")")
-            return value
-        if tok.isdigit():
-            return int(tok)
-        if tok in _RESERVED:
-            self._take("(")
-            a = self.expression(depth + 1)
-            self._take(",")
-            b = self.expression(depth + 1)
-            self._take(")")
-            return _extreme(tok, a, b)
-        if _NAME.match(tok):
-            return sym(tok)
-        raise SymbolicShapeError(f"cannot parse dimension {self.text!r}: unexpected {tok!r}")
-
-
-# -- JSON form of a dimension ---------------------------------------------------------------------------------
-def dim_to_json(d: Dim) -> int | dict[str, str]:
-    return d.to_json() if isinstance(d, SymDim) else d
-
-
-def dim_from_json(obj: object) -> Dim:
-    """An int stays an int; {"sym": text} is parsed. Anything else is a SymbolicShapeError."""
-    if type(obj) is int:
-        return obj
-    if type(obj) is dict and set(obj) == {"sym"} and isinstance(obj["sym"], str):
-        return parse_dim(obj["sym"])
-    raise SymbolicShapeError(f"a dimension must be an integer or {{\"sym\": text}}, got {str(obj)[:80]}")
-
-
-def shape_symbols(shape: tuple[Dim, ...]) -> frozenset[str]:
-    out: frozenset[str] = frozenset()
-    for d in shape:
-        out |= free_symbols(d)
-    return out
 
 
 def sample_bindings(symbols: Mapping[str, tuple[int, int]], count: int = 6) -> list[dict[str, int]]:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgerun.ir.dtypes import DType
-from edgerun.ir.symbolic import Dim, SymDim, dim_from_json, dim_to_json
+from edgerun.ir.symbolic import Dim, SymDim
+from edgerun.ir.symbolic_text import dim_from_json, dim_to_json
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.symbolic import dim_to_json
+from edgerun.ir.symbolic_text import dim_to_json
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
 from edgerun.program.format import (

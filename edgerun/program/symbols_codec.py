@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.errors import EdgerunError, ProgramFormatError
-from edgerun.ir.symbolic import Dim, SymDim, dim_from_json, free_symbols, sym
+from edgerun.ir.symbolic import Dim, SymDim, free_symbols, sym
+from edgerun.ir.symbolic_text import dim_from_json
 from edgerun.program.format import MAX_DIM, MAX_VALUES
 
 SYMBOLS_KEY = "symbols"

@@ -15,12 +15,12 @@ from edgerun.ir.symbolic import (
     evaluate,
     floordiv,
     free_symbols,
-    parse_dim,
     substitute,
     sym,
     sym_max,
     sym_min,
 )
+from edgerun.ir.symbolic_text import parse_dim
 from edgerun.ir.tensor_spec import TensorSpec
 
 seq, batch, h = sym("seq"), sym("batch"), sym("h")

@@ -64,6 +64,13 @@ W_SPEC = spec(8, 3, 3, 3)
     ("gather", [spec(100, 32), spec(B, S, dtype=DType.int64)], {"axis": 0}, (B, S, 32)),
     ("scaled_dot_product_attention", [spec(B, 4, S, 8)] * 3, {"is_causal": True}, (B, 4, S, 8)),
     ("dim_value", [], {"value": S * B}, ()),
+    ("batch_norm", [spec(B, 8, H, W)] + [spec(8)] * 4, {}, (B, 8, H, W)),
+    ("rms_norm", [spec(B, S, 32), spec(32)], {}, (B, S, 32)),
+    ("gelu", [spec(B, S, 32)], {}, (B, S, 32)),
+    ("where", [spec(1, S, dtype=DType.bool), spec(B, S), spec()], {}, (B, S)),
+    ("cast", [spec(B, S)], {"dtype": "int64"}, (B, S)),
+    ("argmax", [spec(B, S, 10)], {"axis": -1}, (B, S)),
+    ("log_softmax", [spec(B, S)], {"axis": 1}, (B, S)),
 ])
 def test_rules_compute_with_symbols(op: str, ins: list[TensorSpec], attrs: dict, want: tuple) -> None:
     assert out(op, ins, **attrs) == want

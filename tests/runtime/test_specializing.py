@@ -98,3 +98,14 @@ def test_static_programs_take_the_static_path() -> None:
     g.outputs = [b.emit("relu", [x])]
     assert type(edgerun.load(Program(g))) is LoadedProgram
     assert type(edgerun.load(g, backends="auto")) is LoadedProgram
+
+
+def test_info_on_a_template_shows_symbols_and_the_largest_shapes_plan(tmp_path, capsys) -> None:
+    from edgerun.cli import main
+
+    _template().save(tmp_path / "t.edgerun")
+    assert main(["info", str(tmp_path / "t.edgerun")]) == 0
+    out = capsys.readouterr().out
+    assert "input  x: float32[n,4]" in out
+    assert "template: symbols n in [1, 64]" in out and "largest shape (n=64)" in out
+    assert "arena / bound" in out
