@@ -136,7 +136,7 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         "as graph inputs that an importer needs at import time; the ONNX backend freezes them to the values "
         "given to `run` and imports the model for them (`edgerun/frontends/onnx/backend.py`, cached per value). "
         "Those values decide the structure of the program (which axes are reduced, an interpolation matrix, "
-        "an output rank), not a size a symbolic dimension could stand for; see "Passes that freeze an input value" below.",
+        "an output rank), not a size a symbolic dimension could stand for; see 'Passes that freeze an input value' below.",
         "",
         "**With every input dimension symbolic** (`EdgerunBackend.prepare(model, symbolic_dims=True)`), every "
         "input dimension of size 2 or more is declared a symbol bounded by [2, 65536] before import, one symbol "

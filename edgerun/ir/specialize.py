@@ -56,7 +56,7 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
             else:
                 derived.append((name, axis, want, got))
     for name, axis, want, got in derived:  # a symbol seen only as a multiple (32*H_div32) binds from it
-        scaled = _scaled_symbol(want)
+        scaled = _scaled_symbol(want) if isinstance(want, SymDim) else None
         if scaled is None or scaled[0] in bindings:
             continue
         text, factor = scaled
