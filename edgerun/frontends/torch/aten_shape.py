@@ -230,3 +230,35 @@ def _mode_pad(ctx: ConvertContext, node: Any) -> str:
         ctx.unsupported("negative reflection/replication padding")
     mode = "reflect" if "reflection" in str(node.target) else "edge"
     return ctx.b.emit("pad", [x], pads=pairs, mode=mode)
+
+
+@handles("aten.slice_scatter.default", "aten.select_scatter.default")
+def _slice_scatter(ctx: ConvertContext, node: Any) -> str:
+    """`self` with a slice replaced by `src` (how torch.export writes `buf[a:b] = v`, e.g. a KV-cache row):
+    the part before, `src`, and the part after, concatenated."""
+    a = ctx.bind(node)
+    dtype = ctx.out_dtype(node)
+    x, src = ctx.operand(a["self"], dtype), ctx.operand(a["src"], dtype)
+    shape = list(ctx.b.shape(x))
+    if not shape:
+        ctx.unsupported("scatter into a 0-d tensor")
+    axis = int(a["dim"]) % len(shape)
+    n = shape[axis]
+    if "index" in a:  # select_scatter: src lacks the axis
+        start = int(a["index"]) % n
+        end, step = start + 1, 1
+        src = ctx.b.emit("reshape", [src], shape=[*shape[:axis], 1, *shape[axis + 1:]])
+    else:
+        start = 0 if a["start"] is None else int(a["start"])
+        end = n if a["end"] is None else int(a["end"])
+        start, end = (start % n if start < 0 else min(start, n)), (end % n if end < 0 else min(end, n))
+        step = int(a["step"])
+    if step != 1:
+        ctx.unsupported("slice_scatter with a step other than 1")
+    parts = []
+    if start > 0:
+        parts.append(ctx.b.emit("slice", [x], starts=[0], ends=[start], axes=[axis]))
+    parts.append(src)
+    if end < n:
+        parts.append(ctx.b.emit("slice", [x], starts=[end], ends=[n], axes=[axis]))
+    return parts[0] if len(parts) == 1 else ctx.b.emit("concat", parts, axis=axis)

@@ -1,0 +1,140 @@
+"""torch: buffers mutated in forward become program state; several methods export into one program that
+shares weights and state (a KV-cache-like buffer written by prefill and read by decode)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import edgerun
+from edgerun.errors import EdgerunError
+
+BACKENDS = [None, "onnxruntime", "auto"]
+
+
+class RunningStats(nn.Module):
+    """A call counter, a running mean (in-place mul_/add_) and an RNN-like hidden state (copy_)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("hidden", torch.zeros(1, 4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.count += 1
+        self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        h = torch.tanh(self.cell(x[:1]) + self.hidden)
+        self.hidden.copy_(h)
+        return h * 2 + self.mean, self.count.float()
+
+
+@pytest.fixture(scope="module")
+def stats_path(tmp_path_factory):
+    torch.manual_seed(0)
+    module = RunningStats()
+    path = tmp_path_factory.mktemp("state") / "stats.edgerun"
+    edgerun.export(module, (torch.randn(3, 4),)).save(path)
+    return module, path
+
+
+@pytest.mark.parametrize("backends", BACKENDS)
+def test_mutated_buffers_persist_like_eager_and_reset(stats_path, backends):
+    module, path = stats_path
+    program = edgerun.Program.read(path)
+    assert sorted(program.state) == ["count", "hidden", "mean"]
+    model = edgerun.load(path, backends=backends)
+    for _ in range(2):  # the second round after reset_state starts from the initial values again
+        eager = copy.deepcopy(module)
+        torch.manual_seed(1)
+        for _ in range(4):
+            x = torch.randn(3, 4)
+            want_y, want_count = eager(x)
+            got_y, got_count = model(x.numpy())
+            np.testing.assert_allclose(got_y, want_y.detach().numpy(), rtol=1e-5, atol=1e-6)
+            assert got_count == want_count.item()
+        np.testing.assert_allclose(model.state["hidden"], eager.hidden.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(model.state["mean"], eager.mean.detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert model.state["count"] == 4
+        model.reset_state()
+        assert model.state["count"] == 0 and not model.state["hidden"].any()
+
+
+class TinyDecoder(nn.Module):
+    """prefill writes the first rows of a cache; decode writes row `pos` and attends over the cache."""
+
+    def __init__(self, width: int = 128, rows: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.head = nn.Linear(width, width)
+        self.rows = rows
+        self.register_buffer("cache", torch.zeros(rows, width))
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.embed(x)
+        self.cache[: x.shape[0]] = k
+        return self.head(k)[-1:]
+
+    def decode(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k = self.embed(x)
+        row = (torch.arange(self.rows) == pos).unsqueeze(1)
+        self.cache.copy_(torch.where(row, k, self.cache))
+        weights = torch.softmax(self.cache @ k.T / 8.0, dim=0)
+        return self.head((weights * self.cache).sum(0, keepdim=True))
+
+
+@pytest.fixture(scope="module")
+def decoder_path(tmp_path_factory):
+    torch.manual_seed(0)
+    module = TinyDecoder()
+    program = edgerun.export_methods(module, {
+        "prefill": ("prefill", (torch.randn(4, 128),)),
+        "decode": (module.decode, (torch.randn(1, 128), torch.tensor(4))),
+    })
+    path = tmp_path_factory.mktemp("methods") / "decoder.edgerun"
+    program.save(path)
+    return module, program, path
+
+
+def test_two_methods_store_their_weights_once(decoder_path):
+    module, program, path = decoder_path
+    assert list(program.methods) == ["prefill", "decode"] and program.default_method == "prefill"
+    weight_bytes = sum(p.numel() * 4 for p in module.parameters())
+    cache_bytes = module.cache.numel() * 4
+    # both methods use every weight; one copy of them, the cache's initial value and two small graphs
+    assert path.stat().st_size < weight_bytes + cache_bytes + 24 * 1024
+    assert path.stat().st_size < 1.2 * (weight_bytes + cache_bytes)
+
+
+@pytest.mark.parametrize("backends", BACKENDS)
+def test_state_flows_from_prefill_to_decode_like_eager(decoder_path, backends):
+    module, _, path = decoder_path
+    model = edgerun.load(path, backends=backends)
+    assert model.methods == ["prefill", "decode"]
+    eager = copy.deepcopy(module)
+    torch.manual_seed(2)
+    prompt = torch.randn(4, 128)
+    np.testing.assert_allclose(model(prompt.numpy()), eager.prefill(prompt).detach().numpy(), rtol=1e-4,
+                               atol=1e-5)
+    for pos in (4, 5, 6):
+        x = torch.randn(1, 128)
+        got = model.decode(x.numpy(), np.array(pos))
+        np.testing.assert_allclose(got, eager.decode(x, torch.tensor(pos)).detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+    np.testing.assert_allclose(model.state["cache"], eager.cache.detach().numpy(), rtol=1e-4, atol=1e-5)
+    model.reset_state()
+    assert not model.state["cache"].any()
+
+
+def test_export_methods_errors_name_the_method():
+    module = TinyDecoder()
+    with pytest.raises(EdgerunError, match=r"method 'step'.*no method 'nope'"):
+        edgerun.export_methods(module, {"step": ("nope", (torch.randn(1, 128),))})
+    with pytest.raises(EdgerunError, match="default_method 'forward'"):
+        edgerun.export_methods(module, {"prefill": ("prefill", (torch.randn(4, 128),))},
+                               default_method="forward")
