@@ -47,6 +47,9 @@ class Graph:
     state_inputs: list[str] = field(default_factory=list)
     state_updates: dict[str, str] = field(default_factory=dict)
     _counter: Iterator[int] = field(default_factory=itertools.count, repr=False, compare=False)
+    # Symbolic dimensions (ir/symbolic.py) the specs may use: name -> inclusive (min, max). Empty for a
+    # static graph; a graph with symbols is a template the runtime specialises per concrete shape.
+    symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     # -- construction ------------------------------------------------------------------------------
     def fresh_name(self, hint: str = "v") -> str:
@@ -109,6 +112,7 @@ class Graph:
         """A structural copy; constant arrays are shared (they are never mutated in place)."""
         g = Graph(list(self.inputs), list(self.outputs), copy.deepcopy(self.nodes), dict(self.specs),
                   dict(self.constants), list(self.state_inputs), dict(self.state_updates))
+        g.symbols = dict(self.symbols)
         return g
 
     def toposort(self) -> None:

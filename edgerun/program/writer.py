@@ -122,7 +122,8 @@ def write_program(graph: Graph, metadata: Metadata, stream: BinaryIO, *,
     document = encode_document(graph, metadata, entries, parts)
     decode_document(document, data_length)  # the reader's checks: refuse to write what could not be read
     prefix = seal(canonical_json_bytes(document), data_length,
-                  minor=STATIC_FORMAT_MINOR if parts.is_plain() else FORMAT_MINOR)
+                  minor=FORMAT_MINOR if any(g.symbols for g in methods.values()) or not parts.is_plain()
+                  else STATIC_FORMAT_MINOR)
     stream.write(prefix)
     written = 0
     for w, e in zip(weights, entries):

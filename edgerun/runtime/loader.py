@@ -37,7 +37,8 @@ from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
-from edgerun.runtime.state import StateBinding, StateStore, plan_state, state_views
+from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.state import StateBinding, StateStore, narrow_state_rasters, plan_state, state_views
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
@@ -70,6 +71,10 @@ def load(source: str | os.PathLike[str] | Program | Graph,
         return load_methods(program, functools.partial(
             load, backends=backends, placement=placement, algorithms=algorithms, verify_weights=verify_weights,
             alias_reshapes=alias_reshapes, arena_limit=arena_limit))
+    if original.symbols:  # a template: each concrete shape is specialised, then loaded by this function
+        return SpecializingProgram(program or Program(original), functools.partial(
+            load, backends=backends, placement=placement, algorithms=algorithms, alias_reshapes=alias_reshapes,
+            arena_limit=arena_limit, state=state))
     graph = prepare_graph(original, resolve_backends(backends, placement).values())
     if placement and not set(placement) <= {n.name for n in graph.nodes}:
         # Names of the fully lowered graph (what the developer tools show and migrate op by op): honour
@@ -100,9 +105,14 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     check_acyclic(partitions, graph)
     compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
     steps = build_schedule(partitions, compiled)
+    narrowed = {} if signature is None else narrow_state_rasters(
+        steps, graph, signature, lambda step: partitions[step.partition].backend == FALLBACK)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
     state_plan = plan_state(graph, signature, lifetimes, arena_aliases) if signature is not None else None
+    for k, original_step in narrowed.items():  # a narrowed raster whose update was not placed in place: undo
+        if state_plan is not None and not any(v in state_plan.views for v in original_step.writes):
+            steps[k] = original_step
     plan = plan_memory(lifetimes, arena_aliases)
     verify_plan(plan, lifetimes)
     check_arena_budget(plan.arena_bytes, arena_limit)  # before allocating: a clear error, never a MemoryError

@@ -16,15 +16,17 @@ buffer: the kernels write it in place and there is nothing to copy.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.ir.graph import Graph
+from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import Region, regions_of
 from edgerun.ir.state import StateSignature
 from edgerun.runtime.memory_plan import ALIGNMENT, TensorLifetime
+from edgerun.runtime.schedule import Step, is_noop_raster
 
 
 class StateStore:
@@ -50,6 +52,11 @@ class StateStore:
             view.flags.writeable = False
             views[name] = view
         return views
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """A copy of every state's current value (`assign` puts it back)."""
+        with self.lock:
+            return {name: buffer.copy() for name, buffer in self.buffers.items()}
 
     def assign(self, values: Mapping[str, np.ndarray]) -> None:
         """Overwrite some states (same shape; a dtype that casts safely is converted)."""
@@ -95,15 +102,17 @@ def plan_state(graph: Graph, signature: StateSignature, lifetimes: dict[str, Ten
     last_read = {s: max([lifetimes[v].last for v, (root, _) in views.items() if root == s and v in lifetimes],
                         default=0) for s in reads}
     update_values = [graph.outputs[index] for _, index in signature.updates]
-    alias_roots = set(arena_aliases.values())
     copies, in_place_states = [], []
     for state, index in signature.updates:
         value = graph.outputs[index]
         in_place = (value in lifetimes and value not in views and value not in arena_aliases
-                    and value not in alias_roots and update_values.count(value) == 1
-                    and lifetimes[value].first > last_read.get(state, 0))
+                    and update_values.count(value) == 1 and lifetimes[value].first > last_read.get(state, 0))
         if in_place:
             views[value] = (state, graph.specs[value].shape)
+            for alias, root in list(arena_aliases.items()):
+                if root == value:  # a reshape of the new value: a view of the state's buffer too
+                    views[alias] = (state, graph.specs[alias].shape)
+                    del arena_aliases[alias]
             in_place_states.append(state)
         else:
             copies.append((state, value))
@@ -134,3 +143,63 @@ def state_views(store: StateStore, plan: StatePlan) -> dict[str, np.ndarray]:
     if missing:
         raise EdgerunError(f"the method uses state {missing}, which this program's state store does not hold")
     return {value: store.buffers[state].reshape(shape) for value, (state, shape) in plan.views.items()}
+
+
+def narrow_state_rasters(steps: list[Step], graph: Graph, signature: StateSignature,
+                         binds_only_regions: Callable[[Step], bool]) -> dict[int, Step]:
+    """Let a raster that writes a few rows of a state (a KV cache's new entries) update it in place.
+
+    A raster whose output is a state's update and whose regions copy the old state to the same places
+    (torch's slice_scatter: before, new rows, after) needs only the new rows written when its output is
+    the state's buffer. When the old state has no other reader, no fill is set, the step's backend writes
+    only the regions' bytes (`binds_only_regions`), and no later region writes over an earlier new one,
+    the step is replaced (in `steps`, in place) by one that no longer reads the state; the state's read
+    then ends before its update, so plan_state puts the update in the state's buffer. Returns the
+    replaced steps by index: the caller puts back any whose update plan_state did not place in place.
+    """
+    readers: dict[str, list[int]] = {}
+    for k, step in enumerate(steps):
+        for value in step.reads:
+            readers.setdefault(value, []).append(k)
+    update_values = [graph.outputs[index] for _, index in signature.updates]
+    originals: dict[int, Step] = {}
+    for state, index in signature.updates:
+        value = graph.outputs[index]
+        users = readers.get(state, [])
+        if len(users) != 1 or state in graph.outputs or update_values.count(value) != 1:
+            continue
+        k = users[0]
+        step = steps[k]
+        node = step.node
+        if node is None or node.op != "raster" or value not in node.outputs or node.attrs.get("fill") is not None \
+                or not binds_only_regions(step):
+            continue
+        narrowed = _without_state_regions(node, state)
+        if narrowed is not None and not is_noop_raster(narrowed, graph):
+            originals[k] = step
+            steps[k] = Step(tuple(i for i in narrowed.inputs if i), step.writes, step.partition, narrowed)
+    return originals
+
+
+def _without_state_regions(node: Node, state: str) -> Node | None:
+    """The raster without its copies of `state` onto the same places, or None when it cannot drop them."""
+    sources = [i for i, name in enumerate(node.inputs) if name == state]
+    regions = regions_of(node.attrs)
+    kept: list[Region] = []
+    for r in regions:
+        if r.src not in sources:
+            kept.append(r)
+            continue
+        if (r.src_offset, r.src_strides) != (r.dst_offset, r.dst_strides):
+            return None  # the old state moves: it must be read before its buffer is written
+        lo, hi = r.extent("dst") if r.numel else (0, -1)
+        if any(k.numel and k.extent("dst")[0] <= hi and lo <= k.extent("dst")[1] for k in kept):
+            return None  # it would overwrite an earlier region's bytes
+    if not kept or len(kept) == len(regions):
+        return None
+    inputs = [name for i, name in enumerate(node.inputs) if i not in sources]
+    index = {old: new for new, old in enumerate(i for i in range(len(node.inputs)) if i not in sources)}
+    attrs = dict(node.attrs)
+    attrs["regions"] = [Region(index[r.src], r.src_offset, r.src_strides, r.dst_offset, r.dst_strides,
+                               r.size).to_list() for r in kept]
+    return Node(node.op, inputs, list(node.outputs), attrs, dict(node.meta), node.name)

@@ -18,24 +18,23 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgerun.backends.base import Backend
 from edgerun.backends.registry import get_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.graph import Graph
+from edgerun.program import Program
 from edgerun.runtime import LoadedProgram
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
 from edgerun.runtime.methods import has_methods_or_state, load_methods
+from edgerun.runtime.specializing import SpecializingProgram
 from edgerun.runtime.state import StateStore
 from edgerun.search.calibrate import BackendProfile, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
 from edgerun.search.placement_search import search_placement
 from edgerun.search.tune import FIRST_LOAD_BUDGET_S, tune_placement
-
-if TYPE_CHECKING:
-    from edgerun.program import Program
 
 AUTO = "auto"
 AUTO_BACKENDS = ("onnxruntime", "reference")
@@ -144,9 +143,16 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     if state is None and program is not None and has_methods_or_state(program):  # each method searched alone
         return load_methods(program, functools.partial(load, backends=backends, placement=placement, tune=tune,
                                                        alias_reshapes=alias_reshapes, arena_limit=arena_limit))
+    if original.symbols:  # a template: the search places each concrete shape's specialisation
+        return SpecializingProgram(program or Program(original), functools.partial(
+            load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
+            arena_limit=arena_limit, state=state))
     graph = prepare_graph(original, auto_backends(names))
+    saved = state.snapshot() if state is not None else None  # timing candidates runs them on the state
     plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
                      arena_limit=arena_limit, state=state)
+    if state is not None and saved is not None:
+        state.assign(saved)
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:

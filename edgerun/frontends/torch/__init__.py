@@ -4,7 +4,8 @@
     graph = edgerun.frontends.torch.export_graph(model, (example_input,))
     program = edgerun.frontends.torch.export_methods(model, {"prefill": ("prefill", args), ...})
 
-Programs are specialised to the example inputs' shapes (dynamic_shapes is refused with a clear error).
+Programs are specialised to the example inputs' shapes, unless `dynamic_shapes` names bounded
+`torch.export.Dim`s: then the program is a template over those symbols, specialised per shape at run time.
 """
 
 from edgerun.frontends.torch.capture import ExportFailedError

@@ -9,11 +9,16 @@ import numpy as np
 
 from edgerun.frontends.torch.context import ConvertContext, handles
 from edgerun.ir.dtypes import DType
+from edgerun.ir.symbolic import is_symbolic
 
 
 def _filled(ctx: ConvertContext, node: Any, value: Any) -> str:
     dtype = ctx.out_dtype(node)
-    return ctx.b.const(np.full(ctx.out_shape(node), value).astype(dtype.np))
+    shape = ctx.out_shape(node)
+    if any(is_symbolic(d) for d in shape):  # a size known at run time: broadcast one element to it
+        return ctx.b.emit("expand", [ctx.b.const(np.full((1,) * len(shape), value).astype(dtype.np))],
+                          shape=list(shape))
+    return ctx.b.const(np.full(shape, value).astype(dtype.np))
 
 
 @handles("aten.full.default", "aten.full_like.default", "aten.new_full.default", "aten.fill.Scalar")

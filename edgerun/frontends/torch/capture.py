@@ -32,14 +32,15 @@ def decomposition_table() -> Any:
     return table
 
 
-def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+            dynamic_shapes: Any = None) -> Any:
     """The ExportedProgram of `module` on `args`, lowered to core ATen (minus KEEP_WHOLE)."""
     import torch
 
     module = module.eval()
     try:
         with torch.no_grad():
-            ep = torch.export.export(module, tuple(args), kwargs=kwargs or None)
+            ep = torch.export.export(module, tuple(args), kwargs=kwargs or None, dynamic_shapes=dynamic_shapes)
     except Exception as exc:  # torch raises many unrelated types here; all mean "capture failed"
         raise ExportFailedError(_explain(exc)) from exc
     try:

@@ -13,10 +13,12 @@ import numpy as np
 
 from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.torch.source_info import module_path, source_line
+from edgerun.frontends.torch.symbols import to_dim
 from edgerun.frontends.torch.torch_dtypes import to_dtype, to_torch
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.symbolic import Dim
 
 # What a handler returns: one value, several (multi-output ATen ops), or None for ops with no result.
 HandlerResult = str | Sequence[str | None] | None
@@ -43,6 +45,11 @@ class ConvertContext:
         self.env: dict[Any, Any] = {}  # fx.Node -> value name, list of names, or None
         self.node: Any = None  # the FX node being converted
         self.user_outputs: set[str] = set()  # names of FX nodes the model returns (not mutation write-backs)
+        self.symbol_names: dict[str, str] = {}  # torch size symbol (s0, s27) -> the user's Dim name
+
+    def dims(self, shape: Any) -> tuple[Dim, ...]:
+        """A torch shape (ints and SymInts) as edgerun dimensions (ints and SymDims)."""
+        return tuple(to_dim(d, self.symbol_names) for d in shape)
 
     # -- errors --------------------------------------------------------------------------------------------
     def unsupported(self, detail: str) -> NoReturn:
@@ -103,7 +110,7 @@ class ConvertContext:
         val = self.fake(node)
         if index is not None:
             val = val[index]
-        return tuple(int(d) for d in val.shape)
+        return self.dims(val.shape)
 
     def result_type(self, *args: Any) -> DType:
         """torch's promoted dtype of tensors (FX nodes) and Python scalars, as torch.result_type would give."""

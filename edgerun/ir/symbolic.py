@@ -1,0 +1,556 @@
+"""SymDim: a tensor dimension that is an integer expression over named symbols ("batch", "seq", ...).
+
+A program with symbolic dimensions is a template: the runtime binds each symbol from the input shapes and
+specialises the graph per concrete shape. Until then shape rules compute with SymDims the way they compute
+with ints (`d * 2 + 1`, `(h - 3) // 2 + 1`), so every output spec is an expression over the input symbols.
+
+The expression is kept in one canonical form, so equal expressions compare equal and hash alike:
+a sum of integer-weighted monomials, each monomial a sorted product of atoms, an atom a symbol or an
+operation that does not simplify (`floor(a / c)` of a non-divisible sum, `a % c`, `max`, `min`). Arithmetic
+that comes out constant returns a plain int, so a SymDim is never a disguised constant.
+
+`str(d)` is a parseable form and `parse_dim(text)` reads it back with a small recursive-descent parser
+(never eval; no sympy). `int(d)` raises a clear error naming the symbol: a shape rule that truly needs a
+concrete size says so instead of computing with a wrong one.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+
+Dim = Union[int, "SymDim"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED = {"max", "min"}
+MAX_EXPRESSION_LENGTH = 4096  # characters of a dimension's text form; bounds the parser's work
+
+
+class SymbolicShapeError(EdgerunError):
+    """A symbolic dimension was used where a concrete size is needed, or an expression is malformed."""
+
+
+# -- atoms: the indivisible factors of a monomial -------------------------------------------------------------
+@dataclass(frozen=True)
+class _Atom:
+    kind: str  # "sym", "floordiv", "mod", "max", "min"
+    name: str = ""
+    args: tuple[Dim, ...] = ()
+
+    def key(self) -> str:
+        return _atom_text(self)
+
+
+Monomial = tuple[_Atom, ...]  # sorted by key; () is the constant monomial
+
+
+def _atom_text(atom: _Atom) -> str:
+    if atom.kind == "sym":
+        return atom.name
+    if atom.kind in ("max", "min"):
+        return f"{atom.kind}({', '.join(_text(a) for a in atom.args)})"
+    # Wrapped whole, so the atom reads back as one factor inside a product ("2*((h - 3)//2)").
+    op = "//" if atom.kind == "floordiv" else "%"
+    return f"({_factor_text(atom.args[0])}{op}{_factor_text(atom.args[1])})"
+
+
+def _factor_text(d: Dim) -> str:
+    text = _text(d)
+    single_atom = isinstance(d, SymDim) and len(d._terms) == 1 and d._terms[0][1] == 1 and len(d._terms[0][0]) == 1
+    return text if (isinstance(d, int) and d >= 0) or single_atom else f"({text})"
+
+
+def _text(d: Dim) -> str:
+    return str(d)
+
+
+# For the type checker a SymDim is an int: it supports every int operation shape code uses (+ - * // %,
+# ==, hashing) and refuses the others at run time with a SymbolicShapeError naming its symbols (int(),
+# indexing, truth, undecidable order). This keeps the many static-only layers (runtime, backends) typed as
+# they are, while the frontends and shape rules pass SymDims through untouched.
+if TYPE_CHECKING:
+    _IntForTypeChecking = int
+else:
+    _IntForTypeChecking = object
+
+
+class SymDim(_IntForTypeChecking):
+    """An immutable, canonical integer expression over named symbols. Build with `sym(name)` or arithmetic."""
+
+    __slots__ = ("_hash", "_terms")
+
+    def __init__(self, terms: tuple[tuple[Monomial, int], ...]) -> None:
+        # Private: callers get SymDims from sym(), parse_dim() and arithmetic, which canonicalise.
+        self._terms = terms
+        self._hash = hash(terms)
+
+    # -- construction -------------------------------------------------------------------------------------
+    @staticmethod
+    def _from_terms(terms: dict[Monomial, int]) -> Dim:
+        kept = tuple(sorted(((m, c) for m, c in terms.items() if c), key=lambda mc: _mono_key(mc[0])))
+        if not kept:
+            return 0
+        if len(kept) == 1 and kept[0][0] == ():
+            return kept[0][1]
+        return SymDim(kept)
+
+    # -- queries ------------------------------------------------------------------------------------------
+    @property
+    def free_symbols(self) -> frozenset[str]:
+        out: set[str] = set()
+        for mono, _ in self._terms:
+            for atom in mono:
+                if atom.kind == "sym":
+                    out.add(atom.name)
+                for a in atom.args:
+                    out |= free_symbols(a)
+        return frozenset(out)
+
+    def _describe(self) -> str:
+        names = sorted(self.free_symbols)
+        if names == [str(self)]:
+            return f"symbolic dimension {names[0]!r}"
+        which = "symbol" if len(names) == 1 else "symbols"
+        return f"symbolic dimension {str(self)!r} ({which} {', '.join(map(repr, names))})"
+
+    # -- int-like behaviour -------------------------------------------------------------------------------
+    def __int__(self) -> int:
+        raise SymbolicShapeError(f"{self._describe()} used where a concrete size is needed")
+
+    __index__ = __int__
+
+    def __bool__(self) -> bool:
+        raise SymbolicShapeError(f"{self._describe()} used as a truth value; its value is only known at run time")
+
+    def __add__(self, other: Dim) -> Dim:
+        return _add(self, other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Dim) -> Dim:
+        return _add(self, other, -1)
+
+    def __rsub__(self, other: Dim) -> Dim:
+        return _add(_normalise(other), self, -1)
+
+    def __neg__(self) -> Dim:
+        return _mul(self, -1)
+
+    def __pos__(self) -> SymDim:
+        return self
+
+    def __mul__(self, other: Dim) -> Dim:
+        return _mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Dim) -> Dim:
+        return floordiv(self, other)
+
+    def __rfloordiv__(self, other: Dim) -> Dim:
+        return floordiv(other, self)
+
+    def __mod__(self, other: Dim) -> Dim:
+        return mod(self, other)
+
+    def __rmod__(self, other: Dim) -> Dim:
+        return mod(other, self)
+
+    # -- comparison: equality is structural (canonical form); order only when the difference is constant --
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SymDim):
+            return self._terms == other._terms
+        if isinstance(other, int):
+            return False  # a SymDim is never constant
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def _difference(self, other: Dim, op: str) -> int:
+        diff = self - other
+        if isinstance(diff, int):
+            return diff
+        raise SymbolicShapeError(f"cannot decide {self} {op} {other}: {self._describe()} is only known at run time")
+
+    def __lt__(self, other: Dim) -> bool:
+        return self._difference(other, "<") < 0
+
+    def __le__(self, other: Dim) -> bool:
+        return self._difference(other, "<=") <= 0
+
+    def __gt__(self, other: Dim) -> bool:
+        return self._difference(other, ">") > 0
+
+    def __ge__(self, other: Dim) -> bool:
+        return self._difference(other, ">=") >= 0
+
+    # -- text -----------------------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for mono, coeff in self._terms:
+            factors = [_atom_text(a) for a in mono]
+            magnitude = abs(coeff)
+            if not factors:
+                body = str(magnitude)
+            elif magnitude == 1:
+                body = "*".join(factors)
+            else:
+                body = "*".join([str(magnitude), *factors])
+            if not parts:
+                parts.append(body if coeff > 0 else f"-{body}")
+            else:
+                parts.append(f"{'+' if coeff > 0 else '-'} {body}")
+        return " ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"SymDim({str(self)!r})"
+
+    def to_json(self) -> dict[str, str]:
+        return {"sym": str(self)}
+
+    # Immutable: copies are the object itself; pickling goes through the text form.
+    def __copy__(self) -> SymDim:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> SymDim:
+        return self
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (parse_dim, (str(self),))
+
+
+def _mono_key(mono: Monomial) -> tuple[bool, int, tuple[str, ...]]:
+    # The constant term last, so dimensions read the usual way: "h - 3", "2*seq + 1".
+    return (not mono, len(mono), tuple(a.key() for a in mono))
+
+
+def _terms_of(d: Dim) -> dict[Monomial, int]:
+    if isinstance(d, SymDim):
+        return dict(d._terms)
+    if isinstance(d, bool):
+        raise TypeError("a dimension must be an int or a SymDim, got bool")
+    value = operator.index(d)  # numpy integers are welcome; floats are not
+    return {(): value} if value else {}
+
+
+def _integral(d: object) -> bool:
+    return isinstance(d, (int, SymDim, np.integer)) and not isinstance(d, bool)
+
+
+def _normalise(d: Dim) -> Dim:
+    return SymDim._from_terms(_terms_of(d))
+
+
+def _add(a: Dim, b: Dim, sign: int) -> Dim:
+    if not _integral(b):
+        return NotImplemented  # type: ignore[return-value]
+    terms = _terms_of(a)
+    for mono, coeff in _terms_of(b).items():
+        terms[mono] = terms.get(mono, 0) + sign * coeff
+    return SymDim._from_terms(terms)
+
+
+def _mul(a: Dim, b: Dim) -> Dim:
+    if not _integral(b):
+        return NotImplemented  # type: ignore[return-value]
+    terms: dict[Monomial, int] = {}
+    for ma, ca in _terms_of(a).items():
+        for mb, cb in _terms_of(b).items():
+            mono = tuple(sorted(ma + mb, key=_Atom.key))
+            terms[mono] = terms.get(mono, 0) + ca * cb
+    return SymDim._from_terms(terms)
+
+
+def _atom_dim(atom: _Atom) -> SymDim:
+    return SymDim((((atom,), 1),))
+
+
+# -- public constructors and operations ---------------------------------------------------------------------
+def sym(name: str) -> SymDim:
+    """The symbol `name` as a dimension."""
+    if not isinstance(name, str) or not _NAME.match(name) or name in _RESERVED:
+        raise SymbolicShapeError(f"invalid symbol name {name!r}: use letters, digits and '_', not starting with a "
+                                 "digit, and not 'max' or 'min'")
+    return _atom_dim(_Atom("sym", name))
+
+
+def is_symbolic(d: object) -> bool:
+    return isinstance(d, SymDim)
+
+
+def as_dim(value: object) -> Dim:
+    """An attribute's dimension as a Dim: SymDims pass, anything int-like becomes an int."""
+    return value if isinstance(value, SymDim) else operator.index(value)  # type: ignore[arg-type]
+
+
+def known_equal(a: Dim, b: Dim) -> bool | None:
+    """True or False when the equality of a and b is decided by their forms; None when only values can tell."""
+    diff = a - b
+    return diff == 0 if isinstance(diff, int) else None
+
+
+def free_symbols(d: Dim) -> frozenset[str]:
+    return d.free_symbols if isinstance(d, SymDim) else frozenset()
+
+
+def floordiv(a: Dim, b: Dim) -> Dim:
+    """floor(a / b), simplified where the divisor is a constant that divides every symbolic term."""
+    a, b = _normalise(a), _normalise(b)
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError("division of a dimension by zero")
+        return a // b
+    if isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError(f"division of {a} by zero")
+        if b == 1:
+            return a
+        terms = _terms_of(a)
+        const = terms.pop((), 0)
+        if all(c % b == 0 for c in terms.values()):
+            # a = b*P + k with P an integer expression, so floor(a / b) = P + floor(k / b).
+            return SymDim._from_terms({m: c // b for m, c in terms.items()}) + const // b
+    else:
+        quotient = exact_quotient(a, b)
+        if quotient is not None:
+            return quotient
+    return _atom_dim(_Atom("floordiv", args=(a, b)))
+
+
+def exact_quotient(a: Dim, b: Dim) -> Dim | None:
+    """a / b when b is one term (c * monomial) that divides every term of a exactly, else None.
+
+    Enough for the element counts of reshapes: (batch*seq*32) / (batch*seq) = 32.
+    """
+    a, b = _normalise(a), _normalise(b)
+    divisor = _terms_of(b)
+    if len(divisor) != 1:
+        return None
+    ((mono_b, coeff_b),) = divisor.items()
+    out: dict[Monomial, int] = {}
+    for mono, coeff in _terms_of(a).items():
+        rest = list(mono)
+        for atom in mono_b:
+            if atom not in rest:
+                return None
+            rest.remove(atom)
+        if coeff % coeff_b:
+            return None
+        out[tuple(rest)] = coeff // coeff_b
+    return SymDim._from_terms(out)
+
+
+def mod(a: Dim, b: Dim) -> Dim:
+    """a mod b (Python's sign convention), simplified where b is a constant dividing every symbolic term."""
+    a, b = _normalise(a), _normalise(b)
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError("modulo of a dimension by zero")
+        return a % b
+    if isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError(f"modulo of {a} by zero")
+        if b == 1:
+            return 0
+        terms = _terms_of(a)
+        const = terms.pop((), 0)
+        if all(c % b == 0 for c in terms.values()):
+            return const % b
+    elif exact_quotient(a, b) is not None:
+        return 0
+    return _atom_dim(_Atom("mod", args=(a, b)))
+
+
+def _extreme(kind: str, a: Dim, b: Dim) -> Dim:
+    a, b = _normalise(a), _normalise(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b) if kind == "max" else min(a, b)
+    diff = a - b
+    if isinstance(diff, int):
+        return a if (diff >= 0) == (kind == "max") else b
+    args = tuple(sorted((a, b), key=_text))
+    return _atom_dim(_Atom(kind, args=args))
+
+
+def sym_max(a: Dim, b: Dim) -> Dim:
+    return _extreme("max", a, b)
+
+
+def sym_min(a: Dim, b: Dim) -> Dim:
+    return _extreme("min", a, b)
+
+
+def evaluate(d: Dim, bindings: Mapping[str, int]) -> int:
+    """The value of `d` with every symbol bound; a clear error names a symbol that is not."""
+    result = substitute(d, bindings)
+    if isinstance(result, SymDim):
+        missing = sorted(result.free_symbols)
+        raise SymbolicShapeError(f"cannot evaluate {d}: no value for symbol {', '.join(map(repr, missing))}")
+    return result
+
+
+def substitute(d: Dim, bindings: Mapping[str, Dim]) -> Dim:
+    """`d` with the bound symbols replaced (partial bindings leave the other symbols in place)."""
+    if not isinstance(d, SymDim):
+        return d
+    total: Dim = 0
+    for mono, coeff in d._terms:
+        product: Dim = coeff
+        for atom in mono:
+            product = product * _substitute_atom(atom, bindings)
+        total = total + product
+    return total
+
+
+def _substitute_atom(atom: _Atom, bindings: Mapping[str, Dim]) -> Dim:
+    if atom.kind == "sym":
+        return bindings.get(atom.name, _atom_dim(atom))
+    a, b = (substitute(x, bindings) for x in atom.args)
+    if atom.kind == "floordiv":
+        return floordiv(a, b)
+    if atom.kind == "mod":
+        return mod(a, b)
+    return _extreme(atom.kind, a, b)
+
+
+# -- text form ------------------------------------------------------------------------------------------------
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
+
+
+def parse_dim(text: str) -> Dim:
+    """Read back `str(d)` (or any expression over ints, symbols, + - * // %, max(,), min(,) and parentheses)."""
+    if not isinstance(text, str):
+        raise SymbolicShapeError(f"a symbolic dimension's text must be a string, got {type(text).__name__}")
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise SymbolicShapeError(f"symbolic dimension text is {len(text)} characters, limit {MAX_EXPRESSION_LENGTH}")
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise SymbolicShapeError(f"cannot parse dimension {text!r} at character {pos}")
+        tokens.append(m.group(m.lastindex or 0))
+        pos = m.end()
+    parser = _Parser(tokens, text)
+    value = parser.expression(0)
+    if parser.pos != len(tokens):
+        raise SymbolicShapeError(f"cannot parse dimension {text!r}: unexpected {tokens[parser.pos]!r}")
+    return value
+
+
+class _Parser:
+    MAX_DEPTH = 64
+
+    def __init__(self, tokens: list[str], text: str) -> None:
+        self.tokens, self.text, self.pos = tokens, text, 0
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def _take(self, want: str | None = None) -> str:
+        tok = self._peek()
+        if tok is None or (want is not None and tok != want):
+            raise SymbolicShapeError(f"cannot parse dimension {self.text!r}: expected {want or 'more'} "
+                                     f"at token {self.pos}")
+        self.pos += 1
+        return tok
+
+    def expression(self, depth: int) -> Dim:
+        if depth > self.MAX_DEPTH:
+            raise SymbolicShapeError(f"dimension {self.text[:80]!r} is nested too deeply")
+        value = self.term(depth)
+        while self._peek() in ("+", "-"):
+            op = self._take()
+            rhs = self.term(depth)
+            value = value + rhs if op == "+" else value - rhs
+        return value
+
+    def term(self, depth: int) -> Dim:
+        value = self.factor(depth)
+        while self._peek() in ("*", "//", "%"):
+            op = self._take()
+            rhs = self.factor(depth)
+            value = value * rhs if op == "*" else floordiv(value, rhs) if op == "//" else mod(value, rhs)
+        return value
+
+    def factor(self, depth: int) -> Dim:
+        tok = self._take()
+        if tok == "-":
+            return -self.factor(depth + 1)
+        if tok == "(":
+            value = self.expression(depth + 1)
+            self._take(")")
+            return value
+        if tok.isdigit():
+            return int(tok)
+        if tok in _RESERVED:
+            self._take("(")
+            a = self.expression(depth + 1)
+            self._take(",")
+            b = self.expression(depth + 1)
+            self._take(")")
+            return _extreme(tok, a, b)
+        if _NAME.match(tok):
+            return sym(tok)
+        raise SymbolicShapeError(f"cannot parse dimension {self.text!r}: unexpected {tok!r}")
+
+
+# -- JSON form of a dimension ---------------------------------------------------------------------------------
+def dim_to_json(d: Dim) -> int | dict[str, str]:
+    return d.to_json() if isinstance(d, SymDim) else d
+
+
+def dim_from_json(obj: object) -> Dim:
+    """An int stays an int; {"sym": text} is parsed. Anything else is a SymbolicShapeError."""
+    if type(obj) is int:
+        return obj
+    if type(obj) is dict and set(obj) == {"sym"} and isinstance(obj["sym"], str):
+        return parse_dim(obj["sym"])
+    raise SymbolicShapeError(f"a dimension must be an integer or {{\"sym\": text}}, got {str(obj)[:80]}")
+
+
+def shape_symbols(shape: tuple[Dim, ...]) -> frozenset[str]:
+    out: frozenset[str] = frozenset()
+    for d in shape:
+        out |= free_symbols(d)
+    return out
+
+
+def sample_bindings(symbols: Mapping[str, tuple[int, int]], count: int = 6) -> list[dict[str, int]]:
+    """Bindings spread over the bounds: all minima, all maxima, and a few points between (deterministic)."""
+    names = sorted(symbols)
+    out = [{n: symbols[n][0] for n in names}, {n: symbols[n][1] for n in names}]
+    for k in range(count):
+        out.append({n: symbols[n][0] + (symbols[n][1] - symbols[n][0]) * ((k * 7 + i * 3 + 1) % 11) // 10
+                    for i, n in enumerate(names)})
+    return out
+
+
+def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether two shapes agree at sampled bindings within bounds: two forms of one size ((h + 1)//2 and
+    (h - 1)//2 + 1) that the canonical form does not identify."""
+    if len(a) != len(b):
+        return False
+    if any(not isinstance(x, SymDim) and not isinstance(y, SymDim) and x != y for x, y in zip(a, b)):
+        return False
+    for binding in sample_bindings(symbols):
+        try:
+            if any(evaluate(x, binding) != evaluate(y, binding) for x, y in zip(a, b)):
+                return False
+        except SymbolicShapeError:
+            return False
+    return True
