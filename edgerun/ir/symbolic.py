@@ -554,3 +554,15 @@ def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tu
         except SymbolicShapeError:
             return False
     return True
+
+
+def upper_bound(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> int:
+    """The largest value of `d` within the symbols' bounds, for forms that grow with every symbol (a sum of
+    products of symbols with positive coefficients); others raise, since their maximum is not at a corner."""
+    if not isinstance(d, SymDim):
+        return d
+    for mono, coeff in d._terms:
+        if mono and (coeff < 0 or any(atom.kind != "sym" for atom in mono)):
+            raise SymbolicShapeError(f"cannot bound {d}: only sums of products of symbols have their largest "
+                                     "value at the symbols' upper bounds")
+    return evaluate(d, {name: high for name, (_, high) in symbols.items()})

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.frontends.torch.context import ConvertContext, handles
+from edgerun.ir.symbolic import is_symbolic, same_values
 
 _INT64_MAX = 2**63 - 1
 
@@ -96,7 +97,7 @@ def _split(ctx: ConvertContext, node: Any) -> list[str]:
     if not shape:
         ctx.unsupported("split of a 0-d tensor")
     axis = int(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(shape)
-    sizes = [int(s[axis]) for s in (v.shape for v in ctx.fake(node))]
+    sizes = [ctx.dims(v.shape)[axis] for v in ctx.fake(node)]
     if len(sizes) == 1:
         return [x]
     return ctx.b.emit_multi("split", [x], axis=axis, sizes=sizes)
@@ -119,12 +120,14 @@ def _slice(ctx: ConvertContext, node: Any) -> str:
     if not shape:
         ctx.unsupported("slice of a 0-d tensor")
     axis = int(a["dim"]) % len(shape)
-    start = 0 if a["start"] is None else int(a["start"])
-    end = _INT64_MAX if a["end"] is None else int(a["end"])
+    start = 0 if a["start"] is None else ctx.size(a["start"])
+    end = _INT64_MAX if a["end"] is None else ctx.size(a["end"])
     step = int(a["step"])
-    end = min(end, shape[axis]) if end > 0 else end
+    if not is_symbolic(end) and not is_symbolic(shape[axis]):
+        end = min(end, shape[axis]) if end > 0 else end
     y = ctx.b.emit("slice", [x], starts=[start], ends=[end], axes=[axis], steps=[step])
-    if ctx.b.shape(y) != ctx.out_shape(node):
+    want = ctx.out_shape(node)
+    if ctx.b.shape(y) != want and not same_values(ctx.b.shape(y), want, ctx.graph.symbols):
         ctx.unsupported("slice bounds this frontend does not resolve like torch")
     return y
 
@@ -135,8 +138,10 @@ def _narrow(ctx: ConvertContext, node: Any) -> str:
     x = ctx.v(a["self"])
     rank = len(ctx.b.shape(x))
     axis = int(a["dim"]) % rank
-    start = int(a["start"]) % ctx.b.shape(x)[axis] if int(a["start"]) < 0 else int(a["start"])
-    return ctx.b.emit("slice", [x], starts=[start], ends=[start + int(a["length"])], axes=[axis])
+    start = ctx.size(a["start"])
+    if not is_symbolic(start) and start < 0:
+        start = ctx.b.shape(x)[axis] + start
+    return ctx.b.emit("slice", [x], starts=[start], ends=[start + ctx.size(a["length"])], axes=[axis])
 
 
 @handles("aten.select.int", "aten.select_copy.int")
@@ -145,7 +150,9 @@ def _select(ctx: ConvertContext, node: Any) -> str:
     x = ctx.v(a["self"])
     shape = list(ctx.b.shape(x))
     axis = int(a["dim"]) % len(shape)
-    index = int(a["index"]) % shape[axis]
+    index = ctx.size(a["index"])
+    if not is_symbolic(index) and index < 0:  # torch guarantees -n <= index < n
+        index = shape[axis] + index
     y = ctx.b.emit("slice", [x], starts=[index], ends=[index + 1], axes=[axis])
     return ctx.b.emit("reshape", [y], shape=shape[:axis] + shape[axis + 1:])
 

@@ -67,4 +67,8 @@ def _explain(exc: BaseException) -> str:
                 "every input, or compute the condition from shapes or Python values (resolved at export). "
                 "torch.cond and torch.while_loop are captured by torch.export but edgerun cannot convert them "
                 "yet")
+    if "Constraints violated" in text:
+        hint = ("a dimension given a torch.export.Dim is fixed by the model, or only some of its range works: "
+                "export with example sizes that are neither 0 nor 1 (torch specialises those), narrow the Dim's "
+                "min/max as torch suggests above, or leave that dimension static")
     return f"torch.export failed to capture the model ({name}): {_first_lines(exc)}\nHow to fix: {hint}"

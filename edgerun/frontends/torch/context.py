@@ -18,7 +18,7 @@ from edgerun.frontends.torch.torch_dtypes import to_dtype, to_torch
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
-from edgerun.ir.symbolic import Dim
+from edgerun.ir.symbolic import Dim, is_symbolic
 
 # What a handler returns: one value, several (multi-output ATen ops), or None for ops with no result.
 HandlerResult = str | Sequence[str | None] | None
@@ -84,6 +84,15 @@ class ConvertContext:
             self.unsupported(f"argument {arg.name} is not a single tensor")
         return value
 
+    def size(self, arg: Any) -> Dim:
+        """An int argument that may be a size computed in the graph (a SymInt node): an int or a SymDim."""
+        if self.is_tensor(arg):
+            value = self.env[arg]
+            if isinstance(value, str) or value is None:
+                self.unsupported(f"argument {arg.name} is a tensor where a size is expected")
+            return value  # type: ignore[no-any-return]
+        return to_dim(arg, self.symbol_names)
+
     @staticmethod
     def is_tensor(arg: Any) -> bool:
         import torch.fx
@@ -117,7 +126,8 @@ class ConvertContext:
         import torch
         from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-        stand_ins = [torch.empty((1,) * self.fake(a).dim(), dtype=self.fake(a).dtype) if self.is_tensor(a) else a
+        stand_ins = [1 if self.is_tensor(a) and isinstance(self.fake(a), torch.SymInt)
+                     else torch.empty((1,) * self.fake(a).dim(), dtype=self.fake(a).dtype) if self.is_tensor(a) else a
                      for a in args if a is not None]
         _, result = elementwise_dtypes(*stand_ins, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
         return self.dtype_of_torch(result)
@@ -128,6 +138,8 @@ class ConvertContext:
 
     def operand(self, arg: Any, dtype: DType) -> str:
         """A tensor argument cast to `dtype`, or a Python scalar as a 0-d constant of `dtype`."""
+        if self.is_tensor(arg) and not isinstance(self.env.get(arg), str) and self.env.get(arg) is not None:
+            return self.dim_scalar(self.size(arg), dtype)  # a size computed in the graph (a SymInt node)
         if self.is_tensor(arg):
             return self.cast(self.v(arg), dtype)
         if isinstance(arg, bool | int | float):
@@ -135,6 +147,12 @@ class ConvertContext:
                 self.unsupported(f"scalar {arg} in an integer computation")
             return self.b.const(np.asarray(arg).astype(dtype.np))
         self.unsupported(f"unsupported scalar argument {arg!r}")
+
+    def dim_scalar(self, value: Dim, dtype: DType) -> str:
+        """A size as a 0-d value of `dtype`: a constant, or dim_value when it is symbolic."""
+        if is_symbolic(value):
+            return self.b.emit("dim_value", [], value=value, dtype=dtype.value)
+        return self.b.const(np.asarray(value).astype(dtype.np))
 
     def const_like_torch(self, data: Any) -> str:
         """A constant from a real torch tensor (parameters, buffers, lifted constants)."""

@@ -187,7 +187,7 @@ def _window_out(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: 
     if is_symbolic(num):
         # Checked per concrete shape at specialisation; ceil mode's dropped last window needs the value.
         if ceil_mode:
-            raise SymbolicShapeError(f"ceil_mode pooling over symbolic dimension {size} needs a concrete size")
+            raise SymbolicShapeError(f"ceil_mode pooling over symbolic dimension {str(size)!r} needs a concrete size")
         return num // stride + 1
     if num < 0:
         raise ValueError(f"window of {span} does not fit input of {size} with padding {pad0}+{pad1}")

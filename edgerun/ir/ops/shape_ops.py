@@ -151,7 +151,7 @@ def _symbolic_slice(start: int, end: int, step: int, n: int) -> tuple[int, int, 
     if step < 0:
         if start == -1 and not is_symbolic(end) and end <= -_OPEN_END:
             return (n - 1, step, n)  # a whole reversed axis (flip)
-        raise SymbolicShapeError(f"a negative-step slice of symbolic axis {n} needs a concrete size")
+        raise SymbolicShapeError(f"a negative-step slice of symbolic axis {str(n)!r} needs a concrete size")
     if not is_symbolic(start) and start < 0:
         start = n + start
     if not is_symbolic(end):
