@@ -178,6 +178,7 @@ class Program:
         return hashlib.sha256(_HASH_DOMAIN + content).hexdigest()
 
     def summary(self) -> ProgramSummary:
+        state = {n: str(TensorSpec(np.shape(a), DType.of(np.asarray(a)))) for n, a in self.state.items()}
         return summarize(self.graph, self.metadata,
                          self.file_info.format_version if self.file_info else None,
-                         self.file_info.file_bytes if self.file_info else None)
+                         self.file_info.file_bytes if self.file_info else None, self._all_methods(), state)

@@ -90,3 +90,11 @@ def test_broken_references_are_refused(break_it, message):
     break_it(document)
     with pytest.raises(ProgramFormatError, match=message):
         Program.from_bytes(reseal(document, data))
+
+
+def test_summary_lists_methods_and_state():
+    summary = _program().summary()
+    assert list(summary.methods) == ["encode", "decode"] and summary.state == {"memory": f"float32[1,{N}]"}
+    assert "reads state ['memory'], writes ['memory']" in summary.methods["decode"]
+    assert f"state  memory: float32[1,{N}]" in str(summary)
+    assert summary.as_dict()["methods"] == summary.methods

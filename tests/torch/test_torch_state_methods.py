@@ -181,3 +181,73 @@ def test_a_dynamic_length_method_shares_state_with_a_static_one(tmp_path, backen
     np.testing.assert_allclose(model.state["total"], eager.total.detach().numpy(), rtol=1e-5, atol=1e-5)
     model.reset_state()
     assert not model.state["total"].any()
+
+
+class Overwrite(nn.Module):
+    """A state set from an input, one set to a constant, and the old value returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("h", torch.zeros(2, 3))
+        self.register_buffer("k", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        old = self.h.clone()
+        self.h.copy_(x)
+        self.k.fill_(5.0)
+        return old * 2
+
+
+@pytest.mark.parametrize("backends", BACKENDS)
+def test_updates_from_an_input_and_a_constant_and_the_old_value_as_output(backends):
+    model = edgerun.load(edgerun.export(Overwrite(), (torch.randn(2, 3),)), backends=backends)
+    ones = np.ones((2, 3), np.float32)
+    assert not model(ones).any()  # the old (initial) value, not the one this call writes
+    np.testing.assert_array_equal(model(3 * ones), 2 * ones)
+    np.testing.assert_array_equal(model.state["h"], 3 * ones)
+    np.testing.assert_array_equal(model.state["k"], np.full(3, 5, np.float32))
+
+
+class PromptCache(nn.Module):
+    """An LLM's shape: prefill of any length writes the first rows of a fixed-size cache, decode writes the
+    row at a run-time position and reads the whole cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 16)
+        self.register_buffer("cache", torch.zeros(8, 16))
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.embed(x)
+        self.cache[: x.shape[0]] = k
+        return k.sum(0, keepdim=True)
+
+    def decode(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k = self.embed(x)
+        row = (torch.arange(8) == pos).unsqueeze(1)
+        self.cache.copy_(torch.where(row, k, self.cache))
+        return (self.cache @ k.T).T
+
+
+@pytest.mark.parametrize("backends", BACKENDS)
+def test_a_prompt_of_any_length_fills_the_cache_that_decode_reads(backends):
+    torch.manual_seed(0)
+    module = PromptCache()
+    program = edgerun.export_methods(module, {
+        "prefill": ("prefill", (torch.randn(3, 16),), None, {"x": {0: torch.export.Dim("seq", min=1, max=8)}}),
+        "decode": ("decode", (torch.randn(1, 16), torch.tensor(3))),
+    })
+    model = edgerun.load(program, backends=backends)
+    for n in (3, 8, 5):
+        eager = copy.deepcopy(module)
+        model.reset_state()
+        prompt = torch.randn(n, 16)
+        np.testing.assert_allclose(model(prompt.numpy()), eager.prefill(prompt).detach().numpy(), rtol=1e-5,
+                                   atol=1e-5)
+        if backends is None:  # the prompt's rows only, written straight into the cache
+            assert model.specialization(x=(n, 16)).parts.state.plan.in_place == ("cache",)
+        if n < 8:
+            token = torch.randn(1, 16)
+            np.testing.assert_allclose(model.decode(token.numpy(), np.array(n)),
+                                       eager.decode(token, torch.tensor(n)).detach().numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(model.state["cache"], eager.cache.detach().numpy(), rtol=1e-5, atol=1e-5)

@@ -256,16 +256,20 @@ def _slice_scatter(ctx: ConvertContext, node: Any) -> str:
         end, step = start + 1, 1
         src = ctx.b.emit("reshape", [src], shape=[*shape[:axis], 1, *shape[axis + 1:]])
     else:
-        start = 0 if a["start"] is None else int(a["start"])
-        end = n if a["end"] is None else int(a["end"])
-        start, end = (start % n if start < 0 else min(start, n)), (end % n if end < 0 else min(end, n))
+        start = 0 if a["start"] is None else ctx.size(a["start"])
+        end = n if a["end"] is None else ctx.size(a["end"])
+        # A symbolic bound (a prompt of any length: cache[:seq] = k) is within [0, n] by the export's bounds.
+        if not is_symbolic(start):
+            start = start % n if start < 0 else min(start, n)
+        if not is_symbolic(end):
+            end = end % n if end < 0 else min(end, n)
         step = int(a["step"])
     if step != 1:
         ctx.unsupported("slice_scatter with a step other than 1")
     parts = []
-    if start > 0:
+    if is_symbolic(start) or start > 0:
         parts.append(ctx.b.emit("slice", [x], starts=[0], ends=[start], axes=[axis]))
     parts.append(src)
-    if end < n:
+    if is_symbolic(end) or end < n:
         parts.append(ctx.b.emit("slice", [x], starts=[end], ends=[n], axes=[axis]))
     return parts[0] if len(parts) == 1 else ctx.b.emit("concat", parts, axis=axis)
