@@ -8,6 +8,7 @@ into the cache at fixed rows, returning the last row's projection. Three program
             update is planned in place, and the raster writes only the new rows
   state+where  the write at a run-time position (torch.where(arange == pos, k, cache)): elementwise over
             the whole cache, then one copy into the state buffer
+  state+index  the same write as `cache.index_copy_(0, pos, k)`: update_slice, one row written in place
 Median seconds per call on the reference backend; the ratio is against `io`.
 
     .venv/bin/python bench/state_cache.py [--rows 4096] [--width 256] [--new 4] [--repeats 200]
@@ -52,6 +53,13 @@ class CacheState(CacheIO):
         return k[-1:]
 
 
+class CacheIndex(CacheState):
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        k = self.embed(x)
+        self.cache.index_copy_(0, pos, k)
+        return k
+
+
 class CacheWhere(CacheState):
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         k = self.embed(x)
@@ -83,6 +91,7 @@ def main() -> None:
     io = edgerun.load(edgerun.export(CacheIO(width, new), (x, torch.zeros(rows, width))))
     state = edgerun.load(edgerun.export(CacheState(width, new, rows), (x,)))
     where = edgerun.load(edgerun.export(CacheWhere(width, 1, rows), (torch.randn(1, width), torch.tensor(3))))
+    index = edgerun.load(edgerun.export(CacheIndex(width, 1, rows), (torch.randn(1, width), torch.tensor([3]))))
     xs, cache, x1, pos = x.numpy(), np.zeros((rows, width), np.float32), np.ones((1, width), np.float32), \
         np.array(3)
 
@@ -94,9 +103,10 @@ def main() -> None:
         "io": median_call(call_io, args.repeats),
         "state": median_call(lambda: state(xs), args.repeats),
         "state+where": median_call(lambda: where(x1, pos), args.repeats),
+        "state+index": median_call(lambda: index(x1, pos.reshape(1)), args.repeats),
     }
-    in_place = {"state": list(state.parts.state.plan.in_place) if state.parts.state else [],
-                "state+where": list(where.parts.state.plan.in_place) if where.parts.state else []}
+    in_place = {name: list(m.parts.state.plan.in_place) if m.parts.state else []
+                for name, m in (("state", state), ("state+where", where), ("state+index", index))}
     cache_mb = rows * width * 4 / 1e6
     print(f"cache {rows}x{width} float32 ({cache_mb:.1f} MB), {new} new rows per call, reference backend")
     print(f"{'program':<14}{'median ms':>12}{'vs io':>8}  in place")

@@ -38,7 +38,14 @@ from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, low
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
 from edgerun.runtime.specializing import SpecializingProgram
-from edgerun.runtime.state import StateBinding, StateStore, narrow_state_rasters, plan_state, state_views
+from edgerun.runtime.state import (
+    StateBinding,
+    StateStore,
+    narrow_state_rasters,
+    overwriting_steps,
+    plan_state,
+    state_views,
+)
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
@@ -105,11 +112,15 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     check_acyclic(partitions, graph)
     compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
     steps = build_schedule(partitions, compiled)
-    narrowed = {} if signature is None else narrow_state_rasters(
-        steps, graph, signature, lambda step: partitions[step.partition].backend == FALLBACK)
+
+    def on_reference(step: Step) -> bool:  # its bound rasters write only their regions' bytes, and its
+        return partitions[step.partition].backend == FALLBACK  # update_slice writes over its input
+
+    narrowed = {} if signature is None else narrow_state_rasters(steps, graph, signature, on_reference)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
-    state_plan = plan_state(graph, signature, lifetimes, arena_aliases) if signature is not None else None
+    state_plan = None if signature is None else plan_state(graph, signature, lifetimes, arena_aliases,
+                                                           overwriting_steps(steps, on_reference))
     for k, original_step in narrowed.items():  # a narrowed raster whose update was not placed in place: undo
         if state_plan is not None and not any(v in state_plan.views for v in original_step.writes):
             steps[k] = original_step

@@ -90,9 +90,26 @@ class StatePlan:
     in_place: tuple[str, ...]  # states whose update the kernels write straight into the state's buffer
 
 
+# Ops whose reference kernel may write its output over its first input's buffer (the rest of the output is
+# then already in place): an update of a state made by one of them reads the old state in the same step.
+WRITES_OVER_FIRST_INPUT = frozenset({"update_slice"})
+
+
+def overwriting_steps(steps: list[Step], binds_kernel: Callable[[Step], bool]) -> dict[str, tuple[str, ...]]:
+    """Value -> its step's inputs, for each value made by a WRITES_OVER_FIRST_INPUT node bound to the
+    reference's kernel (`binds_kernel`): plan_state may put it in its first input's state buffer."""
+    return {step.node.outputs[0]: tuple(step.node.inputs) for step in steps
+            if step.node is not None and step.node.op in WRITES_OVER_FIRST_INPUT and binds_kernel(step)}
+
+
 def plan_state(graph: Graph, signature: StateSignature, lifetimes: dict[str, TensorLifetime],
-               arena_aliases: dict[str, str]) -> StatePlan:
-    """Take the state's values out of the arena plan (mutating `lifetimes` and `arena_aliases`)."""
+               arena_aliases: dict[str, str], overwrites: Mapping[str, tuple[str, ...]] | None = None,
+               ) -> StatePlan:
+    """Take the state's values out of the arena plan (mutating `lifetimes` and `arena_aliases`).
+
+    `overwrites` (overwriting_steps) names the values whose kernel may write over its first input: one that
+    updates the state it reads as that input, and reads no other view of it, is placed in place although
+    it is written in the step of the state's last read."""
     reads = set(signature.reads)
     views: dict[str, tuple[str, tuple[int, ...]]] = {s: (s, graph.specs[s].shape) for s in reads}
     for value, root in list(arena_aliases.items()):
@@ -105,8 +122,13 @@ def plan_state(graph: Graph, signature: StateSignature, lifetimes: dict[str, Ten
     copies, in_place_states = [], []
     for state, index in signature.updates:
         value = graph.outputs[index]
+        inputs = (overwrites or {}).get(value, ())
+        over_own_read = bool(inputs) and inputs[0] == state and not any(
+            views.get(i, ("", ()))[0] == state for i in inputs[1:])
         in_place = (value in lifetimes and value not in views and value not in arena_aliases
-                    and update_values.count(value) == 1 and lifetimes[value].first > last_read.get(state, 0))
+                    and update_values.count(value) == 1
+                    and (lifetimes[value].first > last_read.get(state, 0)
+                         or (over_own_read and lifetimes[value].first == last_read.get(state, 0))))
         if in_place:
             views[value] = (state, graph.specs[value].shape)
             for alias, root in list(arena_aliases.items()):

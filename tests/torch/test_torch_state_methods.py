@@ -251,3 +251,32 @@ def test_a_prompt_of_any_length_fills_the_cache_that_decode_reads(backends):
             np.testing.assert_allclose(model.decode(token.numpy(), np.array(n)),
                                        eager.decode(token, torch.tensor(n)).detach().numpy(), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(model.state["cache"], eager.cache.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+class DecodeAtPosition(nn.Module):
+    """decode writes the row at a run-time position with index_copy_ (update_slice) and reads the cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 16)
+        self.register_buffer("cache", torch.zeros(8, 16))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k = self.embed(x)
+        self.cache.index_copy_(0, pos, k)
+        return (self.cache @ k.T).T
+
+
+@pytest.mark.parametrize("backends", BACKENDS)
+def test_a_row_written_at_a_run_time_position_is_written_in_place(backends):
+    torch.manual_seed(0)
+    module = DecodeAtPosition()
+    model = edgerun.load(edgerun.export(module, (torch.randn(1, 16), torch.tensor([3]))), backends=backends)
+    assert any(i.op == "update_slice" for i in model.instructions)
+    assert model.parts.state is not None and model.parts.state.plan.in_place == ("cache",)
+    eager = copy.deepcopy(module)
+    for pos in (0, 3, 7, 1):
+        x = torch.randn(1, 16)
+        np.testing.assert_allclose(model(x.numpy(), np.array([pos])), eager(x, torch.tensor([pos])).detach().numpy(),
+                                   rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model.state["cache"], eager.cache.detach().numpy(), rtol=1e-5, atol=1e-5)
