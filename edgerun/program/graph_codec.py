@@ -127,6 +127,9 @@ def encode_graph(graph: Graph) -> dict[str, Any]:
         "values": {name: encode_spec(spec) for name, spec in graph.specs.items()},
         "nodes": nodes,
     }
+    if graph.state_inputs or graph.state_updates:  # format 1.2; absent keys keep stateless graphs as in 1.1
+        doc["state_inputs"] = list(graph.state_inputs)
+        doc["state_updates"] = dict(graph.state_updates)
     if graph.symbols:  # only templates carry the key, so static graphs encode exactly as before
         doc[SYMBOLS_KEY] = encode_symbols(graph.symbols)
     if graph.subgraphs:  # bodies share the top level's symbols; only graphs with bodies carry the key
@@ -178,9 +181,10 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
 def _decode_graph(obj: object, what: str, segments: set[str], prefix: str, allow_unknown: bool,
                   depth: int, symbols: dict[str, tuple[int, int]]) -> tuple[Graph, set[str]]:
     """The graph, and the qualified names of its bodies' constants (taken from `segments`). Bodies use the
-    top level's symbols."""
+    top level's symbols; only the top level has state (a method's "constants" list is program_parts.py's)."""
     doc = check_keys(obj, what, ("inputs", "outputs", "values", "nodes"),
-                     ("subgraphs", "constants") if prefix else ("subgraphs", SYMBOLS_KEY), allow_unknown)
+                     ("subgraphs", "constants") if prefix else
+                     ("subgraphs", SYMBOLS_KEY, "state_inputs", "state_updates", "constants"), allow_unknown)
     if not prefix:
         symbols = decode_symbols(doc[SYMBOLS_KEY]) if SYMBOLS_KEY in doc else {}
     subgraphs: dict[str, Graph] = {}
@@ -213,6 +217,13 @@ def _decode_graph(obj: object, what: str, segments: set[str], prefix: str, allow
 def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow_unknown: bool,
                        symbols: dict[str, tuple[int, int]]) -> Graph:
     inputs = _decode_names(doc["inputs"], "graph inputs", MAX_VALUES)
+    state_inputs = _decode_names(doc.get("state_inputs", []), "graph state_inputs", MAX_VALUES)
+    state_updates = doc.get("state_updates", {})
+    if type(state_updates) is not dict or len(state_updates) > MAX_VALUES:
+        raise ProgramFormatError(f"graph state_updates must be a JSON object of at most {MAX_VALUES} entries")
+    for state, value in state_updates.items():
+        check_string(state, "state_updates key")
+        check_string(value, f"state_updates[{state[:80]!r}]")
     outputs = _decode_names(doc["outputs"], "graph outputs", MAX_VALUES)
     values = doc["values"]
     if type(values) is not dict or len(values) > MAX_VALUES:
@@ -240,6 +251,8 @@ def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow
         define(name, "a graph input")
     for name in constant_names:
         define(name, "a weight segment")
+    for name in state_inputs:
+        define(name, "the program state")
     for i, node in enumerate(nodes):
         for name in node.outputs:
             define(name, f"node {i} ({node.name or node.op})")
@@ -250,4 +263,8 @@ def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow
     for name in outputs:
         if name not in defined_by:
             raise ProgramFormatError(f"graph output {name[:80]!r} is not defined")
-    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs, symbols=symbols)
+    for state, value in state_updates.items():
+        if value not in defined_by:
+            raise ProgramFormatError(f"the update of state {state[:80]!r} reads undefined value {value[:80]!r}")
+    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs, state_inputs=state_inputs,
+                 state_updates=state_updates, symbols=symbols)

@@ -35,8 +35,8 @@ class Partition:
         return Graph(list(self.inputs), list(self.outputs), nodes,
                      {v: graph.specs[v] for v in used},
                      {v: graph.constants[v] for v in used if v in graph.constants},
-                     {k: body for n in self.nodes if is_control_flow(n.op)
-                      for k, body in zip(body_names(n), bodies_of(n, graph))})
+                     subgraphs={k: body for n in self.nodes if is_control_flow(n.op)
+                                for k, body in zip(body_names(n), bodies_of(n, graph))})
 
     @property
     def label(self) -> str:

@@ -141,4 +141,4 @@ def _prefixed(graph: Graph, prefix: str) -> Graph:
                   prefix + n.name) for n in graph.nodes]
     return Graph([p(v) for v in graph.inputs], [p(v) for v in graph.outputs], nodes,
                  {p(v): s for v, s in graph.specs.items()}, {p(v): a for v, a in graph.constants.items()},
-                 dict(graph.subgraphs))
+                 subgraphs=dict(graph.subgraphs))
