@@ -93,9 +93,9 @@ def test_binary_ops_broadcast_and_edges() -> None:
 def test_integer_compare_logical_where_cast() -> None:
     i64 = RNG.integers(-9, 10, (3, 4)).astype(np.int64)
     i32 = RNG.integers(-9, 10, (1, 4)).astype(np.int32)
-    # Not +3e9 or +inf: the reference clips in float32, where int32's max rounds up to 2**31, and astype wraps to
-    # INT_MIN (found while bringing webgpu up; docs/webgpu-migration.md). The shader saturates to INT_MAX.
-    fl = np.array([[np.nan, 3.7, -3.7, 2e9], [-3e9, 0.0, 1.0, -np.inf]], np.float32)
+    # +3e9 and +inf saturate to INT_MAX on both (the reference wrapped them to INT_MIN until the bug that
+    # bringing webgpu up found was fixed; docs/webgpu-migration.md).
+    fl = np.array([[np.nan, 3.7, -3.7, 3e9], [-3e9, np.inf, 2.0**31, -np.inf]], np.float32)
     m = RNG.random((3, 4)) > 0.5
 
     def body(b: Builder, n: list[str]) -> list[str]:
