@@ -243,3 +243,37 @@ def test_kernel_seconds_from_timestamp_queries() -> None:
     seconds = runner.kernel_seconds(feeds)
     assert len(seconds) == len(runner.kernels) == 2  # exp+tanh fused, reduce_sum
     assert all(0 < s < 60 for s in seconds)
+
+
+@pytest.mark.parametrize(("k", "n", "group", "zero"), [(64, 24, 32, None), (80, 8, 16, "uint8"),
+                                                        (96, 16, 64, "float32")])
+def test_matmul_int4_matches_the_reference(k: int, n: int, group: int, zero: str | None) -> None:
+    # Group-wise int4 weights stay packed on the device (uint8 constants as stored, read as u32 words); K=96
+    # with group 64 has a partial last block. An activation matmul + bias + SiLU epilogue fuses onto it.
+    blocks = -(-k // group)
+    packed = RNG.integers(0, 256, (n, blocks, group // 2)).astype(np.uint8)
+    scales = RNG.uniform(0.01, 0.1, (n, blocks)).astype(np.float32)
+    zp = {None: None, "uint8": RNG.integers(0, 16, (n, blocks)).astype(np.uint8),
+          "float32": RNG.uniform(-2, 10, (n, blocks)).astype(np.float32)}[zero]
+    x = f32(2, 3, k)
+    bias = f32(n)
+
+    def body(b: Builder, names: list[str]) -> list[str]:
+        ins = [names[0], names[1], names[2], *([names[4]] if zp is not None else [])]
+        y = b.emit("matmul_int4", ins, k=k, n=n, group_size=group)
+        z = b.binary("add", y, names[3])
+        return [y, b.binary("mul", z, b.unary("sigmoid", z))]
+    values = [x, packed, scales, bias, *([zp] if zp is not None else [])]
+    graph, feeds = build(values, body, constant=[False, True, True, True, True])
+    assert WebGpuBackend().supports(graph.nodes[0], graph)
+    check(graph, feeds, rtol=1e-5, atol=1e-5)
+    fused = WebGpuBackend().compile(graph)
+    assert [k.label for k in fused.info["runner"].kernels] == ["matmul_int4+add+sigmoid+mul"]
+    assert_matches_reference(graph, feeds, fused(*feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_int4_with_a_runtime_weight_is_not_claimed() -> None:
+    graph, _ = build([f32(1, 32), RNG.integers(0, 256, (4, 1, 16)).astype(np.uint8),
+                      np.ones((4, 1), np.float32)],
+                     lambda b, n: [b.emit("matmul_int4", n, k=32, n=4, group_size=32)], constant=[False, False, True])
+    assert not WebGpuBackend().supports(graph.nodes[0], graph)

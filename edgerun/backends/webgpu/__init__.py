@@ -8,7 +8,7 @@ call the dispatch list is captured and replayed, with guards that fall back to a
 What it claims (`supported`, the contract): float32, int32, int64 and bool values, and float16 where the
 adapter has `shader-f16` (stored as f16, computed in f32). int64 is stored as int32 (WGSL has no 64-bit
 integers; values outside int32 are an EdgerunError at upload). int8 and uint8 are not claimed (the
-partitioner places them elsewhere); neither are integer div/mod/pow (the reference raises on division by
+partitioner places them elsewhere), except matmul_int4's packed uint8 constants, uploaded as stored; neither are integer div/mod/pow (the reference raises on division by
 zero, a shader cannot).
 """
 
@@ -32,6 +32,11 @@ def _int_ok(node: Node, graph: Graph) -> bool:
     return graph.specs[node.inputs[0]].dtype is not DType.bool
 
 
+def _packed_constants(node: Node, graph: Graph) -> bool:
+    """uint8 values exist on the device only as constants (packed int4 weights and zero points)."""
+    return all(v in graph.constants for v in node.inputs[1:] if v and graph.specs[v].dtype is DType.uint8)
+
+
 SUPPORTED: dict[str, OpSupport] = {
     **{op: OpSupport(_F) for op in FLOAT_UNARY if op not in INT_UNARY},
     **{op: OpSupport(_NUM) for op in INT_UNARY},
@@ -46,6 +51,7 @@ SUPPORTED: dict[str, OpSupport] = {
     "argmax": OpSupport(_NUM, check=_int_ok),
     "argmin": OpSupport(_NUM, check=_int_ok),
     "matmul": OpSupport(_NUM),
+    "matmul_int4": OpSupport(frozenset({DType.float32, DType.uint8}), check=_packed_constants),
     "conv2d": OpSupport(_F),
     "max_pool2d": OpSupport(_F),
     "avg_pool2d": OpSupport(_F),

@@ -36,7 +36,7 @@ _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsa
 
 
 def device_itemsize(dtype: DType) -> int:
-    return 2 if dtype is DType.float16 else 4
+    return 2 if dtype is DType.float16 else 1 if dtype is DType.uint8 else 4
 
 
 def device_bytes(dtype: DType, numel: int) -> int:
@@ -46,6 +46,9 @@ def device_bytes(dtype: DType, numel: int) -> int:
 
 def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
     """A host array as the device stores it (bool -> u32, int64 -> i32 range-checked), padded to 4 bytes."""
+    if dtype is DType.uint8:  # packed int4 bytes (constants only), kept as stored, read as u32 words
+        flat = np.ascontiguousarray(array, np.uint8).reshape(-1)
+        return np.concatenate([flat, np.zeros(-flat.size % 4, np.uint8)]).view(np.uint32)
     if dtype is DType.float16:
         flat = np.ascontiguousarray(array, np.float16).reshape(-1)
         return flat if flat.size % 2 == 0 else np.concatenate([flat, np.zeros(1, np.float16)])

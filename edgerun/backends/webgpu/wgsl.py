@@ -23,7 +23,9 @@ from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 WORKGROUP = 64
 # What kernels compute in, and what buffers hold: float16 is stored as f16 and computed in f32 (a load
 # widens, a store rounds once), so a fused chain rounds to half precision once, at its end.
-WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32"}
+# uint8 is only ever a constant of packed bytes (matmul_int4's weights and zero points), bound as u32 words.
+WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32",
+             DType.uint8: "u32"}
 STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}
 FLOATS = frozenset({DType.float32, DType.float16})
 
@@ -208,6 +210,8 @@ def node_body(node: Node, graph: Graph) -> Body:
         return _arg_body(node, graph, inputs)
     if op == "matmul":
         return _matmul_body(graph, inputs, out.shape)
+    if op == "matmul_int4":
+        return _matmul_int4_body(node, graph, inputs)
     if op == "conv2d":
         return _conv_body(node, graph, inputs)
     if op in ("max_pool2d", "avg_pool2d"):
@@ -279,6 +283,40 @@ def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> B
               f"for (var r: i32 = 0; r < {k}; r = r + 1) {{ acc_r = acc_r + in0[ab + r] * in1[bb + r * {n}]; }}",
               "let acc = acc_r;"]
     return Body(inputs, lines)
+
+
+def _matmul_int4_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """a @ dequant(w).T, one thread per output: each weight is (q - zero point) * scale in f32, as the oracle
+    dequantizes, then accumulated in f32. Packed bytes are read out of u32 words (WGSL has no u8)."""
+    a = graph.specs[inputs[0]]
+    k, n, group = int(node.attrs["k"]), int(node.attrs["n"]), int(node.attrs["group_size"])
+    blocks = -(-k // group)
+    del a
+    zp = len(inputs) > 3
+    if zp and graph.specs[inputs[3]].dtype is DType.uint8:
+        zero = f"f32({_byte('in3', f'c_n * {blocks} + b')})"
+    elif zp:
+        zero = f"in3[c_n * {blocks} + b]"
+    else:
+        zero = "8.0"
+    lines = [f"let c_n = i32(idx % {n}u);", f"let row = i32(idx / {n}u);",
+             f"let ab = row * {k};", "var acc_r: f32 = 0.0;",
+             f"for (var b: i32 = 0; b < {blocks}; b = b + 1) {{",
+             f"  let s = in2[c_n * {blocks} + b];", f"  let z = {zero};",
+             f"  let wb = (c_n * {blocks} + b) * {group // 2};",
+             f"  for (var j: i32 = 0; j < {group}; j = j + 1) {{",
+             f"    let kk = b * {group} + j;",
+             f"    if (kk >= {k}) {{ break; }}",
+             f"    let byte = {_byte('in1', 'wb + j / 2')};",
+             "    let q = f32((byte >> (u32(j & 1) * 4u)) & 15u);",
+             "    acc_r = acc_r + in0[ab + kk] * ((q - z) * s);",
+             "  }", "}", "let acc = acc_r;"]
+    return Body(inputs, lines)
+
+
+def _byte(array: str, index: str) -> str:
+    """Byte `index` of a u32 array of packed bytes (little-endian words, as uploaded)."""
+    return f"(({array}[u32({index}) / 4u] >> ((u32({index}) % 4u) * 8u)) & 255u)"
 
 
 def _conv_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
