@@ -277,3 +277,23 @@ def test_matmul_int4_with_a_runtime_weight_is_not_claimed() -> None:
                       np.ones((4, 1), np.float32)],
                      lambda b, n: [b.emit("matmul_int4", n, k=32, n=4, group_size=32)], constant=[False, False, True])
     assert not WebGpuBackend().supports(graph.nodes[0], graph)
+
+
+def test_workgroup_argmax_over_a_long_axis_keeps_the_reference_tie_rule() -> None:
+    # A decoder's greedy pick: argmax over the vocabulary runs one workgroup per output with a tree reduction;
+    # ties (planted far apart, so different threads hold them) resolve like the reference's scan.
+    logits = RNG.integers(-50, 50, (3, 5000)).astype(np.float32)
+    logits[0, [17, 4100]] = 99.0
+    logits[1, [64, 65, 4999]] = -99.0
+    cols = f32(2000, 3)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("argmax", [n[0]], axis=1), b.emit("argmin", [n[0]], axis=1),
+                b.emit("argmax", [n[0]], axis=1, select_last_index=True),
+                b.emit("argmin", [n[0]], axis=1, select_last_index=True), b.emit("argmax", [n[1]], axis=0)]
+    graph, feeds = build([logits, cols], body)
+    compiled = WebGpuBackend().compile(graph)
+    assert {k.label for k in compiled.info["runner"].kernels} == {"argmax:workgroup", "argmin:workgroup"}
+    got = compiled(*feeds)
+    assert_matches_reference(graph, feeds, got)
+    assert got[0][0] == 17 and got[2][0] == 4100 and got[1][1] == 64 and got[3][1] == 4999

@@ -21,10 +21,12 @@ from edgerun.backends.webgpu.wgsl import (
     broadcast_strides,
     coords,
     elementwise_expr,
+    is_wide_arg,
     node_body,
     offset_expr,
     raster_kernels,
     shader_source,
+    wide_arg_kernel,
 )
 from edgerun.ir.graph import Graph, Node
 
@@ -46,7 +48,7 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
         if open_group is not None and fuse and _joins(node, open_group, graph):
             open_group.chain.append(node)
             continue
-        if node.op == "raster":
+        if node.op == "raster" or is_wide_arg(node, graph):
             groups.append(node)
             open_group = None
             continue
@@ -54,7 +56,7 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
         groups.append(open_group)
     for g in groups:
         if isinstance(g, Node):
-            kernels += raster_kernels(g, graph)
+            kernels += [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
         else:
             kernels.append(group_kernel(g, graph, readers, outputs))
     return kernels
