@@ -11,6 +11,7 @@ intermediates never touch memory.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -95,6 +96,7 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
         name = f"acc_e{k}"
         lines.append(f"let {name} = {elementwise_expr(node, graph, args)};")
         current[node.outputs[0]] = name
+    bound, lines = _bind_once(bound, lines)
     stored = [v for v in current if v in outputs or readers[v] > inside[v]]
     lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
     status = group.anchor.op == "gather"
@@ -104,3 +106,20 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     label = "+".join([group.anchor.op, *(n.op for n in group.chain)])
     return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,
                   n_outputs=len(stored))
+
+
+_LOAD = re.compile(r"\bin(\d+)\[")
+
+
+def _bind_once(bound: list[str], lines: list[str]) -> tuple[list[str], list[str]]:
+    """Bind each value once (x * x reads one binding): fewer bindings, and no two writable bindings of one
+    range, which browsers' WebGPU refuses as aliasing."""
+    unique: list[str] = []
+    slot: dict[int, int] = {}
+    for j, v in enumerate(bound):
+        if v not in unique:
+            unique.append(v)
+        slot[j] = unique.index(v)
+    if len(unique) == len(bound):
+        return bound, lines
+    return unique, [_LOAD.sub(lambda m: f"in{slot[int(m.group(1))]}[", line) for line in lines]

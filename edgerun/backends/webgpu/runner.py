@@ -16,7 +16,7 @@ switched), `buffers` (the device buffers were reallocated, e.g. constants replac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,26 @@ def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
     return np.ascontiguousarray(array, np.int32)
 
 
+def pack_constants(graph: Graph, constants: Mapping[str, np.ndarray],
+                   align: int) -> tuple[np.ndarray, dict[str, tuple[int, int]]]:
+    """The constants the partition reads, as stored on the device, in one byte blob; (offset, size) of each."""
+    used = {v for n in graph.nodes for v in n.inputs if v}
+    ranges: dict[str, tuple[int, int]] = {}
+    chunks, offset = [], 0
+    for name, value in constants.items():
+        if name not in used:
+            continue
+        data = to_device(value, graph.specs[name].dtype, name).reshape(-1)
+        size = device_bytes(graph.specs[name].dtype, value.size)
+        ranges[name] = (offset, size)
+        chunks.append((offset, data))
+        offset += -(-size // align) * align
+    blob = np.zeros(max(offset, 4), np.uint8)
+    for start, data in chunks:
+        blob[start:start + data.nbytes] = data.view(np.uint8)
+    return blob, ranges
+
+
 @dataclass
 class Captured:
     """One recorded call: what the guards compare, and the dispatches to replay."""
@@ -86,6 +106,8 @@ class PartitionRunner:
         self.graph = graph
         self.replay = replay
         self.stats = RunStats()
+        self.held: frozenset[str] = frozenset()
+        self.align = gpu.limits.offset_alignment
         self._captured: Captured | None = None
         self._plan_version = 0
         self._buffer_version = 0
@@ -114,26 +136,25 @@ class PartitionRunner:
         self._upload_constants(merged)
 
     def _upload_constants(self, constants: dict[str, np.ndarray]) -> None:
-        used = {v for n in self.graph.nodes for v in n.inputs if v}
         self._constants = constants
-        self._const_range: dict[str, tuple[int, int]] = {}
-        chunks, offset = [], 0
-        align = self.gpu.limits.offset_alignment
-        for name, value in constants.items():
-            if name not in used:
-                continue
-            data = to_device(value, self.graph.specs[name].dtype, name).reshape(-1)
-            size = device_bytes(self.graph.specs[name].dtype, value.size)
-            self._const_range[name] = (offset, size)
-            chunks.append((offset, data))
-            offset += -(-size // align) * align
-        blob = np.zeros(max(offset, 4), np.uint8)
-        for start, data in chunks:
-            blob[start:start + data.nbytes] = data.view(np.uint8)
+        blob, self._const_range = pack_constants(self.graph, constants, self.align)
         self._check_buffer(blob.nbytes, "the constants")
         self._const_buf = self.gpu.call("uploading constants", self.gpu.device.create_buffer_with_data,
                                         data=blob, usage=_STORAGE)
         self._buffer_version += 1
+
+    def hold(self, names: Collection[str], align: int | None = None) -> None:
+        """Keep `names` (inputs) intact for the whole call, so their device ranges can carry state from one
+        call to the next (a KV cache the browser runtime appends to), with ranges aligned to `align` bytes
+        (a browser's minStorageBufferOffsetAlignment may be coarser than this adapter's); the arena is planned
+        again, so a captured call goes stale (guard `buffers`)."""
+        unknown = sorted(set(names) - set(self.graph.inputs))
+        if unknown:
+            raise EdgerunError(f"only inputs can be held across calls, not {unknown}")
+        self.held = frozenset(names)
+        if align is not None:
+            self.align = max(self.align, align)
+        self._plan_arena()
 
     def _plan_arena(self) -> None:
         """First-fit offsets for every non-constant value over the dispatch order (inputs live from the start,
@@ -148,9 +169,9 @@ class PartitionRunner:
                     continue
                 birth.setdefault(v, i)
                 death[v] = i
-        for v in g.outputs:
+        for v in (*g.outputs, *self.held):
             death[v] = last
-        align = self.gpu.limits.offset_alignment
+        align = self.align
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, birth, death)
         self._range: dict[str, tuple[int, int]] = {}
         for v in sorted(birth, key=lambda v: (birth[v], v)):

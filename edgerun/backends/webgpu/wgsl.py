@@ -48,13 +48,16 @@ fn e_erf(x: f32) -> f32 {
 }
 fn e_pow(a: f32, b: f32) -> f32 {
   if (b == 0.0) { return 1.0; }
-  if (a == 0.0) { if (b > 0.0) { return 0.0; } return bitcast<f32>(0x7f800000u); }
+  if (a == 0.0) { if (b > 0.0) { return 0.0; } return e_bits(0x7f800000u); }
   if (a > 0.0) { return exp2(b * log2(a)); }
-  if (b != floor(b)) { return bitcast<f32>(0x7fc00000u); }
+  if (b != floor(b)) { return e_bits(0x7fc00000u); }
   let m = exp2(b * log2(-a));
   if (abs(b - 2.0 * floor(b * 0.5)) == 1.0) { return -m; }
   return m;
 }
+// Infinities and NaN from their bits, through a function so no compiler constant-evaluates them (naga refuses
+// 1.0/0.0, and Chrome's Tint refuses bitcast<f32>(0x7f800000u) as a constant: "inf cannot be represented").
+fn e_bits(b: u32) -> f32 { return bitcast<f32>(b); }
 // NaN tests on the bits: shader compilers may assume x == x.
 fn e_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn e_max(a: f32, b: f32) -> f32 { if (e_isnan(a)) { return a; } if (e_isnan(b)) { return b; } return max(a, b); }
@@ -419,7 +422,7 @@ def _pool_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     is_max = node.op == "max_pool2d"
     lines = coords(out.shape)
     lines += [f"let xc = (c0 * {c} + c1) * {h * wd};",
-              "var acc_r: f32 = " + ("bitcast<f32>(0xff800000u);" if is_max else "0.0;"),
+              "var acc_r: f32 = " + ("e_bits(0xff800000u);" if is_max else "0.0;"),
               f"for (var i: i32 = 0; i < {kh}; i = i + 1) {{",
               f"  let y = c2 * {sh} - {pt} + i * {dh};",
               f"  if (y < 0 || y >= {h}) {{ continue; }}",
@@ -523,9 +526,9 @@ def _literal(value: Any, dtype: DType) -> str:
     if dtype in FLOATS:
         v = float(value)
         if math.isnan(v):
-            return "bitcast<f32>(0x7fc00000u)"
+            return "e_bits(0x7fc00000u)"
         if math.isinf(v):
-            return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+            return "e_bits(0x7f800000u)" if v > 0 else "e_bits(0xff800000u)"
         return f"f32({v!r})"
     if dtype is DType.bool:
         return "1u" if value else "0u"
