@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import re
+
+import numpy as np
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -38,14 +40,41 @@ class Group:
     chain: list[Node] = field(default_factory=list)
 
 
+def identity_rasters(graph: Graph) -> dict[str, str]:
+    """Rasters that copy a whole value unchanged (a reshape, or a transpose of a size-1 axis as in a decoder's
+    [1, heads, hd] -> [heads, 1, hd]): output -> source. They cost no dispatch; the output shares the
+    source's device range. Constant sources keep their copy (their range is in the constant buffer)."""
+    alias: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op != "raster" or node.attrs.get("fill") is not None or len(node.attrs["regions"]) != 1:
+            continue
+        src, out = node.inputs[0], node.outputs[0]
+        numel = graph.specs[out].numel
+        if src in graph.constants or graph.specs[src].numel != numel:
+            continue
+        r = [int(v) for v in node.attrs["regions"][0]]
+        if r[0] != 0 or r[9] * r[10] * r[11] != numel:
+            continue
+        i0, i1, i2 = np.meshgrid(np.arange(r[9]), np.arange(r[10]), np.arange(r[11]), indexing="ij")
+        flat = np.arange(numel)
+        if np.array_equal((r[1] + i0 * r[2] + i1 * r[3] + i2 * r[4]).reshape(-1), flat) and \
+                np.array_equal((r[5] + i0 * r[6] + i1 * r[7] + i2 * r[8]).reshape(-1), flat):
+            alias[out] = alias.get(src, src)
+    return alias
+
+
 def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
-    """The dispatch list of `graph` (a partition with atomic ops and rasters only), in execution order."""
-    readers: Counter[str] = Counter(v for n in graph.nodes for v in n.inputs if v)
-    outputs = set(graph.outputs)
+    """The dispatch list of `graph` (a partition with atomic ops and rasters only), in execution order. With
+    fusion, identity rasters take no dispatch (`identity_rasters`): kernels bind their sources instead."""
+    alias = identity_rasters(graph) if fuse else {}
+    readers: Counter[str] = Counter(alias.get(v, v) for n in graph.nodes for v in n.inputs if v)
+    outputs = {alias.get(v, v) for v in graph.outputs}
     kernels: list[Kernel] = []
     open_group: Group | None = None
     groups: list[Group | Node] = []
     for node in graph.nodes:
+        if node.outputs[0] in alias:
+            continue
         if open_group is not None and fuse and _joins(node, open_group, graph):
             open_group.chain.append(node)
             continue
@@ -57,9 +86,11 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
         groups.append(open_group)
     for g in groups:
         if isinstance(g, Node):
-            kernels += [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
+            for k in [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph):
+                k.values = [alias.get(v, v) for v in k.values]
+                kernels.append(k)
         else:
-            kernels.append(group_kernel(g, graph, readers, outputs))
+            kernels.append(group_kernel(g, graph, readers, outputs, alias))
     return kernels
 
 
@@ -72,8 +103,10 @@ def _joins(node: Node, group: Group, graph: Graph) -> bool:
             and graph.specs[node.outputs[0]].shape == shape)
 
 
-def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set[str]) -> Kernel:
-    """One dispatch for the group; it stores each value read outside the group (or a partition output)."""
+def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set[str],
+                 alias: dict[str, str]) -> Kernel:
+    """One dispatch for the group; it stores each value read outside the group (or a partition output).
+    Shapes come from the values the nodes name; bindings go to their identity-raster sources (`alias`)."""
     body = node_body(group.anchor, graph)
     bound = list(body.inputs)
     lines = list(body.lines)
@@ -96,7 +129,7 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
         name = f"acc_e{k}"
         lines.append(f"let {name} = {elementwise_expr(node, graph, args)};")
         current[node.outputs[0]] = name
-    bound, lines = _bind_once(bound, lines)
+    bound, lines = _bind_once([alias.get(v, v) for v in bound], lines)
     stored = [v for v in current if v in outputs or readers[v] > inside[v]]
     lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
     status = group.anchor.op == "gather"

@@ -24,7 +24,7 @@ import numpy as np
 import wgpu
 
 from edgerun.backends.webgpu.device import GpuDevice
-from edgerun.backends.webgpu.lowering import lower
+from edgerun.backends.webgpu.lowering import identity_rasters, lower
 from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
 from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
@@ -120,6 +120,7 @@ class PartitionRunner:
         """(Re)lower the partition with or without fusion; a captured call is then stale (guard `plan`)."""
         self.fuse = fuse
         self.kernels = lower(self.graph, fuse)
+        self.alias = identity_rasters(self.graph) if fuse else {}
         for k in self.kernels:
             self._check_limits(k)
             self.gpu.pipeline(k.source)  # a shader the adapter refuses fails the compile, not a call
@@ -158,7 +159,7 @@ class PartitionRunner:
 
     def _plan_arena(self) -> None:
         """First-fit offsets for every non-constant value over the dispatch order (inputs live from the start,
-        outputs to the end)."""
+        outputs to the end; an identity raster's output shares its source's range)."""
         g = self.graph
         last = len(self.kernels)
         birth: dict[str, int] = {v: -1 for v in g.inputs}
@@ -170,7 +171,7 @@ class PartitionRunner:
                 birth.setdefault(v, i)
                 death[v] = i
         for v in (*g.outputs, *self.held):
-            death[v] = last
+            death[self.alias.get(v, v)] = last
         align = self.align
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, birth, death)
         self._range: dict[str, tuple[int, int]] = {}
@@ -184,6 +185,9 @@ class PartitionRunner:
                 offset = -(-(o + s) // align) * align
             placed.append((offset, size, b, d))
             self._range[v] = (offset, size)
+        for v, root in self.alias.items():  # identity rasters: the output is its source's bytes
+            if root in self._range:
+                self._range[v] = self._range[root]
         total = max((o + s for o, s, _, _ in placed), default=4)
         self.arena_bytes = total
         self._check_buffer(total, "the partition's arena")
