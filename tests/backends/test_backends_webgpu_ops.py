@@ -20,6 +20,7 @@ from backends_testkit import assert_matches_reference
 
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.builder import Builder
+from edgerun.ir.decompose import decomposed
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
@@ -297,3 +298,20 @@ def test_workgroup_argmax_over_a_long_axis_keeps_the_reference_tie_rule() -> Non
     got = compiled(*feeds)
     assert_matches_reference(graph, feeds, got)
     assert got[0][0] == 17 and got[2][0] == 4100 and got[1][1] == 64 and got[3][1] == 4999
+
+
+def test_softmax_and_rms_norm_run_whole_in_one_dispatch_each() -> None:
+    x, w = f32(3, 5, 7), f32(7)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("softmax", [n[0]], axis=1), b.emit("softmax", [n[0]], axis=-1),
+                b.emit("rms_norm", [n[0], n[1]], eps=1e-5), b.emit("rms_norm", [n[0]], eps=1e-6)]
+    graph, feeds = build([x, w], body, constant=[False, True])
+    backend = WebGpuBackend()
+    assert all(backend.keeps_whole(node, graph) for node in graph.nodes)
+    compiled = backend.compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["softmax", "softmax", "rms_norm", "rms_norm"]
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-6, atol=1e-6)
+    graph2, _ = build([f32(2, 3, 4), f32(3, 4)], lambda b, n: [b.emit("rms_norm", n, normalized_ndim=2)],
+                      constant=[False, True])
+    assert not backend.keeps_whole(graph2.nodes[0], graph2)  # two normalized axes: decomposed

@@ -60,10 +60,26 @@ SUPPORTED: dict[str, OpSupport] = {
 }
 
 
+def _last_axis_norm(node: Node, graph: Graph) -> bool:
+    x = graph.specs[node.inputs[0]]
+    weight = node.inputs[1] if len(node.inputs) > 1 else ""
+    return (int(node.attrs.get("normalized_ndim", 1)) == 1 and not (len(node.inputs) > 2 and node.inputs[2])
+            and (not weight or graph.specs[weight].shape == x.shape[-1:]))
+
+
+# Composites run whole, one dispatch each (the decoder's RMSNorm, attention's softmax) instead of the
+# 3-4 dispatches of their decomposition.
+COMPOSITES: dict[str, OpSupport] = {
+    "softmax": OpSupport(_F),
+    "rms_norm": OpSupport(_F, check=_last_axis_norm),
+}
+
+
 class WebGpuBackend(Backend):
     name = "webgpu"
     extra = "webgpu"
     supported = SUPPORTED
+    composites = COMPOSITES
     # A discrete GPU would be far faster; these describe lavapipe on a few CPU cores, the CI adapter.
     throughput = Throughput(flops_per_s=2e9, bytes_per_s=2e9, dispatch_s=2e-5, transfer_bytes_per_s=4e9,
                             transfer_latency_s=2e-4)

@@ -215,6 +215,10 @@ def node_body(node: Node, graph: Graph) -> Body:
         return _matmul_body(graph, inputs, out.shape)
     if op == "matmul_int4":
         return _matmul_int4_body(node, graph, inputs)
+    if op == "softmax":
+        return _softmax_body(node, graph, inputs)
+    if op == "rms_norm":
+        return _rms_norm_body(node, graph, inputs)
     if op == "conv2d":
         return _conv_body(node, graph, inputs)
     if op in ("max_pool2d", "avg_pool2d"):
@@ -354,6 +358,44 @@ def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> B
               f"var acc_r: {t} = {'0.0' if t == 'f32' else '0'};",
               f"for (var r: i32 = 0; r < {k}; r = r + 1) {{ acc_r = acc_r + in0[ab + r] * in1[bb + r * {n}]; }}",
               "let acc = acc_r;"]
+    return Body(inputs, lines)
+
+
+def _row(x_shape: Sequence[int], axis: int) -> tuple[list[str], int, int]:
+    """Lines setting `base`, the flat index where the row through output index `idx` along `axis` starts,
+    and the row's length and stride."""
+    strides = _row_major(x_shape)
+    kept = [a for a in range(len(x_shape)) if a != axis]
+    lines = coords(x_shape)
+    base = " + ".join(f"c{a} * {strides[a]}" for a in kept) or "0"
+    return [*lines, f"let base = {base};"], x_shape[axis], strides[axis]
+
+
+def _softmax_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """The composite whole, one thread per element: the row's max, then the sum of exp(x - max), in the
+    decomposition's order (so the values are the unfused kernels')."""
+    x = graph.specs[inputs[0]]
+    axis = int(node.attrs.get("axis", -1)) % max(x.rank, 1)
+    lines, n, step = _row(x.shape, axis)
+    lines += ["var m = in0[base];",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ m = e_max(m, in0[base + r * {step}]); }}",
+              "var total: f32 = 0.0;",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ total = total + exp(in0[base + r * {step}] - m); }}",
+              "let acc = exp(in0[idx] - m) / total;"]
+    return Body(inputs, lines)
+
+
+def _rms_norm_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """The composite whole over the last axis, one thread per element: x * rsqrt(mean(x*x) + eps) * weight,
+    in the decomposition's order."""
+    x = graph.specs[inputs[0]]
+    lines, n, _ = _row(x.shape, x.rank - 1)
+    eps = float(node.attrs.get("eps", 1e-6))
+    weight = f" * in1[c{x.rank - 1}]" if len(inputs) > 1 else ""
+    lines += ["var total: f32 = 0.0;",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ let v = in0[base + r]; total = total + v * v; }}",
+              f"let inv = inverseSqrt(total / {float(n)!r} + f32({eps!r}));",
+              f"let acc = (in0[idx] * inv){weight};"]
     return Body(inputs, lines)
 
 
