@@ -315,3 +315,29 @@ def test_softmax_and_rms_norm_run_whole_in_one_dispatch_each() -> None:
     graph2, _ = build([f32(2, 3, 4), f32(3, 4)], lambda b, n: [b.emit("rms_norm", n, normalized_ndim=2)],
                       constant=[False, True])
     assert not backend.keeps_whole(graph2.nodes[0], graph2)  # two normalized axes: decomposed
+
+
+@pytest.mark.parametrize("int4", [False, True])
+def test_gate_up_silu_is_one_dispatch(int4: bool) -> None:
+    # A decoder's MLP: silu(h @ Wg) * (h @ Wu), then the down projection. The up matmul shares the gate's input
+    # and rides in its dispatch (two dot products per thread), so gate + up + SiLU + mul is one dispatch.
+    h = f32(2, 32)
+
+    def weight(b: Builder) -> list[str]:
+        if not int4:
+            return [b.const(f32(32, 48, low=-0.3, high=0.3))]
+        return [b.const(RNG.integers(0, 256, (48, 1, 16)).astype(np.uint8)),
+                b.const(RNG.uniform(0.01, 0.05, (48, 1)).astype(np.float32))]
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        mm = "matmul_int4" if int4 else "matmul"
+        attrs = {"k": 32, "n": 48, "group_size": 32} if int4 else {}
+        gate = b.emit(mm, [n[0], *weight(b)], **attrs)
+        gated = b.binary("mul", gate, b.unary("sigmoid", gate))
+        up = b.emit(mm, [n[0], *weight(b)], **attrs)
+        return [b.emit("matmul", [b.binary("mul", gated, up), b.const(f32(48, 32))])]
+    graph, feeds = build([h], body)
+    compiled = WebGpuBackend().compile(graph)
+    mm = "matmul_int4" if int4 else "matmul"
+    assert [k.label for k in compiled.info["runner"].kernels] == [f"{mm}|{mm}+sigmoid+mul+mul", "matmul"]
+    assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)

@@ -38,6 +38,24 @@ from edgerun.ir.graph import Graph, Node
 class Group:
     anchor: Node
     chain: list[Node] = field(default_factory=list)
+    siblings: list[Node] = field(default_factory=list)  # matmuls of the anchor's input, computed alongside
+
+    @property
+    def values(self) -> set[str]:
+        return {self.anchor.outputs[0], *(n.outputs[0] for n in (*self.siblings, *self.chain))}
+
+
+MATMULS = ("matmul", "matmul_int4")
+
+
+def _sibling(node: Node, group: Group, graph: Graph) -> bool:
+    """A matmul over the anchor matmul's input with constant weights and the same output shape (a decoder's
+    up projection beside its gate): one thread computes both dot products, so gate + up + SiLU + mul is one
+    dispatch."""
+    a = group.anchor
+    return (node.op == a.op and node.op in MATMULS and node.inputs[0] == a.inputs[0] and node.attrs == a.attrs
+            and all(v in graph.constants for v in node.inputs[1:] if v)
+            and graph.specs[node.outputs[0]].shape == graph.specs[a.outputs[0]].shape)
 
 
 def identity_rasters(graph: Graph) -> dict[str, str]:
@@ -78,6 +96,9 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
         if open_group is not None and fuse and _joins(node, open_group, graph):
             open_group.chain.append(node)
             continue
+        if open_group is not None and fuse and _sibling(node, open_group, graph):
+            open_group.siblings.append(node)
+            continue
         if node.op == "raster" or is_wide_arg(node, graph):
             groups.append(node)
             open_group = None
@@ -97,9 +118,8 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
 def _joins(node: Node, group: Group, graph: Graph) -> bool:
     """An elementwise node reading one of the group's values, over the group's output shape. Groups are
     contiguous in the topological order, so every reader outside a group runs after its dispatch."""
-    values = {group.anchor.outputs[0], *(n.outputs[0] for n in group.chain)}
     shape = graph.specs[group.anchor.outputs[0]].shape
-    return (node.op in ELEMENTWISE and any(v in values for v in node.inputs)
+    return (node.op in ELEMENTWISE and any(v in group.values for v in node.inputs)
             and graph.specs[node.outputs[0]].shape == shape)
 
 
@@ -114,6 +134,13 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     shape = graph.specs[anchor_out].shape
     current = {anchor_out: "acc"}
     inside: Counter[str] = Counter()
+    for j, sib in enumerate(group.siblings):  # in a block of its own: its lets shadow the anchor's
+        extra = node_body(sib, graph)
+        first = len(bound)
+        bound += extra.inputs
+        shifted = [_LOAD.sub(lambda m: f"in{first + int(m.group(1))}[", line) for line in extra.lines]
+        lines += [f"var sib{j}: f32;", "{", *shifted, f"sib{j} = acc;", "}"]
+        current[sib.outputs[0]] = f"sib{j}"
     if group.chain:
         lines += coords(shape, prefix="e")
     for k, node in enumerate(group.chain):
@@ -135,8 +162,8 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     status = group.anchor.op == "gather"
     source = shader_source([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
                      [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
-    nodes = [group.anchor.name, *(n.name for n in group.chain)]
-    label = "+".join([group.anchor.op, *(n.op for n in group.chain)])
+    nodes = [group.anchor.name, *(n.name for n in (*group.siblings, *group.chain))]
+    label = "+".join(["|".join(n.op for n in (group.anchor, *group.siblings)), *(n.op for n in group.chain)])
     return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,
                   n_outputs=len(stored))
 
