@@ -17,6 +17,7 @@ import numpy as np
 from collections import Counter
 from dataclasses import dataclass, field
 
+from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
 from edgerun.backends.webgpu.wgsl import (
     ELEMENTWISE,
     STORAGE_TYPE,
@@ -87,13 +88,14 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
     alias = identity_rasters(graph) if fuse else {}
     readers: Counter[str] = Counter(alias.get(v, v) for n in graph.nodes for v in n.inputs if v)
     outputs = {alias.get(v, v) for v in graph.outputs}
+    inline = inline_values(graph, alias, outputs) if fuse else {}
     kernels: list[Kernel] = []
     open_group: Group | None = None
     groups: list[Group | Node] = []
     for node in graph.nodes:
-        if node.outputs[0] in alias:
+        if node.outputs[0] in alias or node.outputs[0] in inline:
             continue
-        if open_group is not None and fuse and _joins(node, open_group, graph):
+        if open_group is not None and fuse and _joins(node, open_group, graph, inline):
             open_group.chain.append(node)
             continue
         if open_group is not None and fuse and _sibling(node, open_group, graph):
@@ -111,20 +113,38 @@ def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
                 k.values = [alias.get(v, v) for v in k.values]
                 kernels.append(k)
         else:
-            kernels.append(group_kernel(g, graph, readers, outputs, alias))
+            kernels.append(group_kernel(g, graph, readers, outputs, alias, inline))
     return kernels
 
 
-def _joins(node: Node, group: Group, graph: Graph) -> bool:
-    """An elementwise node reading one of the group's values, over the group's output shape. Groups are
-    contiguous in the topological order, so every reader outside a group runs after its dispatch."""
+def _joins(node: Node, group: Group, graph: Graph, inline: dict[str, Node]) -> bool:
+    """An elementwise node reading one of the group's values (or an inline raster), over the group's output
+    shape. Groups are contiguous in the topological order, so every reader outside a group runs after its
+    dispatch; an inline value must not read the group's own values from memory (they are stored by this
+    very dispatch)."""
     shape = graph.specs[group.anchor.outputs[0]].shape
-    return (node.op in ELEMENTWISE and any(v in group.values for v in node.inputs)
-            and graph.specs[node.outputs[0]].shape == shape)
+    if node.op not in ELEMENTWISE or graph.specs[node.outputs[0]].shape != shape:
+        return False
+    reads_inline = [v for v in node.inputs if v in inline]
+    if reads_inline and _memory_inputs(reads_inline, inline) & group.values:
+        return False
+    return any(v in group.values for v in node.inputs) or bool(reads_inline)
+
+
+def _memory_inputs(values: list[str], inline: dict[str, Node]) -> set[str]:
+    found: set[str] = set()
+    todo = list(values)
+    while todo:
+        v = todo.pop()
+        if v in inline:
+            todo += [u for u in inline[v].inputs if u]
+        else:
+            found.add(v)
+    return found
 
 
 def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set[str],
-                 alias: dict[str, str]) -> Kernel:
+                 alias: dict[str, str], inline: dict[str, Node]) -> Kernel:
     """One dispatch for the group; it stores each value read outside the group (or a partition output).
     Shapes come from the values the nodes name; bindings go to their identity-raster sources (`alias`)."""
     body = node_body(group.anchor, graph)
@@ -156,12 +176,21 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
         name = f"acc_e{k}"
         lines.append(f"let {name} = {elementwise_expr(node, graph, args)};")
         current[node.outputs[0]] = name
-    bound, lines = _bind_once([alias.get(v, v) for v in bound], lines)
+    helpers = ""
+    if any(v in inline for v in bound):
+        def load(v: str) -> int:
+            bound.append(v)
+            return len(bound) - 1
+        writer = InlineWriter(graph, inline, load)
+        lines = replace_inline_loads(lines, list(bound), writer)
+        helpers = "".join(writer.functions.values())
+    bound, (lines, helpers) = _bind_once([alias.get(v, v) for v in bound], lines, helpers)
     stored = [v for v in current if v in outputs or readers[v] > inside[v]]
     lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
     status = group.anchor.op == "gather"
     source = shader_source([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
-                     [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status)
+                           [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status,
+                           helpers=helpers)
     nodes = [group.anchor.name, *(n.name for n in (*group.siblings, *group.chain))]
     label = "+".join(["|".join(n.op for n in (group.anchor, *group.siblings)), *(n.op for n in group.chain)])
     return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,
@@ -171,15 +200,20 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
 _LOAD = re.compile(r"\bin(\d+)\[")
 
 
-def _bind_once(bound: list[str], lines: list[str]) -> tuple[list[str], list[str]]:
-    """Bind each value once (x * x reads one binding): fewer bindings, and no two writable bindings of one
-    range, which browsers' WebGPU refuses as aliasing."""
+def _bind_once(bound: list[str], lines: list[str], helpers: str = "") -> tuple[list[str], tuple[list[str], str]]:
+    """Bind each value the code reads once (x * x reads one binding; an inline value's placeholder is not
+    read at all): fewer bindings, and no two writable bindings of one range, which browsers' WebGPU refuses
+    as aliasing."""
+    used = sorted({int(m.group(1)) for text in (*lines, helpers) for m in _LOAD.finditer(text)})
     unique: list[str] = []
     slot: dict[int, int] = {}
-    for j, v in enumerate(bound):
-        if v not in unique:
-            unique.append(v)
-        slot[j] = unique.index(v)
-    if len(unique) == len(bound):
-        return bound, lines
-    return unique, [_LOAD.sub(lambda m: f"in{slot[int(m.group(1))]}[", line) for line in lines]
+    for j in used:
+        if bound[j] not in unique:
+            unique.append(bound[j])
+        slot[j] = unique.index(bound[j])
+    if unique == bound:
+        return bound, (lines, helpers)
+
+    def sub(text: str) -> str:
+        return _LOAD.sub(lambda m: f"in{slot[int(m.group(1))]}[", text)
+    return unique, ([sub(line) for line in lines], sub(helpers))

@@ -578,7 +578,7 @@ def _literal(value: Any, dtype: DType) -> str:
 
 
 def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
-            status: bool, params: bool = False) -> str:
+            status: bool, params: bool = False, helpers: str = "") -> str:
     """A compute shader: bindings in0.. (read), out0.. (written), then status or params; the body runs for
     idx < threads and stores its outputs itself."""
     decls = [f"@group(0) @binding({k}) var<storage, read_write> in{k}: array<{t}>;" for k, t in enumerate(in_types)]
@@ -592,7 +592,7 @@ def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequ
     lines = [_widen_half(line, in_types, out_types) for line in lines]
     body = "\n  ".join(lines)
     enable = "enable f16;\n" if "f16" in (*in_types, *out_types) else ""
-    return (f"{enable}{PRELUDE}{PYMOD}\n" + "\n".join(decls) +
+    return (f"{enable}{PRELUDE}{PYMOD}{helpers}\n" + "\n".join(decls) +
             f"\n@compute @workgroup_size({WORKGROUP})\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
             f"  let idx = gid.x + gid.y * nwg.x * {WORKGROUP}u;\n"
