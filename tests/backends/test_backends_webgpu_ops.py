@@ -341,3 +341,34 @@ def test_gate_up_silu_is_one_dispatch(int4: bool) -> None:
     mm = "matmul_int4" if int4 else "matmul"
     assert [k.label for k in compiled.info["runner"].kernels] == [f"{mm}|{mm}+sigmoid+mul+mul", "matmul"]
     assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_rasters_are_computed_where_they_are_read() -> None:
+    # x * cos + rotate_half(x) * sin: the two slices, the neg and the concat (rasters and an elementwise op
+    # between them) are not dispatched; the multiply-add reads them through WGSL functions, one dispatch.
+    x, cos, sin = f32(4, 1, 8), f32(1, 8), f32(1, 8)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        x1 = b.emit("slice", [n[0]], starts=[0], ends=[4], axes=[2])
+        x2 = b.emit("slice", [n[0]], starts=[4], ends=[8], axes=[2])
+        rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
+        return [b.binary("add", b.binary("mul", n[0], n[1]), b.binary("mul", rotated, n[2]))]
+    graph, feeds = build([x, cos, sin], body)
+    graph = decomposed(graph)
+    compiled = WebGpuBackend().compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["mul+mul+add"]
+    assert_matches_reference(graph, feeds, compiled(*feeds), rtol=0, atol=0)
+    assert len(WebGpuBackend(fuse=False).compile(graph).info["runner"].kernels) == 7
+
+
+def test_a_raster_read_twice_or_by_a_matmul_is_still_dispatched() -> None:
+    x = f32(3, 8)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        t = b.emit("transpose", [n[0]], perm=[1, 0])
+        return [b.binary("add", t, t), b.emit("matmul", [b.emit("transpose", [n[0]], perm=[1, 0]), n[0]])]
+    graph, feeds = build([x], body)
+    graph = decomposed(graph)
+    compiled = WebGpuBackend().compile(graph)
+    assert sum(":copy" in k.label for k in compiled.info["runner"].kernels) == 2
+    assert_matches_reference(graph, feeds, compiled(*feeds))
