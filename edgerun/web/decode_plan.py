@@ -18,6 +18,7 @@ float zero point -m/d, which rounds once more than the CPU path's exact dequanti
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,8 @@ def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int
         placed = sorted({(n.op, p.backend) for p in parts.partitions if p.backend != "webgpu" for n in p.nodes})
         raise EdgerunError(f"the decode program does not run whole on webgpu (elsewhere: {placed[:8]}); the "
                            "browser runtime replays a single webgpu partition")
-    runner: PartitionRunner = parts.compiled[0].info["runner"]
+    runner = parts.compiled[0].info["runner"]
+    assert isinstance(runner, PartitionRunner)
     sub = runner.graph
     caches = [v for v in sub.inputs if v.startswith(("k_cache_", "v_cache_"))]
     runner.hold([*caches, "start"], align=align)  # the KV append reads start after every other dispatch
@@ -196,6 +198,6 @@ def _check_no_aliasing(dispatches: list[dict[str, Any]]) -> None:
     read_write, so no two ranges of a dispatch may overlap."""
     for d in dispatches:
         spans = sorted((buf, off, off + size) for buf, off, size in d["bind"])
-        for (b1, _, end), (b2, start, _) in zip(spans, spans[1:]):
+        for (b1, _, end), (b2, start, _) in itertools.pairwise(spans):
             if b1 == b2 and start < end:
                 raise EdgerunError(f"dispatch {d['label']} binds overlapping ranges of buffer {b1!r}")

@@ -15,7 +15,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edgerun.backends.webgpu.wgsl import ELEMENTWISE, WGSL_TYPE, broadcast_strides, coords, elementwise_expr, offset_expr
+from edgerun.backends.webgpu.wgsl import (
+    ELEMENTWISE,
+    WGSL_TYPE,
+    broadcast_strides,
+    coords,
+    elementwise_expr,
+    offset_expr,
+)
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 
@@ -38,9 +45,7 @@ def inline_values(graph: Graph, alias: dict[str, str], outputs: set[str]) -> dic
                 or graph.specs[out].dtype is not DType.float32):
             continue
         user = users[0]
-        if node.op == "raster" and (user.op in ELEMENTWISE or user.outputs[0] in inline) and _decodable(node, graph):
-            inline[out] = node
-        elif (node.op in ELEMENTWISE and user.outputs[0] in inline and user.op == "raster"
+        if (node.op == "raster" and (user.op in ELEMENTWISE or user.outputs[0] in inline) and _decodable(node, graph)) or (node.op in ELEMENTWISE and user.outputs[0] in inline and user.op == "raster"
               and all(graph.specs[v].dtype is not DType.float16 for v in node.inputs)):
             inline[out] = node
     # An inline elementwise node needs an inline raster among its inputs to be worth it (and to be RoPE-like);
@@ -87,7 +92,7 @@ def _decode(i: np.ndarray, r: list[int]) -> tuple[np.ndarray, np.ndarray, np.nda
     idx = [np.zeros_like(i) for _ in range(3)]
     for a, stride in _axes(r):
         if stride == 0:
-            return np.zeros_like(found), *idx
+            return np.zeros_like(found), idx[0], idx[1], idx[2]
         idx[a] = rest // stride
         rest = rest % stride
         found &= idx[a] < r[9 + a]

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import re
-
-import numpy as np
 from collections import Counter
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
 from edgerun.backends.webgpu.wgsl import (
@@ -158,7 +158,7 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
         extra = node_body(sib, graph)
         first = len(bound)
         bound += extra.inputs
-        shifted = [_LOAD.sub(lambda m: f"in{first + int(m.group(1))}[", line) for line in extra.lines]
+        shifted = [_shift_loads(line, first) for line in extra.lines]
         lines += [f"var sib{j}: f32;", "{", *shifted, f"sib{j} = acc;", "}"]
         current[sib.outputs[0]] = f"sib{j}"
     if group.chain:
@@ -198,6 +198,10 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
 
 
 _LOAD = re.compile(r"\bin(\d+)\[")
+
+
+def _shift_loads(line: str, by: int) -> str:
+    return _LOAD.sub(lambda m: f"in{by + int(m.group(1))}[", line)
 
 
 def _bind_once(bound: list[str], lines: list[str], helpers: str = "") -> tuple[list[str], tuple[list[str], str]]:

@@ -47,8 +47,8 @@ def device_bytes(dtype: DType, numel: int) -> int:
 def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
     """A host array as the device stores it (bool -> u32, int64 -> i32 range-checked), padded to 4 bytes."""
     if dtype is DType.uint8:  # packed int4 bytes (constants only), kept as stored, read as u32 words
-        flat = np.ascontiguousarray(array, np.uint8).reshape(-1)
-        return np.concatenate([flat, np.zeros(-flat.size % 4, np.uint8)]).view(np.uint32)
+        raw = np.ascontiguousarray(array, np.uint8).reshape(-1)
+        return np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)]).view(np.uint32)
     if dtype is DType.float16:
         flat = np.ascontiguousarray(array, np.float16).reshape(-1)
         return flat if flat.size % 2 == 0 else np.concatenate([flat, np.zeros(1, np.float16)])

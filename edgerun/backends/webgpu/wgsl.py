@@ -297,7 +297,7 @@ def wide_arg_kernel(node: Node, graph: Graph) -> Kernel:
     better = ">" if node.op == "argmax" else "<"
     tie = ">" if node.attrs.get("select_last_index") else "<"
     t = STORAGE_TYPE[x.dtype]
-    load = "f32(in0[base + r * {0}])".format(step) if t == "f16" else f"in0[base + r * {step}]"
+    load = f"f32(in0[base + r * {step}])" if t == "f16" else f"in0[base + r * {step}]"
     base = " + ".join(f"k{i} * {strides[a]}" for i, a in enumerate(kept)) or "0"
     vt = "f32" if t == "f16" else WGSL_TYPE[x.dtype]
     lines = coords([x.shape[a] for a in kept], var="o", prefix="k")
