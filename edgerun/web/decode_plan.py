@@ -31,8 +31,8 @@ from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph, Node
 from edgerun.llm.architecture import LlamaArchitecture
 from edgerun.llm.checkpoint import Checkpoint
-from edgerun.llm.model import ModelInfo, build_programs
-from edgerun.llm.program_builder import PROJECTIONS
+from edgerun.llm.model import ModelInfo
+from edgerun.llm.program_builder import PROJECTIONS, step_graph
 from edgerun.llm.quant_blocks import GROUP, PackedWeight
 
 PLAN_FORMAT, PLAN_VERSION = "edgerun-web-plan", 1
@@ -42,7 +42,7 @@ STEP_INPUTS = ("tokens", "start", "last")
 def decode_graph(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True) -> Graph:
     """The LLM package's decode program with a GPU argmax as its first output ("next_token") instead of the
     logits, and (int4) packed 4-bit projections as matmul_int4."""
-    graph = build_programs(checkpoint, info)[1]
+    graph = step_graph(info.config, float_weights(checkpoint), chunk=1, context=info.context)
     if int4:
         _pack_projections(graph, checkpoint)
     logits = graph.outputs[0]
@@ -50,6 +50,19 @@ def decode_graph(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True) -> 
     graph.outputs = [token, *graph.outputs[1:]]
     graph.prune_specs()
     return graph
+
+
+def float_weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
+    """Every weight as float32, projections as the [in, out] `.T` arrays the step builder reads; the packed
+    ones are swapped back in by `_pack_projections`, so the plan does not depend on how the LLM package
+    chooses to pack."""
+    weights = {}
+    for n in checkpoint.weights:
+        if n.rsplit(".", 1)[-1] in PROJECTIONS:
+            weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
+        else:
+            weights[n] = checkpoint.float_weight(n)
+    return weights
 
 
 def _pack_projections(graph: Graph, checkpoint: Checkpoint) -> None:

@@ -278,6 +278,10 @@ def test_matmul_int4_with_a_runtime_weight_is_not_claimed() -> None:
                       np.ones((4, 1), np.float32)],
                      lambda b, n: [b.emit("matmul_int4", n, k=32, n=4, group_size=32)], constant=[False, False, True])
     assert not WebGpuBackend().supports(graph.nodes[0], graph)
+    graph, _ = build([f32(1, 32), RNG.integers(0, 256, (4, 1, 16)).astype(np.uint8), np.ones((4, 1), np.float32)],
+                     lambda b, n: [b.emit("matmul_int4", n, k=32, n=4, group_size=32, activations="int8")],
+                     constant=[False, True, True])
+    assert not WebGpuBackend().supports(graph.nodes[0], graph)  # int8-rounded activations: not this kernel
 
 
 def test_workgroup_argmax_over_a_long_axis_keeps_the_reference_tie_rule() -> None:

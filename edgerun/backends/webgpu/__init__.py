@@ -33,8 +33,10 @@ def _int_ok(node: Node, graph: Graph) -> bool:
 
 
 def _packed_constants(node: Node, graph: Graph) -> bool:
-    """uint8 values exist on the device only as constants (packed int4 weights and zero points)."""
-    return all(v in graph.constants for v in node.inputs[1:] if v and graph.specs[v].dtype is DType.uint8)
+    """uint8 values exist on the device only as constants (packed int4 weights and zero points); float
+    activations only (the kernel has no int8 rounding of its input)."""
+    return (node.attrs.get("activations") in (None, "float")
+            and all(v in graph.constants for v in node.inputs[1:] if v and graph.specs[v].dtype is DType.uint8))
 
 
 SUPPORTED: dict[str, OpSupport] = {
