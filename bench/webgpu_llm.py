@@ -75,7 +75,7 @@ def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict
     if not fuse:
         runner.set_fusion(False)
     extra = ["tail"] if name.startswith("int4") else []  # the browser plan's KV append
-    counts = section_counts([*dispatch_sections(runner.kernels, layers), *extra], layers)
+    counts = section_counts([*dispatch_sections(runner.kernels), *extra], layers)
     g = runner.graph
     inputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.inputs]
     outputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.outputs]

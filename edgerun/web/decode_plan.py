@@ -40,8 +40,8 @@ STEP_INPUTS = ("tokens", "start", "last")
 
 
 def decode_graph(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True) -> Graph:
-    """The LLM package's decode program with a GPU argmax as its first output ("next_token") instead of the
-    logits, and (int4) packed 4-bit projections as matmul_int4."""
+    """The LLM package's decode step (its step builder at one token) with a GPU argmax as its first output
+    ("next_token") instead of the logits, and (int4) the GGUF's packed 4-bit projections as matmul_int4."""
     graph = step_graph(info.config, float_weights(checkpoint), chunk=1, context=info.context)
     if int4:
         _pack_projections(graph, checkpoint)
@@ -108,7 +108,7 @@ def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int
     sub = runner.graph
     caches = [v for v in sub.inputs if v.startswith(("k_cache_", "v_cache_"))]
     runner.hold([*caches, "start"], align=align)  # the KV append reads start after every other dispatch
-    weights, const_range = pack_constants(sub, runner._constants, runner.align)
+    weights, const_range = pack_constants(sub, runner.constants, runner.align)
     shaders: dict[str, int] = {}
     params: list[list[int]] = []
     dispatches = []
@@ -121,11 +121,11 @@ def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int
         "format": PLAN_FORMAT, "version": PLAN_VERSION,
         "arena_bytes": runner.arena_bytes, "weights_bytes": int(weights.nbytes),
         "shaders": list(shaders), "params": params, "dispatches": dispatches,
-        "inputs": {v: runner._range[v][0] for v in STEP_INPUTS},
-        "next_token": runner._range[token][0],
+        "inputs": {v: runner.value_range(v)[0] for v in STEP_INPUTS},
+        "next_token": runner.value_range(token)[0],
         "max_bindings": max(len(d["bind"]) for d in dispatches),
         "max_binding_bytes": max(size for d in dispatches for _, _, size in d["bind"]),
-        "sections": section_counts([*dispatch_sections(runner.kernels, config.layers), "tail"], config.layers),
+        "sections": section_counts([*dispatch_sections(runner.kernels), "tail"], config.layers),
     }
     return WebPlan(plan, weights)
 
@@ -137,7 +137,7 @@ def _dispatch(kernel: Kernel, runner: PartitionRunner, const_range: dict[str, tu
         if v in const_range:
             bind.append(("w", *const_range[v]))
         else:
-            bind.append(("a", *runner._range[v]))
+            bind.append(("a", *runner.value_range(v)))
     if kernel.status:
         bind.append(("s", 0, 4))
     if kernel.params is not None:
@@ -153,10 +153,10 @@ def _kv_append(runner: PartitionRunner, config: LlamaArchitecture, context: int,
     """One dispatch writing every layer's new K row ([kv, hd, 1] into [kv, hd, C]) and V row ([kv, 1, hd]
     into [kv, C, hd]) at column/row `start`, read from the arena; the arena is bound whole as words."""
     row = config.kv_heads * config.head_dim
-    table = [runner._range["start"][0] // 4]
+    table = [runner.value_range("start")[0] // 4]
     for i in range(config.layers):
         for kind in ("k", "v"):
-            table += [runner._range[f"{kind}_cache_{i}"][0] // 4, runner._range[f"{kind}_new_{i}"][0] // 4,
+            table += [runner.value_range(f"{kind}_cache_{i}")[0] // 4, runner.value_range(f"{kind}_new_{i}")[0] // 4,
                       int(kind == "v")]
     entries = 2 * config.layers
     hd, c = config.head_dim, context
@@ -185,7 +185,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             "groups": [x, y], "label": "kv_append"}
 
 
-def dispatch_sections(kernels: list[Kernel], layers: int) -> list[str]:
+def dispatch_sections(kernels: list[Kernel]) -> list[str]:
     """Each dispatch's place in the step, the way zerotvm counts dispatches per token: "preamble" (before the
     first layer: embedding, RoPE tables, masks), "layer i" (from the first dispatch reading one of layer i's
     weights to the next layer's), "tail" (from the final norm on: logits, argmax, KV append)."""

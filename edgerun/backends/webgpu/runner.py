@@ -144,6 +144,14 @@ class PartitionRunner:
                                         data=blob, usage=_STORAGE)
         self._buffer_version += 1
 
+    @property
+    def constants(self) -> Mapping[str, np.ndarray]:
+        return self._constants
+
+    def value_range(self, name: str) -> tuple[int, int]:
+        """(offset, bytes) of a non-constant value in the arena buffer."""
+        return self._range[name]
+
     def hold(self, names: Collection[str], align: int | None = None) -> None:
         """Keep `names` (inputs) intact for the whole call, so their device ranges can carry state from one
         call to the next (a KV cache the browser runtime appends to), with ranges aligned to `align` bytes
