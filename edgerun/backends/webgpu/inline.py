@@ -1,8 +1,9 @@
 """Rasters computed where they are read: a decoder's RoPE (slice, slice, neg, concat, mul, mul, add) in one
-dispatch instead of seven.
+dispatch instead of seven, attention's concat inside its softmax and its slices inside their matmuls.
 
-A float32 raster read by exactly one elementwise node (or by another such raster), whose regions do not
-overlap and whose destination index decodes back to the region's (i0, i1, i2), is not dispatched: its
+A float32 raster read by exactly one elementwise node, softmax or matmul (or by another such raster), whose
+regions do not overlap and whose destination index decodes back to the region's (i0, i1, i2), is not
+dispatched: its
 reader's kernel calls a WGSL function `f_<n>(i)` that returns the raster's value at flat index i — it finds the
 region holding i and reads the source there. An elementwise node between two inline rasters (RoPE's neg) is
 inlined the same way. Their sources are read from memory, or are inline themselves.
@@ -28,6 +29,9 @@ from edgerun.ir.graph import Graph, Node
 
 MAX_NUMEL = 1 << 20  # checking a raster's index decoding costs numpy work over its whole output
 MAX_REGIONS = 8
+# Non-elementwise kernels that read their inputs only through `in{k}[index]` loads, so an inline raster can
+# stand in for one (attention's score concat before its softmax, the probability slices before their matmuls).
+INDEXED_READERS = ("softmax", "matmul")
 
 
 def inline_values(graph: Graph, alias: dict[str, str], outputs: set[str]) -> dict[str, Node]:
@@ -45,8 +49,12 @@ def inline_values(graph: Graph, alias: dict[str, str], outputs: set[str]) -> dic
                 or graph.specs[out].dtype is not DType.float32):
             continue
         user = users[0]
-        if (node.op == "raster" and (user.op in ELEMENTWISE or user.outputs[0] in inline) and _decodable(node, graph)) or (node.op in ELEMENTWISE and user.outputs[0] in inline and user.op == "raster"
-              and all(graph.specs[v].dtype is not DType.float16 for v in node.inputs)):
+        if node.op == "raster":
+            wanted = user.op in ELEMENTWISE or user.op in INDEXED_READERS or user.outputs[0] in inline
+            if wanted and _decodable(node, graph):
+                inline[out] = node
+        elif node.op in ELEMENTWISE and user.outputs[0] in inline and user.op == "raster" and \
+                all(graph.specs[v].dtype is not DType.float16 for v in node.inputs):
             inline[out] = node
     # An inline elementwise node needs an inline raster among its inputs to be worth it (and to be RoPE-like);
     # without one it goes back to being dispatched (fused the usual way).
