@@ -2,7 +2,7 @@
 only): dispatches per token split the way zerotvm counts them (preamble, per layer, tail) for each stage of
 fusion, and host ms per token with and without capture-replay.
 
-    python bench/webgpu_llm.py [--runs 5] [--context 128]
+    python bench/webgpu_llm.py [--runs 5] [--context 128]     # --runs 0: dispatch counts only
 
 Rows:
 - dense, unfused    the LLM package's decode program, one dispatch per atomic op / raster
@@ -69,6 +69,7 @@ def record(runner: PartitionRunner, dispatches: list[Any]) -> None:
 
 
 def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict[str, Any]:
+    """Dispatch counts, and with runs > 0 host/call/device times."""
     program = load(graph, backends=["webgpu"])
     assert {p.backend for p in program.partitions} == {"webgpu"}, name
     runner: PartitionRunner = program.parts.compiled[0].info["runner"]
@@ -76,6 +77,8 @@ def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict
         runner.set_fusion(False)
     extra = ["tail"] if name.startswith("int4") else []  # the browser plan's KV append
     counts = section_counts([*dispatch_sections(runner.kernels), *extra], layers)
+    if runs == 0:
+        return {"name": name, **counts, "per_layer": counts["per_layer"][0]}
     g = runner.graph
     inputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.inputs]
     outputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.outputs]
@@ -95,7 +98,7 @@ def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="timed calls per row (0: dispatch counts only)")
     parser.add_argument("--context", type=int, default=128)
     args = parser.parse_args()
     path = smollm_path()
@@ -119,6 +122,8 @@ def main() -> None:
     z = ZEROTVM
     print(f"{'zerotvm (Phi-3-mini, 32 layers)':30} {z['total']:>6} {z['preamble']:>9} {z['per_layer']:>10} "
           f"{z['tail']:>5}   ({z['own_shaders']} own shaders)")
+    if args.runs == 0:
+        return
     print(f"\nhost ms per token (median of {args.runs}): command-buffer building, and the whole call")
     print(f"{'':30} {'fresh':>8} {'replay':>8} {'ratio':>6} {'call fresh':>11} {'call replay':>12} {'device':>8}")
     for r in rows:
