@@ -75,6 +75,10 @@ CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
 
 MIN_TIMED_RUNS = 3  # a contender's median is over at least this many calls: one call on a busy machine lies
 CONTENDER_FACTOR = 2.0  # a candidate whose warm-up call is this much slower than the best warm-up is out
+# A placement over several backends must measure this much faster than one over fewer to win: a few calls
+# on a busy machine cannot resolve less, and mixing costs what a short measurement may miss (threads of the
+# backend left behind spinning while the next one works).
+MIXED_MARGIN = 1.05
 
 
 def load_candidate(graph: Graph, placement: Mapping[str, str], loader: CandidateLoader | None) -> LoadedProgram:
@@ -136,13 +140,13 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
         warm = [w if w[0] <= cut else (*w[:4], None) for w in warm]
     # Pass 2: the contenders' medians over several calls (a losing candidate's warm-up is its time).
     measured: list[tuple[float, str, dict[str, str], float]] = []
-    best_loaded: LoadedProgram | None = None
+    loaded_by_label: dict[str, LoadedProgram] = {}
     for first, label, placement, modelled, kept in warm:
         seconds = first if kept is None else time_calls(kept, inputs, runs, deadline)
-        if kept is not None and seconds < min((m[0] for m in measured), default=math.inf):
-            best_loaded = kept
         measured.append((seconds, label, placement, modelled))
-    winner = min(measured, key=lambda m: m[0])
+        if kept is not None:
+            loaded_by_label[label] = kept
+    winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
     complete = len(measured) == len(candidates)
     report = {"source": "measured", "winner": winner[1], "complete": complete,
               "spent_s": time.perf_counter() - start, "budget_s": budget_s,
@@ -150,4 +154,4 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
               + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates[len(measured):]]}
     if complete:
         write_json(tuned_path(program_hash), {"placement": winner[2], **report})
-    return winner[2], report, best_loaded
+    return winner[2], report, loaded_by_label.get(winner[1])

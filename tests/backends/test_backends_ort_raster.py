@@ -192,3 +192,13 @@ def test_row_gather_fills_unwritten_rows_and_later_regions_win() -> None:
     types = onnx_op_types(graph)
     assert "Gather" in types and not {"ScatterElements", "Range"} & set(types)
     assert_matches_reference(graph, [a], ORT.compile(graph)(a), rtol=0, atol=0)
+
+
+def test_concat_reaches_ort_without_reshapes_to_its_own_shape() -> None:
+    # The readings work on flat views; the Reshapes back to shapes values already have are dropped.
+    a = RNG.standard_normal((1, 20, 16)).astype(np.float32)
+    b = RNG.standard_normal((1, 20, 8)).astype(np.float32)
+    regions = [[0, 0, 0, 16, 1, 0, 0, 24, 1, 1, 20, 16], [1, 0, 0, 8, 1, 16, 0, 24, 1, 1, 20, 8]]
+    graph = raster_graph([a, b], [1, 20, 24], regions)
+    assert onnx_op_types(graph) == ["Concat"]
+    assert_matches_reference(graph, [a, b], ORT.compile(graph)(a, b), rtol=0, atol=0)
