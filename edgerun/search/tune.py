@@ -79,6 +79,9 @@ CONTENDER_FACTOR = 2.0  # a candidate whose warm-up call is this much slower tha
 # on a busy machine cannot resolve less, and mixing costs what a short measurement may miss (threads of the
 # backend left behind spinning while the next one works).
 MIXED_MARGIN = 1.05
+# A candidate modelled this many times slower than the optimum is not even loaded (the model's estimates were
+# seen 0.23x to 4.1x off; running the reference alone on an OCR detector once costs seconds of load time).
+MODELLED_CUTOFF = 10.0
 
 
 def load_candidate(graph: Graph, placement: Mapping[str, str], loader: CandidateLoader | None) -> LoadedProgram:
@@ -128,9 +131,13 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     # Pass 1: load each candidate and time one warm-up call. The optimum and the single-engine placements
     # always (auto must not lose to one of them); the budget bounds the rest. Clear losers are freed at once.
     warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
+    hopeless: list[tuple[str, float]] = []
     for k, (label, placement, modelled) in enumerate(candidates):
         if k > singles and time.perf_counter() >= deadline:
             break
+        if k and modelled > MODELLED_CUTOFF * candidates[0][2]:
+            hopeless.append((label, modelled))
+            continue  # beyond any error the model was seen to make: loading and running it would only cost
         loaded = load_candidate(graph, placement, loader)
         t0 = time.perf_counter()
         loaded.run(inputs)
@@ -141,17 +148,24 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     # Pass 2: the contenders' medians over several calls (a losing candidate's warm-up is its time).
     measured: list[tuple[float, str, dict[str, str], float]] = []
     loaded_by_label: dict[str, LoadedProgram] = {}
+    contenders = sum(1 for w in warm if w[4] is not None)
     for first, label, placement, modelled, kept in warm:
-        seconds = first if kept is None else time_calls(kept, inputs, runs, deadline)
+        # One contender left: it wins whatever its median, so its warm-up stands for it.
+        seconds = first if kept is None or contenders == 1 else time_calls(kept, inputs, runs, deadline)
         measured.append((seconds, label, placement, modelled))
         if kept is not None:
             loaded_by_label[label] = kept
     winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
-    complete = len(measured) == len(candidates)
+    complete = len(measured) + len(hopeless) == len(candidates)
+    considered = {lb for _, lb, _, _ in measured} | {lb for lb, _ in hopeless}
     report = {"source": "measured", "winner": winner[1], "complete": complete,
               "spent_s": time.perf_counter() - start, "budget_s": budget_s,
-              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m} for s, lb, _, m in measured]
-              + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates[len(measured):]]}
+              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m, "backends": len(set(p.values()))}
+                             for s, lb, p, m in measured]
+              + [{"label": lb, "measured_s": None, "modelled_s": m, "skipped": "modelled beyond the cutoff"}
+                 for lb, m in hopeless]
+              + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates
+                 if lb not in considered]}
     if complete:
         write_json(tuned_path(program_hash), {"placement": winner[2], **report})
     return winner[2], report, loaded_by_label.get(winner[1])
