@@ -272,11 +272,28 @@ def _box_value(b: OnnxBuilder, node: Node, box: _Box, fill: object = None) -> st
         return None
     counts = [(n - 1) // m + 1 for n, m in zip(box.size, box.steps or [1] * len(box.size))]
     value = b.node("Reshape", [view, b.ints(counts)])
+    fill_array = np.array(fill, b.graph.specs[node.outputs[0]].dtype.np)
+    if len(counts) == 4 and box.steps[:2] == (1, 1) and box.steps[2] == box.steps[3] > 1 \
+            and fill_array.dtype == np.float32:  # ORT's DepthToSpace: float types only
+        return _spread_spatially(b, value, counts, box.steps[2], fill_array)
     for axis, step in enumerate(box.steps):
         if step > 1:
-            value = _dilate(b, value, counts, axis, step, np.array(fill, b.graph.specs[node.outputs[0]].dtype.np))
+            value = _dilate(b, value, counts, axis, step, fill_array)
             counts[axis] = box.size[axis]
     return value
+
+
+def _spread_spatially(b: OnnxBuilder, value: str, shape: list[int], step: int, fill: np.ndarray) -> str:
+    """[N, C, H, W] -> [N, C, (H-1)*step+1, (W-1)*step+1], `step - 1` fills after each element of the last two
+    axes (a transposed convolution's zero insertion): the fill padded on as step*step - 1 more channel blocks,
+    then DepthToSpace puts block (0, 0) at every step-th position. ORT's Pad on an axis of one element (the
+    per-axis form) ran 4-12x slower (OCR detector: 240 of its 473 ms)."""
+    _, c, h, w = shape
+    pads = [0, 0, 0, 0, 0, c * (step * step - 1), 0, 0]
+    spread = b.node("Pad", [value, b.ints(pads, "pads"), b.const(fill, "fill")], mode="constant")
+    spread = b.node("DepthToSpace", [spread], blocksize=step, mode="DCR")
+    return b.node("Slice", [spread, b.ints([0, 0]), b.ints([(h - 1) * step + 1, (w - 1) * step + 1]),
+                            b.ints([2, 3])])
 
 
 def _dilate(b: OnnxBuilder, value: str, shape: list[int], axis: int, step: int, fill: np.ndarray) -> str:
