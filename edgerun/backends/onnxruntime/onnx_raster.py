@@ -272,7 +272,9 @@ def _box_value(b: OnnxBuilder, node: Node, box: _Box, fill: object = None) -> st
         return None
     counts = [(n - 1) // m + 1 for n, m in zip(box.size, box.steps or [1] * len(box.size))]
     value = b.node("Reshape", [view, b.ints(counts)])
-    fill_array = np.array(fill, b.graph.specs[node.outputs[0]].dtype.np)
+    if not any(step > 1 for step in box.steps):
+        return value
+    fill_array = np.array(fill, b.graph.specs[node.outputs[0]].dtype.np)  # stepped boxes come with a fill
     if len(counts) == 4 and box.steps[:2] == (1, 1) and box.steps[2] == box.steps[3] > 1 \
             and fill_array.dtype == np.float32:  # ORT's DepthToSpace: float types only
         return _spread_spatially(b, value, counts, box.steps[2], fill_array)
