@@ -3,7 +3,9 @@
 Every `backends="auto"` load does this, bounded (FIRST_LOAD_BUDGET_S), when no winner is cached yet: the
 cost model alone was seen 4.6x off on a busy machine (it put most of an MLP on the reference), and a
 measured choice among the model's best few candidates, which include every backend alone, cannot be worse
-than the best single-engine placement it measured. `tune=True` measures without the bound.
+than the best single-engine placement it measured. Once the budget is spent, a single engine the model
+ranks slower than its optimum is left out (one warm-up call of the reference alone on an OCR detector took
+7 s), and so is any candidate modelled MODELLED_CUTOFF times slower. `tune=True` measures without the bound.
 
 Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
 partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
@@ -118,8 +120,9 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
     when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
-    no candidate beyond the optimum and the single engines is loaded. The winner is cached when every
-    candidate was measured."""
+    no candidate beyond the optimum and the single engines is loaded, and a single engine only when the
+    model ranks it no slower than the optimum. The winner is cached when every candidate was measured or
+    deliberately left out."""
     cached = cached_placement(graph, program_hash)
     if cached is not None:
         return cached, {"source": "cache"}, None
@@ -131,13 +134,18 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     # Pass 1: load each candidate and time one warm-up call. The optimum and the single-engine placements
     # always (auto must not lose to one of them); the budget bounds the rest. Clear losers are freed at once.
     warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
-    hopeless: list[tuple[str, float]] = []
+    hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
     for k, (label, placement, modelled) in enumerate(candidates):
         if k > singles and time.perf_counter() >= deadline:
             break
         if k and modelled > MODELLED_CUTOFF * candidates[0][2]:
-            hopeless.append((label, modelled))
+            hopeless.append((label, modelled, "modelled beyond the cutoff"))
             continue  # beyond any error the model was seen to make: loading and running it would only cost
+        if k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
+            # The model says it loses and the budget is spent: on an OCR detector one warm-up call of the
+            # reference alone took 7 s of a 15 s load.
+            hopeless.append((label, modelled, "budget spent, modelled slower than the optimum"))
+            continue
         loaded = load_candidate(graph, placement, loader)
         t0 = time.perf_counter()
         loaded.run(inputs)
@@ -157,13 +165,12 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             loaded_by_label[label] = kept
     winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
     complete = len(measured) + len(hopeless) == len(candidates)
-    considered = {lb for _, lb, _, _ in measured} | {lb for lb, _ in hopeless}
+    considered = {lb for _, lb, _, _ in measured} | {lb for lb, _, _ in hopeless}
     report = {"source": "measured", "winner": winner[1], "complete": complete,
               "spent_s": time.perf_counter() - start, "budget_s": budget_s,
               "candidates": [{"label": lb, "measured_s": s, "modelled_s": m, "backends": len(set(p.values()))}
                              for s, lb, p, m in measured]
-              + [{"label": lb, "measured_s": None, "modelled_s": m, "skipped": "modelled beyond the cutoff"}
-                 for lb, m in hopeless]
+              + [{"label": lb, "measured_s": None, "modelled_s": m, "skipped": why} for lb, m, why in hopeless]
               + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates
                  if lb not in considered]}
     if complete:

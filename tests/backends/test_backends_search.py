@@ -304,3 +304,17 @@ def test_tuning_loads_no_candidate_modelled_far_beyond_the_optimum(cache: Path) 
     # Left out on purpose, so the winner is still cached: the next load does not measure again.
     assert report["complete"] and report["winner"] == "search" and loaded is not None
     assert set(placement.values()) == {"onnxruntime"}
+
+
+def test_spent_budget_leaves_out_single_engines_the_model_ranks_slower(cache: Path) -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    backends = {"onnxruntime": ort, "reference": get_backend("reference")}
+    g = conv_net(channels=8, size=16, blocks=2)
+    table = cost_table(g, backends, {"onnxruntime": profile(5e10, 5e10), "reference": profile(1e10, 1e9)})
+    table.seconds[:, table.backends.index("reference")] *= 2  # slower, but within the model's error range
+    best = search_placement(table)
+    _, rushed, _ = tune_placement(g, table, best, "budget-test-rushed", budget_s=1e-9)
+    left_out = {c["label"]: c.get("skipped") for c in rushed["candidates"] if c["measured_s"] is None}
+    assert "budget spent" in (left_out.get("all reference") or "") and rushed["complete"]
+    _, unbounded, _ = tune_placement(g, table, best, "budget-test-unbounded")
+    assert all(c["measured_s"] is not None for c in unbounded["candidates"])
