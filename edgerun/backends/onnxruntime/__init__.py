@@ -142,7 +142,8 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
                               producer_name="edgerun")
     model.ir_version = 9
     drop_noop_reshapes(model)
-    return model, external
+    kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
+    return model, {k: v for k, v in external.items() if k in kept}
 
 
 def _external_placeholder(name: str, value: np.ndarray) -> Any:
