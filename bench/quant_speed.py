@@ -40,7 +40,7 @@ def worker(runtime: str, path: str, inputs_path: str, runs: int, threads: int) -
     start = time.perf_counter()
     if runtime.startswith("edgerun"):
         os.environ["EDGERUN_ORT_THREADS"] = str(threads)
-        from edgerun.runtime import load
+        from edgerun import load  # the search's load: resolves backends="auto"
         model = load(path, backends="auto" if runtime == "edgerun" else ["onnxruntime", "reference"])
 
         def run() -> Any:
