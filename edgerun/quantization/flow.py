@@ -254,6 +254,9 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     metadata[METADATA_KEY] = {
         "scheme": scheme, "excluded": skipped, "observer": observer, "reduce_range": reduce_range,
         "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
+        # float value -> the uint8 value standing for it (folded layers), for inspect --against
+        "uint8_values": {name: {"value": q, "scale": float(scale), "zero_point": int(zp)}
+                         for name, (q, scale, zp) in uint8_results.items()},
         "layers": [{"name": r.name, "op": r.op,
                     "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}  # JSON has no inf
                    for r in result.layers]}
