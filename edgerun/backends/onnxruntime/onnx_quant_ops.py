@@ -161,7 +161,7 @@ def _requantize_ok(node: Node, graph: Graph) -> bool:
 
 def _fusable_conv(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
     """(conv_integer node, int32 bias constant or "") when `node` requantizes conv_integer [+ constant bias]."""
-    producers = {out: n for n in b.graph.nodes for out in n.outputs}
+    producers = b.graph.producers()
     src, bias = producers.get(node.inputs[0]), ""
     if src is not None and src.op == "add":
         acc, bias = src.inputs
@@ -173,10 +173,11 @@ def _fusable_conv(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
     if src is None or src.op != "conv_integer" or src.inputs[1] not in b.graph.constants:
         return None
     oc = b.graph.specs[src.inputs[1]].shape[0]
-    if bias and (b.graph.constants[bias].size != oc or b.graph.specs[bias].shape not in ((oc, 1, 1), (oc,))):
+    per_channel = ((oc, 1, 1), (1, oc, 1, 1))  # along NCHW's channel axis (a bare (oc,) would broadcast on W)
+    if bias and b.graph.specs[bias].shape not in per_channel:
         return None
     scale = b.graph.constants[node.inputs[1]]
-    if scale.size not in (1, oc) or (scale.size == oc and scale.shape not in ((oc, 1, 1), (oc,))):
+    if scale.size != 1 and scale.shape not in per_channel:
         return None
     return src, bias
 
@@ -197,7 +198,8 @@ def _requantize(b: OnnxBuilder, node: Node) -> None:
     w_shape = b.graph.specs[w].shape
     one = b.const(np.array(1.0, np.float32), "one")
     multiplier = b.const(np.ascontiguousarray(b.graph.constants[scale].reshape(-1)), "multiplier")
-    w_zp_name = b.node("Reshape", [w_zp, b.ints([])]) if b.graph.specs[w_zp].shape else w_zp
+    w_zp_spec = b.graph.specs[w_zp]
+    w_zp_name = w_zp if not w_zp_spec.shape else b.node("Reshape", [w_zp, b.ints([] if w_zp_spec.numel == 1 else [-1])])
     x_zp_name = b.node("Reshape", [x_zp, b.ints([])]) if b.graph.specs[x_zp].shape else x_zp
     ins = [x, one, x_zp_name, w, multiplier, w_zp_name, one, zp_name]
     if bias:
