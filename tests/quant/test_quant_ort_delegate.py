@@ -134,3 +134,20 @@ def test_int8_program_with_reduced_range_runs_its_integer_layers_on_ort() -> Non
     got = edgerun.load(q, backends=[ORT])(x)
     got = got[0] if isinstance(got, (list, tuple)) else got
     np.testing.assert_allclose(got, interpret(q.graph, [x])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_zoo_mobilenet_int8_static_runs_wholly_on_ort_and_bit_exactly() -> None:
+    """Depthwise and pointwise QLinearConvs, folded ReLU6, float residual adds, the MatMulInteger classifier:
+    the whole int8 program on ONNX Runtime equals the reference interpreter bit for bit."""
+    from edgerun.runtime.loader import load
+    from edgerun.zoo import get
+    from edgerun.zoo.inputs import natural_image
+
+    program = edgerun.export(get("mobilenet_v2").build(), (natural_image(32, seed=0),))
+    calibration = {program.graph.inputs[0]: natural_image(32, seed=1, batch=2).numpy()[:, None]}
+    q = edgerun.quantize(program, "int8-static", calibration=calibration, reduce_range=True)
+    loaded = load(q, backends=["onnxruntime", "reference"])
+    assert [p.backend for p in loaded.partitions] == ["onnxruntime"]
+    x = natural_image(32, seed=7).numpy()
+    got, want = loaded.run([x])[0], interpret(q.graph, [x])[0]
+    assert np.array_equal(got, want)
