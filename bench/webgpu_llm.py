@@ -39,9 +39,10 @@ from tiny_llm import smollm_path
 from edgerun.backends.webgpu.runner import PartitionRunner
 from edgerun.ir.graph import Graph
 from edgerun.llm.checkpoint import load_checkpoint
-from edgerun.llm.model import build_programs, model_info
+from edgerun.llm.model import model_info
+from edgerun.llm.program_builder import step_graph
 from edgerun.runtime import load
-from edgerun.web.decode_plan import decode_graph, dispatch_sections, section_counts
+from edgerun.web.decode_plan import decode_graph, dispatch_sections, float_weights, section_counts
 
 ZEROTVM = {"preamble": 2, "per_layer": 10, "layers": 32, "tail": 20, "total": 342, "own_shaders": 279}
 
@@ -109,9 +110,12 @@ def main() -> None:
     layers = info.config.layers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dense = build_programs(checkpoint, info)[1]
-        rows = [measure("dense, unfused", dense, layers, False, args.runs),
-                measure("dense, fused", build_programs(checkpoint, info)[1], layers, True, args.runs),
+        weights = float_weights(checkpoint)  # the LLM package's step builder over float32 weights
+
+        def dense() -> Graph:
+            return step_graph(info.config, weights, chunk=1, context=args.context)
+        rows = [measure("dense, unfused", dense(), layers, False, args.runs),
+                measure("dense, fused", dense(), layers, True, args.runs),
                 measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs)]
     load_avg = os.getloadavg()
     print(f"SmolLM2-135M decode step, context {args.context}, {layers} layers; load average "
