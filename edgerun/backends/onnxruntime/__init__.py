@@ -27,6 +27,7 @@ from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Through
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
 from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, ONNX_DTYPE, OPSET, SUPPORTED, OnnxBuilder, reads
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
+from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -131,7 +132,9 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="edgerun")
     model.ir_version = 9
-    return model, external
+    drop_noop_reshapes(model)
+    kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
+    return model, {k: v for k, v in external.items() if k in kept}
 
 
 def _external_placeholder(name: str, value: np.ndarray) -> Any:
@@ -153,6 +156,9 @@ def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    # No QDQ fusion: ORT would rewrite dequantize -> add -> quantize into QLinearAdd, which rounds differently
+    # from the program; the integer layers arrive already fused (QLinearConv, onnx_quant_ops.py).
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
