@@ -32,6 +32,7 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import pool_geometry
+from edgerun.ir.region import regions_of
 
 
 class _quiet_stdout:
@@ -89,9 +90,9 @@ def _raster_ok(node: Node, graph: Graph) -> bool:
     multi-region raster emits (Concat of Slices, Expands and reversing Slices) it returned wrong values or
     aborted the process, and it padded with 0 where the fill was -1 (a fuzz of pad/transpose/slice/concat
     chains, docs/backends.md). Concats, reflect and edge pads, flips and non-zero fills stay elsewhere."""
-    regions = node.attrs["regions"]
+    regions = regions_of(node.attrs)
     fill = node.attrs.get("fill")
-    return len(regions) == 1 and all(int(v) >= 0 for v in regions[0][2:5]) and (fill is None or fill == 0)
+    return len(regions) == 1 and all(s >= 0 for s in regions[0].src_strides) and (fill is None or fill == 0)
 
 
 def _undilated(node: Node, graph: Graph) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.symbolic import Dim, SymDim, evaluate, free_symbols
+from edgerun.ir.symbolic import Dim, SymDim, evaluate, free_symbols, substitute, sym
 from edgerun.ir.tensor_spec import TensorSpec
 
 
@@ -55,6 +55,20 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
                 bound_at[text] = f"{where}"
             else:
                 derived.append((name, axis, want, got))
+    for name, axis, want, got in derived:  # a symbol seen only as a multiple (32*H_div32) binds from it
+        scaled = _scaled_symbol(want) if isinstance(want, SymDim) else None
+        if scaled is None or scaled[0] in bindings:
+            continue
+        text, factor = scaled
+        where = f"input {name!r} dimension {axis}"
+        if got % factor:
+            raise ShapeBindingError(f"{where} is {got}: the program needs a multiple of {factor} ({want})")
+        low, high = graph.symbols[text]
+        if not low <= got // factor <= high:
+            raise ShapeBindingError(f"{where} is {got}: {want} must be within [{low * factor}, {high * factor}] "
+                                    f"(symbol {text!r} within [{low}, {high}], the bounds the program was "
+                                    "exported with)")
+        bindings[text] = got // factor
     for name, axis, want, got in derived:  # expressions (2*seq) are checked once their symbols are known
         missing = sorted(free_symbols(want) - set(bindings))
         if missing:
@@ -68,6 +82,18 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
     if unbound:
         raise ShapeBindingError(f"symbol {unbound[0]!r} is used by no input dimension, so no call can bind it")
     return bindings
+
+
+def _scaled_symbol(want: SymDim) -> tuple[str, int] | None:
+    """(symbol, factor) when `want` is factor * symbol with factor >= 2 (from_onnx's (name, min, max, multiple))."""
+    symbols = free_symbols(want)
+    if len(symbols) != 1:
+        return None
+    (text,) = symbols
+    factor = substitute(want, {text: 1})
+    if isinstance(factor, int) and factor >= 2 and want == sym(text) * factor:
+        return text, factor
+    return None
 
 
 def _describe(bindings: Mapping[str, int]) -> str:

@@ -465,6 +465,45 @@ def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tu
     return True
 
 
+def value_range(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """Inclusive bounds containing every value of `d` with its symbols within `symbols` (interval arithmetic,
+    so possibly wider than the exact range, never narrower); None when a symbol is unbounded or a divisor's
+    range holds 0. Lets a frontend decide `d == 1` or `d < 0` for every shape a program accepts."""
+    if not isinstance(d, SymDim):
+        return int(d), int(d)
+    low = high = 0
+    for mono, coeff in d._terms:
+        term: tuple[int, int] | None = (coeff, coeff)
+        for atom in mono:
+            r = _atom_range(atom, symbols)
+            if r is None or term is None:
+                return None
+            corners = [a * b for a in term for b in r]
+            term = (min(corners), max(corners))
+        assert term is not None
+        low, high = low + term[0], high + term[1]
+    return low, high
+
+
+def _atom_range(atom: _Atom, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    if atom.kind == "sym":
+        return symbols.get(atom.name)
+    ranges = [value_range(a, symbols) for a in atom.args]
+    if any(r is None for r in ranges):
+        return None
+    (al, ah), (bl, bh) = ranges  # type: ignore[misc]
+    if atom.kind in ("max", "min"):
+        pick = max if atom.kind == "max" else min
+        return pick(al, bl), pick(ah, bh)
+    if bl <= 0 <= bh:
+        return None
+    if atom.kind == "mod":  # Python's sign convention: the result has the divisor's sign
+        return (0, bh - 1) if bl > 0 else (bl + 1, 0)
+    # floor(a / b) is monotone in a, and in b while b keeps its sign: the extremes are at the corners.
+    corners = [a // b for a in (al, ah) for b in (bl, bh)]
+    return min(corners), max(corners)
+
+
 def upper_bound(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> int:
     """The largest value of `d` within the symbols' bounds, for forms that grow with every symbol (a sum of
     products of symbols with positive coefficients); others raise, since their maximum is not at a corner."""

@@ -115,12 +115,15 @@ def encode_graph(graph: Graph) -> dict[str, Any]:
             "op": n.op, "name": n.name, "inputs": list(n.inputs), "outputs": list(n.outputs),
             "attrs": to_json_value(n.attrs, f"{what} attrs"), "meta": to_json_value(n.meta, f"{what} meta"),
         })
-    doc = {
+    doc: dict[str, Any] = {
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "values": {name: encode_spec(spec) for name, spec in graph.specs.items()},
         "nodes": nodes,
     }
+    if graph.state_inputs or graph.state_updates:  # format 1.2; absent keys keep stateless graphs as in 1.1
+        doc["state_inputs"] = list(graph.state_inputs)
+        doc["state_updates"] = dict(graph.state_updates)
     if graph.symbols:  # only templates carry the key, so static graphs encode exactly as before
         doc[SYMBOLS_KEY] = encode_symbols(graph.symbols)
     return doc
@@ -159,9 +162,17 @@ def _decode_node(obj: object, index: int, allow_unknown: bool) -> Node:
 
 def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool = False) -> Graph:
     """Rebuild a Graph (without constant data) from its JSON form, rejecting anything malformed."""
-    doc = check_keys(obj, "graph", ("inputs", "outputs", "values", "nodes"), (SYMBOLS_KEY,), allow_unknown)
+    doc = check_keys(obj, "graph", ("inputs", "outputs", "values", "nodes"),
+                     (SYMBOLS_KEY, "state_inputs", "state_updates", "constants"), allow_unknown)
     symbols = decode_symbols(doc[SYMBOLS_KEY]) if SYMBOLS_KEY in doc else {}
     inputs = _decode_names(doc["inputs"], "graph inputs", MAX_VALUES)
+    state_inputs = _decode_names(doc.get("state_inputs", []), "graph state_inputs", MAX_VALUES)
+    state_updates = doc.get("state_updates", {})
+    if type(state_updates) is not dict or len(state_updates) > MAX_VALUES:
+        raise ProgramFormatError(f"graph state_updates must be a JSON object of at most {MAX_VALUES} entries")
+    for state, value in state_updates.items():
+        check_string(state, "state_updates key")
+        check_string(value, f"state_updates[{state[:80]!r}]")
     outputs = _decode_names(doc["outputs"], "graph outputs", MAX_VALUES)
     values = doc["values"]
     if type(values) is not dict or len(values) > MAX_VALUES:
@@ -189,6 +200,8 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
         define(name, "a graph input")
     for name in constant_names:
         define(name, "a weight segment")
+    for name in state_inputs:
+        define(name, "the program state")
     for i, node in enumerate(nodes):
         for name in node.outputs:
             define(name, f"node {i} ({node.name or node.op})")
@@ -199,4 +212,8 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
     for name in outputs:
         if name not in defined_by:
             raise ProgramFormatError(f"graph output {name[:80]!r} is not defined")
-    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs, symbols=symbols)
+    for state, value in state_updates.items():
+        if value not in defined_by:
+            raise ProgramFormatError(f"the update of state {state[:80]!r} reads undefined value {value[:80]!r}")
+    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs, state_inputs=state_inputs,
+                 state_updates=state_updates, symbols=symbols)

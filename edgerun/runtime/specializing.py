@@ -13,12 +13,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.specialize import bind_symbols, specialize
+from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
 from edgerun.program import Program
@@ -35,7 +36,14 @@ _MAX_REMEMBERED_SHAPES = 1024  # input-shape tuples whose binding is remembered 
 
 def specialize_program(template: Program, bindings: Mapping[str, int]) -> Program:
     """The static Program for `bindings`: substituted, then optimised by the default export pipeline."""
-    graph, records = optimize(specialize(template.graph, bindings))
+    records = []
+
+    def run_pipeline(graph: Graph) -> Graph:
+        optimized, found = optimize(graph)
+        records.extend(found)
+        return optimized
+
+    graph = on_functional(specialize(template.graph, bindings), run_pipeline)  # state: ir/state.py
     metadata = dict(template.metadata)
     metadata[METADATA_KEY] = records_to_json(records)
     metadata["specialized_from"] = {"symbols": dict(sorted(bindings.items()))}
@@ -65,10 +73,13 @@ class SpecializingProgram(LoadedProgram):
         self._bound_shapes: dict[tuple[tuple[int, ...], ...], Bindings] = {}  # input shapes -> their binding
         self.specializations_made = 0  # loads done, evictions included (first-call cost is paid this often)
 
-    def __getattr__(self, name: str) -> NoReturn:
+    def __getattr__(self, name: str) -> Any:
         # Attributes LoadedProgram sets per load (parts, plan, ...) exist per specialisation only.
         if name.startswith("__"):
             raise AttributeError(name)
+        table = self.__dict__.get("_method_table")
+        if table and name in table:  # another method of a multi-method program (runtime/methods.py)
+            return table[name]
         raise EdgerunError(f"{name!r} belongs to one shape of this template program (symbols "
                            f"{sorted(self.graph.symbols)}): use model.specialization(...) with inputs of that shape")
 

@@ -2,7 +2,7 @@
 
 Nodes are taken in topological order; the state is the backend of the previous node. Staying on a backend
 adds the node's cost, less what the backend saves by fusing it into the previous node; switching also opens
-a partition (its scheduling cost) and pays the transfer of the previous node's outputs when either side
+a partition (its scheduling cost plus SWITCH_S, the hand-over between thread pools) and pays the transfer of the previous node's outputs when either side
 does not work on host memory. With B backends this is
 O(nodes x B^2): a few milliseconds for ResNet-50. The switch count in topological order bounds the number
 of partitions the partitioner will cut, so when it exceeds `max_partitions` the scheduling cost is raised
@@ -18,6 +18,11 @@ from itertools import pairwise
 from edgerun.search.cost_model import CostTable
 
 MAX_PARTITIONS = 32
+# What a switch between backends costs beyond the new partition's call: the threads of the backend left
+# behind still spin (ORT's pool, numpy's BLAS threads busy-wait for milliseconds) while the next one works.
+# On MobileNetV2 a 3-node reference head (its GEMV modelled 2 us cheaper than ORT's) beside spinning ORT made
+# every call 1.7x slower (8.0 against 4.6 ms, idle machine); a switch must promise more than this to be made.
+SWITCH_S = 5e-5
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ def _dp(table: CostTable, scale: float) -> SearchResult:
             from_b, total = b, best[b] - fused[b]
             for a in backends:
                 if a != b:
-                    switch = best[a] + open_cost[b] + latency[a] + latency[b] + (per_byte[a] + per_byte[b]) * handed
+                    switch = best[a] + open_cost[b] + SWITCH_S + latency[a] + latency[b] + (per_byte[a] + per_byte[b]) * handed
                     if switch < total:
                         from_b, total = a, switch
             choice[k][b] = from_b

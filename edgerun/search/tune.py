@@ -3,7 +3,10 @@
 Every `backends="auto"` load does this, bounded (FIRST_LOAD_BUDGET_S), when no winner is cached yet: the
 cost model alone was seen 4.6x off on a busy machine (it put most of an MLP on the reference), and a
 measured choice among the model's best few candidates, which include every backend alone, cannot be worse
-than the best single-engine placement it measured. `tune=True` measures without the bound.
+than the best single-engine placement it measured. Once the budget is spent, a single engine the model
+ranks slower than its optimum is left out (one warm-up call of the reference alone on an OCR detector took
+7 s), and so is any candidate modelled MODELLED_CUTOFF times slower; when the optimum itself runs on one
+engine, other single engines are measured only within SINGLE_SLACK of it. `tune=True` measures without the bound.
 
 Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
 partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
@@ -75,6 +78,17 @@ CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
 
 MIN_TIMED_RUNS = 3  # a contender's median is over at least this many calls: one call on a busy machine lies
 CONTENDER_FACTOR = 2.0  # a candidate whose warm-up call is this much slower than the best warm-up is out
+# A placement over several backends must measure this much faster than one over fewer to win: a few calls
+# on a busy machine cannot resolve less, and mixing costs what a short measurement may miss (threads of the
+# backend left behind spinning while the next one works).
+MIXED_MARGIN = 1.05
+# A candidate modelled this many times slower than the optimum is not even loaded (the model's estimates were
+# seen 0.23x to 4.1x off; running the reference alone on an OCR detector once costs seconds of load time).
+MODELLED_CUTOFF = 10.0
+# When the optimum already runs on one engine, another single engine is measured only if the model ranks it
+# within this factor of the optimum: the model put the reference 1.3-3x behind ORT on real OCR, audio and
+# detection models where it measured 8-13x behind, after 2-5 s of first load spent running it once.
+SINGLE_SLACK = 1.25
 
 
 def load_candidate(graph: Graph, placement: Mapping[str, str], loader: CandidateLoader | None) -> LoadedProgram:
@@ -111,8 +125,9 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
     when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
-    no candidate beyond the optimum and the single engines is loaded. The winner is cached when every
-    candidate was measured."""
+    no candidate beyond the optimum and the single engines is loaded, and a single engine only when the
+    model ranks it no slower than the optimum. The winner is cached when every candidate was measured or
+    deliberately left out."""
     cached = cached_placement(graph, program_hash)
     if cached is not None:
         return cached, {"source": "cache"}, None
@@ -124,9 +139,24 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     # Pass 1: load each candidate and time one warm-up call. The optimum and the single-engine placements
     # always (auto must not lose to one of them); the budget bounds the rest. Clear losers are freed at once.
     warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
+    hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
+    optimum_is_single = len(set(candidates[0][1].values())) == 1
     for k, (label, placement, modelled) in enumerate(candidates):
         if k > singles and time.perf_counter() >= deadline:
             break
+        if k and modelled > MODELLED_CUTOFF * candidates[0][2]:
+            hopeless.append((label, modelled, "modelled beyond the cutoff"))
+            continue  # beyond any error the model was seen to make: loading and running it would only cost
+        if k and optimum_is_single and modelled > SINGLE_SLACK * candidates[0][2]:
+            # Single engines are measured against the model misjudging a mix; an optimum on one engine
+            # already is that safety net (the reference alone on an OCR detector: 3.5 s for one call).
+            hopeless.append((label, modelled, "the optimum is one engine; modelled slower than it"))
+            continue
+        if k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
+            # The model says it loses and the budget is spent: on an OCR detector one warm-up call of the
+            # reference alone took 7 s of a 15 s load.
+            hopeless.append((label, modelled, "budget spent, modelled slower than the optimum"))
+            continue
         loaded = load_candidate(graph, placement, loader)
         t0 = time.perf_counter()
         loaded.run(inputs)
@@ -136,18 +166,24 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
         warm = [w if w[0] <= cut else (*w[:4], None) for w in warm]
     # Pass 2: the contenders' medians over several calls (a losing candidate's warm-up is its time).
     measured: list[tuple[float, str, dict[str, str], float]] = []
-    best_loaded: LoadedProgram | None = None
+    loaded_by_label: dict[str, LoadedProgram] = {}
+    contenders = sum(1 for w in warm if w[4] is not None)
     for first, label, placement, modelled, kept in warm:
-        seconds = first if kept is None else time_calls(kept, inputs, runs, deadline)
-        if kept is not None and seconds < min((m[0] for m in measured), default=math.inf):
-            best_loaded = kept
+        # One contender left: it wins whatever its median, so its warm-up stands for it.
+        seconds = first if kept is None or contenders == 1 else time_calls(kept, inputs, runs, deadline)
         measured.append((seconds, label, placement, modelled))
-    winner = min(measured, key=lambda m: m[0])
-    complete = len(measured) == len(candidates)
+        if kept is not None:
+            loaded_by_label[label] = kept
+    winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
+    complete = len(measured) + len(hopeless) == len(candidates)
+    considered = {lb for _, lb, _, _ in measured} | {lb for lb, _, _ in hopeless}
     report = {"source": "measured", "winner": winner[1], "complete": complete,
               "spent_s": time.perf_counter() - start, "budget_s": budget_s,
-              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m} for s, lb, _, m in measured]
-              + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates[len(measured):]]}
+              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m, "backends": len(set(p.values()))}
+                             for s, lb, p, m in measured]
+              + [{"label": lb, "measured_s": None, "modelled_s": m, "skipped": why} for lb, m, why in hopeless]
+              + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates
+                 if lb not in considered]}
     if complete:
         write_json(tuned_path(program_hash), {"placement": winner[2], **report})
-    return winner[2], report, best_loaded
+    return winner[2], report, loaded_by_label.get(winner[1])

@@ -80,3 +80,26 @@ def test_a_composite_placed_on_the_reference_is_lowered_there() -> None:
 def test_without_a_claiming_backend_everything_is_lowered_before_placement() -> None:
     loaded = load(block(), backends=["reference"])
     assert not {n.op for n in loaded.graph.nodes} & PROGRAM_COMPOSITES
+
+
+def test_onnx_clip_with_constant_bounds_reaches_ort_as_one_clip() -> None:
+    # Imported as the clamp composite (not max then min), so ORT gets Clip and can fuse it into the Conv.
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from edgerun.frontends.onnx import from_onnx
+
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    program = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert program.graph.op_counts()["clamp"] == 1
+    loaded = load(program, backends=["onnxruntime"])
+    ops = onnx_ops_of(loaded)
+    assert ops["Clip"] == 1 and not ops["Max"] and not ops["Min"]
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(loaded.run([x])[0], interpret(program.graph, [x])[0], rtol=1e-5, atol=1e-5)

@@ -165,3 +165,40 @@ def test_channel_shuffle_of_a_concat_compiles_to_concat() -> None:
     compiled = ORT.compile(graph)
     assert compiled.info["gathered_rasters"] == 0
     assert_matches_reference(graph, [a, b], compiled(a, b), rtol=0, atol=0)
+
+
+def test_merged_shuffle_chain_is_one_row_gather() -> None:
+    # ShuffleNet's shuffles merged with their concats and splits: each output channel (a row of 16) is a
+    # channel of one of several sources, interleaved at strides of 2 and 4 channels with uneven counts.
+    sources = [RNG.standard_normal((1, 6, 4, 4)).astype(np.float32) for _ in range(3)]
+    regions = [[0, 0, 0, 16, 1, 16, 0, 32, 1, 1, 5, 16],  # src0 channels 0-4 -> 1, 3, 5, 7, 9
+               [1, 0, 0, 16, 1, 0, 0, 64, 1, 1, 3, 16],  # src1 channels 0-2 -> 0, 4, 8
+               [2, 32, 0, 16, 1, 32, 0, 64, 1, 1, 2, 16]]  # src2 channels 2-3 -> 2, 6
+    graph = raster_graph(sources, [1, 10, 4, 4], regions)
+    model = build_model(graph)[0]
+    types = [n.op_type for n in model.graph.node]
+    assert types.count("Gather") == 1 and not {"ScatterElements", "Range"} & set(types)
+    index = next(t for t in model.graph.initializer if "row_index" in t.name)
+    assert list(index.dims) == [10]  # one int64 per output row, none per element
+    assert_matches_reference(graph, sources, ORT.compile(graph)(*sources), rtol=0, atol=0)
+
+
+def test_row_gather_fills_unwritten_rows_and_later_regions_win() -> None:
+    a = RNG.standard_normal((4, 32)).astype(np.float32)
+    # Rows 0 and 2 from a's rows 3 and 1 (stride -2 rows), row 2 written again from a's row 0; rows 1, 3
+    # are left to the fill.
+    regions = [[0, 96, 0, -64, 1, 0, 0, 64, 1, 1, 2, 32], [0, 0, 0, 0, 1, 64, 0, 0, 1, 1, 1, 32]]
+    graph = raster_graph([a], [4, 32], regions, fill=1.5)
+    types = onnx_op_types(graph)
+    assert "Gather" in types and not {"ScatterElements", "Range"} & set(types)
+    assert_matches_reference(graph, [a], ORT.compile(graph)(a), rtol=0, atol=0)
+
+
+def test_concat_reaches_ort_without_reshapes_to_its_own_shape() -> None:
+    # The readings work on flat views; the Reshapes back to shapes values already have are dropped.
+    a = RNG.standard_normal((1, 20, 16)).astype(np.float32)
+    b = RNG.standard_normal((1, 20, 8)).astype(np.float32)
+    regions = [[0, 0, 0, 16, 1, 0, 0, 24, 1, 1, 20, 16], [1, 0, 0, 8, 1, 16, 0, 24, 1, 1, 20, 8]]
+    graph = raster_graph([a, b], [1, 20, 24], regions)
+    assert onnx_op_types(graph) == ["Concat"]
+    assert_matches_reference(graph, [a, b], ORT.compile(graph)(a, b), rtol=0, atol=0)

@@ -202,8 +202,23 @@ def test_zero_insertion_is_a_dilating_pad() -> None:
     g.outputs = [Builder(g).emit("raster", [g.add_input("x", TensorSpec(x.shape, DType.float32))],
                                  shape=[1, 3, 9, 11], regions=regions, fill=0.0)]
     types = op_types(g)
-    assert "Pad" in types and "Gather" not in types and not GENERIC & set(types), types
+    # Both spatial axes at once: a depthwise ConvTranspose with a unit kernel (not a Pad per axis) ...
+    assert "ConvTranspose" in types and "Gather" not in types and not GENERIC & set(types), types
     assert_matches_reference(g, [x], ORT.compile(g)(x), rtol=0, atol=0)
+    # ... or, for another fill, the fill as extra channel blocks and DepthToSpace.
+    g1 = Graph()
+    g1.outputs = [Builder(g1).emit("raster", [g1.add_input("x", TensorSpec(x.shape, DType.float32))],
+                                   shape=[1, 3, 9, 11], regions=regions, fill=-1.5)]
+    assert "DepthToSpace" in op_types(g1)
+    assert_matches_reference(g1, [x], ORT.compile(g1)(x), rtol=0, atol=0)
+    # Integers (no DepthToSpace kernel for them in ORT): one Pad per stepped axis.
+    xi = (x * 10).astype(np.int32)
+    gi = Graph()
+    gi.outputs = [Builder(gi).emit("raster", [gi.add_input("x", TensorSpec(x.shape, DType.int32))],
+                                   shape=[1, 3, 9, 11], regions=regions, fill=0)]
+    types = op_types(gi)
+    assert "DepthToSpace" not in types and types.count("Pad") >= 2, types
+    assert_matches_reference(gi, [xi], ORT.compile(gi)(xi), rtol=0, atol=0)
 
 
 @given(st.data())

@@ -33,6 +33,8 @@ from edgerun.search import (
 )
 from edgerun.search.calibrate import apply_profile, backend_config, measure_backend
 from edgerun.search.cost_model import cheapest_algorithm
+from edgerun.search.placement_search import SWITCH_S
+from edgerun.search.tune import MIXED_MARGIN, MODELLED_CUTOFF, SINGLE_SLACK, tune_placement
 
 RNG = np.random.default_rng(3)
 
@@ -260,14 +262,81 @@ def test_first_auto_load_measures_candidates_within_its_budget_and_caches_the_wi
     assert rushed.loaded is not None
     cached = list(cache.glob(f"tuned/*/{program_key(g, None)}.*"))
     assert len(cached) == (1 if rushed.tuning["complete"] else 0)
-    # The plain auto load measures every candidate (a conv net is quick) and hands back the winner loaded.
+    # The plain auto load measures every candidate it does not rule out on purpose (a conv net is quick)
+    # and hands back the winner loaded.
     g = conv_net(channels=4, blocks=4)
     first = load(g.copy(), backends="auto")
     report = first.search.tuning
     assert report["source"] == "measured" and report["complete"]
-    assert all(c["measured_s"] is not None for c in report["candidates"])
-    assert report["winner"] == min(report["candidates"], key=lambda c: c["measured_s"])["label"]
+    measured = [c for c in report["candidates"] if c["measured_s"] is not None]
+    assert measured[0]["label"] == "search"
+    assert all(c.get("skipped") for c in report["candidates"] if c["measured_s"] is None)
+    # The fastest wins, a placement over more backends only by MIXED_MARGIN per extra backend.
+    assert report["winner"] == min(measured, key=lambda c: c["measured_s"] * MIXED_MARGIN ** (
+        c["backends"] - 1))["label"]
     assert report["spent_s"] < 10.0
     again = load(g.copy(), backends="auto")
     assert again.search.tuning["source"] == "cache"
     np.testing.assert_allclose(again.run([x])[0], load(g).run([x])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_search_does_not_switch_backends_for_less_than_a_switch_costs() -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    backends = {"onnxruntime": ort, "reference": get_backend("reference")}
+    g = conv_net(channels=32, size=16)
+    table = cost_table(g, backends, {"onnxruntime": profile(5e10, 5e10, partition_s=1e-6),
+                                     "reference": profile(1e10, 1e9, partition_s=1e-6)})
+    ort_col, ref_col = table.backends.index("onnxruntime"), table.backends.index("reference")
+    last = len(g.nodes) - 1  # the reduce_mean at the end: modelled a little cheaper on the reference
+    table.seconds[last, ref_col] = table.seconds[last, ort_col] - SWITCH_S / 2
+    assert set(search_placement(table).backend_of) == {"onnxruntime"}
+    table.seconds[last, ref_col] = table.seconds[last, ort_col] - 4 * SWITCH_S  # a real gain: worth a switch
+    assert search_placement(table).backend_of[last] == "reference"
+
+
+def test_tuning_loads_no_candidate_modelled_far_beyond_the_optimum(cache: Path) -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    backends = {"onnxruntime": ort, "reference": get_backend("reference")}
+    g = conv_net(channels=8, size=16, blocks=3)
+    table = cost_table(g, backends, {"onnxruntime": profile(5e10, 5e10), "reference": profile(1e10, 1e9)})
+    ref_col = table.backends.index("reference")
+    table.seconds[:, ref_col] *= 10 * MODELLED_CUTOFF
+    placement, report, loaded = tune_placement(g, table, search_placement(table), "cutoff-test")
+    skipped = [c for c in report["candidates"] if c.get("skipped")]
+    assert [c["label"] for c in skipped] == ["all reference"] and skipped[0]["measured_s"] is None
+    # Left out on purpose, so the winner is still cached: the next load does not measure again.
+    assert report["complete"] and report["winner"] == "search" and loaded is not None
+    assert set(placement.values()) == {"onnxruntime"}
+
+
+def test_spent_budget_leaves_out_single_engines_the_model_ranks_slower(cache: Path) -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    backends = {"onnxruntime": ort, "reference": get_backend("reference")}
+    g = conv_net(channels=8, size=16, blocks=2)
+    table = cost_table(g, backends, {"onnxruntime": profile(5e10, 5e10), "reference": profile(1e10, 1e9)})
+    ref = table.backends.index("reference")
+    optimum = float(table.seconds[:, table.backends.index("onnxruntime")].sum())
+    table.seconds[:, ref] *= 1.1 * optimum / float(table.seconds[:, ref].sum())  # slower, within the slack
+    best = search_placement(table)
+    _, rushed, _ = tune_placement(g, table, best, "budget-test-rushed", budget_s=1e-9)
+    left_out = {c["label"]: c.get("skipped") for c in rushed["candidates"] if c["measured_s"] is None}
+    assert "budget spent" in (left_out.get("all reference") or "") and rushed["complete"]
+    _, unbounded, _ = tune_placement(g, table, best, "budget-test-unbounded")
+    assert all(c["measured_s"] is not None for c in unbounded["candidates"])
+
+
+def test_an_optimum_on_one_engine_is_not_measured_against_singles_the_model_ranks_far_slower(
+        cache: Path) -> None:
+    ort = pytest.importorskip("edgerun.backends.onnxruntime").OnnxRuntimeBackend()
+    backends = {"onnxruntime": ort, "reference": get_backend("reference")}
+    g = conv_net(channels=8, size=16, blocks=2)
+    table = cost_table(g, backends, {"onnxruntime": profile(5e10, 5e10), "reference": profile(1e10, 1e9)})
+    ref = table.backends.index("reference")
+    optimum = float(table.seconds[:, table.backends.index("onnxruntime")].sum())
+    table.seconds[:, ref] *= 2 * SINGLE_SLACK * optimum / float(table.seconds[:, ref].sum())
+    _, report, _ = tune_placement(g, table, search_placement(table), "slack-far")
+    assert [c["label"] for c in report["candidates"] if c.get("skipped")] == ["all reference"]
+    # Within the slack (the model could be wrong by that much) it is measured.
+    table.seconds[:, ref] *= 1.1 / (2 * SINGLE_SLACK)
+    _, close, _ = tune_placement(g, table, search_placement(table), "slack-close")
+    assert all(c["measured_s"] is not None for c in close["candidates"])

@@ -121,9 +121,20 @@ def test_bind_symbols_checks_bounds_consistency_and_expressions() -> None:
 
 def test_symbol_only_inside_expressions_cannot_be_bound() -> None:
     g = Graph(symbols={"seq": (1, 8)})
-    g.add_input("y", spec(2 * S))
+    g.add_input("y", spec(S + 1))
     with pytest.raises(ShapeBindingError, match="no input dimension is symbol 'seq' alone"):
         bind_symbols(g, {"y": (4,)})
+
+
+def test_a_symbol_seen_only_as_a_multiple_binds_from_it() -> None:
+    """from_onnx's (name, min, max, multiple) dimensions: 32*H_div32 binds H_div32 = size / 32."""
+    g = Graph(symbols={"seq": (1, 8)})
+    g.add_input("y", spec(2 * S))
+    assert bind_symbols(g, {"y": (4,)}) == {"seq": 2}
+    with pytest.raises(ShapeBindingError, match="input 'y' dimension 0 is 5: the program needs a multiple of 2"):
+        bind_symbols(g, {"y": (5,)})
+    with pytest.raises(ShapeBindingError, match=r"2\*seq must be within \[2, 16\]"):
+        bind_symbols(g, {"y": (18,)})
 
 
 def test_specialised_graph_is_static_verified_and_computes_like_its_rules() -> None:

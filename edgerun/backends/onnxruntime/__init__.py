@@ -34,6 +34,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
 )
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED, QUANT_TRANSLATORS
 from edgerun.backends.onnxruntime.onnx_raster import emit_raster
+from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -140,7 +141,9 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="edgerun")
     model.ir_version = 9
-    return model, external
+    drop_noop_reshapes(model)
+    kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
+    return model, {k: v for k, v in external.items() if k in kept}
 
 
 def _external_placeholder(name: str, value: np.ndarray) -> Any:

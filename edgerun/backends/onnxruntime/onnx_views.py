@@ -44,8 +44,8 @@ def strided_view(b: OnnxBuilder, src: str, src_numel: int, offset: int,
     if len(set(strides)) != len(strides):
         return None
     flat = b.node("Reshape", [src, b.ints([-1])])
-    if not moving:
-        view = b.node("Slice", [flat, b.ints([offset]), b.ints([offset + 1]), b.ints([0])])
+    if not moving:  # one element (a one-element source is that element: no Slice)
+        view = flat if src_numel == 1 else b.node("Slice", [flat, b.ints([offset]), b.ints([offset + 1]), b.ints([0])])
     else:
         nested = nested_slice(b, flat, src_numel, offset, strides, counts)
         if nested is None:

@@ -139,6 +139,10 @@ def isinf(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 @onnx_op("Clip")
 def clip(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
+    bounds = _constant_bounds(ctx, node)
+    if bounds is not None and ctx.b.dtype(x).is_float:
+        # The clamp composite (ReLU6, hardtanh): kept whole for backends that fuse it into the conv before.
+        return [ctx.emit("clamp", [x], min=bounds[0], max=bounds[1])]
     if node.version < 11:
         lo, hi = node.attr("min"), node.attr("max")
         los = ctx.scalar(lo, x) if lo is not None else ""
@@ -152,6 +156,23 @@ def clip(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if not los and not his:
         x = ctx.emit("expand", [x], shape=list(ctx.b.shape(x)))
     return [x]
+
+
+def _constant_bounds(ctx: ImportContext, node: OnnxNode) -> tuple[float | None, float | None] | None:
+    """Clip's (min, max) when both are absent or scalars known at import, else None."""
+    if node.version < 11:
+        lo, hi = node.attr("min"), node.attr("max")
+        return (None if lo is None else float(lo), None if hi is None else float(hi))
+    found: list[float | None] = []
+    for i in (1, 2):
+        if not node.has_input(i):
+            found.append(None)
+            continue
+        value = ctx.const(node.inputs[i])
+        if value is None or value.size != 1:
+            return None
+        found.append(float(value.reshape(())))
+    return found[0], found[1]
 
 
 @onnx_op("BitShift")

@@ -16,6 +16,7 @@ from edgerun.frontends.torch import (
 )
 from edgerun.frontends.torch.context import HANDLERS, ConvertContext
 from edgerun.frontends.torch.source_info import module_path, node_meta, source_line
+from edgerun.frontends.torch.state import StateCapture, buffer_data
 from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, same_values
 from edgerun.ir.tensor_spec import TensorSpec
@@ -35,9 +36,11 @@ CONTROL_FLOW_MESSAGE = (
     "which torch.export resolves at export time for the example inputs")
 
 def convert_exported_program(ep: Any, symbol_names: dict[str, str] | None = None,
-                             symbols: dict[str, tuple[int, int]] | None = None) -> Graph:
+                             symbols: dict[str, tuple[int, int]] | None = None,
+                             state: StateCapture | None = None) -> Graph:
     """`symbol_names` maps torch's size symbols to the user's Dim names, `symbols` bounds those names
-    (frontends/torch/symbols.py); both empty for a static export."""
+    (frontends/torch/symbols.py); both empty for a static export. `state`: which buffers are program state
+    (default: those `ep` mutates, named by FQN); it receives their initial values."""
     import torch
 
     graph = Graph(symbols=dict(symbols or {}))
@@ -46,15 +49,21 @@ def convert_exported_program(ep: Any, symbol_names: dict[str, str] | None = None
     sig = ep.graph_signature
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
     ctx.user_outputs = set(sig.user_outputs)
+    state = state if state is not None else StateCapture.of(ep)
     for node in ep.graph.nodes:
         ctx.node = node
         if node.op == "placeholder":
-            ctx.env[node] = _placeholder(ctx, ep, node, kinds.get(node.name))
+            spec = kinds.get(node.name)
+            if spec is not None and spec.target in state.names:
+                ctx.env[node] = _state_read(ctx, ep, node, spec.target, state)
+            else:
+                ctx.env[node] = _placeholder(ctx, ep, node, spec)
         elif node.op == "call_function":
             ctx.b.meta = node_meta(node)
             ctx.env[node] = _call(ctx, node)
         elif node.op == "output":
             graph.outputs = _outputs(ctx, node, sig)
+            _state_updates(ctx, node, sig, state)
         elif node.op == "get_attr":
             attr = getattr(ep.graph_module, str(node.target))
             if isinstance(attr, torch.fx.GraphModule):  # the branch or body of torch.cond / while_loop / map
@@ -88,6 +97,33 @@ def _placeholder(ctx: ConvertContext, ep: Any, node: Any, spec: Any) -> Any:
     except SymbolicShapeError as exc:
         raise EdgerunError(f"input {node.name!r}: {exc}") from None
     return ctx.graph.add_input(node.name, TensorSpec(shape, dtype))
+
+
+def _state_read(ctx: ConvertContext, ep: Any, node: Any, target: str, state: StateCapture) -> str:
+    """A mutated buffer: a read of the state named for it (torch/state.py), its export-time value the
+    state's initial value."""
+    data = buffer_data(ep, target)
+    dtype = ctx.dtype_of_torch(data.dtype)
+    name = state.names[target]
+    state.initial[name] = data.detach().cpu().contiguous().numpy().astype(dtype.np, copy=True)
+    if name in ctx.graph.specs:
+        raise EdgerunError(f"state {name!r} (buffer {target!r}) has the name of another value; rename the buffer")
+    ctx.graph.specs[name] = TensorSpec(tuple(int(d) for d in data.shape), dtype)
+    ctx.graph.state_inputs.append(name)
+    return name
+
+
+def _state_updates(ctx: ConvertContext, node: Any, sig: Any, state: StateCapture) -> None:
+    for arg in node.args[0]:
+        target = sig.buffers_to_mutate.get(getattr(arg, "name", None))
+        if target is None:
+            continue
+        if target not in state.names:
+            raise EdgerunError(f"buffer {target!r} is mutated but not declared as program state")
+        name, value = state.names[target], ctx.env[arg]
+        if not isinstance(value, str):
+            raise EdgerunError(f"the new value of buffer {target!r} is not a tensor edgerun computes")
+        ctx.graph.state_updates[name] = ctx.cast(value, ctx.graph.specs[name].dtype)
 
 
 def _call(ctx: ConvertContext, node: Any) -> Any:
