@@ -11,6 +11,8 @@ Exactness is the point, so every choice is pinned here:
   before the final one: the scale's 24-bit mantissa times a 31-bit accumulator fits int64, and the shift
   right rounds half to even. ONNX Runtime converts the accumulator to float32 first (rounding above 2^24)
   and multiplies in float32, so it can differ from this exact result by one step; see docs/quantization.md.
+  `requantize(arithmetic="float32")` is that float32 epilogue, spelled out (the int8-static flow emits it,
+  so the ONNX Runtime delegate can run its layers as QLinearConv bit-exactly).
 - Int4 weights dequantize in float32 exactly as ONNX Runtime's MatMulNBits: (q - zero_point) * scale.
 
 Each kernel has the reference signature kernel(inputs, attrs, outputs) -> None and writes into outputs.
@@ -95,10 +97,24 @@ def requantize_values(acc: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
     return np.clip(value, lo, hi).astype(zero_point.dtype)
 
 
+def requantize_float32(acc: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    """saturate(round_half_even(float32(float32(acc) * scale)) + zero_point): ONNX Runtime's (MLAS's)
+    requantization, one IEEE rounding per step, so numpy's float32 reproduces it bit for bit."""
+    with np.errstate(all="ignore"):
+        v = np.rint(np.multiply(acc.astype(np.float32), np.asarray(scale, np.float32), dtype=np.float32))
+    lo, hi = _range(zero_point.dtype)
+    # Saturate before adding the zero point (as MLAS does), in float64 so no value wraps on the way.
+    v = np.clip(v.astype(np.float64), lo - zero_point.astype(np.float64), hi - zero_point.astype(np.float64))
+    return (v + zero_point.astype(np.float64)).astype(zero_point.dtype)
+
+
 @_kernel("requantize")
 def _requantize(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     acc, scale, zp = ins
-    outs[0][...] = requantize_values(acc, scale, zp)
+    if attrs.get("arithmetic", "exact") == "float32":
+        outs[0][...] = requantize_float32(acc, scale, zp)
+    else:
+        outs[0][...] = requantize_values(acc, scale, zp)
 
 
 def _exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

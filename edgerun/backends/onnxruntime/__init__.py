@@ -165,6 +165,9 @@ def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    # No QDQ fusion: ORT would rewrite dequantize -> add -> quantize into QLinearAdd, which rounds differently
+    # from the program; the integer layers arrive already fused (QLinearConv, onnx_quant_ops.py).
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -70,12 +70,19 @@ def _requantize_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
     if acc.dtype is not DType.int32:
         raise ValueError(f"requantize needs an int32 accumulator, got {acc}")
     _params_fit("requantize", acc, scale, zp, QUANT_DTYPES)
+    if attrs.get("arithmetic", "exact") not in REQUANTIZE_ARITHMETIC:
+        raise ValueError(f"requantize arithmetic must be one of {REQUANTIZE_ARITHMETIC}, got {attrs['arithmetic']!r}")
     return [TensorSpec(acc.shape, zp.dtype)]
 
 
+# "exact": acc * scale as a rational number; "float32": float32(acc) * scale rounded to float32 first, the
+# epilogue ONNX Runtime's QLinearConv/QLinearMatMul kernels compute (so a delegate can run it bit-exactly).
+REQUANTIZE_ARITHMETIC = ("exact", "float32")
+
 register(OpDef("requantize", OpKind.ATOMIC, _requantize_rule, 3, 3, family="quant", doc=(
     "int32 accumulator -> int8/uint8: saturate(round_half_even(acc * scale) + zero_point), computed exactly "
-    "in fixed point (scale's 24-bit mantissa times acc in int64); the epilogue of QLinearConv/QLinearMatMul")))
+    "in fixed point (scale's 24-bit mantissa times acc in int64), or with attr arithmetic='float32' as "
+    "float32(float32(acc) * scale) (ONNX Runtime's kernels); the epilogue of QLinearConv/QLinearMatMul")))
 
 
 def _matmul_integer_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
