@@ -26,7 +26,8 @@ from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import Checkpoint, load_checkpoint
 from edgerun.llm.generation import GenerationResult, TextCallback, run_generation
 from edgerun.llm.kv_cache import StepRunner
-from edgerun.llm.program_builder import PROJECTIONS, step_graph
+from edgerun.llm.program_builder import PROJECTIONS, Weight, step_graph
+from edgerun.llm.quant_blocks import PackedWeight
 from edgerun.llm.sampling import SamplingParams
 from edgerun.llm.tokenizer import BPETokenizer, tokenizer_from_gguf, tokenizer_from_json
 
@@ -161,11 +162,8 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
 
         return load_bundle(path, backends=backends)
     checkpoint = load_checkpoint(path)
-    if not dequantize and checkpoint.packed_names:
-        warnings.warn("packed int4/int8 kernels are not in edgerun yet: the weights run dequantized to float32 "
-                      "(pass dequantize=True to ask for that and silence this warning)", UserWarning, stacklevel=2)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
-    prefill, decode = build_programs(checkpoint, info)
+    prefill, decode = build_programs(checkpoint, info, dequantize)
     return LanguageModel(info, tokenizer, load_program(prefill, backends), load_program(decode, backends),
                          checkpoint)
 
@@ -190,14 +188,20 @@ def checkpoint_tokenizer(checkpoint: Checkpoint) -> BPETokenizer | None:
     return None
 
 
-def build_programs(checkpoint: Checkpoint, info: ModelInfo) -> tuple[Graph, Graph]:
-    """The prefill and decode graphs, sharing one set of float32 weight arrays."""
-    # Dequantize straight into the [in, out] layout the projections use; the [out, in] copies are not kept.
-    weights = {n: checkpoint.float_weight(n) for n in checkpoint.weights
-               if n.rsplit(".", 1)[-1] not in PROJECTIONS}
-    for n in checkpoint.weights:
-        if n.rsplit(".", 1)[-1] in PROJECTIONS:
+def build_programs(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = False) -> tuple[Graph, Graph]:
+    """The prefill and decode graphs, sharing one set of weight arrays.
+
+    Q4_0/Q4_1/Q8_0 weights stay packed unless `dequantize` (then every weight is float32).
+    """
+    weights: dict[str, Weight] = {}
+    for n, w in checkpoint.weights.items():
+        if isinstance(w, PackedWeight) and not dequantize:
+            weights[n] = w
+        elif n.rsplit(".", 1)[-1] in PROJECTIONS:
+            # Dequantize straight into the [in, out] layout the projections use; no [out, in] copy is kept.
             weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
+        else:
+            weights[n] = checkpoint.float_weight(n)
     prefill = step_graph(info.config, weights, chunk=info.chunk, context=info.context)
     decode = step_graph(info.config, weights, chunk=1, context=info.context)
     return prefill, decode

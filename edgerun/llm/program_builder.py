@@ -24,8 +24,10 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.llm.architecture import LlamaArchitecture
+from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_operands, int8_as_two_int4
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+Weight = np.ndarray | PackedWeight
 
 
 def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,7 +41,7 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 
 
 class _StepBuilder:
-    def __init__(self, config: LlamaArchitecture, weights: dict[str, np.ndarray], chunk: int, context: int,
+    def __init__(self, config: LlamaArchitecture, weights: dict[str, Weight], chunk: int, context: int,
                  all_logits: bool) -> None:
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
         self.g = Graph()
@@ -57,14 +59,56 @@ class _StepBuilder:
 
     def const(self, name: str) -> str:
         if name not in self.g.specs:
-            self.g.add_constant(np.ascontiguousarray(self.w[name], dtype=np.float32), name=name)
+            w = self.w[name]
+            data = w.dequantize() if isinstance(w, PackedWeight) else w
+            self.g.add_constant(np.ascontiguousarray(data, dtype=np.float32), name=name)
         return name
 
+    def int4_matmul(self, x: str, ops: Int4Operands, name: str) -> str:
+        g = self.g
+        n, groups, _ = ops.packed.shape
+        ins = [x, g.add_constant(ops.packed, name=name + ".codes"), g.add_constant(ops.scales, name=name + ".scales")]
+        if ops.zeros is not None:
+            ins.append(g.add_constant(ops.zeros, name=name + ".zeros"))
+        y = self.b.emit("matmul_int4", ins, k=groups * GROUP, n=n, group_size=GROUP)
+        if ops.offsets is None:
+            return y
+        b = self.b  # + (x summed per group) @ offsets.T
+        sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, GROUP])], axes=[2])
+        offsets_t = g.add_constant(np.ascontiguousarray(ops.offsets.T), name=name + ".offsets.T")
+        return b.binary("add", y, b.emit("matmul", [sums, offsets_t]))
+
+    def rows(self, x: str) -> int:
+        return self.b.shape(x)[0]
+
+    def packed_linear(self, x: str, name: str, w: PackedWeight) -> str:
+        """x @ w.T with w kept as the GGUF packed it: int4 as one matmul_int4, int8 as two (its nibbles)."""
+        if w.bits == 4:
+            return self.int4_matmul(x, int4_operands(w), name)
+        high, low = int8_as_two_int4(w)
+        return self.b.binary("add", self.int4_matmul(x, high, name + ".high"), self.int4_matmul(x, low, name + ".low"))
+
     def linear(self, x: str, name: str) -> str:
-        y = self.b.emit("matmul", [x, self.weight_t(name)])
+        w = self.w.get(name)
+        if isinstance(w, PackedWeight):
+            y = self.packed_linear(x, name, w)
+        else:
+            y = self.b.emit("matmul", [x, self.weight_t(name)])
         if name + "_bias" in self.w:
             y = self.b.binary("add", y, self.const(name + "_bias"))
         return y
+
+    def embed(self, tokens: str) -> str:
+        """The embedding rows of `tokens`; a Q8_0 table stays packed and only the gathered rows are scaled."""
+        b, w = self.b, self.w["embed"]
+        if not (isinstance(w, PackedWeight) and w.scheme == "q8_0"):
+            return b.emit("gather", [self.const("embed"), tokens], axis=0)
+        codes = self.g.add_constant(w.data, name="embed.q8")
+        scales = self.g.add_constant(w.scales.reshape(w.shape[0], -1, 1), name="embed.q8_scales")
+        rows = b.emit("reshape", [b.emit("cast", [b.emit("gather", [codes, tokens], axis=0)], dtype="float32")],
+                      shape=[self.T, w.shape[1] // GROUP, GROUP])
+        rows = b.binary("mul", rows, b.emit("gather", [scales, tokens], axis=0))
+        return b.emit("reshape", [rows], shape=[self.T, w.shape[1]])
 
     def rms_norm(self, x: str, name: str) -> str:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
@@ -126,7 +170,7 @@ class _StepBuilder:
         cache_keep = b.emit("reshape", [b.binary("lt", b.const(np.arange(C, dtype=np.int64)), start)],
                             shape=[1, 1, C])
         causal = b.const(np.tile(np.tril(np.ones((T, T), dtype=bool)), (c.group, 1)))  # [group*T, T]
-        x = b.emit("gather", [self.const("embed"), tokens], axis=0)  # [T, dim]
+        x = self.embed(tokens)  # [T, dim]
         new_rows: list[str] = []
         for i in range(c.layers):
             attn, k_new, v_new = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, cos, sin,
@@ -137,17 +181,25 @@ class _StepBuilder:
         h = self.rms_norm(x, "final_norm")
         if not self.all_logits:
             h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
-        head = self.const("lm_head" if "lm_head" in self.w else "embed")  # [vocab, dim]; tied shares embed
-        logits = b.emit("transpose", [b.emit("matmul", [head, b.emit("transpose", [h], perm=[1, 0])])], perm=[1, 0])
+        head = "lm_head" if "lm_head" in self.w else "embed"  # [vocab, dim]; tied shares embed
+        if isinstance(self.w[head], PackedWeight):
+            logits = self.packed_linear(h, head, self.w[head])
+        else:  # [vocab, dim] @ h.T: the float head is never copied transposed
+            logits = b.emit("transpose", [b.emit("matmul", [self.const(head), b.emit("transpose", [h], perm=[1, 0])])],
+                            perm=[1, 0])
         if not self.all_logits:
             logits = b.emit("reshape", [logits], shape=[c.vocab])
         g.outputs = [logits, *new_rows]
         return g
 
 
-def step_graph(config: LlamaArchitecture, weights: dict[str, np.ndarray], *, chunk: int, context: int,
+def step_graph(config: LlamaArchitecture, weights: dict[str, Weight], *, chunk: int, context: int,
                all_logits: bool = False) -> Graph:
-    """The step program for `chunk` tokens against a cache of `context` positions (float32 weights)."""
+    """The step program for `chunk` tokens against a cache of `context` positions.
+
+    Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
+    int8 rows scaled after the gather).
+    """
     graph = _StepBuilder(config, weights, chunk, context, all_logits).build()
     names = ["logits"] + [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
     _rename_outputs(graph, names)
