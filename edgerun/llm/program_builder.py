@@ -42,8 +42,9 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 
 class _StepBuilder:
     def __init__(self, config: LlamaArchitecture, weights: dict[str, Weight], chunk: int, context: int,
-                 all_logits: bool) -> None:
+                 all_logits: bool, int8_activations: bool) -> None:
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
+        self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
         self.b = Builder(self.g)
         self._transposed: dict[str, str] = {}
@@ -53,7 +54,9 @@ class _StepBuilder:
         if name not in self._transposed:
             data = self.w.get(name + ".T")
             if data is None:
-                data = np.ascontiguousarray(self.w[name].T)
+                w = self.w[name]
+                data = np.ascontiguousarray((w.dequantize() if isinstance(w, PackedWeight) else w).T)
+            assert isinstance(data, np.ndarray)
             self._transposed[name] = self.g.add_constant(data, name=name + ".T")
         return self._transposed[name]
 
@@ -70,7 +73,7 @@ class _StepBuilder:
         ins = [x, g.add_constant(ops.packed, name=name + ".codes"), g.add_constant(ops.scales, name=name + ".scales")]
         if ops.zeros is not None:
             ins.append(g.add_constant(ops.zeros, name=name + ".zeros"))
-        y = self.b.emit("matmul_int4", ins, k=groups * GROUP, n=n, group_size=GROUP)
+        y = self.b.emit("matmul_int4", ins, k=groups * GROUP, n=n, group_size=GROUP, **self.int4_attrs)
         if ops.offsets is None:
             return y
         b = self.b  # + (x summed per group) @ offsets.T
@@ -182,8 +185,9 @@ class _StepBuilder:
         if not self.all_logits:
             h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
         head = "lm_head" if "lm_head" in self.w else "embed"  # [vocab, dim]; tied shares embed
-        if isinstance(self.w[head], PackedWeight):
-            logits = self.packed_linear(h, head, self.w[head])
+        head_weight = self.w[head]
+        if isinstance(head_weight, PackedWeight):
+            logits = self.packed_linear(h, head, head_weight)
         else:  # [vocab, dim] @ h.T: the float head is never copied transposed
             logits = b.emit("transpose", [b.emit("matmul", [self.const(head), b.emit("transpose", [h], perm=[1, 0])])],
                             perm=[1, 0])
@@ -194,13 +198,14 @@ class _StepBuilder:
 
 
 def step_graph(config: LlamaArchitecture, weights: dict[str, Weight], *, chunk: int, context: int,
-               all_logits: bool = False) -> Graph:
+               all_logits: bool = False, int8_activations: bool = False) -> Graph:
     """The step program for `chunk` tokens against a cache of `context` positions.
 
     Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
-    int8 rows scaled after the gather).
+    int8 rows scaled after the gather). `int8_activations` rounds the packed matmuls' inputs to int8 per
+    group of 32 (llama.cpp's Q8 activations): faster for one-token decoding, not for prefill's GEMMs.
     """
-    graph = _StepBuilder(config, weights, chunk, context, all_logits).build()
+    graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations).build()
     names = ["logits"] + [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
     _rename_outputs(graph, names)
     return graph
