@@ -32,6 +32,9 @@ class StepRunner:
         self.copies_cache = resident is None  # True: each decode step copies the cache into the program
         if resident is None:
             resident = {n: np.zeros(decode.input_specs[n].shape, np.float32) for n in names}
+        for cache in resident.values():
+            # Zeros, not whatever the arena held: masked slots get probability 0, and 0 * NaN would be NaN.
+            cache.fill(0)
         self.k_cache = [resident[f"k_cache_{i}"] for i in range(config.layers)]
         self.v_cache = [resident[f"v_cache_{i}"] for i in range(config.layers)]
         assert all(c.shape == (kv, hd, context) for c in self.k_cache)

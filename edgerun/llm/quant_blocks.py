@@ -61,6 +61,17 @@ class PackedWeight:
             values += self.mins[:, :, None]
         return values.reshape(rows, cols)
 
+    @staticmethod
+    def stack(weights: list[PackedWeight]) -> PackedWeight:
+        """The matrices one above the other (same scheme and row length): one matmul for several."""
+        first = weights[0]
+        if any(w.scheme != first.scheme or w.shape[1] != first.shape[1] for w in weights):
+            raise EdgerunError("only weights of one scheme and row length stack")
+        mins = None if first.mins is None else np.concatenate([w.mins for w in weights if w.mins is not None])
+        return PackedWeight(first.scheme, (sum(w.shape[0] for w in weights), first.shape[1]),
+                            np.concatenate([w.data for w in weights]), np.concatenate([w.scales for w in weights]),
+                            mins)
+
     def take_rows(self, order: np.ndarray) -> PackedWeight:
         """The same matrix with its rows reordered (groups run along rows, so they move intact)."""
         return PackedWeight(self.scheme, self.shape, self.data[order], self.scales[order],

@@ -40,7 +40,7 @@ def test_weights_stay_packed_in_the_programs(packed: Any) -> None:
     for program in (packed.runner.prefill, packed.runner.decode):
         graph = program.graph
         int4 = [n for n in graph.nodes if n.op == "matmul_int4"]
-        assert len(int4) == 30 * 7 + 2  # every projection, and the tied Q8_0 head as two nibble matmuls
+        assert len(int4) == 30 * 4 + 2  # q+k+v, o, gate+up, down per layer; the tied Q8_0 head as two
         float_bytes = sum(c.nbytes for c in graph.constants.values() if c.dtype == np.float32)
         assert float_bytes < 60e6  # scales, Q4_1 offsets, norms, RoPE tables: no float weight (540 MB)
     assert {n.attrs.get("activations") for n in packed.runner.decode.graph.nodes if n.op == "matmul_int4"} == {"int8"}
