@@ -208,8 +208,10 @@ def build_programs(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = F
             weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
         else:
             weights[n] = checkpoint.float_weight(n)
-    prefill = step_graph(info.config, weights, chunk=info.chunk, context=info.context)
-    decode = step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode)
+    shared: dict[str, Any] = {}  # the packed operands, made once for both graphs
+    prefill = step_graph(info.config, weights, chunk=info.chunk, context=info.context, shared=shared)
+    decode = step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
+                        shared=shared)
     return prefill, decode
 
 

@@ -17,6 +17,8 @@ Cache slots at positions >= start are masked out, so their contents never matter
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from edgerun.ir.builder import Builder
@@ -42,7 +44,8 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 
 class _StepBuilder:
     def __init__(self, config: LlamaArchitecture, weights: dict[str, Weight], chunk: int, context: int,
-                 all_logits: bool, int8_activations: bool) -> None:
+                 all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]]) -> None:
+        self.shared = shared
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
         self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
@@ -78,7 +81,9 @@ class _StepBuilder:
             return y
         b = self.b  # + (x summed per group) @ offsets.T
         sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, GROUP])], axes=[2])
-        offsets_t = g.add_constant(np.ascontiguousarray(ops.offsets.T), name=name + ".offsets.T")
+        if ops.offsets_t is None:
+            ops.offsets_t = np.ascontiguousarray(ops.offsets.T)
+        offsets_t = g.add_constant(ops.offsets_t, name=name + ".offsets.T")
         return b.binary("add", y, b.emit("matmul", [sums, offsets_t]))
 
     def projections(self, x: str, names: list[str]) -> list[str]:
@@ -88,7 +93,7 @@ class _StepBuilder:
         packed = [w for w in ws if isinstance(w, PackedWeight)]
         if len(packed) < len(ws) or len({w.scheme for w in packed}) != 1 or packed[0].bits != 4:
             return [self.linear(x, n) for n in names]
-        y = self.packed_linear(x, "+".join(names), PackedWeight.stack(packed))
+        y = self.packed_linear(x, "+".join(names), lambda: PackedWeight.stack(packed))
         outs, start = [], 0
         for name, w in zip(names, packed):
             part = self.b.emit("slice", [y], starts=[start], ends=[start + w.shape[0]], axes=[1])
@@ -101,12 +106,20 @@ class _StepBuilder:
     def rows(self, x: str) -> int:
         return self.b.shape(x)[0]
 
-    def packed_linear(self, x: str, name: str, w: PackedWeight) -> str:
-        """x @ w.T with w kept as the GGUF packed it: int4 as one matmul_int4, int8 as two (its nibbles)."""
-        if w.bits == 4:
-            return self.int4_matmul(x, int4_operands(w), name)
-        high, low = int8_as_two_int4(w)
-        return self.b.binary("add", self.int4_matmul(x, high, name + ".high"), self.int4_matmul(x, low, name + ".low"))
+    def packed_linear(self, x: str, name: str, w: PackedWeight | Callable[[], PackedWeight]) -> str:
+        """x @ w.T with w kept as the GGUF packed it: int4 as one matmul_int4, int8 as two (its nibbles).
+
+        The operands are made once per weight for all the programs built with the same `shared` dict (prefill
+        and decode hold the same arrays, not two copies); `w` may be a function making the weight then.
+        """
+        if name not in self.shared:
+            weight = w() if callable(w) else w
+            self.shared[name] = [int4_operands(weight)] if weight.bits == 4 else list(int8_as_two_int4(weight))
+        ops = self.shared[name]
+        if len(ops) == 1:
+            return self.int4_matmul(x, ops[0], name)
+        return self.b.binary("add", self.int4_matmul(x, ops[0], name + ".high"),
+                             self.int4_matmul(x, ops[1], name + ".low"))
 
     def linear(self, x: str, name: str) -> str:
         w = self.w.get(name)
@@ -216,14 +229,17 @@ class _StepBuilder:
 
 
 def step_graph(config: LlamaArchitecture, weights: dict[str, Weight], *, chunk: int, context: int,
-               all_logits: bool = False, int8_activations: bool = False) -> Graph:
+               all_logits: bool = False, int8_activations: bool = False,
+               shared: dict[str, list[Int4Operands]] | None = None) -> Graph:
     """The step program for `chunk` tokens against a cache of `context` positions.
 
     Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
     int8 rows scaled after the gather). `int8_activations` rounds the packed matmuls' inputs to int8 per
     group of 32 (llama.cpp's Q8 activations): faster for one-token decoding, not for prefill's GEMMs.
+    Graphs built with one `shared` dict share their packed operands (stacked, split, offsets) array for array.
     """
-    graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations).build()
+    graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations,
+                         {} if shared is None else shared).build()
     names = ["logits"] + [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
     _rename_outputs(graph, names)
     return graph

@@ -103,7 +103,7 @@ def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> Packe
     return PackedWeight(scheme, shape, packed, scales, mins)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Int4Operands:
     """matmul_int4's weight operands, plus what the int4 form cannot hold.
 
@@ -115,6 +115,7 @@ class Int4Operands:
     scales: np.ndarray  # float32 [N, K/32]
     zeros: np.ndarray | None  # uint8 [N, K/32]; None means 8
     offsets: np.ndarray | None = None  # float32 [N, K/32]
+    offsets_t: np.ndarray | None = None  # offsets.T, contiguous, made once by the program builder
 
 
 def int4_operands(w: PackedWeight) -> Int4Operands:
