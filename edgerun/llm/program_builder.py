@@ -3,16 +3,17 @@
 Static shapes for now, so the KV cache travels as program inputs and the new rows as outputs; the host
 (`kv_cache.py`) writes those rows into its cache arrays. Prefill is the step at a bucket length (the prompt
 padded, the padding never attended to by real tokens under the causal mask); decode is the step at T=1.
-When the IR gains state and multi-method programs, this module keeps the same graph and swaps the cache
-inputs/outputs for a state read and an in-place row write: the change is local to `_attention`'s cache
-plumbing and `step_graph`'s signature.
+When the IR gains an op writing rows at a run-time position (docs/llm.md: why the state/multi-method
+programs do not help the cache without one), this module keeps the same graph and swaps the cache
+inputs/outputs for a state read and an in-place row write, local to `attention` and `step_graph`.
 
 Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit),
          k_cache_{i} float32[kv_heads, head_dim, C] (keys stored transposed), v_cache_{i} float32[kv_heads, C, head_dim]
 Outputs: logits float32[vocab] (or [T, vocab] with all_logits), k_new_{i} [kv_heads, head_dim, T],
          v_new_{i} [kv_heads, T, head_dim]
 
-Cache slots at positions >= start are masked out, so their contents never matter.
+Cache slots at positions >= start are masked out (they must hold finite values: 0 * NaN is NaN).
+GGUF-packed weights stay packed (see `packed_linear`).
 """
 
 from __future__ import annotations
