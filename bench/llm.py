@@ -125,6 +125,7 @@ def work_torch(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
 
 
 def work_llama_cpp(args: argparse.Namespace, ids: list[int], flash_attn: bool = False) -> dict[str, float]:
+    import numpy as np
     from llama_cpp import Llama  # the bench venv's: this worker imports nothing of edgerun
 
     new, repeat, threads = args.new_tokens, args.repeat, args.threads
@@ -138,10 +139,12 @@ def work_llama_cpp(args: argparse.Namespace, ids: list[int], flash_attn: bool = 
         t = time.perf_counter()
         llm.eval(ids)
         prefill.append(time.perf_counter() - t)
+    vocab = llm.n_vocab()
+    # The last token's logits (llama-cpp-python fills `scores` only with logits_all=True).
+    last_logits = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))  # noqa: E731
     t = time.perf_counter()
     for _ in range(new):
-        token = int(llm.scores[llm.n_tokens - 1].argmax())
-        llm.eval([token])
+        llm.eval([int(last_logits().argmax())])
     decode_s = time.perf_counter() - t
     return {"load_s": load_s, "prefill_s": statistics.median(prefill[1:]), "decode_tok_s": new / decode_s}
 
