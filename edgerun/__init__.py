@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Program": "edgerun.program:Program",
     "export": "edgerun.frontends.torch:export",
+    "export_methods": "edgerun.frontends.torch:export_methods",
     "from_onnx": "edgerun.frontends.onnx:from_onnx",
     "quantize": "edgerun.quantization:quantize",
     "load": "edgerun.search:load",
@@ -57,6 +58,7 @@ __all__ = [
     "__version__",
     "connect",
     "export",
+    "export_methods",
     "from_onnx",
     "load",
     "quantize",

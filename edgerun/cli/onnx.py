@@ -8,14 +8,23 @@ from typing import Any
 from edgerun.errors import EdgerunError
 
 
-def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+def _parse_shape(text: str) -> tuple[str, tuple[Any, ...]]:
+    """NAME=D0,D1,...: each D a size (pins it), SYMBOL:MIN:MAX (a symbolic dimension with inclusive bounds) or
+    SYMBOL:MIN:MAX:MULTIPLE (sizes that are multiples of MULTIPLE)."""
     name, sep, dims = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,..., got {text!r}")
-    try:
-        return name, tuple(int(d) for d in dims.split(",") if d)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"dimensions must be integers: {text!r}") from None
+    out: list[Any] = []
+    for d in (d.strip() for d in dims.split(",") if d.strip()):
+        parts = d.split(":")
+        try:
+            if len(parts) not in (1, 3, 4):
+                raise ValueError
+            out.append(int(d) if len(parts) == 1 else (parts[0], *(int(p) for p in parts[1:])))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"dimension {d!r} of {text!r} must be a size (224) or a bounded "
+                                             "symbol SYMBOL:MIN:MAX (H:32:2048), optionally :MULTIPLE") from None
+    return name, tuple(out)
 
 
 def register(subparsers: Any) -> None:
@@ -24,7 +33,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", help="the .onnx file (external data is read from beside it)")
     p.add_argument("-o", "--output", required=True, help="program file to write")
     p.add_argument("--input-shape", action="append", type=_parse_shape, default=[], metavar="NAME=D0,D1,...",
-                   help="pin a dynamic input's shape (repeatable)")
+                   help="size an input's dynamic dimensions (repeatable): each D a size that pins it or "
+                        "SYMBOL:MIN:MAX[:MULTIPLE] that keeps it symbolic within bounds, e.g. "
+                        "x=1,3,H:32:2048,W:32:2048")
     p.add_argument("--no-optimize", action="store_true", help="save the imported graph without running passes")
     p.set_defaults(func=_import_onnx)
 
@@ -38,6 +49,7 @@ def _import_onnx(args: argparse.Namespace) -> int:
     program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None, optimize=not args.no_optimize)
     program.save(args.output)
     g = program.graph
+    symbols = "".join(f", {name} in [{lo}, {hi}]" for name, (lo, hi) in sorted(g.symbols.items()))
     print(f"wrote {args.output}: {len(g.nodes)} nodes, {len(g.inputs)} inputs, {len(g.outputs)} outputs, "
-          f"{g.weight_bytes() / 1e6:.2f} MB of weights")
+          f"{g.weight_bytes() / 1e6:.2f} MB of weights{symbols}")
     return 0

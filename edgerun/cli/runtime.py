@@ -95,8 +95,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from edgerun.ir.symbolic import evaluate
     from edgerun.program import Program
     from edgerun.runtime import load
+    from edgerun.runtime.specializing import SpecializingProgram
 
     program = Program.read(args.file)
     graph = program.graph
@@ -104,8 +106,12 @@ def _info(args: argparse.Namespace) -> int:
     for op, count in graph.op_counts().items():
         by_kind.setdefault(get_op(op).kind.value, {})[op] = count
     m = load(program)
+    largest = {name: high for name, (_, high) in graph.symbols.items()}
+    if isinstance(m, SpecializingProgram):  # a template: show the plan for the largest shape its bounds allow
+        m = m.specialization(**{n: tuple(evaluate(d, largest) for d in graph.specs[n].shape) for n in graph.inputs})
     plan = m.plan
     info: dict[str, Any] = {
+        "symbols": {name: list(bounds) for name, bounds in graph.symbols.items()},
         "nodes": len(graph.nodes), "ops_by_kind": by_kind,
         "inputs": {n: str(graph.specs[n]) for n in graph.inputs},
         "outputs": {n: str(graph.specs[n]) for n in graph.outputs},
@@ -126,6 +132,10 @@ def _info(args: argparse.Namespace) -> int:
         print(f"  input  {name}: {spec}")
     for name, spec in info["outputs"].items():
         print(f"  output {name}: {spec}")
+    if largest:
+        print("template: symbols " + ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in graph.symbols.items())
+              + "; specialised per shape at run time, the plan below is for the largest shape ("
+              + ", ".join(f"{k}={v}" for k, v in largest.items()) + ")")
     for kind, ops in sorted(by_kind.items()):
         print(f"{kind}: {sum(ops.values())} nodes  " + ", ".join(f"{op} {n}" for op, n in ops.items()))
     print(f"runtime: {info['instructions']} instructions after decomposition and reshape elision")

@@ -41,7 +41,15 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     specs: dict[str, TensorSpec] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    # Program state (edgerun/ir/state.py): values this graph reads from the program's persistent state
+    # (defined by the state, not by the caller), and state name -> the value that becomes its new value at
+    # the end of a call. A state value's name is the state's name.
+    state_inputs: list[str] = field(default_factory=list)
+    state_updates: dict[str, str] = field(default_factory=dict)
     _counter: Iterator[int] = field(default_factory=itertools.count, repr=False, compare=False)
+    # Symbolic dimensions (ir/symbolic.py) the specs may use: name -> inclusive (min, max). Empty for a
+    # static graph; a graph with symbols is a template the runtime specialises per concrete shape.
+    symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     # -- construction ------------------------------------------------------------------------------
     def fresh_name(self, hint: str = "v") -> str:
@@ -103,12 +111,13 @@ class Graph:
     def copy(self) -> Graph:
         """A structural copy; constant arrays are shared (they are never mutated in place)."""
         g = Graph(list(self.inputs), list(self.outputs), copy.deepcopy(self.nodes), dict(self.specs),
-                  dict(self.constants))
+                  dict(self.constants), list(self.state_inputs), dict(self.state_updates))
+        g.symbols = dict(self.symbols)
         return g
 
     def toposort(self) -> None:
         """Reorder nodes so every node follows the producers of its inputs (stable for ordered graphs)."""
-        produced = set(self.inputs) | set(self.constants)
+        produced = set(self.inputs) | set(self.constants) | set(self.state_inputs)
         pending = list(self.nodes)
         ordered: list[Node] = []
         while pending:
@@ -128,7 +137,7 @@ class Graph:
 
     def prune_specs(self) -> None:
         """Drop specs and constants of values nothing defines or uses any more."""
-        live = set(self.inputs) | set(self.outputs)
+        live = set(self.inputs) | set(self.outputs) | set(self.state_inputs) | set(self.state_updates.values())
         for n in self.nodes:
             live.update(i for i in n.inputs if i)
             live.update(n.outputs)

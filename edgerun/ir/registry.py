@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from edgerun.errors import UnsupportedOpError
+from edgerun.ir.symbolic import SymbolicShapeError
 from edgerun.ir.tensor_spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -81,7 +82,10 @@ def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any]) -> lis
     if n < d.min_inputs or (d.max_inputs is not None and n > d.max_inputs):
         want = f"{d.min_inputs}" if d.max_inputs == d.min_inputs else f"{d.min_inputs}..{d.max_inputs or 'n'}"
         raise ValueError(f"{op} takes {want} inputs, got {n}")
-    return d.infer(inputs, attrs)
+    try:
+        return d.infer(inputs, attrs)
+    except SymbolicShapeError as exc:  # a rule that needs a concrete size: say which op asked
+        raise SymbolicShapeError(f"{op}: {exc}") from None
 
 
 _loaded = False

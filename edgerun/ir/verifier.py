@@ -6,6 +6,7 @@ from edgerun.errors import UnsupportedOpError, VerificationError
 from edgerun.ir.builder import _ABSENT
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.registry import get_op, infer_specs
+from edgerun.ir.state import verify_state
 
 
 def _where(node: Node) -> str:
@@ -27,6 +28,7 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
         if spec is None or tuple(arr.shape) != spec.shape or arr.dtype != spec.dtype.np:
             raise VerificationError(f"constant {name!r} does not match its spec {spec}")
         defined.add(name)
+    defined |= verify_state(graph)
     for name in defined:
         if name not in graph.specs:
             raise VerificationError(f"value {name!r} has no TensorSpec")

@@ -342,3 +342,19 @@ def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
 
 # ---- quantized ops (exact integer kernels, edgerun/oracle/quant_kernels.py) ---------------------------
 KERNELS.update(QUANT_KERNELS)
+
+
+@_kernel("update_slice")
+def _update_slice(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
+    """Rows of `update` into a copy of `x` from row `start` (clamped to fit); when the output is `x`'s own
+    buffer (a state updated in place) only those rows are written."""
+    x, update, start = ins
+    out = outs[0]
+    axis = int(attrs.get("axis", 0)) % x.ndim
+    if not np.may_share_memory(out, x):  # a planned output never partly overlaps an input: it is x or apart
+        np.copyto(out, x)
+    rows = update.shape[axis]
+    first = min(max(int(start.reshape(-1)[0]), 0), x.shape[axis] - rows)
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(first, first + rows)
+    out[tuple(index)] = update

@@ -11,7 +11,7 @@ def remove_dead_nodes(graph: Graph) -> bool:
 
     Every op in the IR is pure, so a node whose results are unused can go without changing anything.
     """
-    live = set(graph.outputs)
+    live = set(graph.outputs) | set(graph.state_updates.values())  # a state's update is a result too
     kept = []
     for node in reversed(graph.nodes):
         if any(o in live for o in node.outputs):

@@ -32,6 +32,16 @@ def default_pipeline() -> list[Pass]:
             RasterMergePass(), DeadCodePass()]
 
 
+def template_pipeline() -> list[Pass]:
+    """The passes a template (a graph with symbolic dimensions) gets at export: only those safe on symbols.
+
+    Decomposition would turn layout composites into rasters, whose regions are concrete integers, and the
+    folds and raster merging work on those; all of them run per concrete shape when the runtime
+    specialises the template (runtime/specializing.py), through `optimize` with the default pipeline.
+    """
+    return [DeadCodePass()]
+
+
 def optimize(graph: Graph, passes: Sequence[Pass] | None = None,
              verify_each: bool = True) -> tuple[Graph, list[PassRecord]]:
     """Run the pipeline (default: `default_pipeline()`) on a copy of `graph`; the records hold op counts.

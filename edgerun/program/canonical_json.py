@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import ProgramFormatError
+from edgerun.ir.symbolic import SymDim
 from edgerun.program.format import (
     MAX_DOCUMENT_DEPTH,
     MAX_JSON_CONTAINERS,
@@ -135,6 +136,8 @@ def to_json_value(value: Any, what: str, depth: int = 0) -> Any:
         return value
     if t is float:
         return value
+    if t is SymDim:  # a symbolic dimension in a template's attributes (reshape's shape, ...)
+        return value.to_json()
     if t in (list, tuple):
         return [to_json_value(v, f"{what}[{i}]", depth + 1) for i, v in enumerate(value)]
     if t is dict:

@@ -1,7 +1,8 @@
-"""The graph section's top-level document: {"metadata": ..., "graph": ..., "segments": [...]}.
+"""The graph section's top-level document: {"metadata": ..., "graph": ..., "segments": [...]}, plus (format
+1.2) "methods", "default_method" and "state" (program_parts.py).
 
-Decoding ties the parts together: each segment defines one constant, whose spec in the graph must agree with
-the segment's dtype and shape.
+Decoding ties the parts together: each segment defines one constant (of every method that lists it), whose
+spec in the graph must agree with the segment's dtype and shape.
 """
 
 from __future__ import annotations
@@ -13,17 +14,24 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
 from edgerun.program.format import MAX_METADATA_ENTRIES
-from edgerun.program.graph_codec import check_keys, decode_graph, encode_graph
+from edgerun.program.graph_codec import check_keys, encode_graph
+from edgerun.program.program_parts import PARTS_KEYS, ProgramParts, decode_parts, encode_parts
 from edgerun.program.segment_table import SegmentEntry, decode_segment_table
 
 Metadata = dict[str, Any]
 
 
-def encode_document(graph: Graph, metadata: Metadata, entries: list[SegmentEntry]) -> dict[str, Any]:
+def encode_document(graph: Graph, metadata: Metadata, entries: list[SegmentEntry],
+                    parts: ProgramParts | None = None) -> dict[str, Any]:
     if type(metadata) is not dict:
         raise ProgramFormatError(f"program metadata must be a dict, got {type(metadata).__name__}")
-    return {"metadata": to_json_value(metadata, "metadata"), "graph": encode_graph(graph),
-            "segments": [e.to_json() for e in entries]}
+    doc = {"metadata": to_json_value(metadata, "metadata"), "graph": encode_graph(graph),
+           "segments": [e.to_json() for e in entries]}
+    if parts is not None and parts.is_plain():
+        parts = None
+    if parts is not None:  # format 1.2: methods and state (program_parts.py)
+        doc.update(encode_parts(parts, doc["graph"]))
+    return doc
 
 
 def decode_metadata(obj: object) -> Metadata:
@@ -36,15 +44,18 @@ def decode_metadata(obj: object) -> Metadata:
 
 
 def decode_document(obj: object, data_length: int,
-                    allow_unknown: bool = False) -> tuple[Graph, Metadata, list[SegmentEntry]]:
-    """Validate the whole document; the returned Graph has specs but no constant data yet."""
-    doc = check_keys(obj, "graph section", ("metadata", "graph", "segments"), (), allow_unknown)
+                    allow_unknown: bool = False) -> tuple[Graph, Metadata, list[SegmentEntry], ProgramParts]:
+    """Validate the whole document; the returned graphs have specs but no constant data yet."""
+    doc = check_keys(obj, "graph section", ("metadata", "graph", "segments"), PARTS_KEYS, allow_unknown)
     metadata = decode_metadata(doc["metadata"])
     entries = decode_segment_table(doc["segments"], data_length, allow_unknown)
-    graph = decode_graph(doc["graph"], (e.name for e in entries), allow_unknown)
-    for e in entries:
-        spec = graph.specs[e.name]
-        if spec != TensorSpec(e.shape, e.dtype):
-            raise ProgramFormatError(f"segment {e.name[:80]!r} holds {e.dtype.value}{list(e.shape)} but the "
-                                     f"graph declares the value as {spec}")
-    return graph, metadata, entries
+    parts = decode_parts(doc, entries, allow_unknown)
+    by_name = {e.name: e for e in entries}
+    for method, graph in parts.methods.items():
+        for name in parts.constant_names[method]:
+            e = by_name[name]
+            spec = graph.specs[name]
+            if spec != TensorSpec(e.shape, e.dtype):
+                raise ProgramFormatError(f"segment {e.name[:80]!r} holds {e.dtype.value}{list(e.shape)} but "
+                                         f"method {method!r} declares the value as {spec}")
+    return parts.methods[parts.default_method], metadata, entries, parts

@@ -18,7 +18,13 @@ MAGIC = b"EDGR"
 FORMAT_MAJOR = 1
 # Minor 1: graphs keep some composite ops (softmax, layer_norm, gelu, ...) for the device to lower at load;
 # a 1.0 reader already decomposed every composite at load, so it reads 1.1 files correctly.
-FORMAT_MINOR = 1
+# Minor 2: template programs: the graph may declare bounded symbols (`"symbols"`) and use symbolic
+# dimensions (`{"sym": "..."}`) in value specs and attributes; and programs with several methods, a default
+# method or state (program_parts.py). Only such programs are written as 1.2; any other program is still
+# written as 1.1, byte for byte, so older readers keep loading it. A 1.1 reader refuses a 1.2 file that
+# has methods or state (their segments are not its graph's).
+FORMAT_MINOR = 2
+STATIC_FORMAT_MINOR = 1
 
 # 64 bytes is a cache line on x86 and most ARM cores and the width of an AVX-512 register, so a kernel can
 # use aligned vector loads on any weight straight out of the mapped file. Page alignment (4 KiB) would only

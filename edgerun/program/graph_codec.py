@@ -14,6 +14,7 @@ from typing import Any
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.symbolic import dim_to_json
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
 from edgerun.program.format import (
@@ -27,6 +28,13 @@ from edgerun.program.format import (
     MAX_RANK,
     MAX_STRING_LENGTH,
     MAX_VALUES,
+)
+from edgerun.program.symbols_codec import (
+    SYMBOLS_KEY,
+    decode_symbolic_attrs,
+    decode_symbolic_dim,
+    decode_symbols,
+    encode_symbols,
 )
 
 _DTYPES = {d.value: d for d in DType}
@@ -72,23 +80,29 @@ def decode_dtype(obj: object, what: str) -> DType:
     return _DTYPES[obj]
 
 
-def decode_shape(obj: object, what: str) -> tuple[int, ...]:
+def decode_shape(obj: object, what: str, symbols: dict[str, tuple[int, int]] | None = None) -> tuple[int, ...]:
     dims = check_list(obj, f"{what} shape", MAX_RANK)
     numel = 1
+    out = []
     for i, d in enumerate(dims):
+        if symbols and type(d) is dict:
+            out.append(decode_symbolic_dim(d, f"{what} dimension {i}", symbols))
+            continue
         numel *= check_int(d, f"{what} dimension {i}", 0, MAX_DIM)
         if numel > MAX_ELEMENTS:
             raise ProgramFormatError(f"{what} shape {dims} has more than {MAX_ELEMENTS} elements")
-    return tuple(dims)
+        out.append(d)
+    return tuple(out)
 
 
-def decode_spec(obj: object, what: str, allow_unknown: bool = False) -> TensorSpec:
+def decode_spec(obj: object, what: str, allow_unknown: bool = False,
+                symbols: dict[str, tuple[int, int]] | None = None) -> TensorSpec:
     spec = check_keys(obj, what, ("dtype", "shape"), (), allow_unknown)
-    return TensorSpec(decode_shape(spec["shape"], what), decode_dtype(spec["dtype"], what))
+    return TensorSpec(decode_shape(spec["shape"], what, symbols), decode_dtype(spec["dtype"], what))
 
 
 def encode_spec(spec: TensorSpec) -> dict[str, Any]:
-    return {"dtype": spec.dtype.value, "shape": list(spec.shape)}
+    return {"dtype": spec.dtype.value, "shape": [dim_to_json(d) for d in spec.shape]}
 
 
 # -- graph --------------------------------------------------------------------------------------------------
@@ -101,12 +115,18 @@ def encode_graph(graph: Graph) -> dict[str, Any]:
             "op": n.op, "name": n.name, "inputs": list(n.inputs), "outputs": list(n.outputs),
             "attrs": to_json_value(n.attrs, f"{what} attrs"), "meta": to_json_value(n.meta, f"{what} meta"),
         })
-    return {
+    doc: dict[str, Any] = {
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "values": {name: encode_spec(spec) for name, spec in graph.specs.items()},
         "nodes": nodes,
     }
+    if graph.state_inputs or graph.state_updates:  # format 1.2; absent keys keep stateless graphs as in 1.1
+        doc["state_inputs"] = list(graph.state_inputs)
+        doc["state_updates"] = dict(graph.state_updates)
+    if graph.symbols:  # only templates carry the key, so static graphs encode exactly as before
+        doc[SYMBOLS_KEY] = encode_symbols(graph.symbols)
+    return doc
 
 
 def _decode_names(obj: object, what: str, max_length: int, allow_empty: bool = False) -> list[str]:
@@ -142,8 +162,17 @@ def _decode_node(obj: object, index: int, allow_unknown: bool) -> Node:
 
 def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool = False) -> Graph:
     """Rebuild a Graph (without constant data) from its JSON form, rejecting anything malformed."""
-    doc = check_keys(obj, "graph", ("inputs", "outputs", "values", "nodes"), (), allow_unknown)
+    doc = check_keys(obj, "graph", ("inputs", "outputs", "values", "nodes"),
+                     (SYMBOLS_KEY, "state_inputs", "state_updates", "constants"), allow_unknown)
+    symbols = decode_symbols(doc[SYMBOLS_KEY]) if SYMBOLS_KEY in doc else {}
     inputs = _decode_names(doc["inputs"], "graph inputs", MAX_VALUES)
+    state_inputs = _decode_names(doc.get("state_inputs", []), "graph state_inputs", MAX_VALUES)
+    state_updates = doc.get("state_updates", {})
+    if type(state_updates) is not dict or len(state_updates) > MAX_VALUES:
+        raise ProgramFormatError(f"graph state_updates must be a JSON object of at most {MAX_VALUES} entries")
+    for state, value in state_updates.items():
+        check_string(state, "state_updates key")
+        check_string(value, f"state_updates[{state[:80]!r}]")
     outputs = _decode_names(doc["outputs"], "graph outputs", MAX_VALUES)
     values = doc["values"]
     if type(values) is not dict or len(values) > MAX_VALUES:
@@ -151,9 +180,12 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
     specs = {}
     for name, spec in values.items():
         check_string(name, "value name")
-        specs[name] = decode_spec(spec, f"value {name[:80]!r}", allow_unknown)
+        specs[name] = decode_spec(spec, f"value {name[:80]!r}", allow_unknown, symbols)
     nodes = [_decode_node(n, i, allow_unknown) for i, n in enumerate(check_list(doc["nodes"], "graph nodes",
                                                                                   MAX_NODES))]
+    if symbols:
+        for node in nodes:
+            node.attrs = decode_symbolic_attrs(node.attrs, f"node {node.name or node.op} attrs", symbols)
 
     defined_by: dict[str, str] = {}
 
@@ -168,6 +200,8 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
         define(name, "a graph input")
     for name in constant_names:
         define(name, "a weight segment")
+    for name in state_inputs:
+        define(name, "the program state")
     for i, node in enumerate(nodes):
         for name in node.outputs:
             define(name, f"node {i} ({node.name or node.op})")
@@ -178,4 +212,8 @@ def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool
     for name in outputs:
         if name not in defined_by:
             raise ProgramFormatError(f"graph output {name[:80]!r} is not defined")
-    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs)
+    for state, value in state_updates.items():
+        if value not in defined_by:
+            raise ProgramFormatError(f"the update of state {state[:80]!r} reads undefined value {value[:80]!r}")
+    return Graph(inputs=inputs, outputs=outputs, nodes=nodes, specs=specs, state_inputs=state_inputs,
+                 state_updates=state_updates, symbols=symbols)

@@ -5,16 +5,22 @@ from __future__ import annotations
 import hashlib
 import mmap as mmap_module
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from edgerun.errors import ProgramFormatError
+from edgerun.errors import EdgerunError, ProgramFormatError
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.shared_constants import share_constants_by_name
+from edgerun.ir.state import check_against_state
+from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import canonical_json_bytes
 from edgerun.program.format import HEADER_SIZE
 from edgerun.program.graph_codec import encode_graph
+from edgerun.program.program_parts import DEFAULT_METHOD
 from edgerun.program.reader import Buffer, DecodedProgram, decode_program
 from edgerun.program.summary import ProgramSummary, summarize
 from edgerun.program.writer import prepare_weights, program_to_bytes, save_program
@@ -47,14 +53,51 @@ class Program:
     file_info: ProgramFileInfo | None = field(default=None, repr=False)
     # name -> (array, sha256) for arrays that cannot change under us (read-only), so hashing is cheap
     _digests: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict, repr=False)
+    # Multi-method programs and state (program_parts.py, docs/program-format.md): every entry point by
+    # name, `graph` being methods[default_method]; and each state's initial value by name.
+    methods: dict[str, Graph] = field(default_factory=dict)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    default_method: str = DEFAULT_METHOD
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            self.methods = {self.default_method: self.graph}
+        elif self.methods.get(self.default_method) is not self.graph:
+            raise EdgerunError(f"Program: graph must be methods[{self.default_method!r}] (the default method)")
+
+    @classmethod
+    def from_methods(cls, methods: Mapping[str, Graph], *, default_method: str = DEFAULT_METHOD,
+                     state: Mapping[str, np.ndarray] | None = None,
+                     metadata: dict[str, Any] | None = None) -> Program:
+        """A program with several entry points sharing weights (by constant name) and state.
+
+        Constants that share a name but not their data are renamed apart in place (shared_constants.py)."""
+        if default_method not in methods:
+            raise EdgerunError(f"default method {default_method!r} is not among the methods {sorted(methods)}")
+        share_constants_by_name(methods)
+        program = cls(methods[default_method], metadata if metadata is not None else default_metadata(),
+                      methods=dict(methods), state=dict(state or {}), default_method=default_method)
+        program.check_state()
+        return program
+
+    def check_state(self) -> None:
+        """Every method reads and writes only the program's states, with their specs (VerificationError)."""
+        specs = {n: TensorSpec(np.shape(a), DType.of(np.asarray(a))) for n, a in self.state.items()}
+        for name, graph in self._all_methods().items():
+            check_against_state(graph, specs, name)
+
+    def _all_methods(self) -> dict[str, Graph]:
+        return {**self.methods, self.default_method: self.graph}  # `graph` may have been replaced
 
     # -- writing -----------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the program file atomically (temporary file + rename)."""
-        save_program(self.graph, self.metadata, path)
+        save_program(self.graph, self.metadata, path, methods=self._all_methods(),
+                     default_method=self.default_method, state=self.state)
 
     def to_bytes(self) -> bytes:
-        return program_to_bytes(self.graph, self.metadata)
+        return program_to_bytes(self.graph, self.metadata, methods=self._all_methods(),
+                                default_method=self.default_method, state=self.state)
 
     # -- reading -----------------------------------------------------------------------------------------
     @classmethod
@@ -83,9 +126,12 @@ class Program:
     def _from_decoded(cls, decoded: DecodedProgram, path: str | None, mmapped: bool) -> Program:
         h = decoded.header
         info = ProgramFileInfo(path, (h.major, h.minor), h.file_length, mmapped, decoded.weights_verified)
-        program = cls(decoded.graph, decoded.metadata, info)
+        program = cls(decoded.graph, decoded.metadata, info, methods=decoded.methods, state=decoded.state,
+                      default_method=decoded.default_method)
+        constants = {n: a for g in decoded.methods.values() for n, a in g.constants.items()}
         for e in decoded.segments:
-            program._digests[e.name] = (decoded.graph.constants[e.name], e.sha256)
+            if e.name in constants:  # the rest hold states' initial values
+                program._digests[e.name] = (constants[e.name], e.sha256)
         return program
 
     # -- inspection --------------------------------------------------------------------------------------
@@ -93,14 +139,16 @@ class Program:
         """SHA-256 of each constant's little-endian bytes; taken from the file's table when loaded."""
         digests = {}
         to_hash = {}
-        for name, array in self.graph.constants.items():
+        constants = {n: a for g in self._all_methods().values() for n, a in g.constants.items()}
+        specs = {n: g.specs[n] for g in self._all_methods().values() for n in g.constants}
+        for name, array in constants.items():
             cached = self._digests.get(name)
             if cached is not None and cached[0] is array and not array.flags.writeable:
                 digests[name] = cached[1]
             else:
                 to_hash[name] = array
         if to_hash:
-            partial = Graph(specs=self.graph.specs, constants=to_hash)
+            partial = Graph(specs=specs, constants=to_hash)
             for w in prepare_weights(partial):
                 digests[w.name] = w.sha256
                 if not w.array.flags.writeable and w.array is to_hash[w.name]:
@@ -114,12 +162,23 @@ class Program:
         re-saving a program, or changing only its description, keeps the key.
         """
         digests = self.weight_digests()
-        weights = sorted([name, self.graph.specs[name].dtype.value, list(self.graph.specs[name].shape),
-                          digests[name]] for name in digests)
-        content = canonical_json_bytes({"graph": encode_graph(self.graph), "weights": weights})
+        specs = {n: g.specs[n] for g in self._all_methods().values() for n in g.constants}
+        weights = sorted([name, specs[name].dtype.value, list(specs[name].shape), digests[name]]
+                         for name in digests)
+        document: dict[str, Any] = {"graph": encode_graph(self.graph), "weights": weights}
+        if len(self._all_methods()) > 1 or self.state:  # plain programs keep the key they always had
+            document["methods"] = {n: encode_graph(g) for n, g in self._all_methods().items()}
+            document["default_method"] = self.default_method
+            state_weights = prepare_weights(Graph(
+                specs={n: TensorSpec(np.shape(a), DType.of(np.asarray(a))) for n, a in self.state.items()},
+                constants=dict(self.state)))
+            document["state"] = sorted([w.name, w.dtype.value, list(w.array.shape), w.sha256]
+                                       for w in state_weights)
+        content = canonical_json_bytes(document)
         return hashlib.sha256(_HASH_DOMAIN + content).hexdigest()
 
     def summary(self) -> ProgramSummary:
+        state = {n: str(TensorSpec(np.shape(a), DType.of(np.asarray(a)))) for n, a in self.state.items()}
         return summarize(self.graph, self.metadata,
                          self.file_info.format_version if self.file_info else None,
-                         self.file_info.file_bytes if self.file_info else None)
+                         self.file_info.file_bytes if self.file_info else None, self._all_methods(), state)

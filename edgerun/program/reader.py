@@ -42,6 +42,9 @@ class DecodedProgram:
     header: Header
     segments: list[SegmentEntry]
     weights_verified: bool
+    methods: dict[str, Graph]  # every method, the default's graph being `graph`
+    default_method: str
+    state: dict[str, np.ndarray]  # state name -> initial value (a read-only view, like the weights)
 
 
 def check_header(header: Header, buffer_length: int) -> None:
@@ -103,14 +106,19 @@ def decode_program(buffer: Buffer, verify_weights: bool = True) -> DecodedProgra
         raise ProgramFormatError("padding after the graph section is not zero")
 
     document = parse_json_section(buffer[header.graph_offset:graph_end])
-    graph, metadata, entries = decode_document(document, header.data_length,
-                                               allow_unknown=header.minor > FORMAT_MINOR)
+    graph, metadata, entries, parts = decode_document(document, header.data_length,
+                                                      allow_unknown=header.minor > FORMAT_MINOR)
     region = memoryview(buffer)[header.data_offset:]
     if verify_weights:
         verify_data_region(region, entries)
+    arrays = {}
     for e in entries:
         array = np.frombuffer(buffer, e.dtype.np.newbyteorder("<"), e.numel, header.data_offset + e.offset)
         array = array.reshape(e.shape)
         array.flags.writeable = False
-        graph.constants[e.name] = array
-    return DecodedProgram(graph, metadata, header, entries, verify_weights)
+        arrays[e.name] = array
+    for method, method_graph in parts.methods.items():
+        method_graph.constants.update((name, arrays[name]) for name in parts.constant_names[method])
+    state = {name: arrays[segment] for name, segment in parts.state_segments.items()}
+    return DecodedProgram(graph, metadata, header, entries, verify_weights, parts.methods, parts.default_method,
+                          state)

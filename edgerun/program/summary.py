@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgerun.ir.graph import Graph
@@ -20,6 +21,9 @@ class ProgramSummary:
     metadata: dict[str, Any]
     format_version: tuple[int, int] | None  # of the file it was loaded from
     file_bytes: int | None
+    # Multi-method programs and state (program_parts.py): every method's signature, each state's spec.
+    methods: dict[str, str] = field(default_factory=dict)
+    state: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (for `edgerun info --json`)."""
@@ -32,6 +36,9 @@ class ProgramSummary:
         if self.format_version is not None:
             lines.append(f"program format {self.format_version[0]}.{self.format_version[1]}, "
                          f"file {_human_bytes(self.file_bytes or 0)}")
+        if len(self.methods) > 1 or self.state:
+            lines += [f"method {name}: {signature}" for name, signature in self.methods.items()]
+            lines += [f"state  {name}: {spec}" for name, spec in self.state.items()]
         lines += [f"input  {name}: {spec}" for name, spec in self.inputs.items()]
         lines += [f"output {name}: {spec}" for name, spec in self.outputs.items()]
         lines += [f"  {count:6d}  {op}" for op, count in self.op_counts.items()]
@@ -40,8 +47,22 @@ class ProgramSummary:
         return "\n".join(lines)
 
 
+def method_signature(graph: Graph) -> str:
+    """`x: float32[1,4], y: int64[] -> out: float32[1,4]`, the state a method reads and writes after it."""
+    def values(names: list[str]) -> str:
+        return ", ".join(f"{n}: {graph.specs[n]}" for n in names if n in graph.specs)
+
+    text = f"({values(graph.inputs)}) -> ({values(graph.outputs)})"
+    if graph.state_inputs or graph.state_updates:
+        text += f"; reads state {sorted(graph.state_inputs)}, writes {sorted(graph.state_updates)}"
+    return text
+
+
 def summarize(graph: Graph, metadata: dict[str, Any], format_version: tuple[int, int] | None = None,
-              file_bytes: int | None = None) -> ProgramSummary:
+              file_bytes: int | None = None, methods: Mapping[str, Graph] | None = None,
+              state: Mapping[str, str] | None = None) -> ProgramSummary:
+    """The default method's ops, inputs and weights; `methods` (name -> graph) and `state` (name -> spec)
+    for a program that has them."""
     by_dtype: dict[str, int] = {}
     for array in graph.constants.values():
         by_dtype[array.dtype.name] = by_dtype.get(array.dtype.name, 0) + int(array.nbytes)
@@ -56,6 +77,8 @@ def summarize(graph: Graph, metadata: dict[str, Any], format_version: tuple[int,
         metadata=dict(metadata),
         format_version=format_version,
         file_bytes=file_bytes,
+        methods={name: method_signature(g) for name, g in (methods or {}).items()},
+        state=dict(state or {}),
     )
 
 

@@ -10,9 +10,10 @@ import hashlib
 import io
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -29,9 +30,11 @@ from edgerun.program.format import (
     FORMAT_MINOR,
     HEADER_SIZE,
     MAX_GRAPH_SECTION_BYTES,
+    STATIC_FORMAT_MINOR,
     Header,
     align_up,
 )
+from edgerun.program.program_parts import DEFAULT_METHOD, ProgramParts, state_segment_name
 from edgerun.program.segment_table import SegmentEntry
 
 _ZEROS = bytes(4096)
@@ -101,13 +104,26 @@ def seal(graph_section: bytes, data_length: int, major: int = FORMAT_MAJOR, mino
     return raw + graph_section + bytes(data_offset - HEADER_SIZE - len(graph_section))
 
 
-def write_program(graph: Graph, metadata: Metadata, stream: BinaryIO) -> int:
-    """Serialise to a binary stream; returns the number of bytes written."""
-    weights = prepare_weights(graph)
+def write_program(graph: Graph, metadata: Metadata, stream: BinaryIO, *,
+                  methods: Mapping[str, Graph] | None = None, default_method: str = DEFAULT_METHOD,
+                  state: Mapping[str, np.ndarray] | None = None) -> int:
+    """Serialise to a binary stream; returns the number of bytes written.
+
+    `methods` (name -> graph, `graph` being methods[default_method]) and `state` (name -> initial value)
+    make a 1.2 document (program_parts.py); without them the document is the single-graph one.
+    """
+    methods = dict(methods) if methods else {default_method: graph}
+    if methods.get(default_method) is not graph:
+        raise ProgramFormatError(f"the program's graph is not its default method {default_method!r}")
+    weights = prepare_method_weights(methods, state or {})
     entries, data_length = plan_segments(weights)
-    document = encode_document(graph, metadata, entries)
+    parts = ProgramParts(methods, default_method, {s: state_segment_name(s) for s in state or {}},
+                         {name: list(g.constants) for name, g in methods.items()})
+    document = encode_document(graph, metadata, entries, parts)
     decode_document(document, data_length)  # the reader's checks: refuse to write what could not be read
-    prefix = seal(canonical_json_bytes(document), data_length)
+    prefix = seal(canonical_json_bytes(document), data_length,
+                  minor=FORMAT_MINOR if any(g.symbols for g in methods.values()) or not parts.is_plain()
+                  else STATIC_FORMAT_MINOR)
     stream.write(prefix)
     written = 0
     for w, e in zip(weights, entries):
@@ -120,6 +136,33 @@ def write_program(graph: Graph, metadata: Metadata, stream: BinaryIO) -> int:
     return len(prefix) + data_length
 
 
+def prepare_method_weights(methods: Mapping[str, Graph], state: Mapping[str, np.ndarray]) -> list[PreparedWeight]:
+    """Every method's constants once by name (methods share weights by name), then the state's initial
+    values under their segment names. Two methods with different data under one name are refused."""
+    weights: dict[str, PreparedWeight] = {}
+    owner: dict[str, str] = {}
+    source: dict[str, object] = {}  # name -> the array object prepared: shared objects are hashed once
+    for method, graph in methods.items():
+        fresh = {n: a for n, a in graph.constants.items() if source.get(n) is not a}
+        source.update(fresh)
+        for w in prepare_weights(Graph(specs=graph.specs, constants=fresh)):
+            if w.name in weights and (w.sha256, w.dtype, w.array.shape) != (
+                    weights[w.name].sha256, weights[w.name].dtype, weights[w.name].array.shape):
+                raise ProgramFormatError(f"methods {owner[w.name]!r} and {method!r} both have a constant "
+                                         f"{w.name!r}, with different values: rename one")
+            weights.setdefault(w.name, w)
+            owner.setdefault(w.name, method)
+    if state:
+        specs = {state_segment_name(s): TensorSpec(np.shape(a), DType.of(np.asarray(a))) for s, a in state.items()}
+        for w in prepare_weights(Graph(specs=specs, constants={state_segment_name(s): np.asarray(a)
+                                                                for s, a in state.items()})):
+            if w.name in weights:
+                raise ProgramFormatError(f"a constant is named {w.name!r}, the segment name of a state's initial "
+                                         "value: rename it")
+            weights[w.name] = w
+    return list(weights.values())
+
+
 def _write_zeros(stream: BinaryIO, n: int) -> None:
     while n > 0:
         chunk = min(n, len(_ZEROS))
@@ -127,7 +170,7 @@ def _write_zeros(stream: BinaryIO, n: int) -> None:
         n -= chunk
 
 
-def save_program(graph: Graph, metadata: Metadata, path: str | os.PathLike[str]) -> None:
+def save_program(graph: Graph, metadata: Metadata, path: str | os.PathLike[str], **parts: Any) -> None:
     """Write to a temporary file beside path, then rename over it.
 
     Readers that have the old file memory-mapped keep their (now unlinked) copy intact; overwriting in place
@@ -137,7 +180,7 @@ def save_program(graph: Graph, metadata: Metadata, path: str | os.PathLike[str])
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            write_program(graph, metadata, f)
+            write_program(graph, metadata, f, **parts)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a program file is not a secret
         os.replace(tmp, target)
     except BaseException:
@@ -145,8 +188,9 @@ def save_program(graph: Graph, metadata: Metadata, path: str | os.PathLike[str])
         raise
 
 
-def program_to_bytes(graph: Graph, metadata: Metadata) -> bytes:
+def program_to_bytes(graph: Graph, metadata: Metadata, **parts: Any) -> bytes:
+    """The file's bytes; `parts`: write_program's methods, default_method and state."""
     buffer = io.BytesIO()
-    write_program(graph, metadata, buffer)
+    write_program(graph, metadata, buffer, **parts)
     return buffer.getvalue()
 

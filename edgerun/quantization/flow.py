@@ -203,6 +203,9 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
         raise EdgerunError(f"int4 group size must be one of {GROUP_SIZES}, got {group_size}")
     if observer not in OBSERVERS:
         raise EdgerunError(f"unknown observer {observer!r}; known observers: {', '.join(OBSERVERS)}")
+    if program.state or len(program.methods) > 1:
+        raise EdgerunError("quantize does not handle programs with state or several methods yet: quantize "
+                           "each method's weights before exporting them together")
     float_graph, _ = optimize(program.graph)
     samples = load_calibration(calibration, float_graph) if calibration is not None else []
     if needs_calibration and not samples:

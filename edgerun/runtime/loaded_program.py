@@ -17,7 +17,9 @@ from edgerun.oracle import bind_inputs
 from edgerun.runtime.executor import Executor
 from edgerun.runtime.instructions import EventSink, Instruction
 from edgerun.runtime.memory_plan import ArenaPlan
+from edgerun.runtime.methods import MethodAccess
 from edgerun.runtime.partition import Partition
+from edgerun.runtime.state import StateBinding
 
 if TYPE_CHECKING:
     from edgerun.program import Program
@@ -37,15 +39,18 @@ class LoadedParts:
     program: Program | None
     backends: dict[str, Backend]  # every backend placement could use, by name
     output_names: list[str]  # the program's names for its outputs (decomposition may rename values)
+    state: StateBinding | None = None  # the method's link to the program's state buffers (runtime/state.py)
 
 
-class LoadedProgram:
+class LoadedProgram(MethodAccess):
     """Call with positional arrays (`m(x, y)`) or by input name (`m(x=..., y=...)`).
 
     Returns a single numpy array when the program has one output, else a tuple in output order. Returned
     arrays are fresh copies (the arena is reused by the next call). Inputs are checked against the program's
     specs; a dtype that converts safely (same kind, e.g. float64 to float32) is converted. Calls are
     serialised by a lock: one arena, one call at a time; load twice to run in parallel.
+    A program with several methods or with state: see MethodAccess (runtime/methods.py); calling the loaded
+    program runs its default method, and the methods of one load share one lock.
     """
 
     def __init__(self, parts: LoadedParts) -> None:
@@ -65,7 +70,8 @@ class LoadedProgram:
         # (shape, dtype) per input, for the fast path: arrays that match exactly skip bind_inputs.
         self._input_types = tuple((self.graph.specs[n].shape, self.graph.specs[n].dtype.np)
                                   for n in self.graph.inputs)
-        self._lock = threading.Lock()
+        self._state = parts.state
+        self._lock = parts.state.store.lock if parts.state is not None else threading.Lock()
 
     # -- description -------------------------------------------------------------------------------------
     @property
@@ -124,7 +130,10 @@ class LoadedProgram:
             for view, value in zip(self._input_views, values):
                 view[...] = value
             self._executor.run(sink)
-            return [v.copy() for v in self._output_views]
+            outputs = [v.copy() for v in self._output_views]
+            if self._state is not None:  # after the copies: an output may be a view of a state's old value
+                self._state.write_back()
+            return outputs
 
     def _exact_inputs(self, inputs: object) -> Sequence[np.ndarray] | None:
         """`inputs` when it is a tuple or list of ndarrays of exactly the input shapes and dtypes (the common

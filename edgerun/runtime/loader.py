@@ -25,22 +25,34 @@ from edgerun.backends.base import Backend, CompiledPartition
 from edgerun.errors import EdgerunError
 from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph
+from edgerun.ir.state import from_functional, has_state, on_functional, to_functional
 from edgerun.ir.verifier import verify
 from edgerun.program import Program
 from edgerun.runtime.arena_limit import check_arena_budget
 from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
 from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
+from edgerun.runtime.methods import has_methods_or_state, load_methods
 from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
+from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.state import (
+    StateBinding,
+    StateStore,
+    narrow_state_rasters,
+    overwriting_steps,
+    plan_state,
+    state_views,
+)
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *,
          placement: Mapping[str, str] | None = None, algorithms: Mapping[str, str] | None = None,
-         verify_weights: bool = True, alias_reshapes: bool = True, arena_limit: int | None = None) -> LoadedProgram:
+         verify_weights: bool = True, alias_reshapes: bool = True, arena_limit: int | None = None,
+         state: StateStore | None = None) -> LoadedProgram:
     """Make a program runnable on the given backends.
 
     `source`: a program file path, a Program, or a Graph. `backends`: names or instances in order of
@@ -53,6 +65,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     this function with the placement it chose.
     `arena_limit`: the most arena bytes to allocate (default: EDGERUN_MAX_ARENA_BYTES, else 75% of available
     memory); a larger plan raises ArenaLimitError before anything is allocated.
+    A program with several methods or with state loads every method (runtime/methods.py); `state` is the
+    store one method's load binds (what that does for each method).
     """
     if isinstance(backends, str):
         if backends == "auto" or backends.startswith("auto:"):
@@ -60,21 +74,36 @@ def load(source: str | os.PathLike[str] | Program | Graph,
                                "(edgerun.search.load), not edgerun.runtime.load")
         backends = [backends]
     program, original = read_source(source, verify_weights)
+    if state is None and program is not None and has_methods_or_state(program):
+        return load_methods(program, functools.partial(
+            load, backends=backends, placement=placement, algorithms=algorithms, verify_weights=verify_weights,
+            alias_reshapes=alias_reshapes, arena_limit=arena_limit))
+    if original.symbols:  # a template: each concrete shape is specialised, then loaded by this function
+        return SpecializingProgram(program or Program(original), functools.partial(
+            load, backends=backends, placement=placement, algorithms=algorithms, alias_reshapes=alias_reshapes,
+            arena_limit=arena_limit, state=state))
     graph = prepare_graph(original, resolve_backends(backends, placement).values())
     if placement and not set(placement) <= {n.name for n in graph.nodes}:
         # Names of the fully lowered graph (what the developer tools show and migrate op by op): honour
         # them by lowering every composite before placement, as a backend claiming none would.
         graph = prepare_graph(original)
     return load_prepared(program, original, graph, backends, placement=placement, algorithms=algorithms,
-                         alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+                         alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
 
 
 def load_prepared(program: Program | None, original: Graph, graph: Graph,
                   backends: Sequence[str | Backend] | None, *, placement: Mapping[str, str] | None = None,
                   algorithms: Mapping[str, str] | None = None, alias_reshapes: bool = True,
-                  arena_limit: int | None = None) -> LoadedProgram:
+                  arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
     """`load` from an already prepared graph (`prepare_graph(original, candidates)`): what the search calls
-    after placing. Composites left whole are lowered here, after placement, unless their backend keeps them."""
+    after placing. Composites left whole are lowered here, after placement, unless their backend keeps them.
+    A graph with state binds the buffers of `state` (runtime/state.py); it runs functional meanwhile."""
+    signature = None
+    if has_state(graph):
+        if state is None:
+            raise EdgerunError("this graph reads or writes program state: load the Program that holds the "
+                               "state's initial values (edgerun.load(program)), not its graph alone")
+        graph, signature = to_functional(graph)
     registry = resolve_backends(backends, placement)
     preference = [b if isinstance(b, str) else b.name for b in (backends or [FALLBACK])]
     assignment = assign_backends(graph, registry, preference, placement)
@@ -83,16 +112,31 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     check_acyclic(partitions, graph)
     compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
     steps = build_schedule(partitions, compiled)
+
+    def on_reference(step: Step) -> bool:  # its bound rasters write only their regions' bytes, and its
+        return partitions[step.partition].backend == FALLBACK  # update_slice writes over its input
+
+    narrowed = {} if signature is None else narrow_state_rasters(steps, graph, signature, on_reference)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
+    state_plan = None if signature is None else plan_state(graph, signature, lifetimes, arena_aliases,
+                                                           overwriting_steps(steps, on_reference))
+    for k, original_step in narrowed.items():  # a narrowed raster whose update was not placed in place: undo
+        if state_plan is not None and not any(v in state_plan.views for v in original_step.writes):
+            steps[k] = original_step
     plan = plan_memory(lifetimes, arena_aliases)
     verify_plan(plan, lifetimes)
     check_arena_budget(plan.arena_bytes, arena_limit)  # before allocating: a clear error, never a MemoryError
     arena = allocate_arena(plan.arena_bytes)
     views = bind_views(graph, plan, arena, const_aliases)
+    binding = None
+    if signature is not None and state_plan is not None and state is not None:
+        views.update(state_views(state, state_plan))
+        binding = StateBinding(state, state_plan, views)
+        graph = from_functional(graph, signature)
     instructions = build_instructions(steps, elided, partitions, compiled, views)
     return LoadedProgram(LoadedParts(graph, partitions, compiled, plan, arena, views, instructions, program,
-                                      dict(registry), list(original.outputs)))
+                                      dict(registry), list(original.outputs), binding))
 
 
 def read_source(source: object, verify_weights: bool = True) -> tuple[Program | None, Graph]:
@@ -110,7 +154,7 @@ def read_source(source: object, verify_weights: bool = True) -> tuple[Program | 
 def prepare_graph(graph: Graph, candidates: Iterable[Backend] = ()) -> Graph:
     """The graph the runtime places: composites no candidate backend keeps whole are decomposed (on a copy,
     output names kept: callers know outputs by name), and the result verified."""
-    graph = decomposed(graph, claimed_by(candidates))
+    graph = on_functional(graph, lambda g: decomposed(g, claimed_by(candidates)))
     verify(graph)
     return graph
 

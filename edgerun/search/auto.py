@@ -10,6 +10,7 @@ its own choice on every machine.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -17,22 +18,23 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgerun.backends.base import Backend
 from edgerun.backends.registry import get_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.graph import Graph
+from edgerun.program import Program
 from edgerun.runtime import LoadedProgram
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
+from edgerun.runtime.methods import has_methods_or_state, load_methods
+from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.state import StateStore
 from edgerun.search.calibrate import BackendProfile, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
 from edgerun.search.placement_search import search_placement
 from edgerun.search.tune import FIRST_LOAD_BUDGET_S, tune_placement
-
-if TYPE_CHECKING:
-    from edgerun.program import Program
 
 AUTO = "auto"
 AUTO_BACKENDS = ("onnxruntime", "reference")
@@ -67,7 +69,7 @@ def auto_backends(names: Sequence[str] | None = None) -> list[Backend]:
 
 def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = False,
               candidates: Sequence[str] | None = None, measure_budget_s: float = 0.0,
-              arena_limit: int | None = None) -> AutoPlan:
+              arena_limit: int | None = None, state: StateStore | None = None) -> AutoPlan:
     """Place every node of `graph` (prepared for these candidates: prepare_graph) on this device's backends.
 
     With `measure_budget_s` > 0 the best few candidates are also loaded and timed, within that budget, unless
@@ -86,7 +88,7 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
         def loader(candidate: Mapping[str, str]) -> LoadedProgram:
             return load_prepared(program, graph, graph, list(backends), placement=candidate,
                                  algorithms=choose_algorithms(graph, candidate, backends, profiles),
-                                 arena_limit=arena_limit)
+                                 arena_limit=arena_limit, state=state)
 
         # A winner is only a winner among these candidates: the cache key names them.
         key = f"{program_key(graph, program)}.{'+'.join(sorted(backends))}"
@@ -124,7 +126,7 @@ def program_key(graph: Graph, program: Program | None) -> str:
 def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *, placement: Mapping[str, str] | None = None,
          tune: bool = False, verify_weights: bool = True, alias_reshapes: bool = True,
-         arena_limit: int | None = None) -> LoadedProgram:
+         arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
     """`edgerun.load`: the runtime's load, with `backends="auto"` (or "auto:a,b") resolved here first.
 
     "auto" searches over the installed AUTO_BACKENDS; "auto:a,b" over backends a and b; `tune=True` also
@@ -135,17 +137,27 @@ def load(source: str | os.PathLike[str] | Program | Graph,
         if tune:
             raise EdgerunError('tune=True needs backends="auto"')
         return runtime_load(source, backends, placement=placement, verify_weights=verify_weights,
-                            alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+                            alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
     names = [n for n in backends[len(AUTO) + 1:].split(",") if n] or None
     program, original = read_source(source, verify_weights)
+    if state is None and program is not None and has_methods_or_state(program):  # each method searched alone
+        return load_methods(program, functools.partial(load, backends=backends, placement=placement, tune=tune,
+                                                       alias_reshapes=alias_reshapes, arena_limit=arena_limit))
+    if original.symbols:  # a template: the search places each concrete shape's specialisation
+        return SpecializingProgram(program or Program(original), functools.partial(
+            load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
+            arena_limit=arena_limit, state=state))
     graph = prepare_graph(original, auto_backends(names))
+    saved = state.snapshot() if state is not None else None  # timing candidates runs them on the state
     plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
-                     arena_limit=arena_limit)
+                     arena_limit=arena_limit, state=state)
+    if state is not None and saved is not None:
+        state.assign(saved)
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:
         loaded = load_prepared(program, original, graph, plan.backends,
                                placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
-                               alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+                               alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
     loaded.search = plan
     return loaded

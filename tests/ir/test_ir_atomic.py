@@ -206,3 +206,18 @@ def test_erf_is_correctly_rounded_float32_across_its_range() -> None:
     assert small.size < 512
     (got_small,) = interpret(_graph("erf", [TensorSpec(small.shape, "float32")]), [small])
     np.testing.assert_array_equal(got_small, want[::50])
+
+
+def test_update_slice_writes_rows_at_a_clamped_run_time_start() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    rows = np.full((2, 3), -1, np.float32)
+    g = _graph("update_slice", [TensorSpec((4, 3), "float32"), TensorSpec((2, 3), "float32"),
+                                TensorSpec((1,), "int64")], axis=0)
+    for start, first in ((1, 1), (3, 2), (-5, 0)):  # clamped so the rows always fit, like dynamic_update_slice
+        (got,) = interpret(g, [x, rows, np.array([start])])
+        want = x.copy()
+        want[first:first + 2] = -1
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="does not fit"):  # the shape rule, when the node is built
+        _graph("update_slice", [TensorSpec((4, 3), "float32"), TensorSpec((2, 2), "float32"),
+                                TensorSpec((), "int64")], axis=0)

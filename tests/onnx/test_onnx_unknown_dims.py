@@ -6,17 +6,18 @@ Includes a real model with real weights from a PyPI wheel: RapidOCR's text-direc
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from wheel_models import wheel_model
 
 from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.onnx import from_onnx, import_onnx_graph
-from edgerun.frontends.onnx.dims import disagreement, symbol_bindings
+from edgerun.frontends.onnx.dims import disagreement
+from edgerun.frontends.onnx.symbols import declare_inputs
 from edgerun.oracle import interpret
 
 
@@ -85,20 +86,14 @@ def test_known_different_sizes_disagree():
 
 def test_pinned_input_symbol_is_checked_other_symbols_are_not():
     inputs = [_declared("a", ("N", "?", 3)), _declared("b", ("N", "?"))]
-    bindings = symbol_bindings(inputs, {"a": (2, 7, 3), "b": (2, 9)})
+    bindings = declare_inputs(inputs, {"a": (2, 7, 3), "b": (2, 9)}, set()).bindings
     assert bindings == {"N": 2}  # "?" is anonymous, and was pinned to 7 and 9 anyway
     assert disagreement((2, 5), _dims(("N", "M")), bindings) == ""
-    assert "pinned to 2" in disagreement((4, 5), _dims(("N", "M")), bindings)
+    assert "input_shapes gave as 2" in disagreement((4, 5), _dims(("N", "M")), bindings)
 
 
 def _wheel_model(package: str, name: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        pytest.skip(f"{package} is not installed (scripts/setup.sh installs it with --no-deps)")
-    path = Path(spec.origin).parent / "models" / name
-    if not path.is_file():
-        pytest.skip(f"{package} has no {name}")
-    return path
+    return wheel_model(package, f"models/{name}")
 
 
 def test_rapidocr_text_direction_classifier_matches_onnxruntime():

@@ -13,8 +13,8 @@ from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
-from edgerun.program import FORMAT_MAJOR, FORMAT_MINOR, Program
-from edgerun.program.format import ALIGNMENT, HEADER_SIZE
+from edgerun.program import FORMAT_MAJOR, Program
+from edgerun.program.format import ALIGNMENT, HEADER_SIZE, STATIC_FORMAT_MINOR
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def test_round_trip_preserves_graph_weights_and_metadata(program: Program, tmp_p
         loaded = Program.read(tmp_path / "m.edgr", mmap=how == "file-mmap")
     assert_graphs_equal(program.graph, loaded.graph)
     assert loaded.metadata == program.metadata
-    assert loaded.file_info is not None and loaded.file_info.format_version == (FORMAT_MAJOR, FORMAT_MINOR)
+    assert loaded.file_info is not None and loaded.file_info.format_version == (FORMAT_MAJOR, STATIC_FORMAT_MINOR)
     assert loaded.file_info.mmapped == (how == "file-mmap")
     assert loaded.file_info.path == (None if how == "bytes" else str(tmp_path / "m.edgr"))
 
@@ -160,7 +160,7 @@ def test_summary_counts_ops_and_weight_bytes(program: Program) -> None:
     assert s.weight_bytes == sum(np.asarray(a).nbytes for a in g.constants.values())
     assert s.weight_bytes_by_dtype["bool"] == 6 and s.weight_bytes_by_dtype["float16"] == 18
     assert s.inputs == {"x": "float32[4,3]", "ids": "int64[2]"}
-    assert s.format_version == (FORMAT_MAJOR, FORMAT_MINOR)
+    assert s.format_version == (FORMAT_MAJOR, STATIC_FORMAT_MINOR)
     assert json.loads(json.dumps(s.as_dict()))["nodes"] == 5
     assert "matmul_like" in str(s)
 

@@ -87,10 +87,12 @@ def test_torch_export_failure_is_an_edgerun_error_with_a_fix() -> None:
     assert "data-dependent" in message and "torch.where" in message
 
 
-def test_dynamic_shapes_are_refused_clearly() -> None:
+def test_unbounded_dynamic_shapes_are_refused_clearly() -> None:
     batch = torch.export.Dim("batch")
-    with pytest.raises(EdgerunError, match="specialised to the shapes of the example"):
+    with pytest.raises(EdgerunError, match=r"Dim\('batch'\) has no max; edgerun plans memory"):
         export_graph(nn.Linear(4, 4), (torch.randn(2, 4),), dynamic_shapes={"input": {0: batch}})
+    with pytest.raises(EdgerunError, match="named, bounded dimensions"):
+        export_graph(nn.Linear(4, 4), (torch.randn(2, 4),), dynamic_shapes={"input": {0: torch.export.Dim.AUTO}})
 
 
 class ReturnsInt(nn.Module):
@@ -141,11 +143,10 @@ def test_higher_order_control_flow_refused_with_what_works_today(model: nn.Modul
 def test_no_message_recommends_what_cannot_be_converted() -> None:
     """Every hint that names torch.cond says it cannot be converted (it used to recommend it)."""
     from edgerun.frontends.torch.capture import _explain
-    from edgerun.frontends.torch.export import DYNAMIC_SHAPES_MESSAGE
 
     class GuardOnDataDependentSymNode(Exception):
         pass
 
     for text in (_explain(GuardOnDataDependentSymNode("Could not guard on data-dependent expression")),
-                 _explain(RuntimeError("unsupported Python")), DYNAMIC_SHAPES_MESSAGE):
+                 _explain(RuntimeError("unsupported Python"))):
         assert "torch.cond" in text and "cannot convert" in text.replace("cannot be converted", "cannot convert")

@@ -1,9 +1,14 @@
 """edgerun as an `onnx.backend.base.Backend`, so ONNX's own test runner and node cases can drive it.
 
 ONNX models often feed shape-like values (Reshape's target, Slice's starts, reduction axes) as graph
-inputs. edgerun programs have static shapes, so such a model is specialised at run time: the inputs a
-handler needs statically are frozen to the values given to `run` and the model is imported for them
-(cached per value). Which inputs were frozen is reported in `rep.frozen`.
+inputs. A handler that needs such a value at import time gets it by freezing: the input is frozen to the
+value given to `run` and the model is imported for it (cached per value). Which inputs were frozen is
+reported in `rep.frozen`; the conformance report counts the passes that needed it.
+
+With `symbolic_dims=True` the input dimensions are made bounded symbols before import, as an exporter with
+dynamic axes would write them (one symbol per distinct size, sizes 0 and 1 static): one template program
+serves every input shape, and each call binds the symbols from its inputs' shapes and runs the
+specialisation for them (edgerun.ir.specialize).
 """
 
 from __future__ import annotations
@@ -23,14 +28,50 @@ def _input_names(model: Any) -> list[str]:
     return [vi.name for vi in model.graph.input if vi.name not in inits]
 
 
+# Bounds of the symbols symbolic_dims declares (node cases are small); sizes 0 and 1 stay static.
+SYMBOL_BOUNDS = (2, 1 << 16)
+
+
+def symbolic_input_model(model: Any) -> tuple[Any, dict[str, tuple[Any, ...]]]:
+    """`model` with its input dimensions symbolic, and the input_shapes that declares the symbols' bounds.
+
+    As an exporter with dynamic axes names them: one symbol per distinct size (`n4` for every dimension of 4,
+    so the two operands of an Add keep one shape), and sizes 0 and 1 static, as torch.export specialises
+    them (a size-1 dimension broadcasts, which a symbol that might be 5 could not).
+    """
+    import onnx
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    shapes: dict[str, tuple[Any, ...]] = {}
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits or vi.type.WhichOneof("value") != "tensor_type" or \
+                not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims: list[Any] = []
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") or d.dim_value <= 1:
+                dims.append(None)
+                continue
+            name = f"n{d.dim_value}"
+            dims.append((name, *SYMBOL_BOUNDS))
+            d.Clear()
+            d.dim_param = name
+        shapes[vi.name] = tuple(dims)
+    return model, shapes
+
+
 class EdgerunBackendRep(BackendRep):
     """An imported program (or, for shape-input models, the recipe to import one per input value)."""
 
-    def __init__(self, model: Any, program: Any = None, frozen: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: Any, program: Any = None, frozen: tuple[str, ...] = (),
+                 input_shapes: dict[str, tuple[Any, ...]] | None = None) -> None:
         self.model = model
         self.program = program
         self.frozen: tuple[str, ...] = frozen
+        self.input_shapes = input_shapes
         self._cache: dict[bytes, Any] = {}
+        self._specialised: dict[tuple[tuple[str, int], ...], Any] = {}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         names = _input_names(self.model)
@@ -40,7 +81,23 @@ class EdgerunBackendRep(BackendRep):
             seq = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
             values = {n: np.asarray(v) for n, v in zip(names, seq)}
         program = self.program if self.program is not None else self._specialise(values)
-        return tuple(interpret(program.graph, {n: values[n] for n in program.graph.inputs}))
+        graph = program.graph
+        if graph.symbols:
+            graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs})
+        return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))
+
+    def _for_shapes(self, template: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
+        """The template specialised to these input shapes (bound, substituted, verified; cached per binding)."""
+        from edgerun.ir.specialize import bind_symbols, specialize
+        from edgerun.ir.verifier import verify
+
+        bindings = bind_symbols(template, shapes)
+        key = tuple(sorted(bindings.items()))
+        if key not in self._specialised:
+            graph = specialize(template, bindings)
+            verify(graph)  # every spec the template computed must agree with the op rules at these sizes
+            self._specialised[key] = graph
+        return self._specialised[key]
 
     def _specialise(self, values: dict[str, np.ndarray]) -> Any:
         frozen = list(self.frozen)
@@ -50,7 +107,8 @@ class EdgerunBackendRep(BackendRep):
                 return self._cache[key]
             try:
                 # The conformance runner checks the importer's own graph; the passes have their own tests.
-                program = from_onnx(self.model, constant_inputs={n: values[n] for n in frozen}, optimize=False)
+                program = from_onnx(self.model, constant_inputs={n: values[n] for n in frozen}, optimize=False,
+                                    input_shapes=_without(self.input_shapes, frozen))
             except DynamicInputError as exc:
                 if exc.value_name in values and exc.value_name not in frozen:
                     frozen.append(exc.value_name)
@@ -67,18 +125,26 @@ class EdgerunBackendRep(BackendRep):
             return program
 
 
+def _without(shapes: dict[str, tuple[Any, ...]] | None, frozen: list[str]) -> dict[str, tuple[Any, ...]] | None:
+    return None if shapes is None else {k: v for k, v in shapes.items() if k not in frozen}
+
+
 class EdgerunBackend(Backend):
     @classmethod
     def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
         return device == "CPU"
 
     @classmethod
-    def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> EdgerunBackendRep:
+    def prepare(cls, model: Any, device: str = "CPU", symbolic_dims: bool = False,
+                **kwargs: Any) -> EdgerunBackendRep:
+        shapes = None
+        if symbolic_dims:
+            model, shapes = symbolic_input_model(model)
         try:
-            return EdgerunBackendRep(model, from_onnx(model, optimize=False))
+            return EdgerunBackendRep(model, from_onnx(model, optimize=False, input_shapes=shapes), (), shapes)
         except DynamicInputError as exc:
             first = (exc.value_name,) if exc.value_name in _input_names(model) else ()
-            return EdgerunBackendRep(model, None, first)
+            return EdgerunBackendRep(model, None, first, shapes)
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:

@@ -20,7 +20,8 @@ DESIGN_CATEGORIES: dict[str, str] = {
                     "small safe branches, refused otherwise)",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "data-dependent-shape": "outputs whose shape depends on input values (NonZero, Unique, "
-                            "NonMaxSuppression, Compress, ImageDecoder): every edgerun value has a static shape",
+                            "NonMaxSuppression, Compress, ImageDecoder): symbolic dimensions are bound from the "
+                            "input shapes before a call runs, never from values computed during it",
     "dtype": "element types outside edgerun's seven (float64, bfloat16, float8, int4, int16, uint16/32/64, "
              "complex): refused rather than silently cast",
 }
@@ -40,9 +41,10 @@ DESIGN_OUTLOOK: dict[str, str] = {
                     "#12's symbolic dimensions",
     "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
               "generator could run the op but never match the reference bit for bit",
-    "data-dependent-shape": "#12 (dynamic shapes): an output bounded by its input's size (NonZero, Unique, "
-                            "Compress, NonMaxSuppression) needs a symbolic dimension with an upper bound; "
-                            "ImageDecoder needs image codecs and cannot be supported",
+    "data-dependent-shape": "not done: #12's symbols are bound from input shapes; an output bounded by its "
+                            "input's size (NonZero, Unique, Compress, NonMaxSuppression) also needs a size "
+                            "computed during the run (planned at the upper bound, ExecuTorch's way) and ops "
+                            "that return it; ImageDecoder needs image codecs and cannot be supported",
     "dtype": "not #12: needs more element types in the IR (float64, bfloat16, float8, int4, ...)",
 }
 

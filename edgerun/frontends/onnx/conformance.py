@@ -74,15 +74,20 @@ def case_op(case: Any) -> str:
 
 
 class EdgerunRunner:
-    """Runs a case through EdgerunBackend and remembers which inputs it had to freeze."""
+    """Runs a case through EdgerunBackend and remembers which inputs it had to freeze.
 
-    def __init__(self) -> None:
+    With `symbolic_dims` every input dimension is a bounded symbol: one template imported for every shape,
+    specialised to the case's shapes at run time (backend.py).
+    """
+
+    def __init__(self, symbolic_dims: bool = False) -> None:
+        self.symbolic_dims = symbolic_dims
         self.frozen: tuple[str, ...] = ()
 
     def __call__(self, model: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         from edgerun.frontends.onnx.backend import EdgerunBackend
         self.frozen = ()
-        rep = EdgerunBackend.prepare(model)
+        rep = EdgerunBackend.prepare(model, symbolic_dims=self.symbolic_dims)
         try:
             return list(rep.run(inputs))
         finally:
@@ -90,6 +95,7 @@ class EdgerunRunner:
 
 
 edgerun_runner = EdgerunRunner()
+symbolic_runner = EdgerunRunner(symbolic_dims=True)
 
 
 def ort_runner(model: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:

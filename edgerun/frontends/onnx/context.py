@@ -17,6 +17,7 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.symbolic import Dim, SymDim
 
 # ONNX TensorProto data types we hold natively; the rest are refused (see docs/onnx.md).
 ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 3: DType.int8, 2: DType.uint8,
@@ -85,6 +86,8 @@ class ImportContext:
         self.values: dict[str, str] = {}  # ONNX name -> IR value
         self.consts: dict[str, np.ndarray] = {}  # ONNX name -> constant known at import time
         self.producers: dict[str, list[str]] = {}  # ONNX output name -> its node's ONNX inputs
+        # Element types of import-time values holding symbolic dimensions (object arrays; see symfold.py).
+        self.symbolic_dtypes: dict[str, DType] = {}
 
     def inputs_behind(self, name: str) -> list[str]:
         """The graph inputs an ONNX value is computed from (for messages: which input to freeze)."""
@@ -104,8 +107,13 @@ class ImportContext:
         return name in self.values or name in self.consts
 
     def const(self, name: str) -> np.ndarray | None:
-        """The value of an ONNX input when it is known at import time, else None."""
-        return self.consts.get(name) if name else None
+        """The numeric value of an ONNX input when it is known at import time, else None.
+
+        Sizes that are symbolic (object arrays, symfold.py) count as unknown here: a handler computing with
+        numbers gets them as run-time values. Handlers that take sizes (shape.py) read them with `static`.
+        """
+        arr = self.consts.get(name) if name else None
+        return None if arr is None or arr.dtype == object else arr
 
     def value(self, name: str) -> str:
         """The IR value of an ONNX input, materialising a constant into the graph on first use."""
@@ -113,6 +121,9 @@ class ImportContext:
             return self.values[name]
         if name in self.consts:
             arr = self.consts[name]
+            if arr.dtype == object:
+                self.values[name] = self._runtime_dims(arr, self.dtype(name))
+                return self.values[name]
             try:
                 DType.of(arr)
             except ValueError as exc:  # a constant of a type we cannot hold (float64, ...) is needed at run time
@@ -126,25 +137,40 @@ class ImportContext:
         return self.value(node.inputs[i]) if node.has_input(i) else ""
 
     def static(self, node: OnnxNode, i: int, what: str) -> np.ndarray | None:
-        """Input i as a constant (None when absent); refuse when it is computed at run time."""
+        """Input i as a constant (None when absent; an object array when it holds symbolic sizes); refuse when it
+        is computed at run time."""
         if not node.has_input(i):
             return None
-        arr = self.const(node.inputs[i])
+        arr = self.consts.get(node.inputs[i])
         if arr is None:
             raise DynamicInputError(node.op_type, node.inputs[i], source=node.name or None, detail=(
                 f"dynamic {what} input {node.inputs[i]!r} is not supported (it must be an initializer, "
                 "a Constant, fold from static shapes, or be frozen with constant_inputs=)"))
         return arr
 
-    def shape(self, name: str) -> tuple[int, ...]:
+    def shape(self, name: str) -> tuple[Dim, ...]:
         if name in self.consts:
             return tuple(self.consts[name].shape)
         return self.graph.specs[self.value(name)].shape
 
     def dtype(self, name: str) -> DType:
         if name in self.consts:
+            if self.consts[name].dtype == object:
+                return self.symbolic_dtypes.get(name, DType.int64)
             return DType.of(self.consts[name])
         return self.graph.specs[self.value(name)].dtype
+
+    def _runtime_dims(self, arr: np.ndarray, dtype: DType) -> str:
+        """An array of sizes, some symbolic, as a run-time value (one dim_value per symbolic size, a constant
+        once the program is specialised): where shape arithmetic turns into data, such as a size cast to float
+        or a comparison the symbols' bounds do not decide."""
+        parts = []
+        for d in arr.reshape(-1):
+            one = self.emit("dim_value", [], value=d, dtype="int64") if isinstance(d, SymDim) else \
+                self.b.const(np.asarray(int(d), dtype=np.int64))
+            parts.append(self.emit("reshape", [one], shape=[1]))
+        flat = parts[0] if len(parts) == 1 else self.emit("concat", parts, axis=0)
+        return self.cast(self.emit("reshape", [flat], shape=list(arr.shape)), dtype)
 
     # -- emitting ------------------------------------------------------------------------------------
     def emit(self, op: str, inputs: list[str], **attrs: Any) -> str:

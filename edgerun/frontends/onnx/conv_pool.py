@@ -6,13 +6,13 @@ auto_pad SAME_* is resolved here into explicit pads from the static input shape.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.frontends.onnx.symfold import is_symbolic
 from edgerun.ir.dtypes import DType
+from edgerun.ir.symbolic import SymDim, sym_max
 
 
 def _as_2d(ctx: ImportContext, node: OnnxNode, x: str) -> tuple[str, bool]:
@@ -37,7 +37,7 @@ def _pads(node: OnnxNode, in_sizes: list[int], kernel: list[int], strides: list[
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []
         for size, k, s, d in zip(in_sizes, kernel, strides, dilations):
-            total = max(0, (math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size)
+            total = sym_max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
             small, big = total // 2, total - total // 2
             begin.append(small if auto == "SAME_UPPER" else big)
             end.append(big if auto == "SAME_UPPER" else small)
@@ -95,12 +95,11 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     # flipped and its in/out channels swapped per group.
     x0 = ctx.input(node, 0)
     x, lifted = _as_2d(ctx, node, x0)
-    wc = ctx.static(node, 1, "weight")
-    assert wc is not None
+    wshape = ctx.shape(node.inputs[1])
     if lifted:
-        wc = wc[:, :, None, :]
+        wshape = (wshape[0], wshape[1], 1, wshape[2])
     groups = int(node.attr("group", 1))
-    cin, cout_g, kh, kw = wc.shape
+    cin, cout_g, kh, kw = wshape
     n_sp = len(ctx.b.shape(x0)) - 2
     strides = _lift(_spatial(node, "strides", 1, n_sp), lifted, 1)
     dil = _lift(_spatial(node, "dilations", 1, n_sp), lifted, 1)
@@ -124,24 +123,56 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     else:
         p = _spatial(node, "pads", 0, 2 * n_sp)
         begin, end = _lift(p[:n_sp], lifted, 0), _lift(p[n_sp:], lifted, 0)
-    nb, c, h, w = ctx.b.shape(x)
-    dh, dw = (h - 1) * strides[0] + 1, (w - 1) * strides[1] + 1
-    from edgerun.ir.ops.raster import strided_copy_regions
-    regions = strided_copy_regions(0, 0, [c * h * w, h * w, w, 1], 0, [c * dh * dw, dh * dw, strides[0] * dw, strides[1]],
-                                   [nb, c, h, w])
-    spread = ctx.emit("raster", [x], regions=regions, shape=[nb, c, dh, dw], fill=0.0)
+    spread = _insert_zeros(ctx, x, strides)
     pairs = [[0, 0], [0, 0]] + [[d * (k - 1) - b, d * (k - 1) - e + op]
                                 for k, d, b, e, op in zip(kernel, dil, begin, end, out_pad)]
     padded = ctx.emit("pad", [spread], pads=pairs, mode="constant", value=0.0)
-    cin_g = cin // groups
-    flipped = wc[:, :, ::-1, ::-1].reshape(groups, cin_g, cout_g, kh, kw).transpose(0, 2, 1, 3, 4)
-    weight = ctx.b.const(np.ascontiguousarray(flipped.reshape(groups * cout_g, cin_g, kh, kw)))
+    weight = _flipped_kernel(ctx, node.inputs[1], (cin, cout_g, kh, kw), groups)
     ins = [padded, weight] + ([ctx.input(node, 2)] if node.has_input(2) else [])
     y = ctx.emit("conv2d", ins, dilation=dil, groups=groups)
     if lifted:
         s = ctx.b.shape(y)
         y = ctx.emit("reshape", [y], shape=[s[0], s[1], s[3]])
     return [y]
+
+
+def _flipped_kernel(ctx: ImportContext, name: str, shape: tuple[int, int, int, int], groups: int) -> str:
+    """ConvTranspose's weight [Cin, Cout/g, kh, kw] as the equivalent Conv's: flipped, in/out swapped per group.
+
+    A constant weight is rearranged at import time; a weight computed at run time (or fed as an input) gets
+    the same rearrangement as graph ops (two reversals, a transpose), so it needs no freezing.
+    """
+    cin, cout_g, kh, kw = shape
+    cin_g = cin // groups
+    wc = ctx.const(name)
+    if wc is not None and not is_symbolic(wc):
+        wc = wc.reshape(shape)
+        flipped = wc[:, :, ::-1, ::-1].reshape(groups, cin_g, cout_g, kh, kw).transpose(0, 2, 1, 3, 4)
+        return ctx.b.const(np.ascontiguousarray(flipped.reshape(groups * cout_g, cin_g, kh, kw)))
+    from edgerun.frontends.onnx.shape import reverse_axis
+    w = ctx.emit("reshape", [ctx.value(name)], shape=list(shape))
+    w = reverse_axis(ctx, reverse_axis(ctx, w, 2), 3)
+    w = ctx.emit("reshape", [w], shape=[groups, cin_g, cout_g, kh, kw])
+    w = ctx.emit("transpose", [w], perm=[0, 2, 1, 3, 4])
+    return ctx.emit("reshape", [w], shape=[groups * cout_g, cin_g, kh, kw])
+
+
+def _insert_zeros(ctx: ImportContext, x: str, strides: list[int]) -> str:
+    """x [N, C, H, W] with strides-1 zeros between neighbours along H and W: [N, C, (H-1)*sh+1, (W-1)*sw+1]."""
+    nb, c, h, w = ctx.b.shape(x)
+    dh, dw = (h - 1) * strides[0] + 1, (w - 1) * strides[1] + 1
+    if any(isinstance(d, SymDim) for d in (nb, c, h, w)):
+        # A raster's regions are concrete; with symbolic sizes the same spread is a pad of [.., H, 1, W, 1] to
+        # [.., H, sh, W, sw], merged back and cut after the last element.
+        cells = ctx.emit("reshape", [x], shape=[nb, c, h, 1, w, 1])
+        gaps = [[0, 0]] * 3 + [[0, strides[0] - 1], [0, 0], [0, strides[1] - 1]]
+        grid = ctx.emit("pad", [cells], pads=gaps, mode="constant", value=0.0)
+        merged = ctx.emit("reshape", [grid], shape=[nb, c, h * strides[0], w * strides[1]])
+        return ctx.emit("slice", [merged], starts=[0, 0], ends=[dh, dw], axes=[2, 3])
+    from edgerun.ir.ops.raster import strided_copy_regions
+    regions = strided_copy_regions(0, 0, [c * h * w, h * w, w, 1], 0, [c * dh * dw, dh * dw, strides[0] * dw, strides[1]],
+                                   [nb, c, h, w])
+    return ctx.emit("raster", [x], regions=regions, shape=[nb, c, dh, dw], fill=0.0)
 
 
 def _out_size(size: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool) -> int:

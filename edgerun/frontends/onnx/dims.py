@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from edgerun.ir.symbolic import Dim
+
 # dim_param spellings that mean "unknown", not a name shared between values.
 ANONYMOUS_SYMBOLS = {"", "?", "-1", "None", "none", "unk"}
 
@@ -22,40 +24,26 @@ def is_unknown_value(dim_value: int) -> bool:
     return dim_value <= 0
 
 
-def symbol_bindings(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Symbols of the original graph inputs bound by `input_shapes` pinning: {"N": 2, "seq": 128}.
-
-    A symbol pinned to two different sizes (Paddle writes `?` for every unknown dimension) names nothing
-    shared and is dropped, as are the anonymous spellings.
-    """
-    seen: dict[str, set[int]] = {}
-    for vi in inputs:
-        if vi.name not in input_shapes or vi.type.WhichOneof("value") != "tensor_type":
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        for d, size in zip(dims, input_shapes[vi.name]):
-            if d.HasField("dim_param") and not _anonymous(d.dim_param):
-                seen.setdefault(d.dim_param, set()).add(int(size))
-    return {sym: sizes.pop() for sym, sizes in seen.items() if len(sizes) == 1}
-
-
-def _anonymous(symbol: str) -> bool:
+def anonymous_symbol(symbol: str) -> bool:
     return symbol in ANONYMOUS_SYMBOLS or symbol.startswith("unk__")
 
 
-def disagreement(ours: Sequence[int], dims: Sequence[Any], bindings: Mapping[str, int]) -> str:
+def disagreement(ours: Sequence[Dim], dims: Sequence[Any], bindings: Mapping[str, Dim]) -> str:
     """'' when the shape edgerun infers fits ONNX's dimensions, else why not (ranks, or which dimension).
 
-    `dims` are TensorShapeProto.Dimension messages; an unknown dimension is compatible with any size.
+    `dims` are TensorShapeProto.Dimension messages; an unknown dimension is compatible with any size. A symbolic
+    dimension of ours is checked only against a dim_param that names an input's size or symbol (`bindings`):
+    ONNX's own sizes come from its inference over the same symbols and cannot be more exact than ours.
     """
     if len(ours) != len(dims):
         return f"rank {len(ours)} against ONNX's rank {len(dims)}"
     for i, (size, d) in enumerate(zip(ours, dims)):
         if d.HasField("dim_value"):
-            if not is_unknown_value(int(d.dim_value)) and int(d.dim_value) != int(size):
-                return f"dimension {i} is {size}, ONNX infers {int(d.dim_value)}"
-        elif d.HasField("dim_param") and d.dim_param in bindings and bindings[d.dim_param] != int(size):
-            return (f"dimension {i} is {size}, ONNX names it {d.dim_param!r}, which input_shapes pinned to "
+            known = int(d.dim_value)
+            if not is_unknown_value(known) and isinstance(size, int) and known != size:
+                return f"dimension {i} is {size}, ONNX infers {known}"
+        elif d.HasField("dim_param") and d.dim_param in bindings and bindings[d.dim_param] != size:
+            return (f"dimension {i} is {size}, ONNX names it {d.dim_param!r}, which input_shapes gave as "
                     f"{bindings[d.dim_param]}")
     return ""
 

@@ -42,7 +42,9 @@ def expand_function(ctx: ImportContext, proto: Any, version: int, prefix: str) -
             if not name:
                 types.append(onnx.TypeProto().SerializeToString())
                 continue
-            t = helper.make_tensor_type_proto(DTYPE_TO_ONNX[ctx.dtype(name)], list(ctx.shape(name)))
+            # ONNX's builders read a symbolic size as a dim_param (its text), as an exporter would write it.
+            dims = [d if isinstance(d, int) else str(d) for d in ctx.shape(name)]
+            t = helper.make_tensor_type_proto(DTYPE_TO_ONNX[ctx.dtype(name)], dims)
             types.append(t.SerializeToString())
         versions = [v for v in schema.context_dependent_function_opset_versions if v <= version] \
             or [schema.since_version]

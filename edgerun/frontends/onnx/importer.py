@@ -16,6 +16,7 @@ import numpy as np
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.onnx.context import (
     DTYPE_TO_ONNX,
+    ONNX_TO_DTYPE,
     Handler,
     ImportContext,
     OnnxModelError,
@@ -23,11 +24,14 @@ from edgerun.frontends.onnx.context import (
     onnx_dtype,
 )
 from edgerun.frontends.onnx.control_flow import import_if, import_scan
-from edgerun.frontends.onnx.dims import describe, disagreement, symbol_bindings
+from edgerun.frontends.onnx.dims import describe, disagreement
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
 from edgerun.frontends.onnx.registry import load_handlers
+from edgerun.frontends.onnx.symbols import InputDim, declare_inputs
+from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
 from edgerun.ir.graph import Graph
+from edgerun.ir.symbolic import Dim, SymbolicShapeError, SymDim, sym
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 
@@ -37,9 +41,9 @@ class OnnxImportError(EdgerunError):
 
 
 class CheckedTypes(dict[str, Any]):
-    """ONNX's inferred types by value name, and the symbols input_shapes pinned (see dims.py)."""
+    """ONNX's inferred types by value name, and what input_shapes made of ONNX's dim_params (see dims.py)."""
 
-    def __init__(self, types: Mapping[str, Any], bindings: Mapping[str, int]) -> None:
+    def __init__(self, types: Mapping[str, Any], bindings: Mapping[str, Dim]) -> None:
         super().__init__(types)
         self.bindings = dict(bindings)
 
@@ -48,24 +52,30 @@ class CheckedTypes(dict[str, Any]):
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 
 
-def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None = None,
                       constant_inputs: Mapping[str, Any] | None = None) -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) as an edgerun Graph.
 
-    `input_shapes` pins dynamic input dimensions (e.g. {"input_ids": (1, 128)}); without it a symbolic
-    dimension is refused, because every edgerun value has a static shape. `constant_inputs` freezes graph
-    inputs to values (e.g. a Reshape target fed as an input), which then stop being program inputs.
+    `input_shapes` sizes the inputs' dynamic dimensions: an int pins one, a `(name, min, max)` tuple keeps it
+    symbolic within bounds (`{"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`, see symbols.py); a dynamic
+    dimension given neither is refused. `constant_inputs` freezes graph inputs to values (e.g. a Reshape
+    target fed as an input), which then stop being program inputs.
     """
     model = load_model(source)
     opset = check_model(model)
-    bindings = symbol_bindings(model.graph.input, input_shapes or {})
-    if input_shapes:
-        model = _pin_input_shapes(model, input_shapes)
+    g = model.graph
+    frozen = set(constant_inputs or {}) | {t.name for t in g.initializer}
+    declared = declare_inputs(g.input, input_shapes or {}, frozen)
+    if input_shapes or declared.rewritten:
+        constants = {k: tuple(np.shape(v)) for k, v in (constant_inputs or {}).items()}
+        model = declared.apply(model, constants)
+        g = model.graph
+    bindings = {**declared.bindings, **{name: sym(name) for name in declared.symbols}}
     types = CheckedTypes(infer_types(model), bindings)
     handlers = load_handlers()
     graph = Graph()
+    graph.symbols.update(declared.symbols)
     ctx = ImportContext(graph)
-    g = model.graph
     _add_initializers(ctx, g.initializer)
     input_names = {vi.name for vi in g.input}
     for name, value in (constant_inputs or {}).items():
@@ -74,7 +84,7 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[int]] | N
         ctx.consts[name] = np.asarray(value)
     for vi in g.input:
         if vi.name not in ctx.consts:
-            graph.add_input(vi.name, input_spec(vi))
+            graph.add_input(vi.name, input_spec(vi, declared.shapes.get(vi.name)))
             ctx.values[vi.name] = vi.name
     opsets = {o.domain or "": int(o.version) for o in model.opset_import}
     opsets[""] = opset
@@ -89,28 +99,6 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[int]] | N
     return graph
 
 
-def _pin_input_shapes(model: Any, input_shapes: Mapping[str, Sequence[int]]) -> Any:
-    import onnx
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    # value_info the exporter stored describes the shapes it saw (often batch 1); ONNX's inference recomputes
-    # it from the pinned inputs, so a stale declaration cannot fail the cross-check.
-    del model.graph.value_info[:]
-    names = {vi.name for vi in model.graph.input}
-    for name in input_shapes:
-        if name not in names:
-            raise OnnxModelError(f"input_shapes names {name!r}, which is not a graph input ({sorted(names)})")
-    for vi in model.graph.input:
-        if vi.name in input_shapes:
-            dims = vi.type.tensor_type.shape.dim
-            shape = [int(d) for d in input_shapes[vi.name]]
-            if len(dims) != len(shape):
-                raise OnnxModelError(f"input_shapes[{vi.name!r}] has rank {len(shape)}, the model {len(dims)}")
-            for d, n in zip(dims, shape):
-                d.Clear()
-                d.dim_value = n
-    return model
-
-
 def _add_initializers(ctx: ImportContext, initializers: Any) -> None:
     from onnx import numpy_helper
     for t in initializers:
@@ -120,27 +108,16 @@ def _add_initializers(ctx: ImportContext, initializers: Any) -> None:
             raise OnnxModelError(f"initializer {t.name!r} cannot be decoded: {exc}") from None
 
 
-def input_spec(vi: Any) -> TensorSpec:
+def input_spec(vi: Any, shape: tuple[Dim, ...] | None) -> TensorSpec:
+    """A graph input's spec from its declared shape (declare_inputs resolved every dynamic dimension)."""
     kind = vi.type.WhichOneof("value")
     if kind != "tensor_type":
         raise UnsupportedOpError(f"input {vi.name}", detail=f"{kind} inputs are not supported (tensors only)")
     tt = vi.type.tensor_type
     dtype = onnx_dtype(tt.elem_type, f"input {vi.name}")
-    if not tt.HasField("shape"):
+    if shape is None:
         raise UnsupportedOpError(f"input {vi.name}", detail="input has no shape; pass input_shapes=")
-    dims = list(tt.shape.dim)
-    dynamic = [i for i, d in enumerate(dims) if not d.HasField("dim_value") or d.dim_value < 0]
-    if dynamic:
-        said = describe(dims)
-        which = (f"dimension {dynamic[0]} is dynamic ({said[dynamic[0]]!r})" if len(dynamic) == 1 else
-                 "dimensions " + ", ".join(f"{i} ({said[i]!r})" for i in dynamic) + " are dynamic")
-        example = tuple(f"<dim {i}>" if i in dynamic else str(s) for i, s in enumerate(said))
-        raise UnsupportedOpError(f"input {vi.name}", detail=(
-            f"{which}; "
-            f"edgerun programs have static shapes: pass input_shapes={{{vi.name!r}: ({', '.join(example)})}} "
-            "to from_onnx or --input-shape on the CLI"))
-    shape = [int(d.dim_value) for d in dims]
-    return TensorSpec(tuple(shape), dtype)
+    return TensorSpec(shape, dtype)
 
 
 def _decode_attrs(node: Any) -> dict[str, Any]:
@@ -183,9 +160,19 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             raise node.refuse("no ONNX import handler for this op")
         try:
             outs = handler(ctx, node)
+        except SymbolicShapeError as exc:
+            raise node.refuse(f"{exc}; this op needs that size at import time: pin the dimension in "
+                              "input_shapes= (an int instead of (name, min, max))") from None
         except EdgerunError:
             raise
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
+            if _symbolic_inputs(ctx, node):
+                # Over symbolic sizes a shape rule fails when it cannot prove two sizes agree for every shape
+                # in the bounds (n6 against a split into 2 + 4), or a handler needs a number (np.arange(n)).
+                raise node.refuse(f"{exc}: over symbolic sizes this holds only for some shapes, or edgerun cannot "
+                                  "prove it holds for all; pin the dimensions in input_shapes=") from None
+            if isinstance(exc, TypeError):
+                raise
             raise OnnxImportError(f"importing {node.op_type} node {node.name or node.outputs[0]!r}: {exc}") from exc
         _bind_outputs(ctx, node, outs, types)
 
@@ -204,7 +191,7 @@ def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: Ch
         raise node.refuse(f"outputs {missing} are not supported")
 
 
-def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any, bindings: Mapping[str, int]) -> None:
+def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any, bindings: Mapping[str, Dim]) -> None:
     """Our inferred shape and dtype must agree with ONNX's wherever ONNX's is known.
 
     A dimension ONNX leaves unknown (no value, -1, 0 as converters write it, a symbol it made up) agrees
@@ -230,6 +217,8 @@ def _try_fold(ctx: ImportContext, node: OnnxNode, handler: Handler) -> bool:
     present = [i for i in node.inputs if i]
     if node.op_type in NO_FOLD or not present or not all(i in ctx.consts for i in present):
         return False
+    if any(is_symbolic(ctx.consts[i]) for i in present):
+        return _fold_symbolic(ctx, node)
     scratch = ImportContext(Graph())
     scratch.consts = {i: ctx.consts[i] for i in present}
     scratch.b.meta = dict(ctx.b.meta)
@@ -244,3 +233,29 @@ def _try_fold(ctx: ImportContext, node: OnnxNode, handler: Handler) -> bool:
         if name:
             ctx.consts[name] = values[out] if isinstance(out, str) else out
     return len(outs) >= len([o for o in node.outputs if o])
+
+
+def _fold_symbolic(ctx: ImportContext, node: OnnxNode) -> bool:
+    """Shape arithmetic over symbolic dimensions, folded at import time (symfold.py) where it can be."""
+    outs = fold_symbolic(ctx, node)
+    if outs is None:
+        return False  # computed at run time from the materialised dimensions
+    dtype = ctx.dtype(node.inputs[0])
+    if node.op_type == "Cast":
+        dtype = ONNX_TO_DTYPE.get(int(node.attr("to")), dtype)
+    for name, out in zip(node.outputs, outs):
+        if name:
+            ctx.consts[name] = out
+            if is_symbolic(out):
+                ctx.symbolic_dtypes[name] = dtype
+    return True
+
+
+def _symbolic_inputs(ctx: ImportContext, node: OnnxNode) -> bool:
+    """Whether a node reads a value of symbolic shape, or symbolic sizes as a value."""
+    for name in node.inputs:
+        if not name or not ctx.known(name):
+            continue
+        if is_symbolic(ctx.consts.get(name)) or any(isinstance(d, SymDim) for d in ctx.shape(name)):
+            return True
+    return False

@@ -13,6 +13,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.frontends.onnx.symfold import is_symbolic
 from edgerun.ir.dtypes import DType
 
 
@@ -155,12 +156,19 @@ def one_hot(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 @onnx_op("Trilu")
 def trilu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
-    k_arr = ctx.static(node, 1, "k")
-    k = int(k_arr.reshape(-1)[0]) if k_arr is not None else 0
     n, m = ctx.b.shape(x)[-2:]
-    ones = np.ones((n, m), dtype=bool)
-    mask = np.triu(ones, k) if node.attr("upper", 1) else np.tril(ones, k)
-    return [ctx.emit("where", [ctx.b.const(mask), x, ctx.scalar(0, x)])]
+    upper = bool(node.attr("upper", 1))
+    k_arr = ctx.const(node.inputs[1]) if node.has_input(1) else np.zeros(1, dtype=np.int64)
+    if k_arr is not None and not is_symbolic(k_arr):
+        ones = np.ones((n, m), dtype=bool)
+        k = int(k_arr.reshape(-1)[0])
+        mask = ctx.b.const(np.triu(ones, k) if upper else np.tril(ones, k))
+    else:
+        # A diagonal offset k known only at run time: keep column - row >= k (upper) or <= k (lower).
+        diagonal = ctx.b.const(np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None])
+        offset = ctx.emit("reshape", [ctx.cast(ctx.input(node, 1), DType.int64)], shape=[])
+        mask = ctx.emit("ge" if upper else "le", [diagonal, offset])
+    return [ctx.emit("where", [mask, x, ctx.scalar(0, x)])]
 
 
 @onnx_op("CumSum")

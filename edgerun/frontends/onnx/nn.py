@@ -9,6 +9,7 @@ import numpy as np
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.einsum import einsum
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.symbolic import SymDim
 
 
 def matmul_nd(ctx: ImportContext, a: str, b: str, op: str = "matmul", extra: Sequence[str] = ()) -> str:
@@ -122,11 +123,16 @@ def lp_norm(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def dropout(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     training = ctx.static(node, 2, "training_mode")
-    ratio = ctx.static(node, 1, "ratio")
-    if training is not None and bool(training.reshape(-1)[0]) and (ratio is None or float(ratio) != 0.0):
-        raise node.refuse("training-mode dropout is random")
-    y = ctx.emit("expand", [x], shape=list(ctx.b.shape(x)))
-    return [y, np.ones(ctx.b.shape(x), dtype=bool)]
+    # The ratio matters only in training mode; in inference dropout is the identity whatever its value.
+    if training is not None and bool(training.reshape(-1)[0]):
+        ratio = ctx.static(node, 1, "ratio")
+        if ratio is None or float(ratio) != 0.0:
+            raise node.refuse("training-mode dropout is random")
+    shape = list(ctx.b.shape(x))
+    y = ctx.emit("expand", [x], shape=shape)
+    if any(isinstance(d, SymDim) for d in shape):
+        return [y, ctx.emit("expand", [ctx.b.const(np.ones([1] * len(shape), dtype=bool))], shape=shape)]
+    return [y, np.ones(shape, dtype=bool)]
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")

@@ -15,6 +15,8 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.frontends.onnx.symfold import is_symbolic
+from edgerun.ir.symbolic import SymDim
 
 
 def _coeff_fn(node: OnnxNode, mode: str, nearest_mode: str) -> Any:
@@ -106,6 +108,8 @@ def resize(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if not dtype.is_float and mode != "nearest":
         raise node.refuse(f"{mode} resize of {dtype.value}")
     coeffs = _coeff_fn(node, mode, nearest_mode)
+    if any(isinstance(d, SymDim) for d in shape):
+        return [_repeat_symbolic(ctx, node, x, scales, sizes, mode, ctm, nearest_mode)]
     scale_f, out, roi_full = _plan(node, shape, scales, sizes, roi)
     r = len(shape)
     for axis in range(r):
@@ -124,9 +128,36 @@ def _apply(ctx: ImportContext, x: str, axis: int, mat: np.ndarray, offset: np.nd
     np_dtype = ctx.b.dtype(x).np
     perm = [d for d in range(len(shape)) if d != axis] + [axis]
     xt = ctx.emit("transpose", [x], perm=perm)
-    flat = ctx.emit("reshape", [xt], shape=[math.prod(shape) // max(shape[axis], 1), shape[axis]])
+    flat = ctx.emit("reshape", [xt], shape=[math.prod(shape[d] for d in perm[:-1]), shape[axis]])
     y = ctx.emit("matmul", [flat, ctx.b.const(mat.astype(np_dtype))])
     if np.any(offset):
         y = ctx.emit("add", [y, ctx.b.const(offset.astype(np_dtype))])
     y = ctx.emit("reshape", [y], shape=[shape[d] for d in perm[:-1]] + [mat.shape[1]])
     return ctx.emit("transpose", [y], perm=[perm.index(d) for d in range(len(shape))])
+
+
+def _repeat_symbolic(ctx: ImportContext, node: OnnxNode, x: str, scales: np.ndarray | None,
+                     sizes: np.ndarray | None, mode: str, ctm: str, nearest_mode: str) -> str:
+    """Nearest upsampling by whole factors of a tensor with symbolic dimensions: each element repeated k times.
+
+    The interpolation matrices of the general path depend on the input size, so a symbolic size takes this
+    path, which is exact only for nearest mode with asymmetric coordinates and floor rounding (source index
+    floor(i / k)); any other Resize of a symbolic size is refused.
+    """
+    shape = ctx.b.shape(x)
+    factors = [] if scales is None or is_symbolic(scales) else [float(v) for v in scales.reshape(-1)]
+    whole = len(factors) == len(shape) and all(f >= 1 and f == int(f) for f in factors)
+    if (mode, ctm, nearest_mode) != ("nearest", "asymmetric", "floor") or not whole or \
+            (sizes is not None and sizes.size) or node.attr("axes") is not None:
+        raise node.refuse(f"Resize of a tensor with symbolic dimensions {shape}: only nearest upsampling by whole "
+                          "scale factors with asymmetric coordinates and floor rounding is supported; pin the "
+                          "dimensions in input_shapes=")
+    for axis, k in enumerate(int(f) for f in factors):
+        if k == 1:
+            continue
+        cur = list(ctx.b.shape(x))
+        split = [*cur[:axis + 1], 1, *cur[axis + 1:]]
+        wide = [*cur[:axis + 1], k, *cur[axis + 1:]]
+        y = ctx.emit("expand", [ctx.emit("reshape", [x], shape=split)], shape=wide)
+        x = ctx.emit("reshape", [y], shape=[*cur[:axis], cur[axis] * k, *cur[axis + 1:]])
+    return x

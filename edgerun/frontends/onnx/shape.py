@@ -5,16 +5,30 @@ Shape-like inputs (Reshape's shape, Slice's starts, Pad's pads, ...) must be kno
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.frontends.onnx.symfold import dims_array, interval, is_symbolic
 from edgerun.ir.ops.raster import strided_copy_regions
+from edgerun.ir.symbolic import Dim, SymDim, sym_max, sym_min
 from edgerun.ir.tensor_spec import contiguous_strides
 
 
-def _ints(arr: np.ndarray | None) -> list[int]:
-    return [] if arr is None else [int(v) for v in np.asarray(arr).reshape(-1)]
+def _ints(arr: np.ndarray | None) -> list[Dim]:
+    """Sizes, axes or bounds known at import time; symbolic ones (see symfold.py) stay SymDims."""
+    return [] if arr is None else [v if isinstance(v, SymDim) else int(v) for v in np.asarray(arr).reshape(-1)]
+
+
+def _concrete(node: OnnxNode, values: list[Dim], what: str) -> list[int]:
+    """Values that must be known exactly at import time (axes, repeat counts): refuse symbolic ones."""
+    for v in values:
+        if isinstance(v, SymDim):
+            raise node.refuse(f"{what} {v} depends on symbolic dimensions {sorted(v.free_symbols)}; pin them "
+                              "in input_shapes= (an int instead of (name, min, max))")
+    return [int(v) for v in values]
 
 
 @onnx_op("Constant")
@@ -34,12 +48,12 @@ def constant(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def shape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     dims = list(ctx.shape(node.inputs[0]))
     start, end = int(node.attr("start", 0)), node.attr("end")
-    return [np.asarray(dims[slice(start, None if end is None else int(end))], dtype=np.int64)]
+    return [dims_array(dims[slice(start, None if end is None else int(end))])]
 
 
 @onnx_op("Size")
 def size(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [np.asarray(int(np.prod(ctx.shape(node.inputs[0]))), dtype=np.int64)]
+    return [dims_array(math.prod(ctx.shape(node.inputs[0])))]
 
 
 @onnx_op("ConstantOfShape")
@@ -48,7 +62,11 @@ def constant_of_shape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     dims = _ints(ctx.static(node, 0, "shape"))
     value = node.attr("value")
     fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
-    return [np.full(dims, fill, dtype=np.asarray(fill).dtype)]
+    if any(isinstance(d, SymDim) for d in dims):
+        # A symbolic shape: the fill value broadcast at run time (one expand of a one-element constant).
+        one = ctx.b.const(np.full([1] * len(dims), fill, dtype=np.asarray(fill).dtype))
+        return [ctx.emit("expand", [one], shape=dims)]
+    return [np.full([int(d) for d in dims], fill, dtype=np.asarray(fill).dtype)]
 
 
 @onnx_op("Reshape")
@@ -59,7 +77,30 @@ def reshape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     allowzero = bool(node.attr("allowzero", 0))
     if not allowzero:
         target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
-    return [ctx.emit("reshape", [x], shape=target)]
+    return [ctx.emit("reshape", [x], shape=_infer_minus_one(in_shape, target))]
+
+
+def _infer_minus_one(in_shape: tuple[Dim, ...], target: list[Dim]) -> list[Dim]:
+    """A -1 in a Reshape target over symbolic sizes, by cancelling the target's sizes against the input's.
+
+    numel // (product of the others) is exact but stays an undivided expression when the symbols do not cancel
+    by themselves ((512*X + 512) // (X + 1)); matching whole dimensions first gives the plain product (512).
+    """
+    if -1 not in target or not any(isinstance(d, SymDim) for d in (*in_shape, *target)):
+        return target
+    left = list(in_shape)
+    for t in target:
+        if t == -1:
+            continue
+        if t in left:
+            left.remove(t)
+            continue
+        ints = [d for d in left if not isinstance(d, SymDim)]
+        whole = math.prod(ints)
+        if isinstance(t, SymDim) or t == 0 or whole % t:
+            return target  # no exact cancellation: the reshape rule divides
+        left = [d for d in left if isinstance(d, SymDim)] + [whole // t]
+    return [math.prod(left) if t == -1 else t for t in target]
 
 
 @onnx_op("Flatten")
@@ -68,8 +109,7 @@ def flatten(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     shape_ = ctx.b.shape(x)
     axis = int(node.attr("axis", 1))
     axis = axis + len(shape_) if axis < 0 else axis
-    outer = int(np.prod(shape_[:axis]))
-    return [ctx.emit("reshape", [x], shape=[outer, int(np.prod(shape_[axis:]))])]
+    return [ctx.emit("reshape", [x], shape=[math.prod(shape_[:axis]), math.prod(shape_[axis:])])]
 
 
 @onnx_op("Transpose")
@@ -83,7 +123,7 @@ def transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def _axes_arg(ctx: ImportContext, node: OnnxNode, since: int) -> list[int] | None:
     if node.version >= since:
         arr = ctx.static(node, 1, "axes")
-        return None if arr is None else _ints(arr)
+        return None if arr is None else _concrete(node, _ints(arr), "axis")
     axes = node.attr("axes")
     return None if axes is None else [int(a) for a in axes]
 
@@ -93,12 +133,22 @@ def squeeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     shp = ctx.b.shape(x)
     axes = _axes_arg(ctx, node, 13)
-    if axes is None:
-        drop = {i for i, d in enumerate(shp) if d == 1}
-    else:
-        drop = {a % len(shp) for a in axes}
-        if any(shp[a] != 1 for a in drop):
-            raise ValueError(f"Squeeze axes {axes} are not all of size 1 in {shp}")
+    named = None if axes is None else {a % len(shp) for a in axes}
+    # A symbolic size squeezes only where the symbols' bounds make it 1 for every shape; elsewhere which axes
+    # go (or whether the size is 1 at all) would depend on the run-time size.
+    ones = {i for i, d in enumerate(shp) if (interval(d, ctx.graph.symbols) == (1, 1) if isinstance(d, SymDim)
+                                              else d == 1)}
+    unknown = [d for i, d in enumerate(shp) if isinstance(d, SymDim) and i not in ones
+               and (named is None or i in named)]
+    if unknown:
+        raise node.refuse(f"Squeeze of symbolic dimension {unknown[0]}, which is 1 only for some shapes: pin it in "
+                          "input_shapes= or bound its symbols so that it is always 1")
+    drop = ones if named is None else named
+    if not drop <= ones:
+        raise ValueError(f"Squeeze axes {axes} are not all of size 1 in {shp}")
+    always_one = sorted(i for i in drop if isinstance(shp[i], SymDim))
+    if always_one:  # a slice of one element gives the size as 1 itself (the bounds guarantee it loses nothing)
+        x = ctx.emit("slice", [x], starts=[0] * len(always_one), ends=[1] * len(always_one), axes=always_one)
     return [ctx.emit("reshape", [x], shape=[d for i, d in enumerate(shp) if i not in drop])]
 
 
@@ -151,14 +201,40 @@ def slice_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         starts, ends = _ints(ctx.static(node, 1, "starts")), _ints(ctx.static(node, 2, "ends"))
         axes = _ints(ctx.static(node, 3, "axes")) if node.has_input(3) else None
         steps = _ints(ctx.static(node, 4, "steps")) if node.has_input(4) else None
-    rank = len(ctx.b.shape(x))
-    axes = list(axes) if axes is not None else list(range(len(starts)))
-    # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping.
-    attrs = {"starts": [int(s) for s in starts], "ends": [int(e) for e in ends],
-             "axes": [int(a) % rank for a in axes]}
+    shape = ctx.b.shape(x)
+    rank = len(shape)
+    axes = [a % rank for a in _concrete(node, list(axes if axes is not None else range(len(starts))), "Slice axis")]
+    # ONNX clamps INT64 sentinels; Python's slice.indices in our rule does the same clamping. A symbolic axis
+    # cannot be clamped by the rule, so bounds past its largest size are clamped here (symbols' bounds).
+    step_list = _concrete(node, list(steps), "Slice step") if steps is not None else [1] * len(axes)
+    starts_, ends_ = _ints(np.asarray(starts, object)), _ints(np.asarray(ends, object))
+    attrs: dict[str, object] = {
+        "starts": [_clamp(v, shape[a], ctx.graph.symbols) if st > 0 else v for v, a, st in zip(starts_, axes, step_list)],
+        "ends": [_clamp(v, shape[a], ctx.graph.symbols) if st > 0 else v for v, a, st in zip(ends_, axes, step_list)],
+        "axes": axes}
     if steps is not None:
-        attrs["steps"] = steps
+        attrs["steps"] = step_list
     return [ctx.emit("slice", [x], **attrs)]
+
+
+def _clamp(bound: Dim, size: Dim, symbols: dict[str, tuple[int, int]]) -> Dim:
+    """A concrete slice bound on a symbolic axis, clamped into [0, size] as ONNX clamps it, for every size.
+
+    The shape rule cannot clamp against a symbolic size, so the clamp is written into the bound: `size` when
+    the bound is past the axis's largest size (INT32_MAX / INT64_MAX sentinels: no axis reaches 2^31 - 1),
+    `min(bound, size)` when only some sizes are shorter; a negative bound counts from the end and stops at 0.
+    """
+    if not isinstance(size, SymDim) or isinstance(bound, SymDim):
+        return bound
+    bounds = interval(size, symbols)
+    lo, hi = bounds if bounds is not None else (None, None)
+    if bound >= 0:
+        if bound >= (1 << 31) - 1 or (hi is not None and bound >= hi):
+            return size
+        return bound if lo is not None and bound <= lo else sym_min(bound, size)
+    if bound <= -((1 << 31) - 1) or (hi is not None and -bound >= hi):
+        return 0
+    return size + bound if lo is not None and -bound <= lo else sym_max(size + bound, 0)
 
 
 @onnx_op("Pad")
@@ -175,7 +251,8 @@ def pad(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         pads = _ints(ctx.static(node, 1, "pads"))
         cv = ctx.static(node, 2, "constant_value")
         value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
-        axes = [a % rank for a in _ints(ctx.static(node, 3, "axes"))] if node.has_input(3) else list(range(rank))
+        axes = ([a % rank for a in _concrete(node, _ints(ctx.static(node, 3, "axes")), "Pad axis")]
+                if node.has_input(3) else list(range(rank)))
     pairs = [[0, 0] for _ in range(rank)]
     k = len(axes)
     for i, a in enumerate(axes):
@@ -214,7 +291,7 @@ def expand(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 @onnx_op("Tile")
 def tile(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
-    reps = _ints(ctx.static(node, 1, "repeats"))
+    reps = _concrete(node, _ints(ctx.static(node, 1, "repeats")), "Tile repeat count")
     shp = ctx.b.shape(x)
     # Tile = broadcast to [r0, d0, r1, d1, ...] then merge each pair: one expand and one reshape.
     inter = [v for r, d in zip(reps, shp) for v in (1, d)]
@@ -254,7 +331,32 @@ def eye_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def range_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     start, limit, delta = (ctx.static(node, i, name) for i, name in enumerate(("start", "limit", "delta")))
     assert start is not None and limit is not None and delta is not None
+    if any(is_symbolic(v) for v in (start, limit, delta)):
+        return [_symbolic_range(ctx, node, start, limit, delta)]
     return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
+
+
+def _symbolic_range(ctx: ImportContext, node: OnnxNode, start: np.ndarray, limit: np.ndarray,
+                    delta: np.ndarray) -> str:
+    """Range up to a symbolic limit: the values up to the limit's bound, as a constant, cut to the length.
+
+    Exact for every size in the bounds; only the limit may be symbolic (a symbolic start or step would make
+    the values themselves depend on the call).
+    """
+    if is_symbolic(start) or is_symbolic(delta):
+        raise node.refuse("Range with a symbolic start or delta: its values depend on the run-time size; pin the "
+                          "dimensions in input_shapes=")
+    end = limit.reshape(-1)[0]
+    step = delta.item()
+    bounds = interval(end, ctx.graph.symbols)
+    if bounds is None or start.dtype.kind not in "iu" or step == 0:
+        raise node.refuse(f"Range up to symbolic {end}: needs integer values and bounds on its symbols")
+    widest = bounds[1] if step > 0 else bounds[0]
+    values = np.arange(start.item(), widest, step).astype(start.dtype)
+    count = (end - int(start.item()) + step - 1) // step if step > 0 else (int(start.item()) - end - step - 1) // -step
+    count_bounds = interval(count, ctx.graph.symbols)
+    length = count if count_bounds is not None and count_bounds[0] >= 0 else sym_max(count, 0)
+    return ctx.emit("slice", [ctx.b.const(values)], starts=[0], ends=[length], axes=[0])
 
 
 def reverse_axis(ctx: ImportContext, x: str, axis: int) -> str:

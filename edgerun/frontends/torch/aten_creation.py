@@ -3,17 +3,23 @@ and ops that are no-ops in an exported inference graph."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from edgerun.frontends.torch.context import ConvertContext, handles
 from edgerun.ir.dtypes import DType
+from edgerun.ir.symbolic import is_symbolic, upper_bound
 
 
 def _filled(ctx: ConvertContext, node: Any, value: Any) -> str:
     dtype = ctx.out_dtype(node)
-    return ctx.b.const(np.full(ctx.out_shape(node), value).astype(dtype.np))
+    shape = ctx.out_shape(node)
+    if any(is_symbolic(d) for d in shape):  # a size known at run time: broadcast one element to it
+        return ctx.b.emit("expand", [ctx.b.const(np.full((1,) * len(shape), value).astype(dtype.np))],
+                          shape=list(shape))
+    return ctx.b.const(np.full(shape, value).astype(dtype.np))
 
 
 @handles("aten.full.default", "aten.full_like.default", "aten.new_full.default", "aten.fill.Scalar")
@@ -44,9 +50,16 @@ def _arange(ctx: ConvertContext, node: Any) -> str:
     # torch's own arange on concrete numbers is the definition (its float accumulation differs from numpy's).
     a = ctx.bind(node)
     dtype = ctx.out_dtype(node)
-    args = [a[n] for n in ("start", "end", "step") if n in a and a[n] is not None]
-    values = torch.arange(*args, dtype=ctx.torch_dtype(dtype))
-    return ctx.b.const(values.numpy())
+    args = [ctx.size(a[n]) if ctx.is_tensor(a[n]) else a[n] for n in ("start", "end", "step")
+            if n in a and a[n] is not None]
+    if not any(is_symbolic(v) for v in args):
+        return ctx.b.const(torch.arange(*args, dtype=ctx.torch_dtype(dtype)).numpy())
+    # A run-time length (arange(seq)): the constant for the largest length the bounds allow, sliced to
+    # the length of this call; every shorter arange is a prefix of the longest.
+    length = ctx.out_shape(node)[0]
+    widest = [upper_bound(v, ctx.graph.symbols) if is_symbolic(v) else v for v in args]
+    values = ctx.b.const(torch.arange(*widest, dtype=ctx.torch_dtype(dtype)).numpy())
+    return ctx.b.emit("slice", [values], starts=[0], ends=[length], axes=[0])
 
 
 @handles("aten.tril.default", "aten.triu.default")
@@ -107,15 +120,16 @@ def _index(ctx: ConvertContext, node: Any) -> str:
         return y
     rest = [i for i in range(len(shape)) if i not in used]
     moved = b.emit("transpose", [x], perm=used + rest)
-    merged_size = int(np.prod([shape[i] for i in used]))
+    merged_size = math.prod([shape[i] for i in used])
     merged = b.emit("reshape", [moved], shape=[merged_size] + [shape[i] for i in rest])
     flat = ""
     stride = 1
     for axis, v in reversed(list(zip(used, idx_values))):
         v = ctx.cast(v, DType.int64)
         size = shape[axis]
-        wrapped = b.emit("where", [b.binary("lt", v, b.scalar(0, v)), b.binary("add", v, b.scalar(size, v)), v])
-        term = b.binary("mul", wrapped, b.scalar(stride, v)) if stride != 1 else wrapped
+        wrapped = b.emit("where", [b.binary("lt", v, b.scalar(0, v)),
+                                   b.binary("add", v, ctx.dim_scalar(size, DType.int64)), v])
+        term = b.binary("mul", wrapped, ctx.dim_scalar(stride, DType.int64)) if stride != 1 else wrapped
         flat = b.binary("add", flat, term) if flat else term
         stride *= size
     y = b.emit("gather", [merged, flat], axis=0)

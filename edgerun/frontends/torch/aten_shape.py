@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.frontends.torch.context import ConvertContext, handles
+from edgerun.ir.symbolic import is_symbolic, same_values
 
 _INT64_MAX = 2**63 - 1
 
@@ -96,7 +97,7 @@ def _split(ctx: ConvertContext, node: Any) -> list[str]:
     if not shape:
         ctx.unsupported("split of a 0-d tensor")
     axis = int(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(shape)
-    sizes = [int(s[axis]) for s in (v.shape for v in ctx.fake(node))]
+    sizes = [ctx.dims(v.shape)[axis] for v in ctx.fake(node)]
     if len(sizes) == 1:
         return [x]
     return ctx.b.emit_multi("split", [x], axis=axis, sizes=sizes)
@@ -119,12 +120,14 @@ def _slice(ctx: ConvertContext, node: Any) -> str:
     if not shape:
         ctx.unsupported("slice of a 0-d tensor")
     axis = int(a["dim"]) % len(shape)
-    start = 0 if a["start"] is None else int(a["start"])
-    end = _INT64_MAX if a["end"] is None else int(a["end"])
+    start = 0 if a["start"] is None else ctx.size(a["start"])
+    end = _INT64_MAX if a["end"] is None else ctx.size(a["end"])
     step = int(a["step"])
-    end = min(end, shape[axis]) if end > 0 else end
+    if not is_symbolic(end) and not is_symbolic(shape[axis]):
+        end = min(end, shape[axis]) if end > 0 else end
     y = ctx.b.emit("slice", [x], starts=[start], ends=[end], axes=[axis], steps=[step])
-    if ctx.b.shape(y) != ctx.out_shape(node):
+    want = ctx.out_shape(node)
+    if ctx.b.shape(y) != want and not same_values(ctx.b.shape(y), want, ctx.graph.symbols):
         ctx.unsupported("slice bounds this frontend does not resolve like torch")
     return y
 
@@ -135,8 +138,10 @@ def _narrow(ctx: ConvertContext, node: Any) -> str:
     x = ctx.v(a["self"])
     rank = len(ctx.b.shape(x))
     axis = int(a["dim"]) % rank
-    start = int(a["start"]) % ctx.b.shape(x)[axis] if int(a["start"]) < 0 else int(a["start"])
-    return ctx.b.emit("slice", [x], starts=[start], ends=[start + int(a["length"])], axes=[axis])
+    start = ctx.size(a["start"])
+    if not is_symbolic(start) and start < 0:
+        start = ctx.b.shape(x)[axis] + start
+    return ctx.b.emit("slice", [x], starts=[start], ends=[start + ctx.size(a["length"])], axes=[axis])
 
 
 @handles("aten.select.int", "aten.select_copy.int")
@@ -145,7 +150,9 @@ def _select(ctx: ConvertContext, node: Any) -> str:
     x = ctx.v(a["self"])
     shape = list(ctx.b.shape(x))
     axis = int(a["dim"]) % len(shape)
-    index = int(a["index"]) % shape[axis]
+    index = ctx.size(a["index"])
+    if not is_symbolic(index) and index < 0:  # torch guarantees -n <= index < n
+        index = shape[axis] + index
     y = ctx.b.emit("slice", [x], starts=[index], ends=[index + 1], axes=[axis])
     return ctx.b.emit("reshape", [y], shape=shape[:axis] + shape[axis + 1:])
 
@@ -230,3 +237,65 @@ def _mode_pad(ctx: ConvertContext, node: Any) -> str:
         ctx.unsupported("negative reflection/replication padding")
     mode = "reflect" if "reflection" in str(node.target) else "edge"
     return ctx.b.emit("pad", [x], pads=pairs, mode=mode)
+
+
+@handles("aten.slice_scatter.default", "aten.select_scatter.default")
+def _slice_scatter(ctx: ConvertContext, node: Any) -> str:
+    """`self` with a slice replaced by `src` (how torch.export writes `buf[a:b] = v`, e.g. a KV-cache row):
+    the part before, `src`, and the part after, concatenated."""
+    a = ctx.bind(node)
+    dtype = ctx.out_dtype(node)
+    x, src = ctx.operand(a["self"], dtype), ctx.operand(a["src"], dtype)
+    shape = list(ctx.b.shape(x))
+    if not shape:
+        ctx.unsupported("scatter into a 0-d tensor")
+    axis = int(a["dim"]) % len(shape)
+    n = shape[axis]
+    if "index" in a:  # select_scatter: src lacks the axis
+        start = int(a["index"]) % n
+        end, step = start + 1, 1
+        src = ctx.b.emit("reshape", [src], shape=[*shape[:axis], 1, *shape[axis + 1:]])
+    else:
+        start = 0 if a["start"] is None else ctx.size(a["start"])
+        end = n if a["end"] is None else ctx.size(a["end"])
+        # A symbolic bound (a prompt of any length: cache[:seq] = k) is within [0, n] by the export's bounds.
+        if not is_symbolic(start):
+            start = start % n if start < 0 else min(start, n)
+        if not is_symbolic(end):
+            end = end % n if end < 0 else min(end, n)
+        step = int(a["step"])
+    if step != 1:
+        ctx.unsupported("slice_scatter with a step other than 1")
+    parts = []
+    if is_symbolic(start) or start > 0:
+        parts.append(ctx.b.emit("slice", [x], starts=[0], ends=[start], axes=[axis]))
+    parts.append(src)
+    if is_symbolic(end) or end < n:
+        parts.append(ctx.b.emit("slice", [x], starts=[end], ends=[n], axes=[axis]))
+    return parts[0] if len(parts) == 1 else ctx.b.emit("concat", parts, axis=axis)
+
+
+@handles("aten.index_copy.default", "aten.index_put.default")
+def _write_at_index(ctx: ConvertContext, node: Any) -> str:
+    """`buf.index_copy_(dim, pos, rows)` or `buf[pos] = rows` (index_put) with one position known at run
+    time (a KV cache's decode step): update_slice, which writes the row in place when `buf` is state."""
+    a = ctx.bind(node)
+    dtype = ctx.out_dtype(node)
+    x = ctx.operand(a["self"], dtype)
+    shape = list(ctx.b.shape(x))
+    if "indices" in a:  # index_put: one index tensor, after any number of full slices (None)
+        indices = list(a["indices"])
+        if a.get("accumulate") or sum(i is not None for i in indices) != 1 or indices[-1] is None:
+            ctx.unsupported("index_put other than one index tensor without accumulate")
+        axis, index_arg, src_arg = len(indices) - 1, indices[-1], a["values"]
+    else:
+        axis, index_arg, src_arg = int(a["dim"]) % len(shape), a["index"], a["source"]
+    index, src = ctx.v(index_arg), ctx.operand(src_arg, dtype)
+    if ctx.b.spec(index).numel != 1:
+        ctx.unsupported("writing at more than one run-time index (supported: one position)")
+    row = [*shape[:axis], 1, *shape[axis + 1:]]
+    if list(ctx.b.shape(src)) != row:
+        if ctx.b.spec(src).numel != ctx.b.spec(x).numel // max(shape[axis], 1):
+            ctx.unsupported(f"the written rows {ctx.b.shape(src)} are not one row {row} of the tensor")
+        src = ctx.b.emit("reshape", [src], shape=row)
+    return ctx.b.emit("update_slice", [x, src, index], axis=axis)

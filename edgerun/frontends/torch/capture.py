@@ -32,14 +32,15 @@ def decomposition_table() -> Any:
     return table
 
 
-def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+            dynamic_shapes: Any = None) -> Any:
     """The ExportedProgram of `module` on `args`, lowered to core ATen (minus KEEP_WHOLE)."""
     import torch
 
     module = module.eval()
     try:
         with torch.no_grad():
-            ep = torch.export.export(module, tuple(args), kwargs=kwargs or None)
+            ep = torch.export.export(module, tuple(args), kwargs=kwargs or None, dynamic_shapes=dynamic_shapes)
     except Exception as exc:  # torch raises many unrelated types here; all mean "capture failed"
         raise ExportFailedError(_explain(exc)) from exc
     try:
@@ -66,4 +67,8 @@ def _explain(exc: BaseException) -> str:
                 "every input, or compute the condition from shapes or Python values (resolved at export). "
                 "torch.cond and torch.while_loop are captured by torch.export but edgerun cannot convert them "
                 "yet")
+    if "Constraints violated" in text:
+        hint = ("a dimension given a torch.export.Dim is fixed by the model, or only some of its range works: "
+                "export with example sizes that are neither 0 nor 1 (torch specialises those), narrow the Dim's "
+                "min/max as torch suggests above, or leave that dimension static")
     return f"torch.export failed to capture the model ({name}): {_first_lines(exc)}\nHow to fix: {hint}"

@@ -13,10 +13,12 @@ import numpy as np
 
 from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.torch.source_info import module_path, source_line
+from edgerun.frontends.torch.symbols import to_dim
 from edgerun.frontends.torch.torch_dtypes import to_dtype, to_torch
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.symbolic import Dim, is_symbolic
 
 # What a handler returns: one value, several (multi-output ATen ops), or None for ops with no result.
 HandlerResult = str | Sequence[str | None] | None
@@ -43,6 +45,11 @@ class ConvertContext:
         self.env: dict[Any, Any] = {}  # fx.Node -> value name, list of names, or None
         self.node: Any = None  # the FX node being converted
         self.user_outputs: set[str] = set()  # names of FX nodes the model returns (not mutation write-backs)
+        self.symbol_names: dict[str, str] = {}  # torch size symbol (s0, s27) -> the user's Dim name
+
+    def dims(self, shape: Any) -> tuple[Dim, ...]:
+        """A torch shape (ints and SymInts) as edgerun dimensions (ints and SymDims)."""
+        return tuple(to_dim(d, self.symbol_names) for d in shape)
 
     # -- errors --------------------------------------------------------------------------------------------
     def unsupported(self, detail: str) -> NoReturn:
@@ -73,9 +80,21 @@ class ConvertContext:
         if not isinstance(arg, torch.fx.Node):
             self.unsupported(f"expected a tensor argument, got {type(arg).__name__}")
         value = self.env[arg]
+        if value is None and type(self.fake(arg)).__name__ in ("SymFloat", "SymBool"):
+            self.unsupported(f"argument {arg.name} is a float or boolean computed from symbolic sizes "
+                             f"({self.fake(arg)}); template programs compute with sizes as integers only")
         if not isinstance(value, str):
             self.unsupported(f"argument {arg.name} is not a single tensor")
         return value
+
+    def size(self, arg: Any) -> Dim:
+        """An int argument that may be a size computed in the graph (a SymInt node): an int or a SymDim."""
+        if self.is_tensor(arg):
+            value = self.env[arg]
+            if isinstance(value, str) or value is None:
+                self.unsupported(f"argument {arg.name} is a tensor where a size is expected")
+            return value  # type: ignore[no-any-return]
+        return to_dim(arg, self.symbol_names)
 
     @staticmethod
     def is_tensor(arg: Any) -> bool:
@@ -103,14 +122,15 @@ class ConvertContext:
         val = self.fake(node)
         if index is not None:
             val = val[index]
-        return tuple(int(d) for d in val.shape)
+        return self.dims(val.shape)
 
     def result_type(self, *args: Any) -> DType:
         """torch's promoted dtype of tensors (FX nodes) and Python scalars, as torch.result_type would give."""
         import torch
         from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-        stand_ins = [torch.empty((1,) * self.fake(a).dim(), dtype=self.fake(a).dtype) if self.is_tensor(a) else a
+        stand_ins = [1 if self.is_tensor(a) and isinstance(self.fake(a), torch.SymInt)
+                     else torch.empty((1,) * self.fake(a).dim(), dtype=self.fake(a).dtype) if self.is_tensor(a) else a
                      for a in args if a is not None]
         _, result = elementwise_dtypes(*stand_ins, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
         return self.dtype_of_torch(result)
@@ -121,6 +141,8 @@ class ConvertContext:
 
     def operand(self, arg: Any, dtype: DType) -> str:
         """A tensor argument cast to `dtype`, or a Python scalar as a 0-d constant of `dtype`."""
+        if self.is_tensor(arg) and not isinstance(self.env.get(arg), str) and self.env.get(arg) is not None:
+            return self.dim_scalar(self.size(arg), dtype)  # a size computed in the graph (a SymInt node)
         if self.is_tensor(arg):
             return self.cast(self.v(arg), dtype)
         if isinstance(arg, bool | int | float):
@@ -128,6 +150,12 @@ class ConvertContext:
                 self.unsupported(f"scalar {arg} in an integer computation")
             return self.b.const(np.asarray(arg).astype(dtype.np))
         self.unsupported(f"unsupported scalar argument {arg!r}")
+
+    def dim_scalar(self, value: Dim, dtype: DType) -> str:
+        """A size as a 0-d value of `dtype`: a constant, or dim_value when it is symbolic."""
+        if is_symbolic(value):
+            return self.b.emit("dim_value", [], value=value, dtype=dtype.value)
+        return self.b.const(np.asarray(value).astype(dtype.np))
 
     def const_like_torch(self, data: Any) -> str:
         """A constant from a real torch tensor (parameters, buffers, lifted constants)."""

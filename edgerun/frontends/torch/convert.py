@@ -16,7 +16,9 @@ from edgerun.frontends.torch import (
 )
 from edgerun.frontends.torch.context import HANDLERS, ConvertContext
 from edgerun.frontends.torch.source_info import module_path, node_meta, source_line
+from edgerun.frontends.torch.state import StateCapture, buffer_data
 from edgerun.ir.graph import Graph
+from edgerun.ir.symbolic import Dim, SymbolicShapeError, same_values
 from edgerun.ir.tensor_spec import TensorSpec
 
 _HANDLER_MODULES = (aten_creation, aten_elementwise, aten_nn, aten_pooling, aten_reductions, aten_shape)  # registration
@@ -33,23 +35,35 @@ CONTROL_FLOW_MESSAGE = (
     "sides computed (when both are valid for every input), and Python if/for on shapes or Python values, "
     "which torch.export resolves at export time for the example inputs")
 
-def convert_exported_program(ep: Any) -> Graph:
+def convert_exported_program(ep: Any, symbol_names: dict[str, str] | None = None,
+                             symbols: dict[str, tuple[int, int]] | None = None,
+                             state: StateCapture | None = None) -> Graph:
+    """`symbol_names` maps torch's size symbols to the user's Dim names, `symbols` bounds those names
+    (frontends/torch/symbols.py); both empty for a static export. `state`: which buffers are program state
+    (default: those `ep` mutates, named by FQN); it receives their initial values."""
     import torch
 
-    graph = Graph()
+    graph = Graph(symbols=dict(symbols or {}))
     ctx = ConvertContext(graph)
+    ctx.symbol_names = dict(symbol_names or {})
     sig = ep.graph_signature
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
     ctx.user_outputs = set(sig.user_outputs)
+    state = state if state is not None else StateCapture.of(ep)
     for node in ep.graph.nodes:
         ctx.node = node
         if node.op == "placeholder":
-            ctx.env[node] = _placeholder(ctx, ep, node, kinds.get(node.name))
+            spec = kinds.get(node.name)
+            if spec is not None and spec.target in state.names:
+                ctx.env[node] = _state_read(ctx, ep, node, spec.target, state)
+            else:
+                ctx.env[node] = _placeholder(ctx, ep, node, spec)
         elif node.op == "call_function":
             ctx.b.meta = node_meta(node)
             ctx.env[node] = _call(ctx, node)
         elif node.op == "output":
             graph.outputs = _outputs(ctx, node, sig)
+            _state_updates(ctx, node, sig, state)
         elif node.op == "get_attr":
             attr = getattr(ep.graph_module, str(node.target))
             if isinstance(attr, torch.fx.GraphModule):  # the branch or body of torch.cond / while_loop / map
@@ -78,7 +92,38 @@ def _placeholder(ctx: ConvertContext, ep: Any, node: Any, spec: Any) -> Any:
     if not hasattr(val, "shape"):
         return val  # a Python scalar input torch.export specialised; handlers see the constant
     dtype = ctx.dtype_of_torch(val.dtype)
-    return ctx.graph.add_input(node.name, TensorSpec(tuple(int(d) for d in val.shape), dtype))
+    try:
+        shape = ctx.dims(val.shape)
+    except SymbolicShapeError as exc:
+        raise EdgerunError(f"input {node.name!r}: {exc}") from None
+    return ctx.graph.add_input(node.name, TensorSpec(shape, dtype))
+
+
+def _state_read(ctx: ConvertContext, ep: Any, node: Any, target: str, state: StateCapture) -> str:
+    """A mutated buffer: a read of the state named for it (torch/state.py), its export-time value the
+    state's initial value."""
+    data = buffer_data(ep, target)
+    dtype = ctx.dtype_of_torch(data.dtype)
+    name = state.names[target]
+    state.initial[name] = data.detach().cpu().contiguous().numpy().astype(dtype.np, copy=True)
+    if name in ctx.graph.specs:
+        raise EdgerunError(f"state {name!r} (buffer {target!r}) has the name of another value; rename the buffer")
+    ctx.graph.specs[name] = TensorSpec(tuple(int(d) for d in data.shape), dtype)
+    ctx.graph.state_inputs.append(name)
+    return name
+
+
+def _state_updates(ctx: ConvertContext, node: Any, sig: Any, state: StateCapture) -> None:
+    for arg in node.args[0]:
+        target = sig.buffers_to_mutate.get(getattr(arg, "name", None))
+        if target is None:
+            continue
+        if target not in state.names:
+            raise EdgerunError(f"buffer {target!r} is mutated but not declared as program state")
+        name, value = state.names[target], ctx.env[arg]
+        if not isinstance(value, str):
+            raise EdgerunError(f"the new value of buffer {target!r} is not a tensor edgerun computes")
+        ctx.graph.state_updates[name] = ctx.cast(value, ctx.graph.specs[name].dtype)
 
 
 def _call(ctx: ConvertContext, node: Any) -> Any:
@@ -91,6 +136,8 @@ def _call(ctx: ConvertContext, node: Any) -> Any:
         return picked
     from torch._ops import HigherOrderOperator
 
+    if _computes_size(node):
+        return _size_value(ctx, node)
     if isinstance(node.target, HigherOrderOperator):
         ctx.unsupported(CONTROL_FLOW_MESSAGE)
     name = str(node.target)
@@ -98,14 +145,16 @@ def _call(ctx: ConvertContext, node: Any) -> Any:
     if handler is None:
         raise UnsupportedOpError(name, module_path=module_path(node) or None, source=source_line(node) or None,
                                  detail="no edgerun handler for this ATen op")
-    if not _static_shapes(node.meta.get("val")):
+    if not _known_shapes(ctx, node.meta.get("val")):
         ctx.unsupported("its output shape depends on tensor values (e.g. boolean-mask indexing, nonzero); "
-                        "edgerun programs have static shapes")
+                        "edgerun program shapes are static or bounded symbols of the inputs")
     empty = _empty_result(ctx, node)
     if empty is not None:
         return empty
     try:
         result = handler(ctx, node)
+    except SymbolicShapeError as exc:  # a rule or handler that needs a concrete size: name the op and line
+        ctx.unsupported(str(exc))
     except EdgerunError:
         raise
     except ValueError as exc:  # an IR shape rule refused the arguments
@@ -113,9 +162,39 @@ def _call(ctx: ConvertContext, node: Any) -> Any:
     return _check_against_torch(ctx, node, result)
 
 
-def _static_shapes(val: Any) -> bool:
+def _computes_size(node: Any) -> bool:
+    import torch
+
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat))
+
+
+def _size_value(ctx: ConvertContext, node: Any) -> Dim | None:
+    """A node computing a size (aten.sym_size.int, Python arithmetic on SymInts) is that size as a Dim.
+
+    Booleans and floats over sizes are None: torch's run-time shape asserts read them, and the bounds and
+    consistency they check are checked again when a template program binds its symbols.
+    """
+    import torch
+
+    val = node.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return None
+    try:
+        return ctx.dims([val])[0]
+    except SymbolicShapeError as exc:
+        ctx.unsupported(str(exc))
+
+
+def _known_shapes(ctx: ConvertContext, val: Any) -> bool:
+    """Every dimension is an int or an expression over the exported symbols (not a data-dependent size)."""
     vals = list(val) if isinstance(val, list | tuple) else [val]
-    return all(not hasattr(v, "shape") or all(isinstance(d, int) for d in v.shape) for v in vals)
+    try:
+        for v in vals:
+            if hasattr(v, "shape"):
+                ctx.dims(v.shape)
+    except SymbolicShapeError:
+        return False
+    return True
 
 
 def _empty_result(ctx: ConvertContext, node: Any) -> Any:
@@ -124,7 +203,9 @@ def _empty_result(ctx: ConvertContext, node: Any) -> Any:
 
     val = node.meta.get("val")
     vals = list(val) if isinstance(val, list | tuple) else [val]
-    if not vals or not all(hasattr(v, "shape") and v.numel() == 0 for v in vals):
+    # Only static shapes can be known empty (asking a symbolic size would make torch specialise it).
+    if not vals or not all(hasattr(v, "shape") and all(isinstance(d, int) for d in v.shape)
+                           and v.numel() == 0 for v in vals):
         return None
     consts = [ctx.b.const(np.zeros(tuple(v.shape), ctx.dtype_of_torch(v.dtype).np)) for v in vals]
     return consts if isinstance(val, list | tuple) else consts[0]
@@ -141,8 +222,8 @@ def _check_against_torch(ctx: ConvertContext, node: Any, result: Any) -> Any:
 
 
 def _match(ctx: ConvertContext, node: Any, value: str, val: Any) -> str:
-    shape = tuple(int(d) for d in val.shape)
-    if ctx.b.shape(value) != shape:
+    shape = ctx.dims(val.shape)
+    if ctx.b.shape(value) != shape and not same_values(ctx.b.shape(value), shape, ctx.graph.symbols):
         raise FrontendBugError(f"{node.target} in {module_path(node)!r}: produced shape {ctx.b.shape(value)}, "
                                f"torch has {shape}")
     return ctx.cast(value, ctx.dtype_of_torch(val.dtype))

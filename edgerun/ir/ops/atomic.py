@@ -15,6 +15,7 @@ from typing import Any
 from edgerun.ir.dtypes import DType
 from edgerun.ir.ops._rules import broadcast_shapes, norm_axes, norm_axis, require_float, same_dtype
 from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.symbolic import SymbolicShapeError, is_symbolic
 from edgerun.ir.tensor_spec import TensorSpec
 
 Attrs = dict[str, Any]
@@ -183,6 +184,11 @@ register(OpDef("matmul", OpKind.ATOMIC, _matmul_rule, 2, 2,
 def _window_out(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: int, ceil_mode: bool) -> int:
     span = dilation * (k - 1) + 1
     num = size + pad0 + pad1 - span
+    if is_symbolic(num):
+        # Checked per concrete shape at specialisation; ceil mode's dropped last window needs the value.
+        if ceil_mode:
+            raise SymbolicShapeError(f"ceil_mode pooling over symbolic dimension {str(size)!r} needs a concrete size")
+        return num // stride + 1
     if num < 0:
         raise ValueError(f"window of {span} does not fit input of {size} with padding {pad0}+{pad1}")
     out = (math.ceil(num / stride) if ceil_mode else num // stride) + 1

@@ -10,6 +10,7 @@ from edgerun.ir.builder import Builder
 from edgerun.ir.ops._rules import broadcast_shapes, norm_axis, same_dtype
 from edgerun.ir.ops.raster import strided_copy_regions
 from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.symbolic import SymbolicShapeError, as_dim, exact_quotient, is_symbolic
 from edgerun.ir.tensor_spec import TensorSpec, contiguous_strides
 
 Attrs = dict[str, Any]
@@ -54,18 +55,32 @@ _composite("transpose", _transpose_rule, _transpose, 1, 1, "permute axes (attr p
 
 
 def resolve_shape(numel: int, shape: Sequence[int]) -> tuple[int, ...]:
-    """Resolve one -1 in a target shape; ValueError when the element counts differ."""
-    shape = [int(d) for d in shape]
-    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+    """Resolve one -1 in a target shape; ValueError when the element counts differ.
+
+    Symbolic sizes work when the counts agree by their forms (batch*seq*32 into [batch, seq, 4, 8]); a -1
+    beside symbolic sizes needs the division to be exact on the forms.
+    """
+    shape = [as_dim(d) for d in shape]
+    static = [d for d in shape if not is_symbolic(d)]
+    if static.count(-1) > 1 or any(d < -1 for d in static):
         raise ValueError(f"reshape target {shape} may hold at most one -1 and no other negative")
-    if -1 in shape:
-        known = math.prod(d for d in shape if d != -1)
-        if known == 0 or numel % known:
-            raise ValueError(f"cannot reshape {numel} elements into {shape}")
-        shape[shape.index(-1)] = numel // known
+    if -1 in static:
+        known = math.prod(d for d in shape if is_symbolic(d) or d != -1)
+        quotient = exact_quotient(numel, known) if is_symbolic(numel) or is_symbolic(known) else None
+        if quotient is not None:
+            shape[static_index(shape, -1)] = quotient
+        else:
+            if known == 0 or numel % known:
+                raise ValueError(f"cannot reshape {numel} elements into {shape}")
+            shape[static_index(shape, -1)] = numel // known
     if math.prod(shape) != numel:
         raise ValueError(f"cannot reshape {numel} elements into {shape}")
     return tuple(shape)
+
+
+def static_index(shape: Sequence[int], value: int) -> int:
+    """Index of the first int dimension equal to value (symbolic dimensions never equal an int)."""
+    return next(i for i, d in enumerate(shape) if not is_symbolic(d) and d == value)
 
 
 def _reshape_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
@@ -116,9 +131,33 @@ def slice_ranges(shape: tuple[int, ...], attrs: Attrs) -> list[tuple[int, int, i
     for start, end, axis, step in zip(starts, ends, axes, steps):
         if int(step) == 0:
             raise ValueError("slice step must not be 0")
+        if any(is_symbolic(v) for v in (start, end, shape[axis])):
+            ranges[axis] = _symbolic_slice(as_dim(start), as_dim(end), int(step), shape[axis])
+            continue
         s, e, st = slice(int(start), int(end), int(step)).indices(shape[axis])
         ranges[axis] = (s, st, len(range(s, e, st)))
     return ranges
+
+
+_OPEN_END = 1 << 62  # an end at least this large means "to the end of the axis" (torch's INT64_MAX)
+
+
+def _symbolic_slice(start: int, end: int, step: int, n: int) -> tuple[int, int, int]:
+    """(start, step, length) when the axis or a bound is symbolic: Python's rules without the clamping.
+
+    Clamping needs the value of the axis, so bounds are taken as given (negative ones count from the end);
+    a bound outside the axis at some shape fails the concrete check when the program is specialised.
+    """
+    if step < 0:
+        if start == -1 and not is_symbolic(end) and end <= -_OPEN_END:
+            return (n - 1, step, n)  # a whole reversed axis (flip)
+        raise SymbolicShapeError(f"a negative-step slice of symbolic axis {str(n)!r} needs a concrete size")
+    if not is_symbolic(start) and start < 0:
+        start = n + start
+    if not is_symbolic(end):
+        end = n if end >= _OPEN_END else n + end if end < 0 else end
+    length = (end - start + step - 1) // step
+    return (start, step, length)
 
 
 def _slice_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
@@ -178,8 +217,8 @@ _composite("concat", _concat_rule, _concat, 1, None, "join along attr axis")
 
 def _split_sizes(spec: TensorSpec, attrs: Attrs) -> tuple[int, list[int]]:
     axis = norm_axis(int(attrs.get("axis", 0)), spec.rank)
-    sizes = [int(s) for s in attrs["sizes"]]
-    if any(s < 0 for s in sizes) or sum(sizes) != spec.shape[axis]:
+    sizes = [as_dim(s) for s in attrs["sizes"]]
+    if any(not is_symbolic(s) and s < 0 for s in sizes) or sum(sizes) != spec.shape[axis]:
         raise ValueError(f"split sizes {sizes} do not add up to {spec.shape[axis]} on axis {axis}")
     return axis, sizes
 
@@ -209,14 +248,14 @@ def _pad_pairs(spec: TensorSpec, attrs: Attrs) -> list[tuple[int, int]]:
     if len(pads) != spec.rank:
         raise ValueError(f"pad needs [before, after] for each of {spec.rank} axes, got {attrs['pads']}")
     for (a, c), n in zip(pads, spec.shape):
-        if n + a + c < 0:
+        if not is_symbolic(n) and n + a + c < 0:
             raise ValueError(f"pad {a},{c} crops more than the axis of {n}")
     mode = attrs.get("mode", "constant")
     if mode not in ("constant", "reflect", "edge"):
         raise ValueError(f"pad mode must be constant, reflect or edge, got {mode!r}")
     if mode != "constant":
         for (a, c), n in zip(pads, spec.shape):
-            if (a or c) and (n == 0 or (mode == "reflect" and max(a, c) >= n)):
+            if (a or c) and not is_symbolic(n) and (n == 0 or (mode == "reflect" and max(a, c) >= n)):
                 raise ValueError(f"{mode} pad of {a},{c} needs a larger axis than {n}")
     return pads
 
@@ -277,7 +316,7 @@ _composite("pad", _pad_rule, _pad, 1, 1,
 
 
 def _expand_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
-    target = tuple(int(d) for d in attrs["shape"])
+    target = tuple(as_dim(d) for d in attrs["shape"])
     shape = broadcast_shapes(ins[0].shape, target)
     return [TensorSpec(shape, ins[0].dtype)]
 

@@ -1,0 +1,177 @@
+"""The shapes of an ONNX model's inputs: the model's own sizes, sizes pinned by `input_shapes`, and bounded symbols.
+
+`input_shapes={"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`: an int pins a dimension, a `(name, min, max)`
+tuple declares a symbol with inclusive bounds, and `(name, min, max, multiple)` one whose sizes are multiples
+(`("H", 32, 2048, 32)`: the dimension is `32*H_div32`, for models that only work on such sizes). The program is then a template that serves every shape in the
+bounds (the runtime specialises it per concrete shape). Every symbol needs a bound: the runtime plans memory for
+a concrete shape, and a missing bound is almost always a mistake in the call, so a dynamic dimension nobody
+bounded is refused with the form to pass, never given a silent default.
+
+A dynamic dimension of an input not listed (or of a listed input's ONNX `dim_param`) takes the symbol declared
+for the same `dim_param` elsewhere: `input_shapes={"input": (("batch", 1, 8), ("sequence", 64, 4096))}` also
+gives silero-vad's `state` input, declared `(2, 'batch', 128)`, the symbol `batch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgerun.errors import UnsupportedOpError
+from edgerun.frontends.onnx.context import OnnxModelError
+from edgerun.frontends.onnx.dims import anonymous_symbol, describe
+from edgerun.ir.symbolic import Dim, SymbolicShapeError, sym
+
+# What input_shapes holds per dimension: a size, (symbol, min, max), or (symbol, min, max, multiple).
+InputDim = int | tuple[str, int, int] | tuple[str, int, int, int]
+
+
+@dataclass
+class DeclaredInputs:
+    """Each graph input's shape (ints and symbols), the symbols' bounds, and what ONNX's names stand for."""
+
+    shapes: dict[str, tuple[Dim, ...]] = field(default_factory=dict)
+    symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # An ONNX dim_param of an input -> the size or symbol it was given; the cross-check holds ONNX to it.
+    bindings: dict[str, Dim] = field(default_factory=dict)
+    conflicting: set[str] = field(default_factory=set)  # dim_params given two different sizes: name nothing
+    rewritten: bool = False  # some input's declared dimensions differ from the model's
+
+    def apply(self, model: Any, constants: Mapping[str, tuple[int, ...]] | None = None) -> Any:
+        """A copy of `model` whose inputs declare these shapes (symbols as dim_params), for ONNX's inference;
+        inputs frozen to constants declare the constants' shapes."""
+        import onnx
+
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        # value_info the exporter stored describes the shapes it saw (often batch 1); ONNX's inference recomputes
+        # it from the declared inputs, so a stale declaration cannot fail the cross-check.
+        del model.graph.value_info[:]
+        shapes: dict[str, tuple[Dim, ...]] = {**self.shapes, **(constants or {})}
+        for vi in model.graph.input:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name not in shapes or len(dims) != len(shapes[vi.name]):
+                continue
+            for d, size in zip(dims, shapes[vi.name]):
+                d.Clear()
+                if isinstance(size, int):
+                    d.dim_value = size
+                else:
+                    d.dim_param = str(size)
+        return model
+
+
+def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[Any]],
+                   skip: set[str]) -> DeclaredInputs:
+    """Resolve every tensor input's shape from the model and `input_shapes`; inputs in `skip` are constants.
+
+    Raises OnnxModelError for an input_shapes entry that names no input, has the wrong rank, or a malformed
+    dimension, and UnsupportedOpError for a dynamic dimension left without a size or bounded symbol (naming
+    the form to pass).
+    """
+    by_name = {vi.name: vi for vi in inputs}
+    for name in input_shapes:
+        if name not in by_name:
+            raise OnnxModelError(f"input_shapes names {name!r}, which is not a graph input ({sorted(by_name)})")
+    out = DeclaredInputs()
+    tensors = [vi for vi in inputs if vi.name not in skip and vi.type.WhichOneof("value") == "tensor_type"
+               and vi.type.tensor_type.HasField("shape")]
+    # Listed inputs first, so their symbols are known when an unlisted input shares a dim_param.
+    for vi in sorted(tensors, key=lambda v: v.name not in input_shapes):
+        dims = list(vi.type.tensor_type.shape.dim)
+        given = input_shapes.get(vi.name)
+        if given is not None and len(given) != len(dims):
+            raise OnnxModelError(f"input_shapes[{vi.name!r}] has rank {len(given)}, the model's input {len(dims)}")
+        shape: list[Dim] = []
+        unresolved: list[int] = []
+        for i, d in enumerate(dims):
+            size = _resolve(vi.name, i, d, None if given is None else given[i], out)
+            if size is None:
+                unresolved.append(i)
+                size = 0
+            shape.append(size)
+        if unresolved:
+            raise UnsupportedOpError(f"input {vi.name}", detail=_unbounded_message(vi.name, dims, unresolved))
+        declared = [int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None for d in dims]
+        out.rewritten |= any(s != d for s, d in zip(shape, declared))
+        out.shapes[vi.name] = tuple(shape)
+    return out
+
+
+def _resolve(input_name: str, i: int, d: Any, given: Any, out: DeclaredInputs) -> Dim | None:
+    """One input dimension's size or symbol (None when it is dynamic and nothing bounds it)."""
+    param = d.dim_param if d.HasField("dim_param") and not anonymous_symbol(d.dim_param) else ""
+    static = int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None
+    where = f"input_shapes[{input_name!r}] dimension {i}"
+    if given is None:
+        if static is not None:
+            return static
+        if param in out.bindings:
+            return out.bindings[param]
+        if param in out.symbols:
+            return sym(param)
+        return None
+    if isinstance(given, bool):
+        raise OnnxModelError(f"{where} is {given!r}: give a size or (name, min, max)")
+    if isinstance(given, int) or (hasattr(given, "__index__") and not isinstance(given, tuple | list | str)):
+        size = int(given)
+        if size < 0:
+            raise OnnxModelError(f"{where} is {size}: sizes are non-negative")
+        if param:
+            _bind(out, param, size)
+        return size
+    symbol = _symbol(given, where, out)
+    if static is not None:
+        raise OnnxModelError(f"{where} declares symbol {given[0]!r}, but the model fixes that dimension to {static}")
+    if param:
+        _bind(out, param, symbol)
+    return symbol
+
+
+def _symbol(given: Any, where: str, out: DeclaredInputs) -> Dim:
+    """The dimension for (name, min, max) or (name, min, max, multiple); a multiple m makes it m * name_div<m>."""
+    form = "(name, min, max), e.g. ('H', 32, 2048), or (name, min, max, multiple)"
+    if isinstance(given, str):
+        raise OnnxModelError(f"{where} is the symbol {given!r} without bounds: give {form} (edgerun plans memory "
+                             "for the largest shape, so every symbol needs an upper bound)")
+    if not isinstance(given, tuple | list) or len(given) not in (3, 4):
+        raise OnnxModelError(f"{where} is {given!r}: give a size or {form}")
+    name, lo, hi, multiple = (*given, 1) if len(given) == 3 else given
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, multiple)) or not 0 <= lo <= hi \
+            or multiple < 1:
+        raise OnnxModelError(f"{where} has bounds {lo!r}..{hi!r} (multiple {multiple!r}): they must be integers "
+                             "with 0 <= min <= max and a multiple of at least 1")
+    if multiple > 1:
+        # A model that halves a size five times and doubles it back (a U-Net, a text detector) adds the two only
+        # when the size is a multiple of 32; as 32 * H_div32 the shape arithmetic cancels exactly.
+        name, lo, hi = f"{name}_div{multiple}", -(-lo // multiple), hi // multiple
+        if lo > hi:
+            raise OnnxModelError(f"{where}: no multiple of {multiple} lies within {given[1]}..{given[2]}")
+    try:
+        symbol = sym(name)
+    except SymbolicShapeError as exc:
+        raise OnnxModelError(f"{where}: {exc}") from None
+    if out.symbols.get(name, (lo, hi)) != (lo, hi):
+        raise OnnxModelError(f"{where} bounds symbol {name!r} by {lo}..{hi}, elsewhere by "
+                             f"{out.symbols[name][0]}..{out.symbols[name][1]}")
+    out.symbols[name] = (lo, hi)
+    return symbol * multiple
+
+
+def _bind(out: DeclaredInputs, param: str, size: Dim) -> None:
+    # Paddle and others write one name for unrelated dimensions; only a consistent use names a shared size.
+    if param in out.conflicting or out.bindings.get(param, size) != size:
+        out.conflicting.add(param)
+        out.bindings.pop(param, None)
+        return
+    out.bindings[param] = size
+
+
+def _unbounded_message(name: str, dims: Sequence[Any], unresolved: list[int]) -> str:
+    said = describe(dims)
+    which = (f"dimension {unresolved[0]} is dynamic ({said[unresolved[0]]!r})" if len(unresolved) == 1 else
+             "dimensions " + ", ".join(f"{i} ({said[i]!r})" for i in unresolved) + " are dynamic")
+    example = ", ".join(f"<dim {i}>" if i in unresolved else str(s) for i, s in enumerate(said))
+    return (f"{which}, with no size or bounds: pass input_shapes={{{name!r}: ({example})}} to "
+            "from_onnx (or --input-shape on the CLI), each <dim> a size that pins it or a bounded symbol "
+            "(name, min, max) such as ('H', 32, 2048) that keeps it dynamic")

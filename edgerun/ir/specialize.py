@@ -1,0 +1,126 @@
+"""Specialisation of a template graph: bind its symbols from concrete input shapes, then substitute them.
+
+A template (a graph with `symbols`) is specialised per concrete shape, as MNN resizes a session: the
+bindings come from the inputs (checked against each symbol's bounds and for consistency between inputs),
+and every symbolic dimension in the specs and attributes is replaced by its value. The result is an
+ordinary static graph, which the normal pipeline (decomposition, folding, raster merging, memory planning)
+then treats exactly like an exported one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from edgerun.errors import EdgerunError
+from edgerun.ir.graph import Graph, Node
+from edgerun.ir.symbolic import Dim, SymDim, evaluate, free_symbols, substitute, sym
+from edgerun.ir.tensor_spec import TensorSpec
+
+
+class ShapeBindingError(EdgerunError):
+    """Input shapes that do not fit a template program: wrong rank, a static size, a bound, or two values
+    for one symbol. The message names the input, the dimension and the symbol."""
+
+
+def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Each symbol's value from the input shapes, checked against its bounds and every other use of it."""
+    bindings: dict[str, int] = {}
+    bound_at: dict[str, str] = {}
+    derived: list[tuple[str, int, Dim, int]] = []
+    for name in graph.inputs:
+        spec = graph.specs[name]
+        shape = tuple(shapes[name])
+        if len(shape) != spec.rank:
+            raise ShapeBindingError(f"input {name!r} has rank {len(shape)} (shape {shape}), the program takes "
+                                    f"rank {spec.rank} ({spec})")
+        for axis, (want, got) in enumerate(zip(spec.shape, shape)):
+            got = int(got)
+            where = f"input {name!r} dimension {axis}"
+            if not isinstance(want, SymDim):
+                if want != got:
+                    raise ShapeBindingError(f"{where} is {got}, the program needs {want} ({spec})")
+                continue
+            symbols = free_symbols(want)
+            text = str(want)
+            if len(symbols) == 1 and text in symbols:  # the dimension is the symbol itself
+                if text in bindings and bindings[text] != got:
+                    raise ShapeBindingError(f"{where} is {got}, but symbol {text!r} is already {bindings[text]} "
+                                            f"from {bound_at[text]}: one symbol, two values")
+                low, high = graph.symbols[text]
+                if not low <= got <= high:
+                    raise ShapeBindingError(f"{where} is {got}: symbol {text!r} must be within [{low}, {high}] "
+                                            "(the bounds the program was exported with)")
+                bindings[text] = got
+                bound_at[text] = f"{where}"
+            else:
+                derived.append((name, axis, want, got))
+    for name, axis, want, got in derived:  # a symbol seen only as a multiple (32*H_div32) binds from it
+        scaled = _scaled_symbol(want) if isinstance(want, SymDim) else None
+        if scaled is None or scaled[0] in bindings:
+            continue
+        text, factor = scaled
+        where = f"input {name!r} dimension {axis}"
+        if got % factor:
+            raise ShapeBindingError(f"{where} is {got}: the program needs a multiple of {factor} ({want})")
+        low, high = graph.symbols[text]
+        if not low <= got // factor <= high:
+            raise ShapeBindingError(f"{where} is {got}: {want} must be within [{low * factor}, {high * factor}] "
+                                    f"(symbol {text!r} within [{low}, {high}], the bounds the program was "
+                                    "exported with)")
+        bindings[text] = got // factor
+    for name, axis, want, got in derived:  # expressions (2*seq) are checked once their symbols are known
+        missing = sorted(free_symbols(want) - set(bindings))
+        if missing:
+            raise ShapeBindingError(f"input {name!r} dimension {axis} is {want}, but no input dimension is "
+                                    f"symbol {missing[0]!r} alone, so it cannot be bound")
+        value = evaluate(want, bindings)
+        if value != got:
+            raise ShapeBindingError(f"input {name!r} dimension {axis} is {got}, but the program needs {want} = "
+                                    f"{value} with {_describe(bindings)}")
+    unbound = sorted(set(graph.symbols) - set(bindings))
+    if unbound:
+        raise ShapeBindingError(f"symbol {unbound[0]!r} is used by no input dimension, so no call can bind it")
+    return bindings
+
+
+def _scaled_symbol(want: SymDim) -> tuple[str, int] | None:
+    """(symbol, factor) when `want` is factor * symbol with factor >= 2 (from_onnx's (name, min, max, multiple))."""
+    symbols = free_symbols(want)
+    if len(symbols) != 1:
+        return None
+    (text,) = symbols
+    factor = substitute(want, {text: 1})
+    if isinstance(factor, int) and factor >= 2 and want == sym(text) * factor:
+        return text, factor
+    return None
+
+
+def _describe(bindings: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
+
+
+def specialize(graph: Graph, bindings: Mapping[str, int]) -> Graph:
+    """The static graph for `bindings`: every symbolic dimension of specs and attributes evaluated."""
+    out = graph.copy()
+    out.symbols = {}
+    out.specs = {name: _concrete_spec(spec, bindings) for name, spec in graph.specs.items()}
+    out.nodes = [Node(n.op, list(n.inputs), list(n.outputs), _concrete_attrs(n.attrs, bindings), dict(n.meta),
+                      n.name) for n in graph.nodes]
+    return out
+
+
+def _concrete_spec(spec: TensorSpec, bindings: Mapping[str, int]) -> TensorSpec:
+    if spec.is_static:
+        return spec
+    return TensorSpec(tuple(evaluate(d, bindings) for d in spec.shape), spec.dtype)
+
+
+def _concrete_attrs(value: Any, bindings: Mapping[str, int]) -> Any:
+    if isinstance(value, SymDim):
+        return evaluate(value, bindings)
+    if isinstance(value, dict):
+        return {k: _concrete_attrs(v, bindings) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_concrete_attrs(v, bindings) for v in value)
+    return value

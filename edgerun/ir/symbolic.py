@@ -1,0 +1,505 @@
+"""SymDim: a tensor dimension that is an integer expression over named symbols ("batch", "seq", ...).
+
+A program with symbolic dimensions is a template: the runtime binds each symbol from the input shapes and
+specialises the graph per concrete shape. Until then shape rules compute with SymDims the way they compute
+with ints (`d * 2 + 1`, `(h - 3) // 2 + 1`), so every output spec is an expression over the input symbols.
+
+The expression is kept in one canonical form, so equal expressions compare equal and hash alike:
+a sum of integer-weighted monomials, each monomial a sorted product of atoms, an atom a symbol or an
+operation that does not simplify (`floor(a / c)` of a non-divisible sum, `a % c`, `max`, `min`). Arithmetic
+that comes out constant returns a plain int, so a SymDim is never a disguised constant.
+
+`str(d)` is a parseable form and `symbolic_text.parse_dim(text)` reads it back with a small
+recursive-descent parser (never eval; no sympy). `int(d)` raises a clear error naming the symbol: a shape rule that truly needs a
+concrete size says so instead of computing with a wrong one.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+
+Dim = Union[int, "SymDim"]
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED = frozenset({"max", "min"})  # function names in the text form, so never symbols
+
+
+class SymbolicShapeError(EdgerunError):
+    """A symbolic dimension was used where a concrete size is needed, or an expression is malformed."""
+
+
+# -- atoms: the indivisible factors of a monomial -------------------------------------------------------------
+@dataclass(frozen=True)
+class _Atom:
+    kind: str  # "sym", "floordiv", "mod", "max", "min"
+    name: str = ""
+    args: tuple[Dim, ...] = ()
+
+    def key(self) -> str:
+        return _atom_text(self)
+
+
+Monomial = tuple[_Atom, ...]  # sorted by key; () is the constant monomial
+
+
+def _atom_text(atom: _Atom) -> str:
+    if atom.kind == "sym":
+        return atom.name
+    if atom.kind in ("max", "min"):
+        return f"{atom.kind}({', '.join(_text(a) for a in atom.args)})"
+    # Wrapped whole, so the atom reads back as one factor inside a product ("2*((h - 3)//2)").
+    op = "//" if atom.kind == "floordiv" else "%"
+    return f"({_factor_text(atom.args[0])}{op}{_factor_text(atom.args[1])})"
+
+
+def _factor_text(d: Dim) -> str:
+    text = _text(d)
+    single_atom = isinstance(d, SymDim) and len(d._terms) == 1 and d._terms[0][1] == 1 and len(d._terms[0][0]) == 1
+    return text if (isinstance(d, int) and d >= 0) or single_atom else f"({text})"
+
+
+def _text(d: Dim) -> str:
+    return str(d)
+
+
+# For the type checker a SymDim is an int: it supports every int operation shape code uses (+ - * // %,
+# ==, hashing) and refuses the others at run time with a SymbolicShapeError naming its symbols (int(),
+# indexing, truth, undecidable order). This keeps the many static-only layers (runtime, backends) typed as
+# they are, while the frontends and shape rules pass SymDims through untouched.
+if TYPE_CHECKING:
+    _IntForTypeChecking = int
+else:
+    _IntForTypeChecking = object
+
+
+class SymDim(_IntForTypeChecking):
+    """An immutable, canonical integer expression over named symbols. Build with `sym(name)` or arithmetic."""
+
+    __slots__ = ("_hash", "_terms")
+
+    def __init__(self, terms: tuple[tuple[Monomial, int], ...]) -> None:
+        # Private: callers get SymDims from sym(), parse_dim() and arithmetic, which canonicalise.
+        self._terms = terms
+        self._hash = hash(terms)
+
+    # -- construction -------------------------------------------------------------------------------------
+    @staticmethod
+    def _from_terms(terms: dict[Monomial, int]) -> Dim:
+        kept = tuple(sorted(((m, c) for m, c in terms.items() if c), key=lambda mc: _mono_key(mc[0])))
+        if not kept:
+            return 0
+        if len(kept) == 1 and kept[0][0] == ():
+            return kept[0][1]
+        return SymDim(kept)
+
+    # -- queries ------------------------------------------------------------------------------------------
+    @property
+    def free_symbols(self) -> frozenset[str]:
+        out: set[str] = set()
+        for mono, _ in self._terms:
+            for atom in mono:
+                if atom.kind == "sym":
+                    out.add(atom.name)
+                for a in atom.args:
+                    out |= free_symbols(a)
+        return frozenset(out)
+
+    def _describe(self) -> str:
+        names = sorted(self.free_symbols)
+        if names == [str(self)]:
+            return f"symbolic dimension {names[0]!r}"
+        which = "symbol" if len(names) == 1 else "symbols"
+        return f"symbolic dimension {str(self)!r} ({which} {', '.join(map(repr, names))})"
+
+    # -- int-like behaviour -------------------------------------------------------------------------------
+    def __int__(self) -> int:
+        raise SymbolicShapeError(f"{self._describe()} used where a concrete size is needed")
+
+    __index__ = __int__
+
+    def __bool__(self) -> bool:
+        raise SymbolicShapeError(f"{self._describe()} used as a truth value; its value is only known at run time")
+
+    def __add__(self, other: Dim) -> Dim:
+        return _add(self, other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Dim) -> Dim:
+        return _add(self, other, -1)
+
+    def __rsub__(self, other: Dim) -> Dim:
+        return _add(_normalise(other), self, -1)
+
+    def __neg__(self) -> Dim:
+        return _mul(self, -1)
+
+    def __pos__(self) -> SymDim:
+        return self
+
+    def __mul__(self, other: Dim) -> Dim:
+        return _mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Dim) -> Dim:
+        return floordiv(self, other)
+
+    def __rfloordiv__(self, other: Dim) -> Dim:
+        return floordiv(other, self)
+
+    def __mod__(self, other: Dim) -> Dim:
+        return mod(self, other)
+
+    def __rmod__(self, other: Dim) -> Dim:
+        return mod(other, self)
+
+    # -- comparison: equality is structural (canonical form); order only when the difference is constant --
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SymDim):
+            return self._terms == other._terms
+        if isinstance(other, int):
+            return False  # a SymDim is never constant
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def _difference(self, other: Dim, op: str) -> int:
+        diff = self - other
+        if isinstance(diff, int):
+            return diff
+        raise SymbolicShapeError(f"cannot decide {self} {op} {other}: {self._describe()} is only known at run time")
+
+    def __lt__(self, other: Dim) -> bool:
+        return self._difference(other, "<") < 0
+
+    def __le__(self, other: Dim) -> bool:
+        return self._difference(other, "<=") <= 0
+
+    def __gt__(self, other: Dim) -> bool:
+        return self._difference(other, ">") > 0
+
+    def __ge__(self, other: Dim) -> bool:
+        return self._difference(other, ">=") >= 0
+
+    # -- text -----------------------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for mono, coeff in self._terms:
+            factors = [_atom_text(a) for a in mono]
+            magnitude = abs(coeff)
+            if not factors:
+                body = str(magnitude)
+            elif magnitude == 1:
+                body = "*".join(factors)
+            else:
+                body = "*".join([str(magnitude), *factors])
+            if not parts:
+                parts.append(body if coeff > 0 else f"-{body}")
+            else:
+                parts.append(f"{'+' if coeff > 0 else '-'} {body}")
+        return " ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"SymDim({str(self)!r})"
+
+    def to_json(self) -> dict[str, str]:
+        return {"sym": str(self)}
+
+    # Immutable: copies are the object itself; pickling goes through the text form.
+    def __copy__(self) -> SymDim:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> SymDim:
+        return self
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (_from_text, (str(self),))
+
+
+def _mono_key(mono: Monomial) -> tuple[bool, int, tuple[str, ...]]:
+    # The constant term last, so dimensions read the usual way: "h - 3", "2*seq + 1".
+    return (not mono, len(mono), tuple(a.key() for a in mono))
+
+
+def _terms_of(d: Dim) -> dict[Monomial, int]:
+    if isinstance(d, SymDim):
+        return dict(d._terms)
+    if isinstance(d, bool):
+        raise TypeError("a dimension must be an int or a SymDim, got bool")
+    value = operator.index(d)  # numpy integers are welcome; floats are not
+    return {(): value} if value else {}
+
+
+def _integral(d: object) -> bool:
+    return isinstance(d, (int, SymDim, np.integer)) and not isinstance(d, bool)
+
+
+def _normalise(d: Dim) -> Dim:
+    return SymDim._from_terms(_terms_of(d))
+
+
+def _add(a: Dim, b: Dim, sign: int) -> Dim:
+    if not _integral(b):
+        return NotImplemented  # type: ignore[return-value]
+    terms = _terms_of(a)
+    for mono, coeff in _terms_of(b).items():
+        terms[mono] = terms.get(mono, 0) + sign * coeff
+    return SymDim._from_terms(terms)
+
+
+def _mul(a: Dim, b: Dim) -> Dim:
+    if not _integral(b):
+        return NotImplemented  # type: ignore[return-value]
+    terms: dict[Monomial, int] = {}
+    for ma, ca in _terms_of(a).items():
+        for mb, cb in _terms_of(b).items():
+            mono = tuple(sorted(ma + mb, key=_Atom.key))
+            terms[mono] = terms.get(mono, 0) + ca * cb
+    return SymDim._from_terms(terms)
+
+
+def _from_text(text: str) -> Dim:
+    from edgerun.ir.symbolic_text import parse_dim  # the parser builds SymDims, so it imports this module
+
+    return parse_dim(text)
+
+
+def _atom_dim(atom: _Atom) -> SymDim:
+    return SymDim((((atom,), 1),))
+
+
+# -- public constructors and operations ---------------------------------------------------------------------
+def sym(name: str) -> SymDim:
+    """The symbol `name` as a dimension."""
+    if not isinstance(name, str) or not NAME.match(name) or name in RESERVED:
+        raise SymbolicShapeError(f"invalid symbol name {name!r}: use letters, digits and '_', not starting with a "
+                                 "digit, and not 'max' or 'min'")
+    return _atom_dim(_Atom("sym", name))
+
+
+def is_symbolic(d: object) -> bool:
+    return isinstance(d, SymDim)
+
+
+def as_dim(value: object) -> Dim:
+    """An attribute's dimension as a Dim: SymDims pass, anything else goes through int() as rules always did."""
+    return value if isinstance(value, SymDim) else int(value)  # type: ignore[call-overload]
+
+
+def free_symbols(d: Dim) -> frozenset[str]:
+    return d.free_symbols if isinstance(d, SymDim) else frozenset()
+
+
+def floordiv(a: Dim, b: Dim) -> Dim:
+    """floor(a / b), simplified where the divisor is a constant that divides every symbolic term."""
+    a, b = _normalise(a), _normalise(b)
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError("division of a dimension by zero")
+        return a // b
+    if isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError(f"division of {a} by zero")
+        if b == 1:
+            return a
+        terms = _terms_of(a)
+        const = terms.pop((), 0)
+        if all(c % b == 0 for c in terms.values()):
+            # a = b*P + k with P an integer expression, so floor(a / b) = P + floor(k / b).
+            return SymDim._from_terms({m: c // b for m, c in terms.items()}) + const // b
+    else:
+        quotient = exact_quotient(a, b)
+        if quotient is not None:
+            return quotient
+    return _atom_dim(_Atom("floordiv", args=(a, b)))
+
+
+def exact_quotient(a: Dim, b: Dim) -> Dim | None:
+    """a / b when b is one term (c * monomial) that divides every term of a exactly, else None.
+
+    Enough for the element counts of reshapes: (batch*seq*32) / (batch*seq) = 32.
+    """
+    a, b = _normalise(a), _normalise(b)
+    divisor = _terms_of(b)
+    if len(divisor) != 1:
+        return None
+    ((mono_b, coeff_b),) = divisor.items()
+    out: dict[Monomial, int] = {}
+    for mono, coeff in _terms_of(a).items():
+        rest = list(mono)
+        for atom in mono_b:
+            if atom not in rest:
+                return None
+            rest.remove(atom)
+        if coeff % coeff_b:
+            return None
+        out[tuple(rest)] = coeff // coeff_b
+    return SymDim._from_terms(out)
+
+
+def mod(a: Dim, b: Dim) -> Dim:
+    """a mod b (Python's sign convention), simplified where b is a constant dividing every symbolic term."""
+    a, b = _normalise(a), _normalise(b)
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError("modulo of a dimension by zero")
+        return a % b
+    if isinstance(b, int):
+        if b == 0:
+            raise SymbolicShapeError(f"modulo of {a} by zero")
+        if b == 1:
+            return 0
+        terms = _terms_of(a)
+        const = terms.pop((), 0)
+        if all(c % b == 0 for c in terms.values()):
+            return const % b
+    elif exact_quotient(a, b) is not None:
+        return 0
+    return _atom_dim(_Atom("mod", args=(a, b)))
+
+
+def _extreme(kind: str, a: Dim, b: Dim) -> Dim:
+    a, b = _normalise(a), _normalise(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b) if kind == "max" else min(a, b)
+    diff = a - b
+    if isinstance(diff, int):
+        return a if (diff >= 0) == (kind == "max") else b
+    args = tuple(sorted((a, b), key=_text))
+    return _atom_dim(_Atom(kind, args=args))
+
+
+def sym_max(a: Dim, b: Dim) -> Dim:
+    return _extreme("max", a, b)
+
+
+def sym_min(a: Dim, b: Dim) -> Dim:
+    return _extreme("min", a, b)
+
+
+def evaluate(d: Dim, bindings: Mapping[str, int]) -> int:
+    """The value of `d` with every symbol bound; a clear error names a symbol that is not."""
+    result = substitute(d, bindings)
+    if isinstance(result, SymDim):
+        missing = sorted(result.free_symbols)
+        raise SymbolicShapeError(f"cannot evaluate {d}: no value for symbol {', '.join(map(repr, missing))}")
+    return result
+
+
+def substitute(d: Dim, bindings: Mapping[str, Dim]) -> Dim:
+    """`d` with the bound symbols replaced (partial bindings leave the other symbols in place)."""
+    if not isinstance(d, SymDim):
+        return d
+    total: Dim = 0
+    for mono, coeff in d._terms:
+        product: Dim = coeff
+        for atom in mono:
+            product = product * _substitute_atom(atom, bindings)
+        total = total + product
+    return total
+
+
+def _substitute_atom(atom: _Atom, bindings: Mapping[str, Dim]) -> Dim:
+    if atom.kind == "sym":
+        return bindings.get(atom.name, _atom_dim(atom))
+    a, b = (substitute(x, bindings) for x in atom.args)
+    if atom.kind == "floordiv":
+        return floordiv(a, b)
+    if atom.kind == "mod":
+        return mod(a, b)
+    return _extreme(atom.kind, a, b)
+
+
+def dim_to_json(d: Dim) -> int | dict[str, str]:
+    return d.to_json() if isinstance(d, SymDim) else d
+
+
+def sample_bindings(symbols: Mapping[str, tuple[int, int]], count: int = 6) -> list[dict[str, int]]:
+    """Bindings spread over the bounds: all minima, all maxima, and a few points between (deterministic)."""
+    names = sorted(symbols)
+    out = [{n: symbols[n][0] for n in names}, {n: symbols[n][1] for n in names}]
+    for k in range(count):
+        out.append({n: symbols[n][0] + (symbols[n][1] - symbols[n][0]) * ((k * 7 + i * 3 + 1) % 11) // 10
+                    for i, n in enumerate(names)})
+    return out
+
+
+def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether two shapes agree at sampled bindings within bounds: two forms of one size ((h + 1)//2 and
+    (h - 1)//2 + 1) that the canonical form does not identify."""
+    if len(a) != len(b):
+        return False
+    if any(not isinstance(x, SymDim) and not isinstance(y, SymDim) and x != y for x, y in zip(a, b)):
+        return False
+    for binding in sample_bindings(symbols):
+        try:
+            if any(evaluate(x, binding) != evaluate(y, binding) for x, y in zip(a, b)):
+                return False
+        except SymbolicShapeError:
+            return False
+    return True
+
+
+def value_range(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """Inclusive bounds containing every value of `d` with its symbols within `symbols` (interval arithmetic,
+    so possibly wider than the exact range, never narrower); None when a symbol is unbounded or a divisor's
+    range holds 0. Lets a frontend decide `d == 1` or `d < 0` for every shape a program accepts."""
+    if not isinstance(d, SymDim):
+        return int(d), int(d)
+    low = high = 0
+    for mono, coeff in d._terms:
+        term: tuple[int, int] | None = (coeff, coeff)
+        for atom in mono:
+            r = _atom_range(atom, symbols)
+            if r is None or term is None:
+                return None
+            corners = [a * b for a in term for b in r]
+            term = (min(corners), max(corners))
+        assert term is not None
+        low, high = low + term[0], high + term[1]
+    return low, high
+
+
+def _atom_range(atom: _Atom, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    if atom.kind == "sym":
+        return symbols.get(atom.name)
+    ranges = [value_range(a, symbols) for a in atom.args]
+    if any(r is None for r in ranges):
+        return None
+    (al, ah), (bl, bh) = ranges  # type: ignore[misc]
+    if atom.kind in ("max", "min"):
+        pick = max if atom.kind == "max" else min
+        return pick(al, bl), pick(ah, bh)
+    if bl <= 0 <= bh:
+        return None
+    if atom.kind == "mod":  # Python's sign convention: the result has the divisor's sign
+        return (0, bh - 1) if bl > 0 else (bl + 1, 0)
+    # floor(a / b) is monotone in a, and in b while b keeps its sign: the extremes are at the corners.
+    corners = [a // b for a in (al, ah) for b in (bl, bh)]
+    return min(corners), max(corners)
+
+
+def upper_bound(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> int:
+    """The largest value of `d` within the symbols' bounds, for forms that grow with every symbol (a sum of
+    products of symbols with positive coefficients); others raise, since their maximum is not at a corner."""
+    if not isinstance(d, SymDim):
+        return d
+    for mono, coeff in d._terms:
+        if mono and (coeff < 0 or any(atom.kind != "sym" for atom in mono)):
+            raise SymbolicShapeError(f"cannot bound {d}: only sums of products of symbols have their largest "
+                                     "value at the symbols' upper bounds")
+    return evaluate(d, {name: high for name, (_, high) in symbols.items()})

@@ -1,0 +1,157 @@
+"""SpecializingProgram: a template program (symbolic dimensions) run by specialising it per concrete shape.
+
+This is MNN's resize: the first call at a new shape binds the symbols from the input shapes (bounds and
+consistency checked, ir/specialize.py), substitutes them, runs the export pipeline (`passes.optimize`:
+decomposition, folding, raster merging) on the now static graph and loads it through the normal load path
+(placement, partitioning, compilation, an exact memory plan for that shape). The loaded specialisation is
+cached by its bindings in a bounded LRU, so steady-state calls at a known shape cost one dictionary lookup
+more than a static program. Why per shape rather than one plan for the upper bound: docs/design.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+from edgerun.ir.specialize import bind_symbols, specialize
+from edgerun.ir.state import on_functional
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
+from edgerun.program import Program
+from edgerun.runtime.instructions import EventSink
+from edgerun.runtime.loaded_program import LoadedProgram
+
+if TYPE_CHECKING:
+    from edgerun.ir.graph import Graph
+
+DEFAULT_CACHE_SIZE = 8  # loaded specialisations kept; each holds its own arena and compiled partitions
+Bindings = tuple[tuple[str, int], ...]  # sorted (symbol, value) pairs: the cache key
+_MAX_REMEMBERED_SHAPES = 1024  # input-shape tuples whose binding is remembered (a dict, cleared when full)
+
+
+def specialize_program(template: Program, bindings: Mapping[str, int]) -> Program:
+    """The static Program for `bindings`: substituted, then optimised by the default export pipeline."""
+    records = []
+
+    def run_pipeline(graph: Graph) -> Graph:
+        optimized, found = optimize(graph)
+        records.extend(found)
+        return optimized
+
+    graph = on_functional(specialize(template.graph, bindings), run_pipeline)  # state: ir/state.py
+    metadata = dict(template.metadata)
+    metadata[METADATA_KEY] = records_to_json(records)
+    metadata["specialized_from"] = {"symbols": dict(sorted(bindings.items()))}
+    return Program(graph, metadata)
+
+
+class SpecializingProgram(LoadedProgram):
+    """What `edgerun.load` returns for a template: called like any LoadedProgram (`m(x)`, `m.run(...)`).
+
+    `input_specs` shows the symbols (`float32[batch,seq,32]`), `symbols` their bounds. Per-shape details
+    (plan, arena, instructions) belong to one specialisation: `specialization(x=...)` returns it.
+    """
+
+    def __init__(self, template: Program, load_concrete: Callable[[Program], LoadedProgram],
+                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        # LoadedProgram.__init__ is not called: a template has no single arena or instruction list.
+        if cache_size < 1:
+            raise EdgerunError(f"cache_size must be at least 1, got {cache_size}")
+        self.program = template
+        self._template = template
+        self.graph: Graph = template.graph
+        self.search = None
+        self._load_concrete = load_concrete
+        self._cache: OrderedDict[Bindings, LoadedProgram] = OrderedDict()
+        self._cache_size = cache_size
+        self._cache_lock = threading.Lock()
+        self._bound_shapes: dict[tuple[tuple[int, ...], ...], Bindings] = {}  # input shapes -> their binding
+        self.specializations_made = 0  # loads done, evictions included (first-call cost is paid this often)
+
+    def __getattr__(self, name: str) -> Any:
+        # Attributes LoadedProgram sets per load (parts, plan, ...) exist per specialisation only.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        table = self.__dict__.get("_method_table")
+        if table and name in table:  # another method of a multi-method program (runtime/methods.py)
+            return table[name]
+        raise EdgerunError(f"{name!r} belongs to one shape of this template program (symbols "
+                           f"{sorted(self.graph.symbols)}): use model.specialization(...) with inputs of that shape")
+
+    # -- description -------------------------------------------------------------------------------------
+    @property
+    def symbols(self) -> dict[str, tuple[int, int]]:
+        return dict(self.graph.symbols)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    @property
+    def output_specs(self) -> dict[str, TensorSpec]:
+        return {n: self.graph.specs[n] for n in self.graph.outputs}
+
+    @property
+    def cached_bindings(self) -> list[dict[str, int]]:
+        """The shapes loaded now, least recently used first."""
+        with self._cache_lock:
+            return [dict(key) for key in self._cache]
+
+    def __repr__(self) -> str:
+        symbols = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in sorted(self.graph.symbols.items()))
+        return (f"<SpecializingProgram {len(self.graph.inputs)} inputs, {len(self.graph.outputs)} outputs, "
+                f"symbols {symbols}; {len(self._cache)} of {self._cache_size} specialisations loaded>")
+
+    # -- running -----------------------------------------------------------------------------------------
+    def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+            sink: EventSink | None = None) -> list[np.ndarray]:
+        return self._specialization(self._key(inputs, as_shapes=False)).run(inputs, sink)
+
+    def specialization(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
+                       **shapes: tuple[int, ...]) -> LoadedProgram:
+        """The loaded program for these inputs' shapes (arrays), or for shapes given by name
+        (`specialization(x=(2, 16, 32))`), loading it on first use."""
+        key = self._key(shapes, as_shapes=True) if inputs is None else self._key(inputs, as_shapes=False)
+        return self._specialization(key)
+
+    def _specialization(self, key: Bindings) -> LoadedProgram:
+        with self._cache_lock:
+            loaded = self._cache.get(key)
+            if loaded is not None:
+                self._cache.move_to_end(key)
+                return loaded
+        # Loaded outside the lock: a slow first call at one shape does not hold up calls at cached ones.
+        loaded = self._load_concrete(specialize_program(self._template, dict(key)))
+        with self._cache_lock:
+            self.specializations_made += 1
+            loaded = self._cache.setdefault(key, loaded)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return loaded
+
+    def _key(self, inputs: Sequence[Any] | Mapping[str, Any], as_shapes: bool) -> Bindings:
+        names = self.graph.inputs
+        if isinstance(inputs, Mapping):
+            unknown = sorted(set(inputs) - set(names))
+            missing = [n for n in names if n not in inputs]
+            if unknown or missing:
+                raise EdgerunError(f"inputs {sorted(inputs)} do not match the program's {names}")
+            values = [inputs[n] for n in names]
+        else:
+            if len(inputs) != len(names):
+                raise EdgerunError(f"the program takes {len(names)} inputs {names}, got {len(inputs)}")
+            values = list(inputs)
+        shapes = tuple(tuple(v) if as_shapes else np.shape(v) for v in values)
+        key = self._bound_shapes.get(shapes)
+        if key is None:  # binding checks every dimension in Python: done once per distinct set of shapes
+            key = tuple(sorted(bind_symbols(self.graph, dict(zip(names, shapes))).items()))
+            if len(self._bound_shapes) >= _MAX_REMEMBERED_SHAPES:
+                self._bound_shapes.clear()
+            self._bound_shapes[shapes] = key
+        return key

@@ -1,0 +1,120 @@
+"""SymDim: canonical forms, int-like arithmetic, the text round trip, evaluation and the clear refusals."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+from edgerun.errors import EdgerunError
+from edgerun.ir.dtypes import DType
+from edgerun.ir.symbolic import (
+    SymDim,
+    evaluate,
+    floordiv,
+    free_symbols,
+    substitute,
+    sym,
+    sym_max,
+    sym_min,
+)
+from edgerun.ir.symbolic_text import parse_dim
+from edgerun.ir.tensor_spec import TensorSpec
+
+seq, batch, h = sym("seq"), sym("batch"), sym("h")
+
+
+def test_equal_expressions_compare_and_hash_equal() -> None:
+    assert seq * batch == batch * seq and hash(seq * batch) == hash(batch * seq)
+    assert (seq + 1) * (seq - 1) == seq * seq - 1
+    assert 2 * seq - seq == seq
+    assert (seq * 4 + 6) // 2 == 2 * seq + 3
+    assert seq + 1 != seq and seq != batch
+    assert {seq + 2: "a"}[2 + seq] == "a"
+
+
+def test_arithmetic_that_comes_out_constant_is_a_plain_int() -> None:
+    for value, want in [(seq - seq, 0), ((seq * 4 + 6) % 2, 0), ((2 * seq + 3) % 2, 1), (seq * 0, 0),
+                        (sym_max(seq, seq + 3), None), (floordiv(12, 4), 3)]:
+        if want is None:
+            assert value == seq + 3
+        else:
+            assert type(value) is int and value == want
+
+
+def test_numpy_integers_mix_with_symbols() -> None:
+    assert np.int64(3) + seq == seq + 3
+    assert seq * np.int32(2) == 2 * seq
+
+
+@pytest.mark.parametrize("expr", [
+    seq, seq + 1, 2 * seq - 7, (h - 3) // 2 + 1, 2 * ((h - 3) // 2) * batch + seq * seq - 4, -seq, 3 - seq,
+    seq % 3, sym_max(seq, batch) * 3 - 1, sym_min(seq, batch + 2), (seq * batch) // (h + 1), seq // 2 // 3,
+])
+def test_text_round_trip(expr: SymDim) -> None:
+    text = str(expr)
+    back = parse_dim(text)
+    assert back == expr and hash(back) == hash(expr) and str(back) == text
+
+
+def test_text_reads_the_usual_way() -> None:
+    assert str((h - 3) // 2 + 1) == "((h - 3)//2) + 1"
+    assert str(2 * seq + 1) == "2*seq + 1"
+    assert parse_dim("  seq*2 +1 ") == 2 * seq + 1
+    assert parse_dim("17") == 17
+
+
+@pytest.mark.parametrize("text", ["seq +", "seq)", "2**seq", "__import__('os')", "max(seq)", "1e3", "seq; 1",
+                                  "(" * 100 + "seq" + ")" * 100, "s" * 5000])
+def test_parse_refuses_malformed_text_without_eval(text: str) -> None:
+    with pytest.raises(EdgerunError):
+        parse_dim(text)
+
+
+def test_evaluate_and_substitute() -> None:
+    expr = (h - 3) // 2 + 1
+    assert evaluate(expr, {"h": 11}) == 5
+    assert evaluate(sym_max(seq, batch) * 2, {"seq": 3, "batch": 5}) == 10
+    assert evaluate(seq % 4, {"seq": 10}) == 2
+    assert evaluate(7, {}) == 7
+    assert substitute(seq * batch, {"seq": 2}) == 2 * batch
+    assert free_symbols(seq * batch + h) == {"seq", "batch", "h"}
+    with pytest.raises(EdgerunError, match="no value for symbol 'batch'"):
+        evaluate(seq * batch, {"seq": 2})
+
+
+def test_concrete_uses_name_the_symbol() -> None:
+    with pytest.raises(EdgerunError, match="symbolic dimension 'seq' used where a concrete size is needed"):
+        int(seq)
+    with pytest.raises(EdgerunError, match="'seq'"):
+        np.zeros((seq, 2))
+    with pytest.raises(EdgerunError, match="truth value"):
+        bool(seq - 1)
+    with pytest.raises(EdgerunError, match="cannot decide"):
+        _ = seq < batch
+    assert seq + 1 > seq and seq <= seq
+
+
+def test_symbols_are_validated() -> None:
+    for bad in ["1x", "max", "a-b", ""]:
+        with pytest.raises(EdgerunError, match="invalid symbol name"):
+            sym(bad)
+
+
+def test_copy_and_pickle_keep_identity_of_value() -> None:
+    expr = (h - 3) // 2 + batch
+    assert copy.deepcopy([expr])[0] == expr
+    assert pickle.loads(pickle.dumps(expr)) == expr
+
+
+def test_tensor_spec_holds_symbols_and_json_round_trips() -> None:
+    spec = TensorSpec((batch, seq * 2, 8), DType.float32)
+    assert not spec.is_static and TensorSpec((2, 3), DType.float32).is_static
+    assert spec.numel == batch * seq * 16
+    assert str(spec) == "float32[batch,2*seq,8]"
+    as_json = spec.to_json()
+    assert as_json == {"shape": [{"sym": "batch"}, {"sym": "2*seq"}, 8], "dtype": "float32"}
+    assert TensorSpec.from_json(as_json) == spec
+    assert TensorSpec((np.int64(2), 3), DType.int8).shape == (2, 3)
