@@ -26,6 +26,7 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
+    EXTERNAL_CONSTANT_BYTES,
     ONNX_DTYPE,
     OPSET,
     SUPPORTED,
@@ -45,8 +46,6 @@ DEFAULT_THREADS = 2
 SMALL_PARTITION_FLOPS = 2e6
 # With a spinning pool, a small partition still uses it when its ops average at least this much work.
 SPIN_POOL_NODE_FLOPS = 2e4
-# Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
-EXTERNAL_CONSTANT_BYTES = 1024
 
 
 class OnnxRuntimeBackend(Backend):
@@ -127,6 +126,9 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
             inits.append(_external_placeholder(name, value))
         else:
             inits.append(b.numpy_helper.from_array(np.ascontiguousarray(value), name))
+    for name, value in b.large.items():
+        external[name] = value
+        inits.append(_external_placeholder(name, value))
 
     def info(v: str) -> Any:
         spec = subgraph.specs[v]
