@@ -18,7 +18,7 @@ GGUF-packed weights stay packed (see `packed_linear`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -44,7 +44,7 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 
 
 class _StepBuilder:
-    def __init__(self, config: LlamaArchitecture, weights: dict[str, Weight], chunk: int, context: int,
+    def __init__(self, config: LlamaArchitecture, weights: Mapping[str, Weight], chunk: int, context: int,
                  all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]]) -> None:
         self.shared = shared
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
@@ -229,7 +229,7 @@ class _StepBuilder:
         return g
 
 
-def step_graph(config: LlamaArchitecture, weights: dict[str, Weight], *, chunk: int, context: int,
+def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
                all_logits: bool = False, int8_activations: bool = False,
                shared: dict[str, list[Int4Operands]] | None = None) -> Graph:
     """The step program for `chunk` tokens against a cache of `context` positions.
