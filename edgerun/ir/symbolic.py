@@ -62,8 +62,7 @@ def _atom_text(atom: _Atom) -> str:
 
 def _factor_text(d: Dim) -> str:
     text = _text(d)
-    single_atom = isinstance(d, SymDim) and len(d._terms) == 1 and d._terms[0][1] == 1 and len(d._terms[0][0]) == 1
-    return text if (isinstance(d, int) and d >= 0) or single_atom else f"({text})"
+    return text if (isinstance(d, int) and d >= 0) or _single_atom(d) is not None else f"({text})"
 
 
 def _text(d: Dim) -> str:
@@ -278,6 +277,13 @@ def _from_text(text: str) -> Dim:
     return parse_dim(text)
 
 
+def _single_atom(d: Dim) -> _Atom | None:
+    """The atom when d is exactly one atom (coefficient 1, no other term), else None."""
+    if isinstance(d, SymDim) and len(d._terms) == 1 and d._terms[0][1] == 1 and len(d._terms[0][0]) == 1:
+        return d._terms[0][0][0]
+    return None
+
+
 def _atom_dim(atom: _Atom) -> SymDim:
     return SymDim((((atom,), 1),))
 
@@ -321,6 +327,11 @@ def floordiv(a: Dim, b: Dim) -> Dim:
         if all(c % b == 0 for c in terms.values()):
             # a = b*P + k with P an integer expression, so floor(a / b) = P + floor(k / b).
             return SymDim._from_terms({m: c // b for m, c in terms.items()}) + const // b
+        inner = _single_atom(a)
+        if b > 0 and inner is not None and inner.kind == "floordiv" and isinstance(inner.args[1], int) \
+                and inner.args[1] > 0:
+            # floor(floor(x / m) / n) = floor(x / (m n)) for positive m, n: strided convs stack like this.
+            return floordiv(inner.args[0], inner.args[1] * b)
     else:
         quotient = exact_quotient(a, b)
         if quotient is not None:

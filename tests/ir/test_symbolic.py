@@ -31,6 +31,7 @@ def test_equal_expressions_compare_and_hash_equal() -> None:
     assert (seq + 1) * (seq - 1) == seq * seq - 1
     assert 2 * seq - seq == seq
     assert (seq * 4 + 6) // 2 == 2 * seq + 3
+    assert ((h - 1) // 2) // 2 // 2 == (h - 1) // 8  # stacked stride-2 convolutions, as torch writes them
     assert seq + 1 != seq and seq != batch
     assert {seq + 2: "a"}[2 + seq] == "a"
 

@@ -25,7 +25,15 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
-from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, ONNX_DTYPE, OPSET, SUPPORTED, OnnxBuilder, reads
+from edgerun.backends.onnxruntime.onnx_ops import (
+    COMPOSITES,
+    EXTERNAL_CONSTANT_BYTES,
+    ONNX_DTYPE,
+    OPSET,
+    SUPPORTED,
+    OnnxBuilder,
+    reads,
+)
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes
 from edgerun.errors import UnsupportedOpError
@@ -38,8 +46,6 @@ DEFAULT_THREADS = 2
 SMALL_PARTITION_FLOPS = 2e6
 # With a spinning pool, a small partition still uses it when its ops average at least this much work.
 SPIN_POOL_NODE_FLOPS = 2e4
-# Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
-EXTERNAL_CONSTANT_BYTES = 1024
 
 
 class OnnxRuntimeBackend(Backend):
@@ -118,6 +124,9 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
             inits.append(_external_placeholder(name, value))
         else:
             inits.append(b.numpy_helper.from_array(np.array(value, order="C", copy=None), name))  # keeps 0-d 0-d
+    for name, value in b.large.items():
+        external[name] = value
+        inits.append(_external_placeholder(name, value))
 
     def info(v: str) -> Any:
         spec = subgraph.specs[v]

@@ -70,6 +70,8 @@ def _emit_body(b: OnnxBuilder, body: Graph, prefix: str, bind: Sequence[str]) ->
         emit_node(child, inner_node)
     outs = [child.node("Identity", [v], [f"{prefix}out{j}"]) for j, v in enumerate(child.graph.outputs)]
     inits = list(child.initializers)
+    # Large made-up constants go to the top-level model as external OrtValues; a body serialises its own.
+    inits += [b.numpy_helper.from_array(np.array(value, order="C"), name) for name, value in child.large.items()]
     inits += [b.numpy_helper.from_array(np.array(value, order="C"), name)  # ascontiguousarray makes 0-d 1-d
               for name, value in child.graph.constants.items()]
     return child.nodes, inits, outs

@@ -3,7 +3,7 @@
 quantize_linear / dequantize_linear -> QuantizeLinear / DequantizeLinear (per tensor or one axis);
 dynamic_quantize (uint8, per tensor) -> DynamicQuantizeLinear; matmul_integer -> MatMulInteger;
 conv_integer -> ConvInteger (per-tensor weight zero point: ORT refuses per-channel); matmul_int4 ->
-com.microsoft MatMulNBits. requantize is claimed in its float32 arithmetic only (ORT's; the exact one can be
+com.microsoft MatMulNBits (accuracy_level 4 for int8 activations). requantize is claimed in its float32 arithmetic only (ORT's; the exact one can be
 a step away): alone it is Cast -> Mul -> QuantizeLinear(scale 1), and after conv_integer (+ an int32 bias
 add) the three become one QLinearConv, ORT's fast integer convolution, with x_scale = y_scale = 1 and the
 multiplier as w_scale, so ORT's x_scale * w_scale / y_scale is the multiplier itself, bit for bit.
@@ -149,8 +149,10 @@ def _matmul_int4(b: OnnxBuilder, node: Node) -> None:
         if zp.dtype == np.uint8:  # two per byte, each row padded to whole bytes
             zp = pack_int4(np.pad(zp, ((0, 0), (0, blocks % 2))))
         ins.append(b.const(np.ascontiguousarray(zp.reshape(-1)), "zero_points"))
+    # accuracy_level 4: MLAS rounds the input to int8 per block first, which is what activations="int8" says.
+    int8 = node.attrs.get("activations", "float") == "int8"
     b.node("MatMulNBits", ins, list(node.outputs), domain=MS_DOMAIN, K=int(node.attrs["k"]), N=n, bits=4,
-           block_size=int(node.attrs["group_size"]))
+           block_size=int(node.attrs["group_size"]), **({"accuracy_level": 4} if int8 else {}))
 
 
 def _requantize_ok(node: Node, graph: Graph) -> bool:
