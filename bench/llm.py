@@ -1,12 +1,18 @@
 """LLM speed on SmolLM2-135M-Instruct (Q4_1 GGUF): prefill tokens/s on a 128-token prompt, decode tokens/s
 over 128 new tokens (greedy), and peak RSS, each runtime in its own process with the same thread count.
 
-Runtimes: edgerun (weights dequantized to float32, reference backend, static prefill/decode programs),
-torch eager (transformers on the same GGUF, float32), and llama.cpp (`llama-cpp-python` on the same GGUF,
-bench-only: requirements-bench.txt does not carry it because it builds from source for 10-16 minutes;
-when it is not installed its row says "not measured").
+Runtimes:
+- edgerun: the GGUF's Q4_1/Q8_0 weights packed (matmul_int4; decode rounds their inputs to int8 per group),
+  static prefill/decode programs placed by the load-time search (`backends="auto"`); `--edgerun-backends`
+  changes that. edgerun-f32: the same with the weights dequantized to float32 (`dequantize=True`).
+- torch: transformers on the same GGUF (float32), eager.
+- llama.cpp, llama.cpp-fa (flash attention on): `llama-cpp-python` on the same GGUF, built from its source
+  distribution with -DGGML_NATIVE=ON into a separate bench-only venv by scripts/setup-bench-llm.sh (10-16
+  minutes; not part of `make test`). Its worker runs under that venv's python ($BENCH_LLM_VENV, default
+  .venv-bench-llm) and imports nothing but llama_cpp; without it the rows say "not measured".
 
     .venv/bin/python bench/llm.py [--threads 2] [--prompt-tokens 128] [--new-tokens 128] [--repeat 3]
+        [--runtimes edgerun,torch,llama.cpp,llama.cpp-fa]
 
 Writes bench/results/llm.json. Figures depend on machine load: the table prints the load average.
 """
@@ -24,7 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-RUNTIMES = ("edgerun", "torch", "llama.cpp")
+RUNTIMES = ("edgerun", "edgerun-f32", "torch", "llama.cpp", "llama.cpp-fa")
+DEFAULT_RUNTIMES = ("edgerun", "torch", "llama.cpp", "llama.cpp-fa")
+BENCH_VENV = os.environ.get("BENCH_LLM_VENV", str(Path(__file__).resolve().parents[1] / ".venv-bench-llm"))
 TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
         "movable metal type, oil-based ink and a screw press adapted from wine making. Within fifty years "
         "presses were running in more than two hundred cities across Europe, and the price of books fell so "
@@ -59,11 +67,13 @@ def peak_rss_mb() -> float:
 
 # ---- workers (one runtime per process) ----------------------------------------------------------------------
 
-def work_edgerun(ids: list[int], new: int, repeat: int, threads: int) -> dict[str, float]:
+def work_edgerun(args: argparse.Namespace, ids: list[int], dequantize: bool = False) -> dict[str, float]:
     import edgerun.llm
 
+    new, repeat = args.new_tokens, args.repeat
+    backends = args.edgerun_backends if args.edgerun_backends == "auto" else args.edgerun_backends.split(",")
     start = time.perf_counter()
-    model = edgerun.llm.load(gguf_path(), dequantize=True, context=512, chunk=64)
+    model = edgerun.llm.load(args.gguf, dequantize=dequantize, context=512, chunk=args.chunk, backends=backends)
     load_s = time.perf_counter() - start
     model.next_logits(ids)  # warm-up
     prefill = []
@@ -77,14 +87,18 @@ def work_edgerun(ids: list[int], new: int, repeat: int, threads: int) -> dict[st
             "decode_tok_s": new / result.decode_seconds}
 
 
-def work_torch(ids: list[int], new: int, repeat: int, threads: int) -> dict[str, float]:
+def work_edgerun_f32(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
+    return work_edgerun(args, ids, dequantize=True)
+
+
+def work_torch(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
     import warnings
 
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    torch.set_num_threads(threads)
-    path = gguf_path()
+    new, repeat, path = args.new_tokens, args.repeat, args.gguf
+    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -110,11 +124,14 @@ def work_torch(ids: list[int], new: int, repeat: int, threads: int) -> dict[str,
     return {"load_s": load_s, "prefill_s": statistics.median(prefill), "decode_tok_s": new / decode_s}
 
 
-def work_llama_cpp(ids: list[int], new: int, repeat: int, threads: int) -> dict[str, float]:
-    from llama_cpp import Llama
+def work_llama_cpp(args: argparse.Namespace, ids: list[int], flash_attn: bool = False) -> dict[str, float]:
+    import numpy as np
+    from llama_cpp import Llama  # the bench venv's: this worker imports nothing of edgerun
 
+    new, repeat, threads = args.new_tokens, args.repeat, args.threads
     start = time.perf_counter()
-    llm = Llama(gguf_path(), n_ctx=512, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
+    llm = Llama(args.gguf, n_ctx=512, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
+                flash_attn=flash_attn)
     load_s = time.perf_counter() - start
     prefill = []
     for _ in range(repeat + 1):
@@ -122,26 +139,33 @@ def work_llama_cpp(ids: list[int], new: int, repeat: int, threads: int) -> dict[
         t = time.perf_counter()
         llm.eval(ids)
         prefill.append(time.perf_counter() - t)
+    vocab = llm.n_vocab()
+    # The last token's logits (llama-cpp-python fills `scores` only with logits_all=True).
+    last_logits = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))  # noqa: E731
     t = time.perf_counter()
     for _ in range(new):
-        token = int(llm.scores[llm.n_tokens - 1].argmax())
-        llm.eval([token])
+        llm.eval([int(last_logits().argmax())])
     decode_s = time.perf_counter() - t
     return {"load_s": load_s, "prefill_s": statistics.median(prefill[1:]), "decode_tok_s": new / decode_s}
 
 
-WORKERS = {"edgerun": work_edgerun, "torch": work_torch, "llama.cpp": work_llama_cpp}
+def work_llama_cpp_fa(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
+    return work_llama_cpp(args, ids, flash_attn=True)
+
+
+WORKERS = {"edgerun": work_edgerun, "edgerun-f32": work_edgerun_f32, "torch": work_torch,
+           "llama.cpp": work_llama_cpp, "llama.cpp-fa": work_llama_cpp_fa}
 
 
 def worker_main(args: argparse.Namespace) -> None:
     ids = json.loads(args.ids)
-    if args.worker == "edgerun":
+    if args.worker.startswith("edgerun"):
         try:  # one BLAS thread pool of the requested size (the env var is set too, before numpy loads)
             from threadpoolctl import threadpool_limits
             threadpool_limits(args.threads)
         except ImportError:
             pass
-    out = WORKERS[args.worker](ids, args.new_tokens, args.repeat, args.threads)
+    out = WORKERS[args.worker](args, ids)
     out["prefill_tok_s"] = len(ids) / out["prefill_s"]
     out["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(out), flush=True)
@@ -150,15 +174,17 @@ def worker_main(args: argparse.Namespace) -> None:
 # ---- driver -------------------------------------------------------------------------------------------------
 
 def run_worker(runtime: str, ids: list[int], args: argparse.Namespace) -> dict[str, object]:
-    if runtime == "llama.cpp":
-        import importlib.util
-
-        if importlib.util.find_spec("llama_cpp") is None:
-            return {"status": "not measured: llama-cpp-python is not installed"}
+    python = sys.executable
+    if runtime.startswith("llama.cpp"):
+        python = os.path.join(BENCH_VENV, "bin", "python")
+        found = os.path.exists(python) and subprocess.run([python, "-c", "import llama_cpp"]).returncode == 0
+        if not found:
+            return {"status": f"not measured: no llama-cpp-python in {BENCH_VENV} (scripts/setup-bench-llm.sh)"}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
-           "MKL_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, __file__, "--worker", runtime, "--ids", json.dumps(ids), "--threads", str(args.threads),
-           "--new-tokens", str(args.new_tokens), "--repeat", str(args.repeat)]
+           "MKL_NUM_THREADS": str(args.threads), "EDGERUN_ORT_THREADS": str(args.threads)}
+    cmd = [python, __file__, "--worker", runtime, "--ids", json.dumps(ids), "--threads", str(args.threads),
+           "--new-tokens", str(args.new_tokens), "--repeat", str(args.repeat), "--gguf", gguf_path(),
+           "--chunk", str(args.chunk), "--edgerun-backends", args.edgerun_backends]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -172,7 +198,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3, help="prefill repeats (median)")
-    parser.add_argument("--runtimes", default=",".join(RUNTIMES))
+    parser.add_argument("--runtimes", default=",".join(DEFAULT_RUNTIMES), help=f"some of {','.join(RUNTIMES)}")
+    parser.add_argument("--chunk", type=int, default=128, help="edgerun's prefill program length")
+    parser.add_argument("--edgerun-backends", default="auto", help="'auto' or a comma-separated list")
+    parser.add_argument("--gguf", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
     parser.add_argument("--ids", help=argparse.SUPPRESS)
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "llm.json"))
@@ -189,19 +218,20 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct Q4_1 GGUF, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
           f"{args.threads} threads; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'runtime':<10} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} {'load s':>7}")
+    print(f"{'runtime':<13} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} {'load s':>7}")
     for name, row in rows.items():
         if row["status"] != "ok":
-            print(f"{name:<10} {row['status']}")
+            print(f"{name:<13} {row['status']}")
             continue
-        print(f"{name:<10} {row['prefill_tok_s']:>14.1f} {row['decode_tok_s']:>13.1f} {row['peak_rss_mb']:>12.0f} "
+        print(f"{name:<13} {row['prefill_tok_s']:>14.1f} {row['decode_tok_s']:>13.1f} {row['peak_rss_mb']:>12.0f} "
               f"{row['load_s']:>7.1f}")
-    base = rows.get("torch", {})
     ours = rows.get("edgerun", {})
-    if base.get("status") == "ok" and ours.get("status") == "ok":
-        print(f"edgerun / torch eager: prefill {ours['prefill_tok_s'] / base['prefill_tok_s']:.2f}x, "
-              f"decode {ours['decode_tok_s'] / base['decode_tok_s']:.2f}x, "
-              f"peak RSS {ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}x")
+    for peer in ("torch", "llama.cpp", "llama.cpp-fa"):
+        base = rows.get(peer, {})
+        if base.get("status") == "ok" and ours.get("status") == "ok":
+            print(f"edgerun / {peer}: prefill {ours['prefill_tok_s'] / base['prefill_tok_s']:.2f}x, "
+                  f"decode {ours['decode_tok_s'] / base['decode_tok_s']:.2f}x, "
+                  f"peak RSS {ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}x")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps({
         "machine": platform.platform(), "python": platform.python_version(), "threads": args.threads,

@@ -1,15 +1,22 @@
-"""int8 CNNs and MiniLM: edgerun's int8 programs against float and against ONNX Runtime's int8.
+"""int8 CNNs and MiniLM: edgerun's int8 programs against the float and the int8 peers.
 
     .venv/bin/python bench/quant_speed.py [--models resnet18 resnet50 mobilenet_v2 minilm] [--size 224]
-                                           [--calibration 32] [--runs 10] [--threads 2] [--out NAME.json]
+                                           [--calibration 32] [--runs 10] [--rounds 1] [--threads 2]
+                                           [--observer minmax] [--out NAME.json]
 
-Per model: the float program (edgerun.export) and its int8-static quantization (calibrated on
---calibration natural images, reduce_range so the ONNX Runtime delegate runs the integer layers exactly);
-the same torch module as ONNX and ONNX Runtime's quantize_static of it (QDQ, per-channel, same calibration
-images); for `minilm`, int8-dynamic against ONNX Runtime's quantize_dynamic. Each runtime times in its
-own process (`--worker`): edgerun with backends="auto" (the search places nodes on ONNX Runtime or the
-reference) and with ONNX Runtime first, and ONNX Runtime on the .onnx files. Prints medians, peak RSS, file
-sizes, SQNR of each int8 output against float, and ratios; writes bench/results/quant_speed.json (--out).
+Per CNN, from one torch module and the same --calibration natural images:
+- edgerun: the float program (edgerun.export) and its int8-static quantization (reduce_range, so the ONNX
+  Runtime delegate runs every layer exactly: QLinearConv), run with backends="auto" and ONNX Runtime first;
+- ONNX Runtime: the module as ONNX, and quantize_static of it (QDQ, per-channel weights);
+- ExecuTorch: XNNPACK-lowered float, and PT2E with XNNPACKQuantizer (symmetric, per-channel) lowered to XNNPACK;
+- MNN: the ONNX file converted, and its offline int8 quantization (`_tools.mnnquant`, KL, MAX_ABS weights)
+  when the tool completes (it runs in a child process: it aborts on some setups).
+For `minilm`: int8-dynamic against ONNX Runtime's quantize_dynamic.
+
+Each runtime times in its own process (`--worker`). With --rounds R every runtime is run once per round,
+interleaved, and the ratios are the medians of each round's ratios (side by side, so a busy machine slows
+both sides alike). Prints medians, peak RSS, file sizes, each int8 output's SQNR against the float module on a
+held-out image, and ratios; writes bench/results/quant_speed.json (--out).
 """
 
 from __future__ import annotations
@@ -38,9 +45,13 @@ def worker(runtime: str, path: str, inputs_path: str, runs: int, threads: int) -
     with np.load(inputs_path) as data:
         xs = [np.ascontiguousarray(data[f"arr_{k}"]) for k in range(len(data.files))]
     start = time.perf_counter()
-    if runtime.startswith("edgerun"):
+    if runtime in ("executorch", "mnn"):
+        from peer_worker import RUNTIMES  # bench/ is this script's directory
+
+        run = RUNTIMES[runtime](str(Path(path).with_suffix("")), xs, threads)
+    elif runtime.startswith("edgerun"):
         os.environ["EDGERUN_ORT_THREADS"] = str(threads)
-        from edgerun.runtime import load
+        from edgerun import load  # the search's load: resolves backends="auto"
         model = load(path, backends="auto" if runtime == "edgerun" else ["onnxruntime", "reference"])
 
         def run() -> Any:
@@ -55,8 +66,11 @@ def worker(runtime: str, path: str, inputs_path: str, runs: int, threads: int) -
         def run() -> Any:
             return session.run(None, feed)
     load_s = time.perf_counter() - start
-    for _ in range(2):
-        run()
+    first = run()
+    while isinstance(first, (list, tuple)):
+        first = first[0]
+    np.save(f"{path}.{runtime}.out.npy", np.asarray(first, np.float32))  # the parent's SQNR
+    run()
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -91,7 +105,64 @@ def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(ref64 ** 2) / max(np.sum((ref64 - got) ** 2), 1e-30)))
 
 
-def prepare(name: str, size: int, n_cal: int, workdir: Path) -> dict[str, Any]:
+def _executorch(module: Any, x: Any, calibration: np.ndarray | None, path: Path) -> None:
+    """XNNPACK-lowered .pte: float, or PT2E-quantized with XNNPACKQuantizer calibrated on `calibration`."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    exported = torch.export.export(module, (x,))
+    if calibration is not None:
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        prepared = prepare_pt2e(exported.module(), quantizer)
+        with torch.no_grad():
+            for i in range(len(calibration)):
+                prepared(torch.from_numpy(calibration[i:i + 1]))
+        exported = torch.export.export(convert_pt2e(prepared), (x,))
+    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
+    path.write_bytes(program.buffer)
+
+
+_MNN_QUANT = """
+import json, sys, _tools
+_tools.mnnquant(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+
+
+def _mnn(onnx_path: Path, calibration: np.ndarray, workdir: Path, name: str) -> str:
+    """name.mnn from the ONNX file and, if MNN's offline quantizer completes, name-int8.mnn; '' or the error."""
+    import _tools  # MNN's converter binding (never MNN.tools: its usage logger)
+
+    from edgerun.zoo.inputs import IMAGENET_MEAN, IMAGENET_STD
+
+    _tools.mnnconvert(["mnnconvert", "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel",
+                       str(workdir / f"{name}.mnn"), "--bizCode", "edgerun-bench"])
+    images = workdir / f"{name}-calibration"
+    images.mkdir(exist_ok=True)
+    size = calibration.shape[-1]
+    for i, c in enumerate(calibration):  # back to 8-bit RGB pictures (binary PPM), MNN normalises them again
+        px = np.clip(np.rint((c * IMAGENET_STD[:, None, None] + IMAGENET_MEAN[:, None, None]) * 255), 0, 255)
+        (images / f"{i}.ppm").write_bytes(f"P6\n{size} {size}\n255\n".encode() + px.astype(np.uint8).transpose(1, 2, 0).tobytes())
+    config = {"format": "RGB", "mean": [float(v) for v in IMAGENET_MEAN * 255],
+              "normal": [float(v) for v in 1 / (IMAGENET_STD * 255)], "width": size, "height": size,
+              "path": f"{images}/", "used_image_num": len(calibration), "feature_quantize_method": "KL",
+              "weight_quantize_method": "MAX_ABS"}
+    (workdir / f"{name}.mnnquant.json").write_text(json.dumps(config))
+    out = subprocess.run([sys.executable, "-c", _MNN_QUANT, str(workdir / f"{name}.mnn"),
+                          str(workdir / f"{name}-int8.mnn"), str(workdir / f"{name}.mnnquant.json")],
+                         capture_output=True, text=True, timeout=1200)
+    if (workdir / f"{name}-int8.mnn").exists():
+        return ""
+    return "MNN's quantizer: " + ((out.stderr.strip().splitlines() or ["no output"])[-1][:150])
+
+
+def prepare(name: str, size: int, n_cal: int, workdir: Path, observer: str = "minmax") -> dict[str, Any]:
     import onnxruntime as ort
     import torch
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
@@ -110,7 +181,7 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path) -> dict[str, Any]:
     program = edgerun.export(module, (x,))
     program.save(workdir / f"{name}.edgerun")
     quantized, _ = quantize_with_report(program, "int8-static", {program.graph.inputs[0]: calibration[:, None]},
-                                        reduce_range=True, report_samples=0)
+                                        reduce_range=True, report_samples=0, observer=observer)
     quantized.save(workdir / f"{name}-int8.edgerun")
     quantize_s = time.perf_counter() - t
     torch.onnx.export(module, (x,), str(workdir / f"{name}.onnx"), input_names=["x"], opset_version=17, dynamo=False)
@@ -124,14 +195,19 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path) -> dict[str, Any]:
     quantize_static(str(workdir / f"{name}.onnx"), str(workdir / f"{name}-int8.onnx"), Reader(),
                     quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
+    _executorch(module, x, None, workdir / f"{name}.pte")
+    _executorch(module, x, calibration, workdir / f"{name}-int8.pte")
+    mnn_error = _mnn(workdir / f"{name}.onnx", calibration, workdir, name)
     test = natural_image(size, seed=2).numpy()
     ref = interpret(program.graph, [test])[0]
+    np.save(workdir / f"{name}.ref.npy", ref)
     ort_int8 = ort.InferenceSession(str(workdir / f"{name}-int8.onnx"), providers=["CPUExecutionProvider"])
     sizes = {k: os.path.getsize(workdir / f) / 1e6 for k, f in
-             (("float", f"{name}.edgerun"), ("int8", f"{name}-int8.edgerun"), ("onnx_int8", f"{name}-int8.onnx"))}
+             (("float", f"{name}.edgerun"), ("int8", f"{name}-int8.edgerun"), ("onnx_int8", f"{name}-int8.onnx"),
+              ("pte_int8", f"{name}-int8.pte")) if (workdir / f).exists()}
     return {"sqnr_db_edgerun_int8": _sqnr(ref, interpret(quantized.graph, [test])[0]),
             "sqnr_db_ort_int8": _sqnr(ref, ort_int8.run(None, {"x": test})[0]),
-            "file_mb": sizes, "quantize_s": quantize_s}
+            "file_mb": sizes, "quantize_s": quantize_s, "mnn_int8_error": mnn_error}
 
 
 def prepare_minilm(workdir: Path) -> dict[str, Any]:
@@ -157,6 +233,7 @@ def prepare_minilm(workdir: Path) -> dict[str, Any]:
     torch.onnx.export(module, args, str(workdir / "minilm.onnx"), input_names=names, opset_version=17, dynamo=False)
     quantize_dynamic(str(workdir / "minilm.onnx"), str(workdir / "minilm-int8.onnx"), weight_type=QuantType.QInt8)
     ref = interpret(program.graph, arrays)[0].ravel()
+    np.save(workdir / "minilm.ref.npy", ref)
     ours = interpret(quantized.graph, arrays)[0].ravel()
     peer = ort.InferenceSession(str(workdir / "minilm-int8.onnx"), providers=["CPUExecutionProvider"]).run(
         None, dict(zip(names, arrays)))[0].ravel()
@@ -167,6 +244,24 @@ def prepare_minilm(workdir: Path) -> dict[str, Any]:
             "file_mb": sizes}
 
 
+CNN_RUNS = (("edgerun", "float", "{m}.edgerun"), ("edgerun", "int8", "{m}-int8.edgerun"),
+            ("edgerun-ort", "int8", "{m}-int8.edgerun"), ("onnxruntime", "float", "{m}.onnx"),
+            ("onnxruntime", "int8", "{m}-int8.onnx"), ("executorch", "float", "{m}.pte"),
+            ("executorch", "int8", "{m}-int8.pte"), ("mnn", "float", "{m}.mnn"), ("mnn", "int8", "{m}-int8.mnn"))
+MINILM_RUNS = CNN_RUNS[:5]
+
+
+def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One round of one model: edgerun's faster int8 row against the fastest float and the fastest int8 peer."""
+    ok = [r for r in rows if "latency_ms" in r]
+    ours = min((r["latency_ms"] for r in ok if r["runtime"].startswith("edgerun") and r["precision"] == "int8"),
+               default=np.nan)
+    floats = [r["latency_ms"] for r in ok if r["precision"] == "float"]
+    peers = [r["latency_ms"] for r in ok if not r["runtime"].startswith("edgerun") and r["precision"] == "int8"]
+    return {"fastest_float_over_int8": min(floats, default=np.nan) / ours,
+            "int8_over_fastest_int8_peer": ours / min(peers, default=np.nan)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs=3, metavar=("RUNTIME", "PATH", "INPUTS"))
@@ -174,7 +269,9 @@ def main() -> int:
                         help="zoo CNNs (int8-static) and/or minilm (int8-dynamic against quantize_dynamic)")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--calibration", type=int, default=32)
+    parser.add_argument("--observer", default="minmax", help="edgerun's int8-static activation observer")
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of every runtime")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="quant_speed.json", help="file name under bench/results/")
     args = parser.parse_args()
@@ -182,43 +279,58 @@ def main() -> int:
         print("QUANT_RESULT " + json.dumps(worker(*args.worker, args.runs, args.threads)), flush=True)
         return 0
     rows: list[dict[str, Any]] = []
+    rounds: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in args.models:
-            info = prepare_minilm(work) if name == "minilm" else prepare(name, args.size, args.calibration, work)
+            info = prepare_minilm(work) if name == "minilm" else prepare(name, args.size, args.calibration, work,
+                                                                          args.observer)
             inputs = work / f"{name}.inputs.npz"
-            for runtime, precision, file in (("edgerun", "float", f"{name}.edgerun"),
-                                             ("edgerun", "int8", f"{name}-int8.edgerun"),
-                                             ("edgerun-ort", "int8", f"{name}-int8.edgerun"),
-                                             ("onnxruntime", "float", f"{name}.onnx"),
-                                             ("onnxruntime", "int8", f"{name}-int8.onnx")):
-                r = _spawn(runtime, work / file, inputs, args.runs, args.threads)
-                rows.append({"model": name, "runtime": runtime, "precision": precision, **r, **info})
-    print(f"{'model':14s} {'runtime':12s} {'prec':5s} {'median ms':>10s} {'RSS MB':>8s}")
+            ref = np.load(work / f"{name}.ref.npy")
+            per_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for _ in range(args.rounds):
+                this_round = []
+                for runtime, precision, pattern in MINILM_RUNS if name == "minilm" else CNN_RUNS:
+                    file = work / pattern.format(m=name)
+                    if not file.exists():
+                        r: dict[str, Any] = {"error": info.get("mnn_int8_error") or f"no {file.name}"}
+                    else:
+                        r = _spawn(runtime, file, inputs, args.runs, args.threads)
+                        out = Path(f"{file}.{runtime}.out.npy")
+                        if out.exists():
+                            r["sqnr_db"] = _sqnr(ref.ravel(), np.load(out).ravel()) if precision == "int8" else None
+                    r.update(runtime=runtime, precision=precision)
+                    this_round.append(r)
+                    per_run.setdefault((runtime, precision), []).append(r)
+                rounds.setdefault(name, []).append(_ratios(this_round))
+            for rs in per_run.values():
+                ok = [r for r in rs if "latency_ms" in r]
+                merged = dict(rs[-1])
+                if ok:
+                    merged["latency_ms"] = statistics.median(r["latency_ms"] for r in ok)
+                    merged["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+                rows.append({"model": name, **merged, **{k: v for k, v in info.items() if k != "mnn_int8_error"}})
+    print(f"{'model':14s} {'runtime':12s} {'prec':5s} {'median ms':>10s} {'RSS MB':>8s} {'SQNR dB':>8s}")
     for r in rows:
         ms = f"{r['latency_ms']:10.1f}" if "latency_ms" in r else f"{'error':>10s}"
-        print(f"{r['model']:14s} {r['runtime']:12s} {r['precision']:5s} {ms} {r.get('peak_rss_mb', 0):8.0f}"
+        sq = f"{r['sqnr_db']:8.1f}" if r.get("sqnr_db") is not None else f"{'':8s}"
+        print(f"{r['model']:14s} {r['runtime']:12s} {r['precision']:5s} {ms} {r.get('peak_rss_mb', 0):8.0f} {sq}"
               + (f"  {r['error']}" if "error" in r else ""))
-    print("\nratios use the faster edgerun int8 row (auto search or ONNX Runtime first); >1x: edgerun int8 is faster")
-    print(f"{'model':14s} {'int8/fastest float':>19s} {'int8/ORT int8':>14s} {'float MB':>9s} {'int8 MB':>8s} "
-          f"{'SQNR ours':>10s} {'SQNR ORT':>9s}")
+    print("\nratios: edgerun's faster int8 row (auto search or ONNX Runtime first), medians of the per-round ratios")
+    print(f"{'model':14s} {'fastest float/int8':>19s} {'int8/fastest int8 peer':>23s} {'float MB':>9s} {'int8 MB':>8s}")
+    summary = {}
     for name in args.models:
-        by = {(r["runtime"], r["precision"]): r for r in rows if r["model"] == name}
-        ours = min((r for k, r in by.items() if k[0].startswith("edgerun") and k[1] == "int8" and "latency_ms" in r),
-                   key=lambda r: r["latency_ms"], default=by[("edgerun", "int8")])
-        floats = [r["latency_ms"] for k, r in by.items() if k[1] == "float" and "latency_ms" in r]
-        if "latency_ms" not in ours or not floats:
-            continue
-        peer = by[("onnxruntime", "int8")].get("latency_ms")
-        sizes = ours["file_mb"]
-        print(f"{name:14s} {min(floats) / ours['latency_ms']:18.2f}x {(peer or np.nan) / ours['latency_ms']:13.2f}x "
-              f"{sizes['float']:9.1f} {sizes['int8']:8.1f} {ours['sqnr_db_edgerun_int8']:10.1f} "
-              f"{ours['sqnr_db_ort_int8']:9.1f}")
+        ratios = rounds.get(name, [])
+        a = float(np.nanmedian([r["fastest_float_over_int8"] for r in ratios])) if ratios else np.nan
+        b = float(np.nanmedian([r["int8_over_fastest_int8_peer"] for r in ratios])) if ratios else np.nan
+        sizes = next(r["file_mb"] for r in rows if r["model"] == name)
+        summary[name] = {"fastest_float_over_int8": a, "int8_over_fastest_int8_peer": b, "rounds": ratios}
+        print(f"{name:14s} {a:18.2f}x {b:22.2f}x {sizes['float']:9.1f} {sizes['int8']:8.1f}")
     load = os.getloadavg()
     results = RESULTS_DIR / args.out
     results.parent.mkdir(exist_ok=True)
     results.write_text(json.dumps({"args": vars(args), "machine": platform.processor() or platform.machine(),
-                                   "load_average": load, "rows": rows}, indent=1))
+                                   "load_average": load, "rows": rows, "ratios": summary}, indent=1))
     print(f"\nload average {load[0]:.1f}; wrote {results}")
     return 0
 

@@ -26,6 +26,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.region import copied_elements, regions_of
 from edgerun.ir.registry import OpKind, get_op
+from edgerun.ir.subgraphs import bodies_of, is_control_flow
 from edgerun.oracle.conv_algorithms import Work
 
 # Runs a partition: reads `inputs` (subgraph.inputs order) and writes every array in `outputs`
@@ -118,8 +119,17 @@ class Backend(ABC):
     composites: ClassVar[Mapping[str, OpSupport]] = {}
     # Runs any composite through its decomposition (the runtime lowers it after placement): the reference.
     runs_decomposed: ClassVar[bool] = False
+    # Control-flow ops (cond, while_loop, scan) this backend runs whole, bodies included, with the same kind
+    # of constraints as `supported`: it gets such a node only when it also supports every node of every body
+    # (at any depth), so a body never needs a second backend. The partitioner hands it the node with its
+    # bodies (the partition graph's `subgraphs`).
+    control_flow: ClassVar[Mapping[str, OpSupport]] = {}
 
     def supports(self, node: Node, graph: Graph) -> bool:
+        if is_control_flow(node.op):
+            return _fits(self.control_flow.get(node.op), node, graph) and all(
+                self.supports(inner, body) for body in bodies_of(node, graph)
+                                                        for inner in body.nodes)
         if is_composite(node.op):
             return self.runs_decomposed or self.keeps_whole(node, graph)
         return _fits(self.supported.get(node.op), node, graph)
@@ -235,7 +245,13 @@ _TRANSCENDENTAL_FLOPS = 8  # a polynomial evaluation, roughly; only the ratio to
 
 
 def node_work(node: Node, graph: Graph) -> tuple[float, float]:
-    """(elementary operations, bytes read + written) of one node (a composite: over its decomposition)."""
+    """(elementary operations, bytes read + written) of one node (a composite: over its decomposition; control
+    flow: the dearer cond branch, or one trip of a loop, whose count is known only at run time)."""
+    if is_control_flow(node.op):
+        per_body = [[node_work(n, body) for n in body.nodes] for body in bodies_of(node, graph)]
+        steps = int(node.attrs.get("length", 1)) if node.op == "scan" and type(node.attrs.get("length")) is int else 1
+        return (steps * max(sum(f for f, _ in w) for w in per_body),
+                steps * max(sum(b for _, b in w) for w in per_body))
     if is_composite(node.op):
         work = composite_work(node, graph)
         return work.flops, work.bytes_moved

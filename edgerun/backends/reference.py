@@ -43,6 +43,9 @@ class ReferenceBackend(Backend):
     supported = {op: OpSupport() for op in KERNELS}
     throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6)
     runs_decomposed = True  # every composite, through its decomposition (the runtime lowers it after placement)
+    # In the runtime its bodies load as programs of their own (runtime/control_flow.py); standalone
+    # (run_partition) the oracle walks them. A cond's left-out branch is the oracle's clear error when taken.
+    control_flow = {op: OpSupport() for op in ("cond", "while_loop", "scan")}
 
     def algorithm_choices(self, node: Node, graph: Graph) -> Sequence[AlgorithmChoice]:
         if node.op != "conv2d":
@@ -55,7 +58,7 @@ class ReferenceBackend(Backend):
 
     def compile_with_algorithms(self, subgraph: Graph, algorithms: Mapping[str, str]) -> CompiledPartition:
         for node in subgraph.nodes:
-            if node.op not in KERNELS:
+            if node.op not in KERNELS and node.op not in self.control_flow:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="no reference kernel (composite ops must be decomposed first)")
         binder = functools.partial(bind_node, algorithms=dict(algorithms)) if algorithms else bind_node
@@ -70,6 +73,7 @@ def bind_node(node: Node, arrays: Mapping[str, np.ndarray], algorithms: Mapping[
     """A call with no arguments computing `node` from and into the fixed `arrays` (name -> array).
 
     `algorithms` maps node names to the conv algorithm the search chose (conv_algorithms.CONV_ALGORITHMS).
+    A control-flow node is bound by the runtime (runtime/control_flow.py), which loads its bodies.
     """
     ins = [arrays[i] for i in node.inputs if i]
     outs = [arrays[o] for o in node.outputs]

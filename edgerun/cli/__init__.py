@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "edgerun.cli.accel",
     "edgerun.cli.quantize",
     "edgerun.cli.llm",
+    "edgerun.cli.web",
 )
 
 

@@ -67,6 +67,18 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _inspect_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
+    from edgerun.devtools.quant_inspect import compare_quantized
+
+    report = compare_quantized(loaded, load_graph(args.against), _inputs(args, loaded, required=False)[0],
+                               min_snr_db=args.min_snr)
+    print(report.table())
+    print(report.summary())
+    if args.json:
+        report.save(args.json)
+    return 0 if report.first_below is None else 1
+
+
 def _migrate(args: argparse.Namespace) -> int:
     from edgerun.devtools.carve import carve_to
     from edgerun.devtools.migrate import migrate
@@ -89,6 +101,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from edgerun.devtools.inspect import inspect_program
 
     loaded = load_graph(args.program)
+    if args.against:
+        return _inspect_against(args, loaded)
+    if not args.backend:
+        raise EdgerunError("inspect needs --backend (a backend against the reference) or --against FLOAT_PROGRAM")
     report = inspect_program(loaded, backend_from_spec(args.backend), _inputs(args, loaded)[0], ops=args.op,
                              nodes=args.node, tolerances=Tolerances.parse(args.tol))
     print(report.table())
@@ -180,7 +196,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("inspect", help="compare every intermediate with the reference; first divergent op")
     p.add_argument("program")
-    p.add_argument("--backend", required=True, help=backend_help)
+    p.add_argument("--backend", help=backend_help)
+    p.add_argument("--against", metavar="FLOAT_PROGRAM",
+                   help="compare a quantized program with its float source value by value (SQNR), not a backend")
+    p.add_argument("--min-snr", type=float, default=20.0, help="with --against: report the first value below this")
     p.add_argument("--op", action="append", help="place only these op types on the backend")
     p.add_argument("--node", action="append", help="place only these nodes on the backend")
     p.add_argument("--json", help="write the per-node comparison as JSON")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from typing import Any
 
 from edgerun.errors import EdgerunError
@@ -18,7 +17,11 @@ from edgerun.errors import EdgerunError
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a .gguf file, a Hugging Face model folder, or an exported bundle folder")
     p.add_argument("--context", type=int, default=None, help="KV-cache positions (default: min(model's, 2048))")
-    p.add_argument("--backends", default=None, help="runtime backends: 'auto' or a comma-separated list")
+    p.add_argument("--backends", default="auto",
+                   help="runtime backends: 'auto' (default: the load-time search places the programs) or a "
+                        "comma-separated list")
+    p.add_argument("--dequantize", action="store_true",
+                   help="run float32 weights instead of the GGUF's packed int4/int8 ones")
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -67,11 +70,10 @@ def _load(args: argparse.Namespace) -> Any:
     if backends and backends != "auto":
         backends = [b for b in backends.split(",") if b]
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the dequantized-weights note; said once below instead
-        model = edgerun.llm.load(args.model, dequantize=True, context=args.context, backends=backends)
-    print(f"[loaded {model.name} in {time.perf_counter() - start:.1f} s; weights run as float32 "
-          f"(packed int4 kernels not in edgerun yet); context {model.context}]", file=sys.stderr)
+    model = edgerun.llm.load(args.model, dequantize=args.dequantize, context=args.context, backends=backends)
+    packed = any(n.op == "matmul_int4" for n in model.runner.decode.graph.nodes)
+    print(f"[loaded {model.name} in {time.perf_counter() - start:.1f} s; weights "
+          f"{'packed (int4 matmuls)' if packed else 'float32'}; context {model.context}]", file=sys.stderr)
     return model
 
 

@@ -14,6 +14,8 @@ def ops_markdown() -> str:
         OpKind.ATOMIC: "Every backend implements these. The set is small on purpose; each says why it is here.",
         OpKind.RASTER: "The one data-movement op: strided 3-D regions copied from sources into one output.",
         OpKind.COMPOSITE: "Written once as a decomposition into atomic ops and raster; no backend needs a kernel.",
+        OpKind.CONTROL_FLOW: "Nodes that run closed subgraphs (`Graph.subgraphs`, named by attrs): a backend "
+                             "takes one whole, bodies included (`Backend.control_flow`), or not at all.",
     }
     for kind in OpKind:
         ops = all_ops(kind)

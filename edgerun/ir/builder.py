@@ -40,7 +40,8 @@ class Builder:
         return self.const(np.asarray(value, dtype=self.dtype(like).np))
 
     def emit_multi(self, op: str, inputs: list[str], **attrs: Any) -> list[str]:
-        specs = infer_specs(op, [self.graph.specs[i] if i else _ABSENT for i in inputs], attrs)
+        specs = infer_specs(op, [self.graph.specs[i] if i else _ABSENT for i in inputs], attrs,
+                            self.graph.subgraphs)
         return self.graph.add_node(op, inputs, specs, attrs, self.meta)
 
     def emit(self, op: str, inputs: list[str], **attrs: Any) -> str:

@@ -3,7 +3,9 @@
 A composite's decomposition is its semantics (registry.py), so lowering is a property of the IR, not a pass
 of its own: the pass pipeline, the oracle and the runtime all call `decompose`. `keep` names the composites
 to leave whole: at load time a backend that implements a composite claims it (Backend.keeps_whole) and the
-runtime decomposes everything else.
+runtime decomposes everything else. Bodies of control-flow nodes (Graph.subgraphs) are lowered too, with the
+same `keep`, unless `bodies=False` (the runtime's after-placement lowering: a control-flow node's backend
+runs its bodies whole, or the oracle lowers them when it runs them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ MAX_ROUNDS = 16  # decompositions may emit composites (split -> slice); nesting 
 KeepWhole = Callable[[Node, Graph], bool]  # (node, the graph it is in) -> leave it whole
 
 
-def decompose(graph: Graph, keep: KeepWhole | None = None, origins: dict[str, str] | None = None) -> bool:
+def decompose(graph: Graph, keep: KeepWhole | None = None, origins: dict[str, str] | None = None,
+              bodies: bool = True) -> bool:
     """Lower, in place, every composite node `keep` does not claim; True when anything changed.
 
     `origins`, when given, receives new node name -> name of the original node it was lowered from (the
@@ -35,11 +38,15 @@ def decompose(graph: Graph, keep: KeepWhole | None = None, origins: dict[str, st
     else:
         raise RuntimeError("decomposition did not converge; a decomposition emits its own op")
     graph.prune_specs()
+    if bodies:
+        for body in graph.subgraphs.values():
+            changed |= decompose(body, keep)
     return changed
 
 
-def has_composites(graph: Graph, keep: KeepWhole | None = None) -> bool:
-    return any(get_op(n.op).kind is OpKind.COMPOSITE and not (keep and keep(n, graph)) for n in graph.nodes)
+def has_composites(graph: Graph, keep: KeepWhole | None = None, bodies: bool = True) -> bool:
+    return any(get_op(n.op).kind is OpKind.COMPOSITE and not (keep and keep(n, graph)) for n in graph.nodes) \
+        or (bodies and any(has_composites(body, keep) for body in graph.subgraphs.values()))
 
 
 def restore_output_names(graph: Graph, names: Sequence[str]) -> None:
@@ -73,13 +80,14 @@ def restore_output_names(graph: Graph, names: Sequence[str]) -> None:
         graph.outputs[position] = wanted
 
 
-def decomposed(graph: Graph, keep: KeepWhole | None = None, origins: dict[str, str] | None = None) -> Graph:
+def decomposed(graph: Graph, keep: KeepWhole | None = None, origins: dict[str, str] | None = None,
+               bodies: bool = True) -> Graph:
     """A copy of `graph` with composites lowered (those `keep` claims excepted) and output names kept."""
-    if not has_composites(graph, keep):
+    if not has_composites(graph, keep, bodies):
         return graph
     names = list(graph.outputs)
     copy = graph.copy()
-    decompose(copy, keep, origins)
+    decompose(copy, keep, origins, bodies)
     restore_output_names(copy, names)
     return copy
 

@@ -46,6 +46,9 @@ class Graph:
     # the end of a call. A state value's name is the state's name.
     state_inputs: list[str] = field(default_factory=list)
     state_updates: dict[str, str] = field(default_factory=dict)
+    # Bodies of control-flow nodes (cond, while_loop, scan), by the name their node's attrs give. A body is
+    # closed: everything it reads is one of its inputs or constants (ir/subgraphs.py).
+    subgraphs: dict[str, Graph] = field(default_factory=dict)
     _counter: Iterator[int] = field(default_factory=itertools.count, repr=False, compare=False)
     # Symbolic dimensions (ir/symbolic.py) the specs may use: name -> inclusive (min, max). Empty for a
     # static graph; a graph with symbols is a template the runtime specialises per concrete shape.
@@ -106,12 +109,13 @@ class Graph:
         return dict(sorted(counts.items()))
 
     def weight_bytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.constants.values())
+        return sum(int(a.nbytes) for a in self.constants.values()) + sum(b.weight_bytes() for b in self.subgraphs.values())
 
     def copy(self) -> Graph:
         """A structural copy; constant arrays are shared (they are never mutated in place)."""
         g = Graph(list(self.inputs), list(self.outputs), copy.deepcopy(self.nodes), dict(self.specs),
-                  dict(self.constants), list(self.state_inputs), dict(self.state_updates))
+                  dict(self.constants), list(self.state_inputs), dict(self.state_updates),
+                  {k: body.copy() for k, body in self.subgraphs.items()})
         g.symbols = dict(self.symbols)
         return g
 

@@ -4,11 +4,13 @@ Three kinds (ARCHITECTURE.md):
 - ATOMIC: each backend implements it as a kernel.
 - RASTER: the single data-movement op (regions of offset + 3 strides in and out).
 - COMPOSITE: written once as a decomposition into atomic ops and raster; no backend needs a kernel.
+- CONTROL_FLOW: cond, while_loop, scan: nodes that run subgraphs (ops/control_flow_ops.py); a backend takes
+  one whole (Backend.control_flow) or not at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -19,16 +21,20 @@ from edgerun.ir.tensor_spec import TensorSpec
 
 if TYPE_CHECKING:
     from edgerun.ir.builder import Builder
+    from edgerun.ir.graph import Graph
 
 
 class OpKind(StrEnum):
     ATOMIC = "atomic"
     RASTER = "raster"
     COMPOSITE = "composite"
+    CONTROL_FLOW = "control_flow"
 
 
 ShapeRule = Callable[[list[TensorSpec], dict[str, Any]], list[TensorSpec]]
 Decomposition = Callable[["Builder", list[str], dict[str, Any]], list[str]]
+# The shape rule of a control-flow op also sees its bodies (in the order of OpDef.bodies).
+BodyShapeRule = Callable[[list[TensorSpec], dict[str, Any], Sequence["Graph | None"]], list[TensorSpec]]
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,10 @@ class OpDef:
     doc: str = ""
     # The family a backend can implement with one table-driven kernel (e.g. "unary", "binary").
     family: str = ""
+    # Control flow: the attrs naming the node's bodies (subgraphs of the graph holding the node), and the
+    # shape rule that reads them (then `infer` is never called).
+    bodies: tuple[str, ...] = ()
+    infer_with_bodies: BodyShapeRule | None = None
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -75,14 +85,29 @@ def all_ops(kind: OpKind | None = None) -> list[OpDef]:
     return [op for op in _REGISTRY.values() if kind is None or op.kind is kind]
 
 
-def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[TensorSpec]:
-    """Output specs of `op` applied to `inputs`; ValueError with a reason when they do not fit."""
+def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any],
+                subgraphs: Mapping[str, Graph] | None = None) -> list[TensorSpec]:
+    """Output specs of `op` applied to `inputs`; ValueError with a reason when they do not fit.
+
+    `subgraphs`: the bodies a control-flow node may name (its graph's `subgraphs`).
+    """
     d = get_op(op)
     n = len(inputs)
     if n < d.min_inputs or (d.max_inputs is not None and n > d.max_inputs):
         want = f"{d.min_inputs}" if d.max_inputs == d.min_inputs else f"{d.min_inputs}..{d.max_inputs or 'n'}"
         raise ValueError(f"{op} takes {want} inputs, got {n}")
     try:
+        if d.infer_with_bodies is not None:
+            bodies: list[Graph | None] = []
+            for key in d.bodies:
+                name = attrs.get(key)
+                if name == "":  # no body: a branch that cannot run at these shapes (the op's rule says if allowed)
+                    bodies.append(None)
+                elif not isinstance(name, str) or name not in (subgraphs or {}):
+                    raise ValueError(f"{op} attr {key!r} names subgraph {name!r}, which the graph does not have")
+                else:
+                    bodies.append((subgraphs or {})[name])
+            return d.infer_with_bodies(inputs, attrs, bodies)
         return d.infer(inputs, attrs)
     except SymbolicShapeError as exc:  # a rule that needs a concrete size: say which op asked
         raise SymbolicShapeError(f"{op}: {exc}") from None

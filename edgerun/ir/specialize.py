@@ -107,6 +107,7 @@ def specialize(graph: Graph, bindings: Mapping[str, int]) -> Graph:
     out.specs = {name: _concrete_spec(spec, bindings) for name, spec in graph.specs.items()}
     out.nodes = [Node(n.op, list(n.inputs), list(n.outputs), _concrete_attrs(n.attrs, bindings), dict(n.meta),
                       n.name) for n in graph.nodes]
+    out.subgraphs = {k: specialize(body, bindings) for k, body in graph.subgraphs.items()}  # control-flow bodies
     return out
 
 

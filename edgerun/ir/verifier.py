@@ -16,6 +16,12 @@ def _where(node: Node) -> str:
 
 def verify(graph: Graph, *, allow_composite: bool = True) -> None:
     """Raise VerificationError on the first broken invariant."""
+    # Bodies first: they are closed graphs, verified on their own, and their nodes' shape rules read them.
+    for name, body in graph.subgraphs.items():  # bodies are closed graphs: verified on their own
+        try:
+            verify(body, allow_composite=allow_composite)
+        except VerificationError as exc:
+            raise VerificationError(f"subgraph {name!r}: {exc}") from None
     defined: set[str] = set()
     for name in graph.inputs:
         if name in defined:
@@ -43,7 +49,8 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
             if i and i not in defined:
                 raise VerificationError(f"{_where(node)} reads {i!r} before it is defined (dangling or cycle)")
         try:
-            want = infer_specs(node.op, [graph.specs[i] if i else _ABSENT for i in node.inputs], node.attrs)
+            want = infer_specs(node.op, [graph.specs[i] if i else _ABSENT for i in node.inputs], node.attrs,
+                               graph.subgraphs)
         except (ValueError, KeyError, TypeError) as exc:
             raise VerificationError(f"{_where(node)}: {exc}") from None
         if len(want) != len(node.outputs):

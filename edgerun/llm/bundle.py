@@ -5,9 +5,9 @@
         decode.edgerun    the step program at one token
         llm.json          architecture, context, tokenizer (vocabulary, merges, specials), chat template
 
-Two program files each carry a copy of the float32 weights: one multi-method file sharing weights and a
-KV-cache state comes with the IR's state/multi-method support, and packed int4 weights with the quantized
-ops. Until then this is what exists; `edgerun.llm.load(folder)` runs it like the GGUF.
+The weights are the GGUF's, packed (matmul_int4), and each of the two files carries them: one multi-method
+file sharing weights and a KV-cache state waits on an IR op that writes rows at a run-time position
+(docs/llm.md says why). `edgerun.llm.load(folder)` runs the bundle like the GGUF.
 """
 
 from __future__ import annotations

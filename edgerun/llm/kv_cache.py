@@ -4,9 +4,11 @@
 or more tokens go through the prefill program in chunks of its length (the last chunk padded), single tokens
 through the decode program; each call's new key/value rows are written into the cache here.
 
-This is the part the state/multi-method issue replaces: with a KV-cache state in the program, the cache
-arrays, the copies in and out, and `_write_rows` disappear, and prefill/decode become two methods of one
-loaded program. The token bookkeeping (`tokens`, prefix reuse) stays.
+The cache is not copied into the decode program on every step: when the decode program's arena gives each
+cache input bytes of its own (no other value is ever planned over them; checked on the plan, `_resident`),
+the cache arrays *are* those input views, the new rows are written straight into them, and the runtime's
+copy of an input onto itself is skipped. A prefill chunk still copies the cache into its own program (once
+per chunk, not per token). When the plan shares the bytes, the cache is a separate array, copied per call.
 """
 
 from __future__ import annotations
@@ -25,8 +27,17 @@ class StepRunner:
                  chunk: int, context: int) -> None:
         self.config, self.prefill, self.decode, self.chunk, self.context = config, prefill, decode, chunk, context
         kv, hd = config.kv_heads, config.head_dim
-        self.k_cache = [np.zeros((kv, hd, context), np.float32) for _ in range(config.layers)]
-        self.v_cache = [np.zeros((kv, context, hd), np.float32) for _ in range(config.layers)]
+        names = [f"{kind}_cache_{i}" for i in range(config.layers) for kind in ("k", "v")]
+        resident = _resident(decode, names)
+        self.copies_cache = resident is None  # True: each decode step copies the cache into the program
+        if resident is None:
+            resident = {n: np.zeros(decode.input_specs[n].shape, np.float32) for n in names}
+        for cache in resident.values():
+            # Zeros, not whatever the arena held: masked slots get probability 0, and 0 * NaN would be NaN.
+            cache.fill(0)
+        self.k_cache = [resident[f"k_cache_{i}"] for i in range(config.layers)]
+        self.v_cache = [resident[f"v_cache_{i}"] for i in range(config.layers)]
+        assert all(c.shape == (kv, hd, context) for c in self.k_cache)
         self.tokens: list[int] = []  # what the cache holds, position by position
 
     @property
@@ -75,3 +86,17 @@ class StepRunner:
         for i in range(self.config.layers):
             self.k_cache[i][:, :, start:start + n] = rows[2 * i][:, :, :n]
             self.v_cache[i][:, start:start + n, :] = rows[2 * i + 1][:, :n, :]
+
+
+def _resident(program: LoadedProgram, names: list[str]) -> dict[str, np.ndarray] | None:
+    """The arena views of inputs `names` when no other buffer of the plan ever overlaps their bytes."""
+    plan, views = program.parts.plan, program.parts.views
+    mine = {plan.buffer_of(n) for n in names}
+    if any(n not in views or plan.buffer_of(n) not in plan.offsets for n in names):
+        return None
+    spans = {b: (plan.offsets[b], plan.offsets[b] + plan.buffers[b].nbytes) for b in plan.offsets}
+    for b in mine:
+        lo, hi = spans[b]
+        if any(o != b and s < hi and lo < e for o, (s, e) in spans.items()):
+            return None
+    return {n: views[n] for n in names}

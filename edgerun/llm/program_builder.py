@@ -3,19 +3,22 @@
 Static shapes for now, so the KV cache travels as program inputs and the new rows as outputs; the host
 (`kv_cache.py`) writes those rows into its cache arrays. Prefill is the step at a bucket length (the prompt
 padded, the padding never attended to by real tokens under the causal mask); decode is the step at T=1.
-When the IR gains state and multi-method programs, this module keeps the same graph and swaps the cache
-inputs/outputs for a state read and an in-place row write: the change is local to `_attention`'s cache
-plumbing and `step_graph`'s signature.
+When the IR gains an op writing rows at a run-time position (docs/llm.md: why the state/multi-method
+programs do not help the cache without one), this module keeps the same graph and swaps the cache
+inputs/outputs for a state read and an in-place row write, local to `attention` and `step_graph`.
 
 Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit),
          k_cache_{i} float32[kv_heads, head_dim, C] (keys stored transposed), v_cache_{i} float32[kv_heads, C, head_dim]
 Outputs: logits float32[vocab] (or [T, vocab] with all_logits), k_new_{i} [kv_heads, head_dim, T],
          v_new_{i} [kv_heads, T, head_dim]
 
-Cache slots at positions >= start are masked out, so their contents never matter.
+Cache slots at positions >= start are masked out (they must hold finite values: 0 * NaN is NaN).
+GGUF-packed weights stay packed (see `packed_linear`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -24,8 +27,10 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.llm.architecture import LlamaArchitecture
+from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_operands, int8_as_two_int4
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+Weight = np.ndarray | PackedWeight
 
 
 def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,9 +44,11 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 
 
 class _StepBuilder:
-    def __init__(self, config: LlamaArchitecture, weights: dict[str, np.ndarray], chunk: int, context: int,
-                 all_logits: bool) -> None:
+    def __init__(self, config: LlamaArchitecture, weights: Mapping[str, Weight], chunk: int, context: int,
+                 all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]]) -> None:
+        self.shared = shared
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
+        self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
         self.b = Builder(self.g)
         self._transposed: dict[str, str] = {}
@@ -51,20 +58,91 @@ class _StepBuilder:
         if name not in self._transposed:
             data = self.w.get(name + ".T")
             if data is None:
-                data = np.ascontiguousarray(self.w[name].T)
+                w = self.w[name]
+                data = np.ascontiguousarray((w.dequantize() if isinstance(w, PackedWeight) else w).T)
+            assert isinstance(data, np.ndarray)
             self._transposed[name] = self.g.add_constant(data, name=name + ".T")
         return self._transposed[name]
 
     def const(self, name: str) -> str:
         if name not in self.g.specs:
-            self.g.add_constant(np.ascontiguousarray(self.w[name], dtype=np.float32), name=name)
+            w = self.w[name]
+            data = w.dequantize() if isinstance(w, PackedWeight) else w
+            self.g.add_constant(np.ascontiguousarray(data, dtype=np.float32), name=name)
         return name
 
+    def int4_matmul(self, x: str, ops: Int4Operands, name: str) -> str:
+        g = self.g
+        n, groups, _ = ops.packed.shape
+        ins = [x, g.add_constant(ops.packed, name=name + ".codes"), g.add_constant(ops.scales, name=name + ".scales")]
+        if ops.zeros is not None:
+            ins.append(g.add_constant(ops.zeros, name=name + ".zeros"))
+        y = self.b.emit("matmul_int4", ins, k=groups * GROUP, n=n, group_size=GROUP, **self.int4_attrs)
+        if ops.offsets is None:
+            return y
+        b = self.b  # + (x summed per group) @ offsets.T
+        sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, GROUP])], axes=[2])
+        if ops.offsets_t is None:
+            ops.offsets_t = np.ascontiguousarray(ops.offsets.T)
+        offsets_t = g.add_constant(ops.offsets_t, name=name + ".offsets.T")
+        return b.binary("add", y, b.emit("matmul", [sums, offsets_t]))
+
+    def projections(self, x: str, names: list[str]) -> list[str]:
+        """x @ w.T for each weight; packed weights of one scheme run as one stacked matmul, then split
+        (q/k/v, gate/up: one int4 GEMV instead of several small ones, and fewer nodes per token)."""
+        ws = [self.w.get(n) for n in names]
+        packed = [w for w in ws if isinstance(w, PackedWeight)]
+        if len(packed) < len(ws) or len({w.scheme for w in packed}) != 1 or packed[0].bits != 4:
+            return [self.linear(x, n) for n in names]
+        y = self.packed_linear(x, "+".join(names), lambda: PackedWeight.stack(packed))
+        outs, start = [], 0
+        for name, w in zip(names, packed):
+            part = self.b.emit("slice", [y], starts=[start], ends=[start + w.shape[0]], axes=[1])
+            if name + "_bias" in self.w:
+                part = self.b.binary("add", part, self.const(name + "_bias"))
+            outs.append(part)
+            start += w.shape[0]
+        return outs
+
+    def rows(self, x: str) -> int:
+        return self.b.shape(x)[0]
+
+    def packed_linear(self, x: str, name: str, w: PackedWeight | Callable[[], PackedWeight]) -> str:
+        """x @ w.T with w kept as the GGUF packed it: int4 as one matmul_int4, int8 as two (its nibbles).
+
+        The operands are made once per weight for all the programs built with the same `shared` dict (prefill
+        and decode hold the same arrays, not two copies); `w` may be a function making the weight then.
+        """
+        if name not in self.shared:
+            weight = w() if callable(w) else w
+            self.shared[name] = [int4_operands(weight)] if weight.bits == 4 else list(int8_as_two_int4(weight))
+        ops = self.shared[name]
+        if len(ops) == 1:
+            return self.int4_matmul(x, ops[0], name)
+        return self.b.binary("add", self.int4_matmul(x, ops[0], name + ".high"),
+                             self.int4_matmul(x, ops[1], name + ".low"))
+
     def linear(self, x: str, name: str) -> str:
-        y = self.b.emit("matmul", [x, self.weight_t(name)])
+        w = self.w.get(name)
+        if isinstance(w, PackedWeight):
+            y = self.packed_linear(x, name, w)
+        else:
+            y = self.b.emit("matmul", [x, self.weight_t(name)])
         if name + "_bias" in self.w:
             y = self.b.binary("add", y, self.const(name + "_bias"))
         return y
+
+    def embed(self, tokens: str) -> str:
+        """The embedding rows of `tokens`; a Q8_0 table stays packed and only the gathered rows are scaled."""
+        b, w = self.b, self.w["embed"]
+        if not (isinstance(w, PackedWeight) and w.scheme == "q8_0"):
+            return b.emit("gather", [self.const("embed"), tokens], axis=0)
+        codes = self.g.add_constant(w.data, name="embed.q8")
+        scales = self.g.add_constant(w.scales.reshape(w.shape[0], -1, 1), name="embed.q8_scales")
+        rows = b.emit("reshape", [b.emit("cast", [b.emit("gather", [codes, tokens], axis=0)], dtype="float32")],
+                      shape=[self.T, w.shape[1] // GROUP, GROUP])
+        rows = b.binary("mul", rows, b.emit("gather", [scales, tokens], axis=0))
+        return b.emit("reshape", [rows], shape=[self.T, w.shape[1]])
 
     def rms_norm(self, x: str, name: str) -> str:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
@@ -86,9 +164,10 @@ class _StepBuilder:
         b, c, T, C = self.b, self.c, self.T, self.C
         kv, hd, group = c.kv_heads, c.head_dim, c.group
         prefix = f"layers.{i}."
-        q = self.rotate(self.heads_first(self.linear(h, prefix + "q"), c.heads), cos, sin)
-        k = self.rotate(self.heads_first(self.linear(h, prefix + "k"), kv), cos, sin)
-        v = self.heads_first(self.linear(h, prefix + "v"), kv)  # [kv, T, hd]
+        q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
+        q = self.rotate(self.heads_first(q, c.heads), cos, sin)
+        k = self.rotate(self.heads_first(k, kv), cos, sin)
+        v = self.heads_first(v, kv)  # [kv, T, hd]
         k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
         k_cache = self.g.add_input(f"k_cache_{i}", TensorSpec((kv, hd, C), DType.float32))
         v_cache = self.g.add_input(f"v_cache_{i}", TensorSpec((kv, C, hd), DType.float32))
@@ -109,8 +188,8 @@ class _StepBuilder:
 
     def mlp(self, h: str, i: int) -> str:
         b, prefix = self.b, f"layers.{i}."
-        gate = b.emit("silu", [self.linear(h, prefix + "gate")])
-        return self.linear(b.binary("mul", gate, self.linear(h, prefix + "up")), prefix + "down")
+        gate, up = self.projections(h, [prefix + "gate", prefix + "up"])
+        return self.linear(b.binary("mul", b.emit("silu", [gate]), up), prefix + "down")
 
     def build(self) -> Graph:
         b, g, c, T, C = self.b, self.g, self.c, self.T, self.C
@@ -126,7 +205,7 @@ class _StepBuilder:
         cache_keep = b.emit("reshape", [b.binary("lt", b.const(np.arange(C, dtype=np.int64)), start)],
                             shape=[1, 1, C])
         causal = b.const(np.tile(np.tril(np.ones((T, T), dtype=bool)), (c.group, 1)))  # [group*T, T]
-        x = b.emit("gather", [self.const("embed"), tokens], axis=0)  # [T, dim]
+        x = self.embed(tokens)  # [T, dim]
         new_rows: list[str] = []
         for i in range(c.layers):
             attn, k_new, v_new = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, cos, sin,
@@ -137,18 +216,31 @@ class _StepBuilder:
         h = self.rms_norm(x, "final_norm")
         if not self.all_logits:
             h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
-        head = self.const("lm_head" if "lm_head" in self.w else "embed")  # [vocab, dim]; tied shares embed
-        logits = b.emit("transpose", [b.emit("matmul", [head, b.emit("transpose", [h], perm=[1, 0])])], perm=[1, 0])
+        head = "lm_head" if "lm_head" in self.w else "embed"  # [vocab, dim]; tied shares embed
+        head_weight = self.w[head]
+        if isinstance(head_weight, PackedWeight):
+            logits = self.packed_linear(h, head, head_weight)
+        else:  # [vocab, dim] @ h.T: the float head is never copied transposed
+            logits = b.emit("transpose", [b.emit("matmul", [self.const(head), b.emit("transpose", [h], perm=[1, 0])])],
+                            perm=[1, 0])
         if not self.all_logits:
             logits = b.emit("reshape", [logits], shape=[c.vocab])
         g.outputs = [logits, *new_rows]
         return g
 
 
-def step_graph(config: LlamaArchitecture, weights: dict[str, np.ndarray], *, chunk: int, context: int,
-               all_logits: bool = False) -> Graph:
-    """The step program for `chunk` tokens against a cache of `context` positions (float32 weights)."""
-    graph = _StepBuilder(config, weights, chunk, context, all_logits).build()
+def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
+               all_logits: bool = False, int8_activations: bool = False,
+               shared: dict[str, list[Int4Operands]] | None = None) -> Graph:
+    """The step program for `chunk` tokens against a cache of `context` positions.
+
+    Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
+    int8 rows scaled after the gather). `int8_activations` rounds the packed matmuls' inputs to int8 per
+    group of 32 (llama.cpp's Q8 activations): faster for one-token decoding, not for prefill's GEMMs.
+    Graphs built with one `shared` dict share their packed operands (stacked, split, offsets) array for array.
+    """
+    graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations,
+                         {} if shared is None else shared).build()
     names = ["logits"] + [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
     _rename_outputs(graph, names)
     return graph

@@ -61,6 +61,17 @@ class PackedWeight:
             values += self.mins[:, :, None]
         return values.reshape(rows, cols)
 
+    @staticmethod
+    def stack(weights: list[PackedWeight]) -> PackedWeight:
+        """The matrices one above the other (same scheme and row length): one matmul for several."""
+        first = weights[0]
+        if any(w.scheme != first.scheme or w.shape[1] != first.shape[1] for w in weights):
+            raise EdgerunError("only weights of one scheme and row length stack")
+        mins = None if first.mins is None else np.concatenate([w.mins for w in weights if w.mins is not None])
+        return PackedWeight(first.scheme, (sum(w.shape[0] for w in weights), first.shape[1]),
+                            np.concatenate([w.data for w in weights]), np.concatenate([w.scales for w in weights]),
+                            mins)
+
     def take_rows(self, order: np.ndarray) -> PackedWeight:
         """The same matrix with its rows reordered (groups run along rows, so they move intact)."""
         return PackedWeight(self.scheme, self.shape, self.data[order], self.scales[order],
@@ -90,3 +101,54 @@ def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> Packe
     ordered = np.concatenate([low, high], axis=2).reshape(rows, cols)  # element order
     packed = (ordered[:, 0::2] | (ordered[:, 1::2] << 4)).astype(np.uint8)
     return PackedWeight(scheme, shape, packed, scales, mins)
+
+
+@dataclass
+class Int4Operands:
+    """matmul_int4's weight operands, plus what the int4 form cannot hold.
+
+    w = (code - zero) * scale + offset, per group of 32 along K; x @ w.T is matmul_int4(x, packed, scales,
+    zeros) plus (x summed per group) @ offsets.T, a [K/32]-wide float matmul, when there are offsets.
+    """
+
+    packed: np.ndarray  # uint8 [N, K/32, 16]
+    scales: np.ndarray  # float32 [N, K/32]
+    zeros: np.ndarray | None  # uint8 [N, K/32]; None means 8
+    offsets: np.ndarray | None = None  # float32 [N, K/32]
+    offsets_t: np.ndarray | None = None  # offsets.T, contiguous, made once by the program builder
+
+
+def int4_operands(w: PackedWeight) -> Int4Operands:
+    """The IR's int4 form of a Q4_0/Q4_1 weight, codes untouched (the bytes the GGUF had, re-ordered).
+
+    Q4_0 is exactly matmul_int4's default form (zero point 8). Q4_1's `scale * code + min` is written
+    `scale * (code - 8) + (min + 8 * scale)`: the int4 matmul at the default zero point plus a per-group
+    offset term. Not a float zero point `-min / scale`: ONNX Runtime's MatMulNBits runs float zero points
+    about 10x slower than integer ones (bench figures in docs/llm.md), and a zero scale would need care.
+    """
+    if w.bits != 4:
+        raise EdgerunError(f"{w.scheme} is not a 4-bit scheme")
+    rows, cols = w.shape
+    packed = np.ascontiguousarray(w.data.reshape(rows, cols // GROUP, GROUP // 2))
+    if w.scheme == "q4_0":
+        return Int4Operands(packed, w.scales, None)
+    assert w.mins is not None
+    return Int4Operands(packed, w.scales, None, (w.mins + np.float32(8) * w.scales).astype(np.float32))
+
+
+def int8_as_two_int4(w: PackedWeight) -> tuple[Int4Operands, Int4Operands]:
+    """A Q8_0 weight as the sum of two int4 matmuls over its high and low nibbles, the same bytes in all.
+
+    code + 128 = 16 * high + low with high, low in 0..15, so scale * code = (16 * scale) * (high - 8) +
+    scale * (low - 0): exact in the integers, one extra float32 rounding in the sum.
+    """
+    if w.scheme != "q8_0":
+        raise EdgerunError(f"{w.scheme} is not q8_0")
+    rows, cols = w.shape
+    groups = cols // GROUP
+    biased = (w.data.astype(np.int16) + 128).astype(np.uint8)  # [rows, cols] in 0..255
+    high, low = biased >> 4, biased & 0x0F
+    pack = lambda v: np.ascontiguousarray(  # noqa: E731 - two nibbles per byte, low first
+        (v[:, 0::2] | (v[:, 1::2] << 4)).astype(np.uint8).reshape(rows, groups, GROUP // 2))
+    return (Int4Operands(pack(high), (w.scales * np.float32(16)).astype(np.float32), None),
+            Int4Operands(pack(low), w.scales, np.zeros((rows, groups), np.uint8)))

@@ -14,6 +14,8 @@ import numpy as np
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.subgraphs import is_control_flow
+from edgerun.oracle.control_flow import run_control_flow
 from edgerun.oracle.kernels import KERNELS, Kernel
 
 NodeHook = Callable[[Node, list[np.ndarray], list[np.ndarray]], None]
@@ -50,6 +52,8 @@ def run_node(node: Node, args: list[np.ndarray], graph: Graph, kernel: Kernel | 
     """Fresh output arrays of `node` computed from `args` (by `kernel`, default the reference one)."""
     if kernel is None:
         kernel = KERNELS.get(node.op)
+        if kernel is None and is_control_flow(node.op):
+            return run_control_flow(node, args, graph, run_body)
         if kernel is None:
             raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                      detail="no reference kernel (composite ops must be decomposed first)")
@@ -68,6 +72,15 @@ def walk(graph: Graph, env: dict[str, np.ndarray], *, kernel_for: KernelChoice |
             hook(node, args, outs)
         env.update(zip(node.outputs, outs))
     return env
+
+
+def run_body(body: Graph, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run a control-flow body (a closed graph) on its inputs: the oracle's BodyRunner."""
+    body = decomposed(body)  # the same graph, unless it still holds composites (rare: callers lower first)
+    env: dict[str, np.ndarray] = dict(body.constants)
+    env.update(zip(body.inputs, args))
+    walk(body, env)
+    return [env[o] for o in body.outputs]
 
 
 def run_partition(graph: Graph, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],

@@ -163,14 +163,24 @@ def _cast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) 
     x = ins[0]
     target = DType(attrs["dtype"]).np
     if x.dtype.kind == "f" and target.kind in "iu":
-        # float -> int truncates toward zero; NaN and out-of-range values are undefined in C and in every
-        # framework, so pin them: NaN -> 0, and saturate, which is what most accelerators do.
-        info = np.iinfo(target)
-        with np.errstate(invalid="ignore"):
-            x = np.nan_to_num(np.trunc(x), nan=0.0, posinf=info.max, neginf=info.min)
-            x = np.clip(x, info.min, info.max)
+        outs[0][...] = float_to_int(x, target)
+        return
     with np.errstate(all="ignore"):
         outs[0][...] = x.astype(target)
+
+
+def float_to_int(x: np.ndarray, target: np.dtype) -> np.ndarray:
+    """float -> int truncates toward zero; NaN and out-of-range values are undefined in C and in every
+    framework, so pin them: NaN -> 0, and saturate, which is what most accelerators do. The bounds are
+    compared in float64 (exact for float16/32 inputs): clipping in float32 would round int32's max up to
+    2^31, which astype then wraps to INT_MIN."""
+    info = np.iinfo(target)
+    with np.errstate(invalid="ignore"):
+        t = np.trunc(x.astype(np.float64))
+        high, low = t >= info.max, t <= info.min
+        y = np.where(high | low | np.isnan(t), 0.0, t).astype(target)
+    y[high], y[low] = info.max, info.min
+    return y
 
 
 # ---- reductions --------------------------------------------------------------------------------------

@@ -11,7 +11,12 @@ Exactness is the point, so every choice is pinned here:
   before the final one: the scale's 24-bit mantissa times a 31-bit accumulator fits int64, and the shift
   right rounds half to even. ONNX Runtime converts the accumulator to float32 first (rounding above 2^24)
   and multiplies in float32, so it can differ from this exact result by one step; see docs/quantization.md.
+  `requantize(arithmetic="float32")` is that float32 epilogue, spelled out (the int8-static flow emits it,
+  so the ONNX Runtime delegate can run its layers as QLinearConv bit-exactly).
 - Int4 weights dequantize in float32 exactly as ONNX Runtime's MatMulNBits: (q - zero_point) * scale.
+  With `activations="int8"` the input is rounded first, per row and group of K, to int8 codes with scale
+  max|a| / 127 (the reciprocal multiplied, rounding half to even: MLAS's int8 path, llama.cpp's Q8); each
+  group's integer dot product is exact, scaled by both scales in float32, and the groups summed in float32.
 
 Each kernel has the reference signature kernel(inputs, attrs, outputs) -> None and writes into outputs.
 """
@@ -95,10 +100,24 @@ def requantize_values(acc: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
     return np.clip(value, lo, hi).astype(zero_point.dtype)
 
 
+def requantize_float32(acc: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    """saturate(round_half_even(float32(float32(acc) * scale)) + zero_point): ONNX Runtime's (MLAS's)
+    requantization, one IEEE rounding per step, so numpy's float32 reproduces it bit for bit."""
+    with np.errstate(all="ignore"):
+        v = np.rint(np.multiply(acc.astype(np.float32), np.asarray(scale, np.float32), dtype=np.float32))
+    lo, hi = _range(zero_point.dtype)
+    # Saturate before adding the zero point (as MLAS does), in float64 so no value wraps on the way.
+    v = np.clip(v.astype(np.float64), lo - zero_point.astype(np.float64), hi - zero_point.astype(np.float64))
+    return (v + zero_point.astype(np.float64)).astype(zero_point.dtype)
+
+
 @_kernel("requantize")
 def _requantize(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     acc, scale, zp = ins
-    outs[0][...] = requantize_values(acc, scale, zp)
+    if attrs.get("arithmetic", "exact") == "float32":
+        outs[0][...] = requantize_float32(acc, scale, zp)
+    else:
+        outs[0][...] = requantize_values(acc, scale, zp)
 
 
 def _exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -181,11 +200,49 @@ def pack_int4(values: np.ndarray) -> np.ndarray:
     return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)
 
 
+def quantize_int8_groups(a: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of `a` [R, K] as int8 codes (held in float32) [R, G, group] and scales [R, G], K zero-padded."""
+    rows, k = a.shape
+    blocks = -(-k // group)
+    padded = np.zeros((rows, blocks * group), np.float32)
+    padded[:, :k] = a
+    g = padded.reshape(rows, blocks, group)
+    scale = (np.abs(g).max(axis=2) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    codes = np.clip(np.rint(g * inverse[:, :, None]), -127, 127).astype(np.float32)
+    return codes, scale
+
+
+def _matmul_int4_int8_activations(a: np.ndarray, packed: np.ndarray, scales: np.ndarray, zero: np.ndarray,
+                                  out: np.ndarray) -> None:
+    n, blocks, half = packed.shape
+    group = 2 * half
+    rows = a.reshape(-1, a.shape[-1]).astype(np.float32)
+    codes, a_scale = quantize_int8_groups(rows, group)  # [R, G, group], [R, G]
+    weights = unpack_int4(packed).astype(np.float32) - zero  # [N, G, group], integers in -15..15
+    # Per group, 127 * 15 * 256 < 2^24: the float32 dot products are exact integers.
+    lhs = codes.transpose(1, 0, 2)  # [G, R, group]
+    acc = np.zeros((rows.shape[0], n), np.float32)
+    step = max(1, (1 << 22) // max(1, blocks * rows.shape[0]))  # output columns per chunk: bounded memory
+    for c0 in range(0, n, step):
+        c1 = min(n, c0 + step)
+        dots = np.matmul(lhs, weights[c0:c1].transpose(1, 2, 0))  # [G, R, cols]
+        dots *= a_scale.T[:, :, None] * scales[c0:c1].T[:, None, :]
+        acc[:, c0:c1] = dots.sum(axis=0, dtype=np.float32)
+    out[...] = acc.reshape(out.shape)
+
+
 @_kernel("matmul_int4")
 def _matmul_int4(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     a, packed, scales = ins[:3]
     zp = ins[3] if len(ins) > 3 else None
     k, group = int(attrs["k"]), int(attrs["group_size"])
+    if attrs.get("activations", "float") == "int8":
+        n, blocks, _ = packed.shape
+        zero = (zp.astype(np.float32) if zp is not None else np.full((n, blocks), 8, np.float32))[:, :, None]
+        _matmul_int4_int8_activations(a, packed, scales.astype(np.float32), zero, outs[0])
+        return
     n, blocks, _ = packed.shape
     zero = (zp.astype(np.float32) if zp is not None else np.full((n, blocks), 8, np.float32))[:, :, None]
     scale = scales.astype(np.float32)[:, :, None]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import transform_bodies
 
 
 @dataclass
@@ -32,6 +34,10 @@ class Pass(ABC):
     def call(self, graph: Graph) -> PassResult: ...
 
 
+def _call(p: Pass, graph: Graph) -> Graph:
+    return p.call(graph).graph
+
+
 def run_pipeline(graph: Graph, passes: Sequence[Pass], verify_each: bool = True) -> tuple[Graph, list[PassRecord]]:
     import time
 
@@ -42,6 +48,7 @@ def run_pipeline(graph: Graph, passes: Sequence[Pass], verify_each: bool = True)
         before = graph.op_counts()
         t0 = time.perf_counter()
         graph = p.call(graph).graph
+        transform_bodies(graph, functools.partial(_call, p))  # control-flow bodies: closed graphs of their own
         records.append(PassRecord(p.name, before, graph.op_counts(), time.perf_counter() - t0))
         if verify_each:
             verify(graph)

@@ -14,6 +14,7 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.registry import OpKind, get_op
+from edgerun.ir.subgraphs import inline_body
 from edgerun.oracle import run_node
 from edgerun.passes.base import Pass, PassResult
 
@@ -49,6 +50,7 @@ class ConstantFoldPass(Pass):
                 graph.constants[name] = value
             changed = True
         graph.nodes = kept
+        changed |= inline_decided_conds(graph)
         graph.prune_specs()
         return PassResult(graph, changed)
 
@@ -68,3 +70,21 @@ class ConstantFoldPass(Pass):
         except (EdgerunError, ArithmeticError, ValueError):
             return None  # leave the failure to run time, where it is reported against real inputs
         return values
+
+
+def inline_decided_conds(graph: Graph) -> bool:
+    """Replace each cond whose predicate is a constant by the branch it takes; True when any was."""
+    conds = [n for n in graph.nodes if n.op == "cond" and n.inputs[0] in graph.constants]
+    if not conds:
+        return False
+    nodes, graph.nodes = graph.nodes, []
+    for node in nodes:
+        if node not in conds:
+            graph.nodes.append(node)
+            continue
+        side = "then" if bool(np.asarray(graph.constants[node.inputs[0]]).reshape(-1)[0]) else "else"
+        if not node.attrs[side]:  # a left-out branch: its run-time error stays the node's
+            graph.nodes.append(node)
+            continue
+        inline_body(graph, graph.subgraphs[node.attrs[side]], node.inputs[1:], node.outputs, node.name)
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import prune_subgraphs
 from edgerun.passes.base import Pass, PassResult
 
 
@@ -30,6 +31,7 @@ class DeadCodePass(Pass):
     def call(self, graph: Graph) -> PassResult:
         constants, specs = len(graph.constants), len(graph.specs)
         changed = remove_dead_nodes(graph)
+        changed |= prune_subgraphs(graph)  # bodies of the control-flow nodes that went
         graph.prune_specs()
         changed |= len(graph.constants) != constants or len(graph.specs) != specs
         return PassResult(graph, changed)

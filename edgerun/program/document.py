@@ -11,6 +11,7 @@ from typing import Any
 
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import constant_home
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
 from edgerun.program.format import MAX_METADATA_ENTRIES
@@ -54,7 +55,9 @@ def decode_document(obj: object, data_length: int,
     for method, graph in parts.methods.items():
         for name in parts.constant_names[method]:
             e = by_name[name]
-            spec = graph.specs[name]
+            home = constant_home(graph, name)  # a body's constant has a qualified name (ir/subgraphs.py)
+            assert home is not None  # decode_graph defined every segment it was given in some graph
+            spec = home[0].specs[home[1]]
             if spec != TensorSpec(e.shape, e.dtype):
                 raise ProgramFormatError(f"segment {e.name[:80]!r} holds {e.dtype.value}{list(e.shape)} but "
                                          f"method {method!r} declares the value as {spec}")

@@ -19,10 +19,11 @@ FORMAT_MAJOR = 1
 # Minor 1: graphs keep some composite ops (softmax, layer_norm, gelu, ...) for the device to lower at load;
 # a 1.0 reader already decomposed every composite at load, so it reads 1.1 files correctly.
 # Minor 2: template programs: the graph may declare bounded symbols (`"symbols"`) and use symbolic
-# dimensions (`{"sym": "..."}`) in value specs and attributes; and programs with several methods, a default
-# method or state (program_parts.py). Only such programs are written as 1.2; any other program is still
+# dimensions (`{"sym": "..."}`) in value specs and attributes; programs with several methods, a default
+# method or state (program_parts.py); and graphs with bodies of control-flow nodes (`"subgraphs"`, their
+# weights under qualified names). Only such programs are written as 1.2; any other program is still
 # written as 1.1, byte for byte, so older readers keep loading it. A 1.1 reader refuses a 1.2 file that
-# has methods or state (their segments are not its graph's).
+# has methods or state (their segments are not its graph's), or control-flow ops (not in its registry).
 FORMAT_MINOR = 2
 STATIC_FORMAT_MINOR = 1
 

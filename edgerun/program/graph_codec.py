@@ -4,6 +4,10 @@ Well formed here means structural: every field has the right type and size, ever
 (a graph input, a constant or one node output), everything referenced is defined, and every defined value
 has a spec. What an op means (attribute names, shape rules) is the IR verifier's business, so unknown ops
 load fine. The writer runs the same checks on what it is about to write, so a saved program always loads.
+
+Bodies of control-flow nodes (`Graph.subgraphs`, format 1.2) are graphs of the same form under the key
+"subgraphs", each listing its own "constants"; their weights sit in the one segment table under qualified
+names (ir/subgraphs.py). A graph without bodies encodes exactly as before.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.subgraphs import QUALIFIER
 from edgerun.ir.symbolic import dim_to_json
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import check_json_value, check_string, to_json_value
@@ -38,6 +43,7 @@ from edgerun.program.symbols_codec import (
 )
 
 _DTYPES = {d.value: d for d in DType}
+MAX_SUBGRAPH_DEPTH = 8  # bodies inside bodies; real models nest two or three deep
 
 
 # -- small checkers shared with the segment table -----------------------------------------------------------
@@ -126,6 +132,10 @@ def encode_graph(graph: Graph) -> dict[str, Any]:
         doc["state_updates"] = dict(graph.state_updates)
     if graph.symbols:  # only templates carry the key, so static graphs encode exactly as before
         doc[SYMBOLS_KEY] = encode_symbols(graph.symbols)
+    if graph.subgraphs:  # bodies share the top level's symbols; only graphs with bodies carry the key
+        doc["subgraphs"] = {name: {**{k: v for k, v in encode_graph(body).items() if k != SYMBOLS_KEY},
+                                   "constants": list(body.constants)}
+                            for name, body in graph.subgraphs.items()}
     return doc
 
 
@@ -161,10 +171,51 @@ def _decode_node(obj: object, index: int, allow_unknown: bool) -> Node:
 
 
 def decode_graph(obj: object, constant_names: Iterable[str], allow_unknown: bool = False) -> Graph:
-    """Rebuild a Graph (without constant data) from its JSON form, rejecting anything malformed."""
-    doc = check_keys(obj, "graph", ("inputs", "outputs", "values", "nodes"),
-                     (SYMBOLS_KEY, "state_inputs", "state_updates", "constants"), allow_unknown)
-    symbols = decode_symbols(doc[SYMBOLS_KEY]) if SYMBOLS_KEY in doc else {}
+    """Rebuild a Graph (without constant data) from its JSON form, rejecting anything malformed.
+
+    `constant_names`: the segment table's names, bodies' constants under their qualified names.
+    """
+    return _decode_graph(obj, "graph", set(constant_names), "", allow_unknown, 0, {})[0]
+
+
+def _decode_graph(obj: object, what: str, segments: set[str], prefix: str, allow_unknown: bool,
+                  depth: int, symbols: dict[str, tuple[int, int]]) -> tuple[Graph, set[str]]:
+    """The graph, and the qualified names of its bodies' constants (taken from `segments`). Bodies use the
+    top level's symbols; only the top level has state (a method's "constants" list is program_parts.py's)."""
+    doc = check_keys(obj, what, ("inputs", "outputs", "values", "nodes"),
+                     ("subgraphs", "constants") if prefix else
+                     ("subgraphs", SYMBOLS_KEY, "state_inputs", "state_updates", "constants"), allow_unknown)
+    if not prefix:
+        symbols = decode_symbols(doc[SYMBOLS_KEY]) if SYMBOLS_KEY in doc else {}
+    subgraphs: dict[str, Graph] = {}
+    claimed: set[str] = set()
+    if "subgraphs" in doc:
+        bodies = doc["subgraphs"]
+        if type(bodies) is not dict or len(bodies) > MAX_VALUES or depth >= MAX_SUBGRAPH_DEPTH:
+            raise ProgramFormatError(f"{what} subgraphs must be a JSON object of at most {MAX_VALUES} entries, "
+                                     f"nested at most {MAX_SUBGRAPH_DEPTH} deep")
+        for name, body in bodies.items():
+            check_string(name, f"{what} subgraph name")
+            subgraphs[name], inner = _decode_graph(body, f"subgraph {name[:80]!r}", segments,
+                                                   f"{prefix}{name}{QUALIFIER}", allow_unknown, depth + 1, symbols)
+            claimed |= inner
+    if prefix:
+        own = _decode_names(doc.get("constants", []), f"{what} constants", MAX_VALUES)
+        for name in own:
+            if prefix + name not in segments:
+                raise ProgramFormatError(f"{what} constant {name[:80]!r} has no weight segment "
+                                         f"{(prefix + name)[:120]!r}")
+        constant_names: Iterable[str] = own
+        claimed |= {prefix + name for name in own}
+    else:
+        constant_names = [n for n in segments if n not in claimed]
+    graph = _decode_flat_graph(doc, constant_names, allow_unknown, symbols)
+    graph.subgraphs = subgraphs
+    return graph, claimed
+
+
+def _decode_flat_graph(doc: dict[str, Any], constant_names: Iterable[str], allow_unknown: bool,
+                       symbols: dict[str, tuple[int, int]]) -> Graph:
     inputs = _decode_names(doc["inputs"], "graph inputs", MAX_VALUES)
     state_inputs = _decode_names(doc.get("state_inputs", []), "graph state_inputs", MAX_VALUES)
     state_updates = doc.get("state_updates", {})

@@ -16,6 +16,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.shared_constants import share_constants_by_name
 from edgerun.ir.state import check_against_state
+from edgerun.ir.subgraphs import flat_constant_specs, flat_constants
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import canonical_json_bytes
 from edgerun.program.format import HEADER_SIZE
@@ -128,7 +129,7 @@ class Program:
         info = ProgramFileInfo(path, (h.major, h.minor), h.file_length, mmapped, decoded.weights_verified)
         program = cls(decoded.graph, decoded.metadata, info, methods=decoded.methods, state=decoded.state,
                       default_method=decoded.default_method)
-        constants = {n: a for g in decoded.methods.values() for n, a in g.constants.items()}
+        constants = {n: a for g in decoded.methods.values() for n, a in flat_constants(g).items()}
         for e in decoded.segments:
             if e.name in constants:  # the rest hold states' initial values
                 program._digests[e.name] = (constants[e.name], e.sha256)
@@ -139,8 +140,8 @@ class Program:
         """SHA-256 of each constant's little-endian bytes; taken from the file's table when loaded."""
         digests = {}
         to_hash = {}
-        constants = {n: a for g in self._all_methods().values() for n, a in g.constants.items()}
-        specs = {n: g.specs[n] for g in self._all_methods().values() for n in g.constants}
+        constants = {n: a for g in self._all_methods().values() for n, a in flat_constants(g).items()}
+        specs = {n: s for g in self._all_methods().values() for n, s in flat_constant_specs(g).items()}
         for name, array in constants.items():
             cached = self._digests.get(name)
             if cached is not None and cached[0] is array and not array.flags.writeable:
@@ -162,7 +163,7 @@ class Program:
         re-saving a program, or changing only its description, keeps the key.
         """
         digests = self.weight_digests()
-        specs = {n: g.specs[n] for g in self._all_methods().values() for n in g.constants}
+        specs = {n: s for g in self._all_methods().values() for n, s in flat_constant_specs(g).items()}
         weights = sorted([name, specs[name].dtype.value, list(specs[name].shape), digests[name]]
                          for name in digests)
         document: dict[str, Any] = {"graph": encode_graph(self.graph), "weights": weights}

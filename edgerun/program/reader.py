@@ -16,6 +16,7 @@ import numpy as np
 
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import constant_home
 from edgerun.program.canonical_json import parse_json_section
 from edgerun.program.document import Metadata, decode_document
 from edgerun.program.format import (
@@ -118,7 +119,10 @@ def decode_program(buffer: Buffer, verify_weights: bool = True) -> DecodedProgra
         array.flags.writeable = False
         arrays[e.name] = array
     for method, method_graph in parts.methods.items():
-        method_graph.constants.update((name, arrays[name]) for name in parts.constant_names[method])
+        for name in parts.constant_names[method]:
+            home = constant_home(method_graph, name)  # a body's constant has a qualified name (ir/subgraphs.py)
+            assert home is not None
+            home[0].constants[home[1]] = arrays[name]
     state = {name: arrays[segment] for name, segment in parts.state_segments.items()}
     return DecodedProgram(graph, metadata, header, entries, verify_weights, parts.methods, parts.default_method,
                           state)

@@ -20,6 +20,7 @@ import numpy as np
 from edgerun.errors import ProgramFormatError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import flat_constant_specs, flat_constants
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.canonical_json import canonical_json_bytes
 from edgerun.program.document import Metadata, decode_document, encode_document
@@ -52,13 +53,14 @@ class PreparedWeight:
 
 def prepare_weights(graph: Graph) -> list[PreparedWeight]:
     prepared = []
-    for name, value in graph.constants.items():
+    specs = flat_constant_specs(graph)
+    for name, value in flat_constants(graph).items():  # bodies' constants under qualified names
         array = np.asarray(value)
         try:
             dtype = DType.of(array)
         except ValueError as e:
             raise ProgramFormatError(f"constant {name!r}: {e}") from None
-        spec = graph.specs.get(name)
+        spec = specs.get(name)
         if spec != TensorSpec(array.shape, dtype):
             raise ProgramFormatError(f"constant {name!r} is {dtype.value}{list(array.shape)} but its spec is {spec}")
         # astype rather than ascontiguousarray: the latter turns 0-d arrays into shape (1,).
@@ -118,12 +120,12 @@ def write_program(graph: Graph, metadata: Metadata, stream: BinaryIO, *,
     weights = prepare_method_weights(methods, state or {})
     entries, data_length = plan_segments(weights)
     parts = ProgramParts(methods, default_method, {s: state_segment_name(s) for s in state or {}},
-                         {name: list(g.constants) for name, g in methods.items()})
+                         {name: list(flat_constants(g)) for name, g in methods.items()})
     document = encode_document(graph, metadata, entries, parts)
     decode_document(document, data_length)  # the reader's checks: refuse to write what could not be read
     prefix = seal(canonical_json_bytes(document), data_length,
-                  minor=FORMAT_MINOR if any(g.symbols for g in methods.values()) or not parts.is_plain()
-                  else STATIC_FORMAT_MINOR)
+                  minor=FORMAT_MINOR if any(g.symbols or g.subgraphs for g in methods.values())
+                  or not parts.is_plain() else STATIC_FORMAT_MINOR)
     stream.write(prefix)
     written = 0
     for w, e in zip(weights, entries):
@@ -143,9 +145,10 @@ def prepare_method_weights(methods: Mapping[str, Graph], state: Mapping[str, np.
     owner: dict[str, str] = {}
     source: dict[str, object] = {}  # name -> the array object prepared: shared objects are hashed once
     for method, graph in methods.items():
-        fresh = {n: a for n, a in graph.constants.items() if source.get(n) is not a}
+        # Bodies' constants under qualified names (ir/subgraphs.py), like any other of the method's.
+        fresh = {n: a for n, a in flat_constants(graph).items() if source.get(n) is not a}
         source.update(fresh)
-        for w in prepare_weights(Graph(specs=graph.specs, constants=fresh)):
+        for w in prepare_weights(Graph(specs=flat_constant_specs(graph), constants=fresh)):
             if w.name in weights and (w.sha256, w.dtype, w.array.shape) != (
                     weights[w.name].sha256, weights[w.name].dtype, weights[w.name].array.shape):
                 raise ProgramFormatError(f"methods {owner[w.name]!r} and {method!r} both have a constant "

@@ -21,6 +21,8 @@ from edgerun.quantization.rewrite import (
     Layer,
     find_embeddings,
     find_layers,
+    folded_output,
+    requantizable,
     rewrite_int4,
     rewrite_int8_dynamic,
     rewrite_int8_embeddings,
@@ -131,38 +133,51 @@ def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def layer_report(float_graph: Graph, quant_graph: Graph, layers: list[Layer], scheme: str,
-                 samples: list[dict[str, np.ndarray]]) -> QuantizeReport:
-    """SQNR of each quantized layer's output against float, both graphs run on the same samples."""
-    wanted = {layer.output for layer in layers}
+                 samples: list[dict[str, np.ndarray]], outputs: Mapping[str, str] | None = None,
+                 uint8_results: Mapping[str, tuple[str, np.ndarray, np.ndarray]] | None = None) -> QuantizeReport:
+    """SQNR of each quantized layer's output against float, both graphs run on the same samples.
 
-    def collect(graph: Graph) -> dict[str, list[np.ndarray]]:
+    `outputs`: layer output -> the value reported instead (a folded ReLU's output, see rewrite.folded_output);
+    `uint8_results`: such a value -> (the uint8 value standing for it in `quant_graph`, scale, zero point).
+    """
+    named = {layer.output: (outputs or {}).get(layer.output, layer.output) for layer in layers}
+    wanted = set(named.values())
+    as_uint8 = {q: (name, scale, zp) for name, (q, scale, zp) in (uint8_results or {}).items() if name in wanted}
+
+    def collect(graph: Graph, dequantize: Mapping[str, tuple[str, np.ndarray, np.ndarray]]) -> dict[str, list[np.ndarray]]:
         seen: dict[str, list[np.ndarray]] = {w: [] for w in wanted}
+        via_uint8 = {name for name, _, _ in dequantize.values()}  # read once, from the uint8 value
 
         def hook(node: Any, args: list[np.ndarray], outs: list[np.ndarray]) -> None:
             for name, value in zip(node.outputs, outs):
-                if name in seen:
+                if name in dequantize:
+                    name, scale, zp = dequantize[name]
+                    value = (value.astype(np.float32) - zp.astype(np.float32)) * scale
+                    seen[name].append(value)
+                elif name in seen and name not in via_uint8:
                     seen[name].append(value.copy())
         for sample in samples:
             interpret(graph, sample, hook=hook)
         return seen
 
-    ref, got = collect(float_graph), collect(quant_graph)
+    ref, got = collect(float_graph, {}), collect(quant_graph, as_uint8)
     report = QuantizeReport(scheme)
     for layer in layers:
-        if ref[layer.output] and got[layer.output]:
-            r = np.concatenate([a.ravel() for a in ref[layer.output]])
-            g = np.concatenate([a.ravel() for a in got[layer.output]])
-            report.layers.append(LayerReport(layer.output, layer.node.op, _sqnr(r, g)))
+        name = named[layer.output]
+        if ref[name] and got[name]:
+            r = np.concatenate([a.ravel() for a in ref[name]])
+            g = np.concatenate([a.ravel() for a in got[name]])
+            report.layers.append(LayerReport(name, layer.node.op, _sqnr(r, g)))
     return report
 
 
 Calibration = Mapping[str, np.ndarray] | str | os.PathLike[str]
 
 
-def calibrate_activations(graph: Graph, layers: list[Layer], samples: list[dict[str, np.ndarray]],
+def calibrate_activations(graph: Graph, values: Sequence[str], samples: list[dict[str, np.ndarray]],
                           observer: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """uint8 (scale, zero point) of every layer's input activation, observed over the samples."""
-    observers = {layer.activation: OBSERVERS[observer]() for layer in layers}
+    """uint8 (scale, zero point) of each named value (layer inputs and requantized outputs), observed over the samples."""
+    observers = {name: OBSERVERS[observer]() for name in values}
 
     def observe(node: Any, args: list[np.ndarray], outs: list[np.ndarray]) -> None:
         for name, value in zip(node.outputs, outs):
@@ -217,9 +232,15 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     embeddings, skipped_tables = _select(tables, exclude)
     skipped += skipped_tables
     graph = float_graph.copy()
+    outputs: dict[str, str] = {}
+    uint8_results: dict[str, tuple[str, np.ndarray, np.ndarray]] = {}
     if scheme == "int8-static":
-        params = calibrate_activations(float_graph, layers, samples, observer)
-        graph = rewrite_int8_static(graph, layers, params, qmax=63 if reduce_range else 127)
+        outputs = {layer.output: folded_output(float_graph, layer) for layer in layers
+                   if requantizable(float_graph, layer)}
+        observed = list(dict.fromkeys([*(layer.activation for layer in layers), *outputs.values()]))
+        params = calibrate_activations(float_graph, observed, samples, observer)
+        graph = rewrite_int8_static(graph, layers, params, outputs, qmax=63 if reduce_range else 127,
+                                    uint8_results=uint8_results)
     elif scheme == "int8-dynamic":
         graph = rewrite_int8_dynamic(graph, layers, qmax=63 if reduce_range else 127)
     else:
@@ -229,12 +250,16 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     verify(graph)
     result = QuantizeReport(scheme, skipped=skipped)
     if samples and report_samples:
-        result = layer_report(float_graph, graph, layers, scheme, samples[:report_samples])
+        result = layer_report(float_graph, graph, layers, scheme, samples[:report_samples], outputs,
+                              uint8_results)
         result.skipped = skipped
     metadata = dict(program.metadata)
     metadata[METADATA_KEY] = {
         "scheme": scheme, "excluded": skipped, "observer": observer, "reduce_range": reduce_range,
         "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
+        # float value -> the uint8 value standing for it (folded layers), for inspect --against
+        "uint8_values": {name: {"value": q, "scale": float(scale), "zero_point": int(zp)}
+                         for name, (q, scale, zp) in uint8_results.items()},
         "layers": [{"name": r.name, "op": r.op,
                     "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}  # JSON has no inf
                    for r in result.layers]}

@@ -3,8 +3,11 @@
 Keeping the name means the layer's consumers are untouched and the per-layer report can compare the same
 value in the float and the quantized graph. The forms (ONNX Runtime's, so a delegate maps them 1:1):
 
-- int8 static:  quantize_linear(x) -> conv_integer / matmul_integer (int32) -> dequantize_linear(acc,
-  s_x * s_w) (+ bias). One quantize_linear per activation value, shared by every layer that reads it.
+- int8 static:  quantize_linear(x) -> conv_integer (int32) + int32 bias -> requantize(float32) -> uint8,
+  dequantized for float readers (ReLU/ReLU6 folded in: the uint8 result stands for the activation's
+  output); a following layer reads the uint8 value directly. Linear layers and layers producing a graph
+  output end in dequantize_linear(acc, s_x * s_w) (+ float bias) instead. One quantize_linear per float
+  activation value, shared by every layer that reads it.
 - int8 dynamic: dynamic_quantize(x) -> matmul_integer / conv_integer -> dequantize_linear(acc, s_x * s_w).
 - int4 weight:  matmul_int4(x, packed, scales, zero points).
 - 8da4w:        dynamic_quantize(x, int8, per token) -> dequantize_linear -> matmul_int4 (symmetric weights).
@@ -86,33 +89,94 @@ def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str, qmax: int) -> tupl
     return acc, w_scale
 
 
-def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, Layer], None]) -> Graph:
-    """Each chosen layer's node is replaced, in place in the node order, by what `emit` builds for it."""
+def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, Layer], None],
+                    drop: frozenset[str] = frozenset()) -> Graph:
+    """Each chosen layer's node is replaced, in place in the node order, by what `emit` builds for it; nodes
+    producing a value in `drop` (activations folded into a layer) go."""
     chosen = {layer.output: layer for layer in layers}
     old, graph.nodes = graph.nodes, []
     for node in old:
-        layer = chosen.get(node.outputs[0] if node.outputs else "")
-        if layer is None:
-            graph.nodes.append(node)
-        else:
+        out = node.outputs[0] if node.outputs else ""
+        layer = chosen.get(out)
+        if layer is not None:
             emit(Builder(graph, node.meta), layer)
+        elif out not in drop:
+            graph.nodes.append(node)
     return graph
 
 
+def folded_output(graph: Graph, layer: Layer) -> str:
+    """The value a requantized layer's uint8 output stands for: its ReLU's (or clamp(0, hi)'s) output when
+    that is the layer's only reader, else the layer's own output.
+
+    Exact to fold: the activation's output is calibrated from 0 (zero point 0), and requantization
+    saturates at 0 and at the calibrated top, which is at most the clamp's.
+    """
+    readers = [n for n in graph.nodes if layer.output in n.inputs]
+    if layer.output in graph.outputs or len(readers) != 1:
+        return layer.output
+    act = readers[0]
+    if act.op == "relu" or (act.op == "clamp" and act.attrs.get("min") == 0 and (act.attrs.get("max") or 1) > 0):
+        return act.outputs[0]
+    zero = [graph.constants.get(v) for v in act.inputs if v != layer.output]
+    if act.op == "maximum" and len(zero) == 1 and zero[0] is not None and zero[0].size == 1 and not zero[0].any():
+        return act.outputs[0]
+    return layer.output
+
+
+def requantizable(graph: Graph, layer: Layer) -> bool:
+    """A conv whose result can stay uint8 (QLinearConv's form): a constant bias or none, not a graph output."""
+    node = layer.node
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    return node.op == "conv2d" and (not bias or bias in graph.constants) and layer.output not in graph.outputs
+
+
 def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]],
-                        qmax: int = 127) -> Graph:
-    """`params`: activation value -> (scale, zero point) from calibration; weights in [-qmax, qmax]."""
-    quantized: dict[str, str] = {}
+                        outputs: dict[str, str], qmax: int = 127,
+                        uint8_results: dict[str, tuple[str, np.ndarray, np.ndarray]] | None = None) -> Graph:
+    """`params`: float value -> uint8 (scale, zero point) from calibration; weights in [-qmax, qmax].
+
+    `outputs`: layer output -> the value its requantized uint8 result stands for (folded_output), for the
+    layers that stay integer to their output (conv_integer + int32 bias + requantize, ONNX Runtime's
+    QLinearConv); the others end in dequantize_linear(acc, s_x * s_w) + float bias. A layer reading another's
+    uint8 result uses it directly: a quantize of its dequantized value would give it back unchanged.
+    `uint8_results`, when given, receives float value -> (its uint8 value, scale, zero point) for the report
+    (the float value itself is gone when only integer layers read it).
+    """
+    quantized: dict[str, tuple[str, str, np.ndarray]] = {}  # float value -> (uint8 value, zero point, scale)
+
+    def uint8_input(b: Builder, layer: Layer) -> tuple[str, str, np.ndarray]:
+        x = layer.activation
+        if x not in quantized:
+            scale, zp = params[x]
+            x_zp = b.const(zp)
+            quantized[x] = (b.emit("quantize_linear", [x, b.const(scale), x_zp]), x_zp, scale)
+        return quantized[x]
 
     def emit(b: Builder, layer: Layer) -> None:
-        scale, zp = params[layer.activation]
-        x_zp = b.const(zp)
-        if layer.activation not in quantized:
-            quantized[layer.activation] = b.emit("quantize_linear", [layer.activation, b.const(scale), x_zp])
-        acc, w_scale = _integer_op(b, layer, quantized[layer.activation], x_zp, qmax)
-        _finish(b, layer, acc, b.const((scale * w_scale).astype(np.float32)))
+        xq, x_zp, s_x = uint8_input(b, layer)
+        acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
+        acc_scale = (s_x * w_scale).astype(np.float32)
+        out = outputs.get(layer.output)
+        if out is None:
+            _finish(b, layer, acc, b.const(acc_scale))
+            return
+        node = layer.node
+        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        if bias:  # to the accumulator's scale, rounded: ONNX Runtime's quantizer does the same
+            bq = np.rint(b.graph.constants[bias].astype(np.float64).reshape(acc_scale.shape) / acc_scale)
+            acc = b.emit("add", [acc, b.const(np.clip(bq, -2 ** 31, 2 ** 31 - 1).astype(np.int32))])
+        s_y, zp_y = params[out]
+        multiplier = (acc_scale / np.float32(s_y)).astype(np.float32)
+        y_zp = b.const(zp_y)
+        yq = b.emit("requantize", [acc, b.const(multiplier), y_zp], arithmetic="float32")
+        quantized[out] = (yq, y_zp, s_y)
+        if uint8_results is not None:
+            uint8_results[out] = (yq, s_y, zp_y)
+        _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
 
-    return _replace_layers(graph, layers, emit)
+    drop = frozenset(out for name, out in outputs.items() if out != name)
+    return _replace_layers(graph, layers, emit, drop)
 
 
 EMBEDDING_MIN_ROWS = 256  # gathers from smaller tables (position, token-type embeddings) stay float

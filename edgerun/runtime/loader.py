@@ -26,9 +26,11 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph
 from edgerun.ir.state import from_functional, has_state, on_functional, to_functional
+from edgerun.ir.subgraphs import is_control_flow
 from edgerun.ir.verifier import verify
 from edgerun.program import Program
 from edgerun.runtime.arena_limit import check_arena_budget
+from edgerun.runtime.control_flow import LoadBody, bind_control_flow
 from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
 from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
@@ -134,7 +136,8 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
         views.update(state_views(state, state_plan))
         binding = StateBinding(state, state_plan, views)
         graph = from_functional(graph, signature)
-    instructions = build_instructions(steps, elided, partitions, compiled, views)
+    instructions = build_instructions(steps, elided, partitions, compiled, views,
+                                      functools.partial(_load_body, backends=backends, arena_limit=arena_limit))
     return LoadedProgram(LoadedParts(graph, partitions, compiled, plan, arena, views, instructions, program,
                                       dict(registry), list(original.outputs), binding))
 
@@ -204,8 +207,15 @@ def bind_views(graph: Graph, plan: ArenaPlan, arena: np.ndarray,
     return views
 
 
+def _load_body(body: Graph, backends: Sequence[str | Backend] | None, arena_limit: int | None) -> LoadedProgram:
+    """A control-flow body loaded as a program of its own, on the same backends (runtime/control_flow.py)."""
+    return load_prepared(None, body, prepare_graph(body, resolve_backends(backends).values()), backends,
+                         arena_limit=arena_limit)
+
+
 def build_instructions(steps: Sequence[Step], elided: set[int], partitions: Sequence[Partition],
-                       compiled: Sequence[CompiledPartition], views: Mapping[str, np.ndarray]) -> list[Instruction]:
+                       compiled: Sequence[CompiledPartition], views: Mapping[str, np.ndarray],
+                       load_body: LoadBody | None = None) -> list[Instruction]:
     instructions = []
     for k, step in enumerate(steps):
         if k in elided:
@@ -213,7 +223,10 @@ def build_instructions(steps: Sequence[Step], elided: set[int], partitions: Sequ
         part, cp = partitions[step.partition], compiled[step.partition]
         if step.node is not None:
             assert cp.bind_node is not None
-            call = cp.bind_node(step.node, views)
+            if load_body is not None and is_control_flow(step.node.op):
+                call = bind_control_flow(step.node, views, cp.graph, load_body)
+            else:
+                call = cp.bind_node(step.node, views)
             instructions.append(Instruction(call, step.node.op, step.node.name, part.backend, part.index,
                                             step.reads, step.writes))
         else:

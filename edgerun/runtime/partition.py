@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from edgerun.errors import EdgerunError, VerificationError
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.subgraphs import bodies_of, body_names, is_control_flow
 
 
 @dataclass
@@ -33,7 +34,9 @@ class Partition:
         nodes = [Node(n.op, list(n.inputs), list(n.outputs), n.attrs, n.meta, n.name) for n in self.nodes]
         return Graph(list(self.inputs), list(self.outputs), nodes,
                      {v: graph.specs[v] for v in used},
-                     {v: graph.constants[v] for v in used if v in graph.constants})
+                     {v: graph.constants[v] for v in used if v in graph.constants},
+                     subgraphs={k: body for n in self.nodes if is_control_flow(n.op)
+                                for k, body in zip(body_names(n), bodies_of(n, graph))})
 
     @property
     def label(self) -> str:

@@ -50,7 +50,7 @@ def lower_unclaimed(graph: Graph, assignment: Mapping[str, str],
         placed_on = assignment.get(origins.get(node.name, node.name), FALLBACK)
         return backends[placed_on].keeps_whole(node, current)
 
-    lowered = decomposed(graph, keep, origins)
+    lowered = decomposed(graph, keep, origins, bodies=False)  # a control-flow node's backend runs its bodies
     if lowered is graph:
         return graph, dict(assignment)
     placed = {}

@@ -20,6 +20,7 @@ from backends_testkit import assert_matches_reference
 
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.builder import Builder
+from edgerun.ir.decompose import decomposed
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
@@ -93,9 +94,9 @@ def test_binary_ops_broadcast_and_edges() -> None:
 def test_integer_compare_logical_where_cast() -> None:
     i64 = RNG.integers(-9, 10, (3, 4)).astype(np.int64)
     i32 = RNG.integers(-9, 10, (1, 4)).astype(np.int32)
-    # Not +3e9 or +inf: the reference clips in float32, where int32's max rounds up to 2**31, and astype wraps to
-    # INT_MIN (found while bringing webgpu up; docs/webgpu-migration.md). The shader saturates to INT_MAX.
-    fl = np.array([[np.nan, 3.7, -3.7, 2e9], [-3e9, 0.0, 1.0, -np.inf]], np.float32)
+    # +3e9 and +inf saturate to INT_MAX on both (the reference wrapped them to INT_MIN until the bug that
+    # bringing webgpu up found was fixed; docs/webgpu-migration.md).
+    fl = np.array([[np.nan, 3.7, -3.7, 3e9], [-3e9, np.inf, 2.0**31, -np.inf]], np.float32)
     m = RNG.random((3, 4)) > 0.5
 
     def body(b: Builder, n: list[str]) -> list[str]:
@@ -243,3 +244,139 @@ def test_kernel_seconds_from_timestamp_queries() -> None:
     seconds = runner.kernel_seconds(feeds)
     assert len(seconds) == len(runner.kernels) == 2  # exp+tanh fused, reduce_sum
     assert all(0 < s < 60 for s in seconds)
+
+
+@pytest.mark.parametrize(("k", "n", "group", "zero"), [(64, 24, 32, None), (80, 8, 16, "uint8"),
+                                                        (96, 16, 64, "float32")])
+def test_matmul_int4_matches_the_reference(k: int, n: int, group: int, zero: str | None) -> None:
+    # Group-wise int4 weights stay packed on the device (uint8 constants as stored, read as u32 words); K=96
+    # with group 64 has a partial last block. An activation matmul + bias + SiLU epilogue fuses onto it.
+    blocks = -(-k // group)
+    packed = RNG.integers(0, 256, (n, blocks, group // 2)).astype(np.uint8)
+    scales = RNG.uniform(0.01, 0.1, (n, blocks)).astype(np.float32)
+    zp = {None: None, "uint8": RNG.integers(0, 16, (n, blocks)).astype(np.uint8),
+          "float32": RNG.uniform(-2, 10, (n, blocks)).astype(np.float32)}[zero]
+    x = f32(2, 3, k)
+    bias = f32(n)
+
+    def body(b: Builder, names: list[str]) -> list[str]:
+        ins = [names[0], names[1], names[2], *([names[4]] if zp is not None else [])]
+        y = b.emit("matmul_int4", ins, k=k, n=n, group_size=group)
+        z = b.binary("add", y, names[3])
+        return [y, b.binary("mul", z, b.unary("sigmoid", z))]
+    values = [x, packed, scales, bias, *([zp] if zp is not None else [])]
+    graph, feeds = build(values, body, constant=[False, True, True, True, True])
+    assert WebGpuBackend().supports(graph.nodes[0], graph)
+    check(graph, feeds, rtol=1e-5, atol=1e-5)
+    fused = WebGpuBackend().compile(graph)
+    assert [k.label for k in fused.info["runner"].kernels] == ["matmul_int4+add+sigmoid+mul"]
+    assert_matches_reference(graph, feeds, fused(*feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_int4_with_a_runtime_weight_is_not_claimed() -> None:
+    graph, _ = build([f32(1, 32), RNG.integers(0, 256, (4, 1, 16)).astype(np.uint8),
+                      np.ones((4, 1), np.float32)],
+                     lambda b, n: [b.emit("matmul_int4", n, k=32, n=4, group_size=32)], constant=[False, False, True])
+    assert not WebGpuBackend().supports(graph.nodes[0], graph)
+    graph, _ = build([f32(1, 32), RNG.integers(0, 256, (4, 1, 16)).astype(np.uint8), np.ones((4, 1), np.float32)],
+                     lambda b, n: [b.emit("matmul_int4", n, k=32, n=4, group_size=32, activations="int8")],
+                     constant=[False, True, True])
+    assert not WebGpuBackend().supports(graph.nodes[0], graph)  # int8-rounded activations: not this kernel
+
+
+def test_workgroup_argmax_over_a_long_axis_keeps_the_reference_tie_rule() -> None:
+    # A decoder's greedy pick: argmax over the vocabulary runs one workgroup per output with a tree reduction;
+    # ties (planted far apart, so different threads hold them) resolve like the reference's scan.
+    logits = RNG.integers(-50, 50, (3, 5000)).astype(np.float32)
+    logits[0, [17, 4100]] = 99.0
+    logits[1, [64, 65, 4999]] = -99.0
+    cols = f32(2000, 3)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("argmax", [n[0]], axis=1), b.emit("argmin", [n[0]], axis=1),
+                b.emit("argmax", [n[0]], axis=1, select_last_index=True),
+                b.emit("argmin", [n[0]], axis=1, select_last_index=True), b.emit("argmax", [n[1]], axis=0)]
+    graph, feeds = build([logits, cols], body)
+    compiled = WebGpuBackend().compile(graph)
+    assert {k.label for k in compiled.info["runner"].kernels} == {"argmax:workgroup", "argmin:workgroup"}
+    got = compiled(*feeds)
+    assert_matches_reference(graph, feeds, got)
+    assert got[0][0] == 17 and got[2][0] == 4100 and got[1][1] == 64 and got[3][1] == 4999
+
+
+def test_softmax_and_rms_norm_run_whole_in_one_dispatch_each() -> None:
+    x, w = f32(3, 5, 7), f32(7)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("softmax", [n[0]], axis=1), b.emit("softmax", [n[0]], axis=-1),
+                b.emit("rms_norm", [n[0], n[1]], eps=1e-5), b.emit("rms_norm", [n[0]], eps=1e-6)]
+    graph, feeds = build([x, w], body, constant=[False, True])
+    backend = WebGpuBackend()
+    assert all(backend.keeps_whole(node, graph) for node in graph.nodes)
+    compiled = backend.compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["softmax", "softmax", "rms_norm", "rms_norm"]
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-6, atol=1e-6)
+    graph2, _ = build([f32(2, 3, 4), f32(3, 4)], lambda b, n: [b.emit("rms_norm", n, normalized_ndim=2)],
+                      constant=[False, True])
+    assert not backend.keeps_whole(graph2.nodes[0], graph2)  # two normalized axes: decomposed
+
+
+@pytest.mark.parametrize("int4", [False, True])
+def test_gate_up_silu_is_one_dispatch(int4: bool) -> None:
+    # A decoder's MLP: silu(h @ Wg) * (h @ Wu), then the down projection. The up matmul shares the gate's input
+    # and rides in its dispatch (two dot products per thread), so gate + up + SiLU + mul is one dispatch.
+    h = f32(2, 32)
+
+    def weight(b: Builder) -> list[str]:
+        if not int4:
+            return [b.const(f32(32, 48, low=-0.3, high=0.3))]
+        return [b.const(RNG.integers(0, 256, (48, 1, 16)).astype(np.uint8)),
+                b.const(RNG.uniform(0.01, 0.05, (48, 1)).astype(np.float32))]
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        mm = "matmul_int4" if int4 else "matmul"
+        attrs = {"k": 32, "n": 48, "group_size": 32} if int4 else {}
+        gate = b.emit(mm, [n[0], *weight(b)], **attrs)
+        gated = b.binary("mul", gate, b.unary("sigmoid", gate))
+        up = b.emit(mm, [n[0], *weight(b)], **attrs)
+        return [b.emit("matmul", [b.binary("mul", gated, up), b.const(f32(48, 32))])]
+    graph, feeds = build([h], body)
+    compiled = WebGpuBackend().compile(graph)
+    mm = "matmul_int4" if int4 else "matmul"
+    assert [k.label for k in compiled.info["runner"].kernels] == [f"{mm}|{mm}+sigmoid+mul+mul", "matmul"]
+    assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_rasters_are_computed_where_they_are_read() -> None:
+    # x * cos + rotate_half(x) * sin: the two slices, the neg and the concat (rasters and an elementwise op
+    # between them) are not dispatched; the multiply-add reads them through WGSL functions, one dispatch.
+    x, cos, sin = f32(4, 1, 8), f32(1, 8), f32(1, 8)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        x1 = b.emit("slice", [n[0]], starts=[0], ends=[4], axes=[2])
+        x2 = b.emit("slice", [n[0]], starts=[4], ends=[8], axes=[2])
+        rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
+        return [b.binary("add", b.binary("mul", n[0], n[1]), b.binary("mul", rotated, n[2]))]
+    graph, feeds = build([x, cos, sin], body)
+    graph = decomposed(graph)
+    compiled = WebGpuBackend().compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["mul+mul+add"]
+    assert_matches_reference(graph, feeds, compiled(*feeds), rtol=0, atol=0)
+    assert len(WebGpuBackend(fuse=False).compile(graph).info["runner"].kernels) == 7
+
+
+def test_rasters_inline_into_matmul_and_softmax_but_not_when_read_twice() -> None:
+    # Attention's shapes: a transposed operand read by a matmul, a concat read by a softmax, both computed in
+    # the reader's loads; a raster read twice stays a dispatch of its own.
+    x, y = f32(3, 8), f32(3, 5)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        t = b.emit("transpose", [n[0]], perm=[1, 0])
+        twice = b.emit("transpose", [n[1]], perm=[1, 0])
+        scores = b.emit("concat", [n[0], n[1]], axis=1)
+        return [b.emit("matmul", [t, n[0]]), b.emit("softmax", [scores], axis=1), b.binary("add", twice, twice)]
+    graph, feeds = build([x, y], body)
+    graph = decomposed(graph, keep=WebGpuBackend().keeps_whole)
+    compiled = WebGpuBackend().compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["raster_1:copy", "matmul", "softmax", "add"]
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds))  # BLAS sums in another order

@@ -87,6 +87,24 @@ def test_comparisons_where_cast() -> None:
     np.testing.assert_array_equal(got_int, [1, -1, 3, -1])
 
 
+@pytest.mark.parametrize(("src", "dst"), [("float32", "int32"), ("float32", "int64"), ("float16", "int32"),
+                                          ("float32", "uint8"), ("float32", "int8")])
+def test_float_to_int_cast_truncates_and_saturates_nan_to_zero(src: str, dst: str) -> None:
+    # float32 >= 2^31 once wrapped to INT_MIN: the clip ran in float32, where int32's max rounds up to 2^31.
+    info = np.iinfo(dst)
+    values = np.array([np.nan, np.inf, -np.inf, 2.0**31, -(2.0**31), 3e9, -3e9, 1e30, -1e30, 300.0, -300.0,
+                       2.9, -2.9, 0.0], dtype=np.float64)
+    with np.errstate(over="ignore"):
+        x = values.astype(src)  # float16: the large ones become inf
+    g = Graph()
+    inp = g.add_input("x", TensorSpec((x.size,), src))
+    g.outputs = [Builder(g).emit("cast", [inp], dtype=dst)]
+    (got,) = interpret(g, [x])
+    want = [0 if np.isnan(v) else int(max(min(np.trunc(v), info.max), info.min)) for v in x.astype(np.float64)]
+    assert got.dtype == np.dtype(dst)
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
 @pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"])
 @pytest.mark.parametrize(("axes", "keep"), [([1], False), ([0, 2], True), (None, False), ([-1], True)])
 def test_reductions(op: str, axes: list[int] | None, keep: bool) -> None:

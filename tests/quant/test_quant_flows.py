@@ -148,3 +148,29 @@ def test_embedding_tables_become_int8_rows_with_a_scale_each() -> None:
     assert np.abs(got - ref).max() <= np.abs(table).max(axis=1)[x].max() / 254 + 1e-6  # half a step of its row
     kept = edgerun.quantize(program, "int8-dynamic", exclude=["gather"])
     assert {a.dtype for a in kept.graph.constants.values() if a.size == 300 * 16} == {np.dtype(np.float32)}
+
+
+def test_int8_static_keeps_convs_integer_and_folds_relu6() -> None:
+    """conv -> clamp(0, 6) -> conv -> output: the first conv requantizes to uint8 with the clamp folded in and the
+    second reads that uint8 value directly; the second, producing the graph output, ends in float."""
+    rng = np.random.default_rng(0)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("image", TensorSpec((1, 3, 16, 16), DType.float32))
+    w1 = b.const((rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32))
+    h = b.emit("conv2d", [x, w1, b.const(rng.standard_normal(8).astype(np.float32))], padding=[1, 1, 1, 1])
+    h = b.emit("clamp", [h], min=0.0, max=6.0)
+    w2 = b.const((rng.standard_normal((4, 8, 3, 3)) / 8).astype(np.float32))
+    g.outputs = [b.emit("conv2d", [h, w2], padding=[1, 1, 1, 1])]
+    program = Program(graph=g)
+    calibration = images(4, seed=1)[:, :1]
+    q = edgerun.quantize(program, "int8-static", calibration={"image": calibration})
+    counts = q.graph.op_counts()
+    assert counts["requantize"] == 1 and counts["quantize_linear"] == 1 and "clamp" not in counts
+    requant = next(n for n in q.graph.nodes if n.op == "requantize")
+    assert requant.attrs["arithmetic"] == "float32"
+    assert [n.op for n in q.graph.nodes if requant.outputs[0] in n.inputs] == ["conv_integer"]
+    folded = q.metadata["quantization"]["uint8_values"]
+    assert list(folded) == [g.nodes[1].outputs[0]] and folded[g.nodes[1].outputs[0]]["zero_point"] == 0
+    xs = calibration[0]  # inside the calibrated ranges: what is left is rounding, not clipping
+    assert sqnr(interpret(program.graph, [xs])[0], interpret(q.graph, [xs])[0]) > 30

@@ -120,33 +120,12 @@ def test_unsupported_attribute_combination_is_explicit() -> None:
     assert info.value.module_path == "up"
 
 
-class Cond(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x - 1, (x,))
-
-
-class WhileLoop(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch._higher_order_ops import while_loop
-        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (torch.tensor(0), x))[1]
-
-
-@pytest.mark.parametrize(("model", "op"), [(Cond(), "cond"), (WhileLoop(), "while_loop")], ids=["cond", "while"])
-def test_higher_order_control_flow_refused_with_what_works_today(model: nn.Module, op: str) -> None:
-    with pytest.raises(UnsupportedOpError) as info:
-        export_graph(model, (torch.ones(3),))
-    message = str(info.value)
-    assert "cannot be converted yet" in message and "torch.where" in message
-    assert f"unsupported operator '{op}'" in message  # not a deep AttributeError from a branch subgraph
-
-
-def test_no_message_recommends_what_cannot_be_converted() -> None:
-    """Every hint that names torch.cond says it cannot be converted (it used to recommend it)."""
+def test_the_data_dependent_hint_recommends_the_control_flow_edgerun_converts() -> None:
     from edgerun.frontends.torch.capture import _explain
 
     class GuardOnDataDependentSymNode(Exception):
         pass
 
-    for text in (_explain(GuardOnDataDependentSymNode("Could not guard on data-dependent expression")),
-                 _explain(RuntimeError("unsupported Python"))):
-        assert "torch.cond" in text and "cannot convert" in text.replace("cannot be converted", "cannot convert")
+    text = _explain(GuardOnDataDependentSymNode("Could not guard on data-dependent expression"))
+    assert "torch.cond(pred, true_fn, false_fn, operands)" in text and "torch.while_loop" in text
+    assert "cannot" not in text.split("How to fix:")[1].replace("cannot capture", "")

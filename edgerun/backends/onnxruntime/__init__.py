@@ -24,16 +24,17 @@ import numpy as np
 import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
+from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
+    EXTERNAL_CONSTANT_BYTES,
     ONNX_DTYPE,
     OPSET,
     SUPPORTED,
-    TRANSLATORS,
     OnnxBuilder,
+    reads,
 )
-from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED, QUANT_TRANSLATORS
-from edgerun.backends.onnxruntime.onnx_raster import emit_raster
+from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
@@ -45,8 +46,6 @@ DEFAULT_THREADS = 2
 SMALL_PARTITION_FLOPS = 2e6
 # With a spinning pool, a small partition still uses it when its ops average at least this much work.
 SPIN_POOL_NODE_FLOPS = 2e4
-# Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
-EXTERNAL_CONSTANT_BYTES = 1024
 
 
 class OnnxRuntimeBackend(Backend):
@@ -54,6 +53,7 @@ class OnnxRuntimeBackend(Backend):
     extra = "onnxruntime"
     supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
     composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization: one ORT kernel each
+    control_flow = CONTROL_FLOW  # If, Loop, Scan, bodies emitted like any partition (onnx_control_flow.py)
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=5e10, bytes_per_s=8e9, dispatch_s=1e-6)
     partition_overhead_s = 1.5e-5  # one run_with_iobinding call, measured on the dev machine
@@ -83,7 +83,7 @@ class OnnxRuntimeBackend(Backend):
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
         for node in subgraph.nodes:
-            if node.op not in self.supported and node.op not in self.composites:
+            if node.op not in self.supported and node.op not in self.composites and node.op not in self.control_flow:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the onnxruntime backend")
         model, external = build_model(subgraph)
@@ -111,10 +111,7 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     """An ONNX ModelProto for `subgraph`, and the constants to pass as external OrtValues (name -> array)."""
     b = OnnxBuilder(subgraph)
     for node in subgraph.nodes:
-        if node.op == "raster":
-            emit_raster(b, node)
-        else:
-            (TRANSLATORS.get(node.op) or QUANT_TRANSLATORS[node.op])(b, node)
+        emit_node(b, node)
     helper = b.helper
     used = {v for n in subgraph.nodes for v in n.inputs if v}
     external: dict[str, np.ndarray] = {}
@@ -126,14 +123,17 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
             external[name] = np.ascontiguousarray(value)
             inits.append(_external_placeholder(name, value))
         else:
-            inits.append(b.numpy_helper.from_array(np.ascontiguousarray(value), name))
+            inits.append(b.numpy_helper.from_array(np.array(value, order="C", copy=None), name))  # keeps 0-d 0-d
+    for name, value in b.large.items():
+        external[name] = value
+        inits.append(_external_placeholder(name, value))
 
     def info(v: str) -> Any:
         spec = subgraph.specs[v]
         return helper.make_tensor_value_info(v, ONNX_DTYPE[spec.dtype], list(spec.shape))
 
     nodes = b.live_nodes(list(subgraph.outputs))
-    live = {v for n in nodes for v in n.input}
+    live = set().union(*(reads(n) for n in nodes))
     inits = [t for t in inits if t.name in live]
     external = {k: v for k, v in external.items() if k in live}
     graph = helper.make_graph(nodes, "edgerun_partition", [info(v) for v in subgraph.inputs],
@@ -165,6 +165,9 @@ def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    # No QDQ fusion: ORT would rewrite dequantize -> add -> quantize into QLinearAdd, which rounds differently
+    # from the program; the integer layers arrive already fused (QLinearConv, onnx_quant_ops.py).
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -32,6 +32,10 @@ ONNX_DTYPE = {DType.float32: 1, DType.uint8: 2, DType.int8: 3, DType.int32: 6, D
               DType.bool: 9, DType.float16: 10}
 
 
+# Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
+EXTERNAL_CONSTANT_BYTES = 1024
+
+
 class OnnxBuilder:
     """Collects nodes and initializers of one ONNX graph; names every intermediate it makes."""
 
@@ -44,6 +48,9 @@ class OnnxBuilder:
         self.graph = graph
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
+        # Constants the translators make (reshaped weights, scales) of EXTERNAL_CONSTANT_BYTES or more: handed
+        # to ORT as zero-copy OrtValues like the graph's own, not serialised (int4 scales: 20 MB for an LLM).
+        self.large: dict[str, np.ndarray] = {}
         self._count = 0
         self._reshaped: dict[str, str] = {}  # Reshape output -> its input
         self.consumers = graph.consumers()
@@ -69,16 +76,33 @@ class OnnxBuilder:
         for node in reversed(self.nodes):
             if needed.intersection(node.output):
                 keep.append(node)
-                needed.update(node.input)
+                needed.update(reads(node))
         return keep[::-1]
 
     def const(self, value: np.ndarray, hint: str = "c") -> str:
         name = self.fresh(hint)
-        self.initializers.append(self.numpy_helper.from_array(np.ascontiguousarray(value), name))
+        value = np.ascontiguousarray(value)
+        if value.nbytes >= EXTERNAL_CONSTANT_BYTES:
+            self.large[name] = value
+        else:
+            self.initializers.append(self.numpy_helper.from_array(value, name))
         return name
 
     def ints(self, values: list[int] | tuple[int, ...], hint: str = "shape") -> str:
         return self.const(np.asarray(values, np.int64), hint)
+
+
+def reads(proto: Any) -> set[str]:
+    """Every value an ONNX node reads: its inputs, and what its bodies (If, Loop, Scan) read from outside."""
+    names = {i for i in proto.input if i}
+    for attr in proto.attribute:
+        if attr.type == 5:  # AttributeProto.GRAPH
+            body = attr.g
+            local = {vi.name for vi in body.input} | {t.name for t in body.initializer}
+            local |= {o for n in body.node for o in n.output}
+            used = {o.name for o in body.output}.union(*(reads(n) for n in body.node))
+            names |= used - local
+    return names
 
 
 Translator = Callable[[OnnxBuilder, Node], None]

@@ -3,7 +3,10 @@
 quantize_linear / dequantize_linear -> QuantizeLinear / DequantizeLinear (per tensor or one axis);
 dynamic_quantize (uint8, per tensor) -> DynamicQuantizeLinear; matmul_integer -> MatMulInteger;
 conv_integer -> ConvInteger (per-tensor weight zero point: ORT refuses per-channel); matmul_int4 ->
-com.microsoft MatMulNBits. requantize is not claimed: ORT requantizes in float32 and can be one step off.
+com.microsoft MatMulNBits (accuracy_level 4 for int8 activations). requantize is claimed in its float32 arithmetic only (ORT's; the exact one can be
+a step away): alone it is Cast -> Mul -> QuantizeLinear(scale 1), and after conv_integer (+ an int32 bias
+add) the three become one QLinearConv, ORT's fast integer convolution, with x_scale = y_scale = 1 and the
+multiplier as w_scale, so ORT's x_scale * w_scale / y_scale is the multiplier itself, bit for bit.
 
 ORT's x86 AVX2 kernel for uint8 x int8 adds pairs of products into int16 with saturation (vpmaddubsw), so
 uint8 x int8 is claimed only for constant weights within [-64, 64] (7-bit weights: `reduce_range=True` in
@@ -146,5 +149,62 @@ def _matmul_int4(b: OnnxBuilder, node: Node) -> None:
         if zp.dtype == np.uint8:  # two per byte, each row padded to whole bytes
             zp = pack_int4(np.pad(zp, ((0, 0), (0, blocks % 2))))
         ins.append(b.const(np.ascontiguousarray(zp.reshape(-1)), "zero_points"))
+    # accuracy_level 4: MLAS rounds the input to int8 per block first, which is what activations="int8" says.
+    int8 = node.attrs.get("activations", "float") == "int8"
     b.node("MatMulNBits", ins, list(node.outputs), domain=MS_DOMAIN, K=int(node.attrs["k"]), N=n, bits=4,
-           block_size=int(node.attrs["group_size"]))
+           block_size=int(node.attrs["group_size"]), **({"accuracy_level": 4} if int8 else {}))
+
+
+def _requantize_ok(node: Node, graph: Graph) -> bool:
+    # The multiplier must be a constant with one value or one per channel (axis 1): QLinearConv's w_scale.
+    return node.attrs.get("arithmetic", "exact") == "float32" and node.inputs[1] in graph.constants \
+        and graph.specs[node.inputs[2]].numel == 1
+
+
+def _fusable_conv(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
+    """(conv_integer node, int32 bias constant or "") when `node` requantizes conv_integer [+ constant bias]."""
+    producers = b.graph.producers()
+    src, bias = producers.get(node.inputs[0]), ""
+    if src is not None and src.op == "add":
+        acc, bias = src.inputs
+        if acc not in producers or bias not in b.graph.constants:
+            acc, bias = bias, acc
+        if bias not in b.graph.constants or b.graph.constants[bias].dtype != np.int32:
+            return None
+        src = producers.get(acc)
+    if src is None or src.op != "conv_integer" or src.inputs[1] not in b.graph.constants:
+        return None
+    oc = b.graph.specs[src.inputs[1]].shape[0]
+    per_channel = ((oc, 1, 1), (1, oc, 1, 1))  # along NCHW's channel axis (a bare (oc,) would broadcast on W)
+    if bias and b.graph.specs[bias].shape not in per_channel:
+        return None
+    scale = b.graph.constants[node.inputs[1]]
+    if scale.size != 1 and scale.shape not in per_channel:
+        return None
+    return src, bias
+
+
+@_claim("requantize", _requantize_ok)
+def _requantize(b: OnnxBuilder, node: Node) -> None:
+    acc, scale, zp = node.inputs
+    zp_name = b.node("Reshape", [zp, b.ints([])]) if b.graph.specs[zp].shape else zp
+    fused = _fusable_conv(b, node)
+    if fused is None:
+        x = b.node("Mul", [b.node("Cast", [acc], to=1), scale])  # float32(acc) * scale: one rounding each
+        one = b.const(np.array(1.0, np.float32), "one")
+        b.node("QuantizeLinear", [x, one, zp_name], list(node.outputs))
+        return
+    conv, bias = fused
+    stride, pads, dil, groups = conv_geometry(conv.attrs)
+    x, w, x_zp, w_zp = conv.inputs
+    w_shape = b.graph.specs[w].shape
+    one = b.const(np.array(1.0, np.float32), "one")
+    multiplier = b.const(np.ascontiguousarray(b.graph.constants[scale].reshape(-1)), "multiplier")
+    w_zp_spec = b.graph.specs[w_zp]
+    w_zp_name = w_zp if not w_zp_spec.shape else b.node("Reshape", [w_zp, b.ints([] if w_zp_spec.numel == 1 else [-1])])
+    x_zp_name = b.node("Reshape", [x_zp, b.ints([])]) if b.graph.specs[x_zp].shape else x_zp
+    ins = [x, one, x_zp_name, w, multiplier, w_zp_name, one, zp_name]
+    if bias:
+        ins.append(b.const(np.ascontiguousarray(b.graph.constants[bias].reshape(-1)), "bias"))
+    b.node("QLinearConv", ins, list(node.outputs), kernel_shape=[w_shape[2], w_shape[3]], strides=list(stride),
+           pads=list(pads), dilations=list(dil), group=groups)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgerun.backends.onnxruntime.onnx_ops import reads
+
 
 def drop_noop_reshapes(model: Any) -> None:
     """Remove, in place, every Reshape whose input and output have the same static shape. Its consumers read
@@ -26,7 +28,9 @@ def drop_noop_reshapes(model: Any) -> None:
     shapes = {v.name: _static_shape(v) for v in [*inferred.value_info, *inferred.input, *inferred.output]}
     shapes.update({t.name: tuple(t.dims) for t in graph.initializer})
     outputs = {v.name for v in graph.output}
-    fixed = outputs | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    # Values If/Loop/Scan bodies read by name from this graph: renaming never reaches inside a body.
+    read_by_bodies = {name for n in graph.node for name in reads(n) - set(n.input)}
+    fixed = outputs | {v.name for v in graph.input} | {t.name for t in graph.initializer} | read_by_bodies
     rename: dict[str, str] = {}
     dropped: set[int] = set()
 
@@ -39,7 +43,7 @@ def drop_noop_reshapes(model: Any) -> None:
         if node.op_type != "Reshape" or shapes.get(node.input[0]) is None:
             continue
         src, dst = final(node.input[0]), node.output[0]  # a reshape of a dropped one reads what that read
-        if shapes[node.input[0]] != shapes.get(dst):
+        if shapes[node.input[0]] != shapes.get(dst) or dst in read_by_bodies:
             continue
         if dst not in outputs:
             rename[dst] = src
@@ -58,7 +62,7 @@ def drop_noop_reshapes(model: Any) -> None:
             node.output[k] = final(name)
     del graph.node[:]
     graph.node.extend(keep)
-    used = {name for node in keep for name in node.input}
+    used = {name for node in keep for name in node.input} | read_by_bodies
     for tensor in [t for t in graph.initializer if t.name not in used]:
         graph.initializer.remove(tensor)
 

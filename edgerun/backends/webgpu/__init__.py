@@ -8,7 +8,7 @@ call the dispatch list is captured and replayed, with guards that fall back to a
 What it claims (`supported`, the contract): float32, int32, int64 and bool values, and float16 where the
 adapter has `shader-f16` (stored as f16, computed in f32). int64 is stored as int32 (WGSL has no 64-bit
 integers; values outside int32 are an EdgerunError at upload). int8 and uint8 are not claimed (the
-partitioner places them elsewhere); neither are integer div/mod/pow (the reference raises on division by
+partitioner places them elsewhere), except matmul_int4's packed uint8 constants, uploaded as stored; neither are integer div/mod/pow (the reference raises on division by
 zero, a shader cannot).
 """
 
@@ -32,6 +32,13 @@ def _int_ok(node: Node, graph: Graph) -> bool:
     return graph.specs[node.inputs[0]].dtype is not DType.bool
 
 
+def _packed_constants(node: Node, graph: Graph) -> bool:
+    """uint8 values exist on the device only as constants (packed int4 weights and zero points); float
+    activations only (the kernel has no int8 rounding of its input)."""
+    return (node.attrs.get("activations") in (None, "float")
+            and all(v in graph.constants for v in node.inputs[1:] if v and graph.specs[v].dtype is DType.uint8))
+
+
 SUPPORTED: dict[str, OpSupport] = {
     **{op: OpSupport(_F) for op in FLOAT_UNARY if op not in INT_UNARY},
     **{op: OpSupport(_NUM) for op in INT_UNARY},
@@ -46,6 +53,7 @@ SUPPORTED: dict[str, OpSupport] = {
     "argmax": OpSupport(_NUM, check=_int_ok),
     "argmin": OpSupport(_NUM, check=_int_ok),
     "matmul": OpSupport(_NUM),
+    "matmul_int4": OpSupport(frozenset({DType.float32, DType.uint8}), check=_packed_constants),
     "conv2d": OpSupport(_F),
     "max_pool2d": OpSupport(_F),
     "avg_pool2d": OpSupport(_F),
@@ -54,10 +62,26 @@ SUPPORTED: dict[str, OpSupport] = {
 }
 
 
+def _last_axis_norm(node: Node, graph: Graph) -> bool:
+    x = graph.specs[node.inputs[0]]
+    weight = node.inputs[1] if len(node.inputs) > 1 else ""
+    return (int(node.attrs.get("normalized_ndim", 1)) == 1 and not (len(node.inputs) > 2 and node.inputs[2])
+            and (not weight or graph.specs[weight].shape == x.shape[-1:]))
+
+
+# Composites run whole, one dispatch each (the decoder's RMSNorm, attention's softmax) instead of the
+# 3-4 dispatches of their decomposition.
+COMPOSITES: dict[str, OpSupport] = {
+    "softmax": OpSupport(_F),
+    "rms_norm": OpSupport(_F, check=_last_axis_norm),
+}
+
+
 class WebGpuBackend(Backend):
     name = "webgpu"
     extra = "webgpu"
     supported = SUPPORTED
+    composites = COMPOSITES
     # A discrete GPU would be far faster; these describe lavapipe on a few CPU cores, the CI adapter.
     throughput = Throughput(flops_per_s=2e9, bytes_per_s=2e9, dispatch_s=2e-5, transfer_bytes_per_s=4e9,
                             transfer_latency_s=2e-4)

@@ -16,7 +16,7 @@ switched), `buffers` (the device buffers were reallocated, e.g. constants replac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ import numpy as np
 import wgpu
 
 from edgerun.backends.webgpu.device import GpuDevice
-from edgerun.backends.webgpu.lowering import lower
+from edgerun.backends.webgpu.lowering import identity_rasters, lower
 from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
 from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
@@ -36,7 +36,7 @@ _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsa
 
 
 def device_itemsize(dtype: DType) -> int:
-    return 2 if dtype is DType.float16 else 4
+    return 2 if dtype is DType.float16 else 1 if dtype is DType.uint8 else 4
 
 
 def device_bytes(dtype: DType, numel: int) -> int:
@@ -46,6 +46,9 @@ def device_bytes(dtype: DType, numel: int) -> int:
 
 def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
     """A host array as the device stores it (bool -> u32, int64 -> i32 range-checked), padded to 4 bytes."""
+    if dtype is DType.uint8:  # packed int4 bytes (constants only), kept as stored, read as u32 words
+        raw = np.ascontiguousarray(array, np.uint8).reshape(-1)
+        return np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)]).view(np.uint32)
     if dtype is DType.float16:
         flat = np.ascontiguousarray(array, np.float16).reshape(-1)
         return flat if flat.size % 2 == 0 else np.concatenate([flat, np.zeros(1, np.float16)])
@@ -57,6 +60,26 @@ def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
         raise EdgerunError(f"value {name!r} holds int64 values outside the int32 range, which the webgpu "
                            "backend stores on the device (WGSL has no 64-bit integers)")
     return np.ascontiguousarray(array, np.int32)
+
+
+def pack_constants(graph: Graph, constants: Mapping[str, np.ndarray],
+                   align: int) -> tuple[np.ndarray, dict[str, tuple[int, int]]]:
+    """The constants the partition reads, as stored on the device, in one byte blob; (offset, size) of each."""
+    used = {v for n in graph.nodes for v in n.inputs if v}
+    ranges: dict[str, tuple[int, int]] = {}
+    chunks, offset = [], 0
+    for name, value in constants.items():
+        if name not in used:
+            continue
+        data = to_device(value, graph.specs[name].dtype, name).reshape(-1)
+        size = device_bytes(graph.specs[name].dtype, value.size)
+        ranges[name] = (offset, size)
+        chunks.append((offset, data))
+        offset += -(-size // align) * align
+    blob = np.zeros(max(offset, 4), np.uint8)
+    for start, data in chunks:
+        blob[start:start + data.nbytes] = data.view(np.uint8)
+    return blob, ranges
 
 
 @dataclass
@@ -83,6 +106,8 @@ class PartitionRunner:
         self.graph = graph
         self.replay = replay
         self.stats = RunStats()
+        self.held: frozenset[str] = frozenset()
+        self.align = gpu.limits.offset_alignment
         self._captured: Captured | None = None
         self._plan_version = 0
         self._buffer_version = 0
@@ -95,6 +120,7 @@ class PartitionRunner:
         """(Re)lower the partition with or without fusion; a captured call is then stale (guard `plan`)."""
         self.fuse = fuse
         self.kernels = lower(self.graph, fuse)
+        self.alias = identity_rasters(self.graph) if fuse else {}
         for k in self.kernels:
             self._check_limits(k)
             self.gpu.pipeline(k.source)  # a shader the adapter refuses fails the compile, not a call
@@ -111,30 +137,37 @@ class PartitionRunner:
         self._upload_constants(merged)
 
     def _upload_constants(self, constants: dict[str, np.ndarray]) -> None:
-        used = {v for n in self.graph.nodes for v in n.inputs if v}
         self._constants = constants
-        self._const_range: dict[str, tuple[int, int]] = {}
-        chunks, offset = [], 0
-        align = self.gpu.limits.offset_alignment
-        for name, value in constants.items():
-            if name not in used:
-                continue
-            data = to_device(value, self.graph.specs[name].dtype, name).reshape(-1)
-            size = device_bytes(self.graph.specs[name].dtype, value.size)
-            self._const_range[name] = (offset, size)
-            chunks.append((offset, data))
-            offset += -(-size // align) * align
-        blob = np.zeros(max(offset, 4), np.uint8)
-        for start, data in chunks:
-            blob[start:start + data.nbytes] = data.view(np.uint8)
+        blob, self._const_range = pack_constants(self.graph, constants, self.align)
         self._check_buffer(blob.nbytes, "the constants")
         self._const_buf = self.gpu.call("uploading constants", self.gpu.device.create_buffer_with_data,
                                         data=blob, usage=_STORAGE)
         self._buffer_version += 1
 
+    @property
+    def constants(self) -> Mapping[str, np.ndarray]:
+        return self._constants
+
+    def value_range(self, name: str) -> tuple[int, int]:
+        """(offset, bytes) of a non-constant value in the arena buffer."""
+        return self._range[name]
+
+    def hold(self, names: Collection[str], align: int | None = None) -> None:
+        """Keep `names` (inputs) intact for the whole call, so their device ranges can carry state from one
+        call to the next (a KV cache the browser runtime appends to), with ranges aligned to `align` bytes
+        (a browser's minStorageBufferOffsetAlignment may be coarser than this adapter's); the arena is planned
+        again, so a captured call goes stale (guard `buffers`)."""
+        unknown = sorted(set(names) - set(self.graph.inputs))
+        if unknown:
+            raise EdgerunError(f"only inputs can be held across calls, not {unknown}")
+        self.held = frozenset(names)
+        if align is not None:
+            self.align = max(self.align, align)
+        self._plan_arena()
+
     def _plan_arena(self) -> None:
         """First-fit offsets for every non-constant value over the dispatch order (inputs live from the start,
-        outputs to the end)."""
+        outputs to the end; an identity raster's output shares its source's range)."""
         g = self.graph
         last = len(self.kernels)
         birth: dict[str, int] = {v: -1 for v in g.inputs}
@@ -145,9 +178,9 @@ class PartitionRunner:
                     continue
                 birth.setdefault(v, i)
                 death[v] = i
-        for v in g.outputs:
-            death[v] = last
-        align = self.gpu.limits.offset_alignment
+        for v in (*g.outputs, *self.held):
+            death[self.alias.get(v, v)] = last
+        align = self.align
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, birth, death)
         self._range: dict[str, tuple[int, int]] = {}
         for v in sorted(birth, key=lambda v: (birth[v], v)):
@@ -160,6 +193,9 @@ class PartitionRunner:
                 offset = -(-(o + s) // align) * align
             placed.append((offset, size, b, d))
             self._range[v] = (offset, size)
+        for v, root in self.alias.items():  # identity rasters: the output is its source's bytes
+            if root in self._range:
+                self._range[v] = self._range[root]
         total = max((o + s for o, s, _, _ in placed), default=4)
         self.arena_bytes = total
         self._check_buffer(total, "the partition's arena")

@@ -23,7 +23,9 @@ from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 WORKGROUP = 64
 # What kernels compute in, and what buffers hold: float16 is stored as f16 and computed in f32 (a load
 # widens, a store rounds once), so a fused chain rounds to half precision once, at its end.
-WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32"}
+# uint8 is only ever a constant of packed bytes (matmul_int4's weights and zero points), bound as u32 words.
+WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32",
+             DType.uint8: "u32"}
 STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}
 FLOATS = frozenset({DType.float32, DType.float16})
 
@@ -46,13 +48,16 @@ fn e_erf(x: f32) -> f32 {
 }
 fn e_pow(a: f32, b: f32) -> f32 {
   if (b == 0.0) { return 1.0; }
-  if (a == 0.0) { if (b > 0.0) { return 0.0; } return bitcast<f32>(0x7f800000u); }
+  if (a == 0.0) { if (b > 0.0) { return 0.0; } return e_bits(0x7f800000u); }
   if (a > 0.0) { return exp2(b * log2(a)); }
-  if (b != floor(b)) { return bitcast<f32>(0x7fc00000u); }
+  if (b != floor(b)) { return e_bits(0x7fc00000u); }
   let m = exp2(b * log2(-a));
   if (abs(b - 2.0 * floor(b * 0.5)) == 1.0) { return -m; }
   return m;
 }
+// Infinities and NaN from their bits, through a function so no compiler constant-evaluates them (naga refuses
+// 1.0/0.0, and Chrome's Tint refuses bitcast<f32>(0x7f800000u) as a constant: "inf cannot be represented").
+fn e_bits(b: u32) -> f32 { return bitcast<f32>(b); }
 // NaN tests on the bits: shader compilers may assume x == x.
 fn e_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn e_max(a: f32, b: f32) -> f32 { if (e_isnan(a)) { return a; } if (e_isnan(b)) { return b; } return max(a, b); }
@@ -208,6 +213,12 @@ def node_body(node: Node, graph: Graph) -> Body:
         return _arg_body(node, graph, inputs)
     if op == "matmul":
         return _matmul_body(graph, inputs, out.shape)
+    if op == "matmul_int4":
+        return _matmul_int4_body(node, graph, inputs)
+    if op == "softmax":
+        return _softmax_body(node, graph, inputs)
+    if op == "rms_norm":
+        return _rms_norm_body(node, graph, inputs)
     if op == "conv2d":
         return _conv_body(node, graph, inputs)
     if op in ("max_pool2d", "avg_pool2d"):
@@ -263,6 +274,75 @@ def _arg_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     return Body(inputs, lines)
 
 
+WIDE_ARG = 1024  # an argmax/argmin over at least this many elements per output gets a workgroup per output
+
+
+def is_wide_arg(node: Node, graph: Graph) -> bool:
+    if node.op not in ("argmax", "argmin"):
+        return False
+    x = graph.specs[node.inputs[0]]
+    return x.shape[int(node.attrs.get("axis", 0)) % max(x.rank, 1)] >= WIDE_ARG
+
+
+def wide_arg_kernel(node: Node, graph: Graph) -> Kernel:
+    """argmax/argmin of a long axis (a decoder's logits): one workgroup per output, each thread scans a
+    strided share, then a tree reduction in workgroup memory. Ties keep the lower index (the higher with
+    select_last_index), so the answer equals the one-thread scan's and the reference's."""
+    x = graph.specs[node.inputs[0]]
+    axis = int(node.attrs.get("axis", 0)) % max(x.rank, 1)
+    strides = _row_major(x.shape)
+    kept = [a for a in range(x.rank) if a != axis]
+    outputs = math.prod(x.shape[a] for a in kept)
+    length, step = x.shape[axis], strides[axis]
+    better = ">" if node.op == "argmax" else "<"
+    tie = ">" if node.attrs.get("select_last_index") else "<"
+    t = STORAGE_TYPE[x.dtype]
+    load = f"f32(in0[base + r * {step}])" if t == "f16" else f"in0[base + r * {step}]"
+    base = " + ".join(f"k{i} * {strides[a]}" for i, a in enumerate(kept)) or "0"
+    vt = "f32" if t == "f16" else WGSL_TYPE[x.dtype]
+    lines = coords([x.shape[a] for a in kept], var="o", prefix="k")
+    enable = "enable f16;\n" if t == "f16" else ""
+    source = f"""{enable}@group(0) @binding(0) var<storage, read_write> in0: array<{t}>;
+@group(0) @binding(1) var<storage, read_write> out0: array<i32>;
+var<workgroup> best_v: array<{vt}, {WORKGROUP}>;
+var<workgroup> best_i: array<i32, {WORKGROUP}>;
+fn wins(v: {vt}, i: i32, w: {vt}, j: i32) -> bool {{
+  if (j < 0) {{ return i >= 0; }}
+  if (i < 0) {{ return false; }}
+  return v {better} w || (v == w && i {tie} j);
+}}
+@compute @workgroup_size({WORKGROUP})
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {{
+  let o = wid.x + wid.y * nwg.x;
+  let tid = i32(lid.x);
+  var bv: {vt};
+  var bi: i32 = -1;
+  if (o < {outputs}u) {{
+    {chr(10).join('    ' + line for line in lines).strip()}
+    let base = {base};
+    for (var r: i32 = tid; r < {length}; r = r + {WORKGROUP}) {{
+      let v = {load};
+      if (wins(v, r, bv, bi)) {{ bv = v; bi = r; }}
+    }}
+  }}
+  best_v[tid] = bv;
+  best_i[tid] = bi;
+  workgroupBarrier();
+  for (var half: i32 = {WORKGROUP // 2}; half > 0; half = half / 2) {{
+    if (tid < half && wins(best_v[tid + half], best_i[tid + half], best_v[tid], best_i[tid])) {{
+      best_v[tid] = best_v[tid + half];
+      best_i[tid] = best_i[tid + half];
+    }}
+    workgroupBarrier();
+  }}
+  if (tid == 0 && o < {outputs}u) {{ out0[o] = best_i[0]; }}
+}}
+"""
+    return Kernel(source, [node.inputs[0], node.outputs[0]], outputs * WORKGROUP, [node.name],
+                  label=f"{node.op}:workgroup")
+
+
 def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> Body:
     a, b = (graph.specs[v] for v in inputs)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -279,6 +359,78 @@ def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> B
               f"for (var r: i32 = 0; r < {k}; r = r + 1) {{ acc_r = acc_r + in0[ab + r] * in1[bb + r * {n}]; }}",
               "let acc = acc_r;"]
     return Body(inputs, lines)
+
+
+def _row(x_shape: Sequence[int], axis: int) -> tuple[list[str], int, int]:
+    """Lines setting `base`, the flat index where the row through output index `idx` along `axis` starts,
+    and the row's length and stride."""
+    strides = _row_major(x_shape)
+    kept = [a for a in range(len(x_shape)) if a != axis]
+    lines = coords(x_shape)
+    base = " + ".join(f"c{a} * {strides[a]}" for a in kept) or "0"
+    return [*lines, f"let base = {base};"], x_shape[axis], strides[axis]
+
+
+def _softmax_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """The composite whole, one thread per element: the row's max, then the sum of exp(x - max), in the
+    decomposition's order (so the values are the unfused kernels')."""
+    x = graph.specs[inputs[0]]
+    axis = int(node.attrs.get("axis", -1)) % max(x.rank, 1)
+    lines, n, step = _row(x.shape, axis)
+    lines += ["var m = in0[base];",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ m = e_max(m, in0[base + r * {step}]); }}",
+              "var total: f32 = 0.0;",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ total = total + exp(in0[base + r * {step}] - m); }}",
+              "let acc = exp(in0[idx] - m) / total;"]
+    return Body(inputs, lines)
+
+
+def _rms_norm_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """The composite whole over the last axis, one thread per element: x * rsqrt(mean(x*x) + eps) * weight,
+    in the decomposition's order."""
+    x = graph.specs[inputs[0]]
+    lines, n, _ = _row(x.shape, x.rank - 1)
+    eps = float(node.attrs.get("eps", 1e-6))
+    weight = f" * in1[c{x.rank - 1}]" if len(inputs) > 1 else ""
+    lines += ["var total: f32 = 0.0;",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ let v = in0[base + r]; total = total + v * v; }}",
+              f"let inv = inverseSqrt(total / {float(n)!r} + f32({eps!r}));",
+              f"let acc = (in0[idx] * inv){weight};"]
+    return Body(inputs, lines)
+
+
+def _matmul_int4_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """a @ dequant(w).T, one thread per output: each weight is (q - zero point) * scale in f32, as the oracle
+    dequantizes, then accumulated in f32. Packed bytes are read out of u32 words (WGSL has no u8)."""
+    a = graph.specs[inputs[0]]
+    k, n, group = int(node.attrs["k"]), int(node.attrs["n"]), int(node.attrs["group_size"])
+    blocks = -(-k // group)
+    del a
+    zp = len(inputs) > 3
+    if zp and graph.specs[inputs[3]].dtype is DType.uint8:
+        zero = f"f32({_byte('in3', f'c_n * {blocks} + b')})"
+    elif zp:
+        zero = f"in3[c_n * {blocks} + b]"
+    else:
+        zero = "8.0"
+    lines = [f"let c_n = i32(idx % {n}u);", f"let row = i32(idx / {n}u);",
+             f"let ab = row * {k};", "var acc_r: f32 = 0.0;",
+             f"for (var b: i32 = 0; b < {blocks}; b = b + 1) {{",
+             f"  let s = in2[c_n * {blocks} + b];", f"  let z = {zero};",
+             f"  let wb = (c_n * {blocks} + b) * {group // 2};",
+             f"  for (var j: i32 = 0; j < {group}; j = j + 1) {{",
+             f"    let kk = b * {group} + j;",
+             f"    if (kk >= {k}) {{ break; }}",
+             f"    let byte = {_byte('in1', 'wb + j / 2')};",
+             "    let q = f32((byte >> (u32(j & 1) * 4u)) & 15u);",
+             "    acc_r = acc_r + in0[ab + kk] * ((q - z) * s);",
+             "  }", "}", "let acc = acc_r;"]
+    return Body(inputs, lines)
+
+
+def _byte(array: str, index: str) -> str:
+    """Byte `index` of a u32 array of packed bytes (little-endian words, as uploaded)."""
+    return f"(({array}[u32({index}) / 4u] >> ((u32({index}) % 4u) * 8u)) & 255u)"
 
 
 def _conv_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
@@ -312,7 +464,7 @@ def _pool_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     is_max = node.op == "max_pool2d"
     lines = coords(out.shape)
     lines += [f"let xc = (c0 * {c} + c1) * {h * wd};",
-              "var acc_r: f32 = " + ("bitcast<f32>(0xff800000u);" if is_max else "0.0;"),
+              "var acc_r: f32 = " + ("e_bits(0xff800000u);" if is_max else "0.0;"),
               f"for (var i: i32 = 0; i < {kh}; i = i + 1) {{",
               f"  let y = c2 * {sh} - {pt} + i * {dh};",
               f"  if (y < 0 || y >= {h}) {{ continue; }}",
@@ -416,9 +568,9 @@ def _literal(value: Any, dtype: DType) -> str:
     if dtype in FLOATS:
         v = float(value)
         if math.isnan(v):
-            return "bitcast<f32>(0x7fc00000u)"
+            return "e_bits(0x7fc00000u)"
         if math.isinf(v):
-            return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+            return "e_bits(0x7f800000u)" if v > 0 else "e_bits(0xff800000u)"
         return f"f32({v!r})"
     if dtype is DType.bool:
         return "1u" if value else "0u"
@@ -426,7 +578,7 @@ def _literal(value: Any, dtype: DType) -> str:
 
 
 def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
-            status: bool, params: bool = False) -> str:
+            status: bool, params: bool = False, helpers: str = "") -> str:
     """A compute shader: bindings in0.. (read), out0.. (written), then status or params; the body runs for
     idx < threads and stores its outputs itself."""
     decls = [f"@group(0) @binding({k}) var<storage, read_write> in{k}: array<{t}>;" for k, t in enumerate(in_types)]
@@ -440,7 +592,7 @@ def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequ
     lines = [_widen_half(line, in_types, out_types) for line in lines]
     body = "\n  ".join(lines)
     enable = "enable f16;\n" if "f16" in (*in_types, *out_types) else ""
-    return (f"{enable}{PRELUDE}{PYMOD}\n" + "\n".join(decls) +
+    return (f"{enable}{PRELUDE}{PYMOD}{helpers}\n" + "\n".join(decls) +
             f"\n@compute @workgroup_size({WORKGROUP})\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
             f"  let idx = gid.x + gid.y * nwg.x * {WORKGROUP}u;\n"

@@ -15,9 +15,6 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "other-domain": "ops outside the default ONNX domain (ai.onnx.ml classic ML, preview domains)",
     "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
     "string": "string tensors and string ops",
-    "control-flow": "Loop (data-dependent control flow): edgerun graphs are static dataflow; Scan is unrolled, "
-                    "and If counts in the denominator (inlined on an import-time condition, a where select for "
-                    "small safe branches, refused otherwise)",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "data-dependent-shape": "outputs whose shape depends on input values (NonZero, Unique, "
                             "NonMaxSuppression, Compress, ImageDecoder): symbolic dimensions are bound from the "
@@ -37,8 +34,6 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
                              "over sequences also need #12's control flow: not planned",
     "string": "cannot be supported: edgerun tensors are numeric",
-    "control-flow": "#12 (control flow): Loop becomes a while subgraph op; a run-time trip count also needs "
-                    "#12's symbolic dimensions",
     "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
               "generator could run the op but never match the reference bit for bit",
     "data-dependent-shape": "not done: #12's symbols are bound from input shapes; an output bounded by its "
@@ -55,7 +50,6 @@ _STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatc
 _SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
             "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
             "OptionalGetElement", "OptionalHasElement"}
-_CONTROL = {"Loop"}  # If is imported or refused per node (control_flow.py), so it counts
 _STRING_TYPE = 8
 
 
@@ -85,8 +79,6 @@ def design_category(model: Any) -> str | None:
         return "sequence-map-optional"
     if ops & _STRING_OPS or _STRING_TYPE in elem:
         return "string"
-    if ops & _CONTROL:
-        return "control-flow"
     if ops & _RANDOM:
         return "random"
     if ops & _DATA_SHAPE:

@@ -29,6 +29,10 @@ class OnnxModelError(EdgerunError):
     """The ONNX file or model is malformed: unreadable protobuf, dangling value, cycle, bad type or opset."""
 
 
+class OnnxImportError(EdgerunError):
+    """A handler produced something inconsistent with ONNX's own inference: a bug, never a silent answer."""
+
+
 class DynamicInputError(UnsupportedOpError):
     """A handler needs an input's value at import time (a shape, axes, pads) but it is computed at run time.
 

@@ -1,50 +1,102 @@
-"""Subgraph ops that become static dataflow: If with a condition known at import time, and Scan unrolled over
-its (static) sequence length. If on a run-time condition becomes a `where` select of both branches when both
-are small and cannot fail for any input (SELECT_SAFE_OPS); otherwise it and Loop stay refused: that is real
-control flow (issue #12).
+"""ONNX If, Loop and Scan as the IR's control-flow ops (cond, while_loop, scan), bodies as closed subgraphs.
+
+An If whose condition is known at import time (folded from static shapes, or an input frozen with
+constant_inputs=) inlines the branch taken; any other If becomes `cond`. A Loop becomes `while_loop`
+(its trip counter and condition carried beside its loop-carried values), or `scan` when it runs a trip
+count known at import time and stacks per-iteration outputs; a Loop that stacks outputs over a trip count
+known only at run time is refused (the result's length would depend on data). A Scan becomes `scan`, its
+axes and directions turned into transposes and reversals around it.
+
+ONNX bodies read enclosing values by name; ours are closed. So each body is imported into a graph of its
+own (ImportContext over a new Graph): the values it reads from outside that are known at import time are
+copied in as constants (so they keep folding), and the run-time ones become extra body inputs, passed by
+the node. Body output shapes must not depend on the trip (IR shapes are static).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from edgerun.errors import EdgerunError, UnsupportedOpError
-from edgerun.frontends.onnx.context import ImportContext, OnnxNode
+from edgerun.frontends.onnx.context import DynamicInputError, ImportContext, OnnxImportError, OnnxNode
 from edgerun.frontends.onnx.functions import rename_outer_refs
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import add_subgraph
+from edgerun.ir.tensor_spec import TensorSpec
 
-ImportNodes = Callable[[list[Any], str], None]  # (nodes, name prefix) -> imports them into ctx
+ImportInto = Callable[[ImportContext, list[Any]], None]  # imports ONNX nodes into the given context
 
-# Ops an If branch may hold to be imported as where(cond, then, else): both branches always run, so the one
-# not taken must give *some* value for every input without failing or trapping. Elementwise float maths
-# gives inf/NaN at worst, which `where` never lets through; shape ops here take static parameters (a
-# run-time one fails the import, not the run). Left out on purpose: Div and Mod (integer division by zero),
-# Gather and other index ops (out-of-range indices), Cast (NaN to integer), anything with a subgraph or a
-# random generator.
-SELECT_SAFE_OPS = {
-    "Identity", "Constant", "Add", "Sub", "Mul", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Max", "Min",
-    "Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Where",
-    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Flatten", "Expand", "Slice",
-}
-# Both branches always run, so only small ones are worth selecting between.
-SELECT_MAX_NODES = 16
+_BOOL = TensorSpec((), DType.bool)
+_INT64 = TensorSpec((), DType.int64)
 
 
-def inline_graph(ctx: ImportContext, body: Any, prefix: str, bind: dict[str, str],
-                 import_nodes: ImportNodes) -> list[str]:
-    """Import a subgraph's nodes with its inputs bound to outer ONNX names; returns its output names.
+# -- bodies ---------------------------------------------------------------------------------------------------
 
-    Values the subgraph defines get `prefix`; names it only reads come from the enclosing scope.
-    """
+def outer_reads(body: Any) -> list[str]:
+    """The names an ONNX graph (and the graphs inside it) reads from enclosing scopes, in first-use order."""
+    local = {vi.name for vi in body.input} | {t.name for t in body.initializer}
+    local |= {o for n in body.node for o in n.output}
+    found: dict[str, None] = {}
+    for n in body.node:
+        for name in n.input:
+            if name and name not in local:
+                found[name] = None
+        for a in n.attribute:
+            if a.type == 5:  # GRAPH
+                found.update((name, None) for name in outer_reads(a.g) if name not in local)
+    found.update((o.name, None) for o in body.output if o.name not in local)
+    return list(found)
+
+
+def captured_values(ctx: ImportContext, bodies: Sequence[Any]) -> list[str]:
+    """The run-time values (not import-time constants) the bodies read from `ctx`'s scope."""
+    names: dict[str, None] = {}
+    for body in bodies:
+        names.update((n, None) for n in outer_reads(body) if n not in ctx.consts)
+    for n in names:
+        ctx.value(n)  # a clear error for a name nothing defines
+    return list(names)
+
+
+def import_body(ctx: ImportContext, body: Any, formals: Sequence[tuple[str, TensorSpec]], captured: Sequence[str],
+                import_into: ImportInto) -> tuple[ImportContext, list[str]]:
+    """Import ONNX graph `body` as a closed graph: inputs `formals` (ONNX name, spec) then `captured` (outer
+    run-time values, same names); returns its context and the IR values of its outputs."""
+    from onnx import numpy_helper
+
+    child = ImportContext(Graph())
+    for name, spec in formals:
+        child.values[name] = child.graph.add_input(name, spec)
+    for name in captured:
+        child.values[name] = child.graph.add_input(name, TensorSpec(ctx.shape(name), ctx.dtype(name)))
+    for name in outer_reads(body):
+        if name in ctx.consts and name not in child.values:
+            child.consts[name] = ctx.consts[name]
+    for t in body.initializer:
+        child.consts[t.name] = numpy_helper.to_array(t)
+    import_into(child, list(body.node))
+    return child, [child.value(o.name) for o in body.output]
+
+
+def _close(child: ImportContext, outputs: list[str]) -> Graph:
+    child.graph.outputs = outputs
+    child.graph.prune_specs()
+    return child.graph
+
+
+# -- If -------------------------------------------------------------------------------------------------------
+
+def inline_graph(ctx: ImportContext, body: Any, prefix: str, import_into: ImportInto) -> list[str]:
+    """Import a branch's nodes into `ctx` itself (values it defines get `prefix`); returns its output names."""
     import onnx
     from onnx import numpy_helper
 
-    defined = {vi.name for vi in body.input} | {t.name for t in body.initializer}
-    defined |= {o for n in body.node for o in n.output if o}
+    defined = {t.name for t in body.initializer} | {o for n in body.node for o in n.output if o}
     rename = {name: f"{prefix}/{name}" for name in defined}
-    rename.update(bind)
     for t in body.initializer:
         ctx.consts[rename[t.name]] = numpy_helper.to_array(t)
     nodes = []
@@ -60,7 +112,7 @@ def inline_graph(ctx: ImportContext, body: Any, prefix: str, bind: dict[str, str
                 rename_outer_refs(a.g, rename)
         n.name = f"{prefix}/{inner.name or inner.op_type}"
         nodes.append(n)
-    import_nodes(nodes, prefix)
+    import_into(ctx, nodes)
     return [rename.get(o.name, o.name) for o in body.output]
 
 
@@ -71,110 +123,215 @@ def _alias(ctx: ImportContext, dst: str, src: str) -> None:
         ctx.values[dst] = ctx.value(src)
 
 
-def import_if(ctx: ImportContext, node: OnnxNode, import_nodes: ImportNodes) -> None:
-    cond = ctx.const(node.inputs[0])
-    if cond is None:
-        _import_if_as_select(ctx, node, import_nodes)
+def import_if(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> None:
+    pred = ctx.const(node.inputs[0])
+    if pred is not None:
+        taken = node.attr("then_branch") if bool(np.asarray(pred).reshape(-1)[0]) else node.attr("else_branch")
+        outs = inline_graph(ctx, taken, f"{node.name or node.outputs[0]}/branch", import_into)
+        for dst, src in zip(node.outputs, outs):
+            if dst:
+                _alias(ctx, dst, src)
         return
-    branch = node.attr("then_branch") if bool(np.asarray(cond).reshape(-1)[0]) else node.attr("else_branch")
-    outs = inline_graph(ctx, branch, f"{node.name or node.outputs[0]}/branch", {}, import_nodes)
-    for dst, src in zip(node.outputs, outs):
-        if dst:
-            _alias(ctx, dst, src)
-
-
-def _import_if_as_select(ctx: ImportContext, node: OnnxNode, import_nodes: ImportNodes) -> None:
-    """where(cond, then, else) when both branches are small, cannot fail, and agree on shapes and dtypes:
-    exactly the taken branch's values, for every input."""
     branches = [node.attr("then_branch"), node.attr("else_branch")]
-    why = _unselectable(branches)
-    if why:
-        raise _runtime_if_refusal(ctx, node, why)
-    prefix = node.name or node.outputs[0]
-    try:
-        then_outs, else_outs = (inline_graph(ctx, g, f"{prefix}/{side}", {}, import_nodes)
-                                for g, side in zip(branches, ("then", "else")))
-    except EdgerunError as exc:
-        raise _runtime_if_refusal(ctx, node, f"a branch does not import on its own ({exc})") from exc
-    for a, b in zip(then_outs, else_outs):
-        if ctx.shape(a) != ctx.shape(b) or ctx.dtype(a) != ctx.dtype(b):
-            raise _runtime_if_refusal(ctx, node, f"the branches give {ctx.dtype(a).value}{list(ctx.shape(a))} "
-                                                 f"and {ctx.dtype(b).value}{list(ctx.shape(b))}")
     if int(np.prod(ctx.shape(node.inputs[0]))) != 1:
         raise ValueError(f"If condition has shape {ctx.shape(node.inputs[0])}, not a single element")
-    c = ctx.emit("reshape", [ctx.value(node.inputs[0])], shape=[])
-    for dst, a, b in zip(node.outputs, then_outs, else_outs):
+    captured = captured_values(ctx, branches)
+    names, failures = [], []
+    for side, branch in zip(("then", "else"), branches):
+        try:
+            child, outs = import_body(ctx, branch, [], captured, import_into)
+        except (ValueError, OnnxImportError) as exc:
+            # ONNX models branch on shapes (silero-vad's 8 kHz branch cannot run on a 16 kHz chunk): a branch
+            # whose shapes do not work out at the import's shapes is left out, and taking it is a run-time error.
+            names.append("")
+            failures.append(f"{side} branch: {exc}")
+            continue
+        names.append(add_subgraph(ctx.graph, _close(child, outs), side))
+    if len(failures) == 2:
+        raise node.refuse(f"neither branch imports at these shapes ({'; '.join(failures)})")
+    extra = {"unreachable": failures[0][:500]} if failures else {}
+    try:
+        results = ctx.b.emit_multi("cond", [ctx.value(node.inputs[0]), *(ctx.value(n) for n in captured)],
+                                   then=names[0], **{"else": names[1]}, **extra)
+    except ValueError as exc:
+        raise node.refuse(str(exc)) from None
+    for dst, value in zip(node.outputs, results):
         if dst:
-            ctx.values[dst] = ctx.emit("where", [c, ctx.value(a), ctx.value(b)])
+            ctx.values[dst] = value
 
 
-def _unselectable(branches: list[Any]) -> str:
-    """Why these branches cannot be selected between with `where`, or '' when they can."""
-    for g in branches:
-        if len(g.node) > SELECT_MAX_NODES:
-            return f"a branch has {len(g.node)} nodes (more than {SELECT_MAX_NODES} to run both)"
-        unsafe = sorted({n.op_type for n in g.node if n.op_type not in SELECT_SAFE_OPS or n.domain not in ("", "ai.onnx")})
-        if unsafe:
-            return f"a branch uses {', '.join(unsafe)}, which could fail on the branch not taken"
-    return ""
+# -- Loop -----------------------------------------------------------------------------------------------------
+
+def import_loop(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> None:
+    body = node.attr("body")
+    trip = ctx.const(node.inputs[0]) if node.has_input(0) else None
+    carried = node.inputs[2:]
+    k = len(carried)
+    n_scan_out = len(body.output) - 1 - k
+    captured = captured_values(ctx, [body])
+    formals = [(body.input[0].name, _INT64), (body.input[1].name, _BOOL),
+               *((vi.name, TensorSpec(ctx.shape(v), ctx.dtype(v))) for vi, v in zip(body.input[2:], carried))]
+    child, outs = import_body(ctx, body, formals, captured, import_into)
+    cb = child.b
+    step = cb.emit("add", [child.graph.inputs[0], cb.const(np.array(1, np.int64))])
+    keep_going = cb.emit("reshape", [outs[0]], shape=[]) if node.has_input(1) else cb.const(np.array(True))
+    for j, (value, spec) in enumerate(zip(outs[1:1 + k], formals[2:])):
+        if child.graph.specs[value] != spec[1]:
+            raise node.refuse(f"loop-carried value {j} changes from {spec[1]} to {child.graph.specs[value]} in a "
+                              "trip (carried shapes must stay fixed)")
+    prefix = node.name or node.outputs[0]
+    invariants = [ctx.value(n) for n in captured]
+    if n_scan_out:
+        # Stacked per-trip outputs: only a count fixed at import time gives them a static length.
+        if trip is None or (node.has_input(1) and not _always_true(ctx, node, body)):
+            raise _run_time_trips(ctx, node)
+        length = int(np.asarray(trip).reshape(-1)[0])
+        if length < 1:
+            raise node.refuse("a Loop with scan outputs and no trips (empty outputs)")
+        # scan body: (iter, cond, carried..., captured...) -> (iter + 1, carried'..., per-trip outputs...)
+        graph = _close(child, [step, *outs[1:]])
+        cond_in = graph.inputs.pop(1)  # the condition stays True (see _always_true): a constant, not a carry
+        graph.constants[cond_in] = np.array(True)
+        name = add_subgraph(ctx.graph, graph, "loop")
+        results = ctx.b.emit_multi("scan", [ctx.b.const(np.array(0, np.int64)), *(ctx.value(v) for v in carried),
+                                            *invariants], body=name, num_carried=1 + k, num_sequences=0,
+                                   length=length)
+        for dst, value in zip(node.outputs, results[1:]):
+            if dst:
+                ctx.values[dst] = value
+        return
+    body_graph = _close(child, [step, keep_going, *outs[1:1 + k]])
+    # Both bodies take (iter, cond, carried..., max trips, captured...); the test is cond and iter < max trips.
+    max_in = body_graph.add_input(f"{prefix}/max_trips", _INT64)
+    body_graph.inputs.remove(max_in)
+    body_graph.inputs.insert(2 + k, max_in)
+    test = Graph()
+    for j, v in enumerate(body_graph.inputs):
+        test.add_input(f"in{j}", body_graph.specs[v])
+    tb = Builder(test)
+    it, go, limit = test.inputs[0], test.inputs[1], test.inputs[2 + k]
+    test.outputs = [tb.emit("logical_and", [go, tb.emit("lt", [it, limit])])]
+    first = ctx.b.emit("reshape", [ctx.value(node.inputs[1])], shape=[]) if node.has_input(1) else \
+        ctx.b.const(np.array(True))
+    max_trips = ctx.b.emit("reshape", [ctx.b.emit("cast", [ctx.value(node.inputs[0])], dtype="int64")], shape=[]) \
+        if node.has_input(0) else ctx.b.const(np.array(np.iinfo(np.int64).max, np.int64))
+    names = [add_subgraph(ctx.graph, test, "loop_cond"), add_subgraph(ctx.graph, body_graph, "loop_body")]
+    results = ctx.b.emit_multi("while_loop", [ctx.b.const(np.array(0, np.int64)), first,
+                                              *(ctx.value(v) for v in carried), max_trips, *invariants],
+                               cond=names[0], body=names[1], num_carried=2 + k)
+    for dst, value in zip(node.outputs, results[2:]):
+        if dst:
+            ctx.values[dst] = value
 
 
-def _runtime_if_refusal(ctx: ImportContext, node: OnnxNode, why: str) -> UnsupportedOpError:
-    """The refusal, naming the graph inputs the condition comes from so constant_inputs= is easy to find."""
-    detail = f"If on a condition computed at run time (data-dependent control flow): {why}"
-    inputs = ctx.inputs_behind(node.inputs[0])
-    if inputs:
-        spec = ", ".join(f"{n!r}: <{ctx.dtype(n).value}{list(ctx.shape(n))} value>" for n in inputs)
-        detail += (f". The condition depends only on graph input{'s' if len(inputs) > 1 else ''} "
-                   f"{', '.join(map(repr, inputs))}: freeze {'them' if len(inputs) > 1 else 'it'} with "
-                   f"from_onnx(..., constant_inputs={{{spec}}}) to import the branch taken for that value")
-    return node.refuse(detail)
+def _run_time_trips(ctx: ImportContext, node: OnnxNode) -> DynamicInputError:
+    """The refusal of stacked outputs over a run-time trip count, naming a graph input behind the count (the
+    ONNX test backend freezes it and imports again)."""
+    behind = [n for i in node.inputs[:2] if i for n in ctx.inputs_behind(i)]
+    return DynamicInputError(node.op_type, behind[0] if behind else node.inputs[0], source=node.name or None,
+                             detail="a Loop with scan outputs whose trip count or condition is known only at run "
+                                    "time: the stacked outputs' length would depend on data (freeze the inputs "
+                                    f"behind it{', ' + ', '.join(map(repr, behind)) if behind else ''}, with "
+                                    "constant_inputs=)")
 
 
-def import_scan(ctx: ImportContext, node: OnnxNode, import_nodes: ImportNodes) -> None:
-    if node.version < 9:
-        raise node.refuse("opset-8 Scan (batched, with sequence_lens)")
+def _always_true(ctx: ImportContext, node: OnnxNode, body: Any) -> bool:
+    """A Loop condition that starts True and that the body passes through unchanged (exporters' for-loops)."""
+    first = ctx.const(node.inputs[1])
+    if first is None or not bool(np.asarray(first).reshape(-1)[0]):
+        return False
+    out, cond_in = body.output[0].name, body.input[1].name
+    if out == cond_in:
+        return True
+    producer = next((n for n in body.node if out in n.output), None)
+    return producer is not None and producer.op_type == "Identity" and producer.input[0] == cond_in
+
+
+# -- Scan -----------------------------------------------------------------------------------------------------
+
+def import_scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> None:
     body = node.attr("body")
     m = int(node.attr("num_scan_inputs"))
+    b = ctx.b
+    if node.version < 9:
+        _import_batched_scan(ctx, node, import_into, m)
+        return
     states, scans = node.inputs[:len(node.inputs) - m], node.inputs[len(node.inputs) - m:]
-    in_axes = list(node.attr("scan_input_axes") or [0] * m)
-    in_dirs = list(node.attr("scan_input_directions") or [0] * m)
     k = len(body.output) - len(states)
-    out_axes = list(node.attr("scan_output_axes") or [0] * k)
-    out_dirs = list(node.attr("scan_output_directions") or [0] * k)
-    ranks = [len(ctx.shape(s)) for s in scans]
-    in_axes = [a % r for a, r in zip(in_axes, ranks)]
-    lengths = {ctx.shape(s)[a] for s, a in zip(scans, in_axes)}
+    in_axes = [int(a) % len(ctx.shape(s)) for a, s in zip(node.attr("scan_input_axes") or [0] * m, scans)]
+    sequences = []
+    for s, axis, reverse in zip(scans, in_axes, node.attr("scan_input_directions") or [0] * m):
+        v = ctx.value(s)
+        rank = len(ctx.shape(s))
+        if axis:
+            v = b.emit("transpose", [v], perm=[axis, *(a for a in range(rank) if a != axis)])
+        sequences.append(_reverse(b, v) if reverse else v)
+    results = _scan(ctx, node, import_into, [ctx.value(s) for s in states], sequences)
+    outs = results[:len(states)]
+    for value, axis, reverse in zip(results[len(states):], node.attr("scan_output_axes") or [0] * k,
+                                    node.attr("scan_output_directions") or [0] * k):
+        if reverse:
+            value = _reverse(b, value)
+        rank = len(b.shape(value))
+        if int(axis) % rank:
+            perm = list(range(1, rank))
+            perm.insert(int(axis) % rank, 0)
+            value = b.emit("transpose", [value], perm=perm)
+        outs.append(value)
+    for dst, value in zip(node.outputs, outs):
+        if dst:
+            ctx.values[dst] = value
+
+
+def _import_batched_scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto, m: int) -> None:
+    """Opset-8 Scan: a leading batch axis on every state and sequence (sequences scan axis 1): one scan per
+    batch element, their results joined again."""
+    if node.has_input(0):
+        raise node.refuse("opset-8 Scan with sequence_lens")
+    states, scans = node.inputs[1:len(node.inputs) - m], node.inputs[len(node.inputs) - m:]
+    b = ctx.b
+    batch = {ctx.shape(v)[0] for v in (*states, *scans)}
+    if len(batch) != 1:
+        raise ValueError(f"opset-8 Scan inputs disagree on the batch size: {sorted(batch)}")
+    per_item: list[list[str]] = []
+    for i in range(batch.pop()):
+        def item(v: str, i: int = i) -> str:
+            shape = list(ctx.shape(v))
+            return b.emit("reshape", [b.emit("slice", [ctx.value(v)], starts=[i], ends=[i + 1], axes=[0])],
+                          shape=shape[1:])
+        sequences = [item(s) for s in scans]
+        sequences = [_reverse(b, v) if rev else v for v, rev in zip(sequences, node.attr("directions") or [0] * m)]
+        per_item.append(_scan(ctx, node, import_into, [item(s) for s in states], sequences))
+    for j, dst in enumerate(node.outputs):
+        if dst:
+            parts = [b.emit("reshape", [r[j]], shape=[1, *b.shape(r[j])]) for r in per_item]
+            ctx.values[dst] = parts[0] if len(parts) == 1 else b.emit("concat", parts, axis=0)
+
+
+def _scan(ctx: ImportContext, node: OnnxNode, import_into: ImportInto, states: list[str],
+          sequences: list[str]) -> list[str]:
+    """The IR scan of ONNX Scan's body over `sequences` (each scanned along axis 0) from `states`."""
+    b = ctx.b
+    lengths = {b.shape(v)[0] for v in sequences}
     if len(lengths) != 1:
         raise ValueError(f"Scan inputs disagree on the sequence length: {sorted(lengths)}")
-    steps = lengths.pop()
-    if steps == 0:
+    length = lengths.pop()
+    if length == 0:
         raise node.refuse("Scan over an empty sequence")
-    prefix = node.name or node.outputs[0]
-    b = ctx.b
-    current = list(states)
-    collected: list[list[str]] = [[] for _ in range(k)]
-    for t in range(steps):
-        bind = dict(zip([vi.name for vi in body.input[:len(states)]], current))
-        for j, (s, axis, rev) in enumerate(zip(scans, in_axes, in_dirs)):
-            pos = steps - 1 - t if rev else t
-            shape = list(ctx.shape(s))
-            piece = b.emit("slice", [ctx.value(s)], starts=[pos], ends=[pos + 1], axes=[axis])
-            name = f"{prefix}/scan_in{j}_{t}"
-            ctx.values[name] = b.emit("reshape", [piece], shape=shape[:axis] + shape[axis + 1:])
-            bind[body.input[len(states) + j].name] = name
-        outs = inline_graph(ctx, body, f"{prefix}/iter{t}", bind, import_nodes)
-        current = outs[:len(states)]
-        for j, o in enumerate(outs[len(states):]):
-            collected[j].append(o)
-    for dst, src in zip(node.outputs[:len(states)], current):
-        if dst:
-            _alias(ctx, dst, src)
-    for j, dst in enumerate(node.outputs[len(states):]):
-        if not dst:
-            continue
-        parts = collected[j][::-1] if out_dirs[j] else collected[j]
-        shape = list(ctx.shape(parts[0]))
-        axis = out_axes[j] % (len(shape) + 1)
-        pieces = [b.emit("reshape", [ctx.value(p)], shape=[*shape[:axis], 1, *shape[axis:]]) for p in parts]
-        ctx.values[dst] = b.emit("concat", pieces, axis=axis)
+    body = node.attr("body")
+    captured = captured_values(ctx, [body])
+    formals = [(vi.name, b.spec(v)) for vi, v in zip(body.input, states)]
+    formals += [(vi.name, TensorSpec(b.shape(v)[1:], b.dtype(v))) for vi, v in zip(body.input[len(states):], sequences)]
+    child, outs = import_body(ctx, body, formals, captured, import_into)
+    name = add_subgraph(ctx.graph, _close(child, outs), "scan")
+    return b.emit_multi("scan", [*states, *sequences, *(ctx.value(n) for n in captured)], body=name,
+                        num_carried=len(states), num_sequences=len(sequences), length=length)
+
+
+def _reverse(b: Builder, x: str) -> str:
+    """`x` with its leading axis reversed (the end clamps, so a symbolic length needs no arithmetic)."""
+    return b.emit("slice", [x], starts=[-1], ends=[-(2 ** 62)], axes=[0], steps=[-1])
+
+
+CONTROL_FLOW_IMPORTERS: dict[str, Callable[[ImportContext, OnnxNode, ImportInto], None]] = {
+    "If": import_if, "Loop": import_loop, "Scan": import_scan}

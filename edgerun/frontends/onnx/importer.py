@@ -19,11 +19,12 @@ from edgerun.frontends.onnx.context import (
     ONNX_TO_DTYPE,
     Handler,
     ImportContext,
+    OnnxImportError,
     OnnxModelError,
     OnnxNode,
     onnx_dtype,
 )
-from edgerun.frontends.onnx.control_flow import import_if, import_scan
+from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS
 from edgerun.frontends.onnx.dims import describe, disagreement
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
@@ -34,10 +35,6 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, SymDim, sym
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
-
-
-class OnnxImportError(EdgerunError):
-    """A handler produced something inconsistent with ONNX's own inference: a bug, never a silent answer."""
 
 
 class CheckedTypes(dict[str, Any]):
@@ -144,10 +141,10 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}
         ctx.producers.update({o: [i for i in node.inputs if i] for o in node.outputs if o})
-        if node.op_type in ("If", "Scan"):
-            def import_body(body: list[Any], prefix: str) -> None:
-                _import_nodes(ctx, body, opsets, types, handlers, depth + 1)
-            (import_if if node.op_type == "If" else import_scan)(ctx, node, import_body)
+        if node.op_type in CONTROL_FLOW_IMPORTERS:
+            def import_into(target: ImportContext, body: list[Any]) -> None:
+                _import_nodes(target, body, opsets, types, handlers, depth + 1)
+            CONTROL_FLOW_IMPORTERS[node.op_type](ctx, node, import_into)
             continue
         handler = handlers.get(f"{domain}:{node.op_type}" if domain else node.op_type)
         if handler is not None and _try_fold(ctx, node, handler):

@@ -1,7 +1,10 @@
-"""RNN, GRU and LSTM, unrolled over the (static) sequence length into matmuls and elementwise gates.
+"""RNN, GRU and LSTM as one `scan` per direction: the recurrence is the scan's body, run once per time step.
 
-The input projection of every time step is one matmul; each step then adds its recurrent matmul. Gate
-order follows the spec: LSTM i, o, f, c; GRU z, r, h. sequence_lens shorter than the sequence is refused.
+The input projection of every time step is one matmul before the scan (its result is the scanned
+sequence); the body adds the recurrent matmul and applies the gates. So the graph's size does not grow with
+the sequence, and a symbolic sequence length (a template program) needs nothing more: the scan's length is
+the symbol. Gate order follows the spec: LSTM i, o, f, c; GRU z, r, h. sequence_lens shorter than the
+sequence is refused.
 """
 
 from __future__ import annotations
@@ -12,101 +15,135 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.builder import Builder
+from edgerun.ir.graph import Graph
+from edgerun.ir.subgraphs import add_subgraph
+from edgerun.ir.tensor_spec import TensorSpec
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 
+Activation = Callable[[Builder, str], str]
 
-def _activation(ctx: ImportContext, node: OnnxNode, name: str, clip: float | None) -> Callable[[str], str]:
+
+def _activation(node: OnnxNode, name: str, clip: float | None) -> Activation:
     ops = {"sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu"}
     op = ops.get(name.lower())
     if op is None:
         raise node.refuse(f"activation {name!r} (Sigmoid, Tanh and Relu are supported)")
 
-    def apply(x: str) -> str:
+    def apply(b: Builder, x: str) -> str:
         if clip is not None:
-            x = ctx.emit("clamp", [x], min=-clip, max=clip)
-        return ctx.emit(op, [x])
+            x = b.emit("clamp", [x], min=-clip, max=clip)
+        return b.emit(op, [x])
     return apply
 
 
-def _slice(ctx: ImportContext, x: str, axis: int, start: int, stop: int) -> str:
-    return ctx.emit("slice", [x], starts=[start], ends=[stop], axes=[axis])
+def _slice(b: Builder, x: str, axis: int, start: int, stop: int) -> str:
+    return b.emit("slice", [x], starts=[start], ends=[stop], axes=[axis])
 
 
-def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int,
-               acts: list[Callable[[str], str]], reverse: bool) -> tuple[list[str], str, str]:
-    """Hidden states per step (in time order), final h, final c ('' unless LSTM) of direction d."""
-    op, g = node.op_type, GATES[node.op_type]
-    seq, batch, _ = ctx.b.shape(xs)
-    w = ctx.emit("reshape", [_slice(ctx, ctx.input(node, 1), 0, d, d + 1)], shape=[g * hidden, -1])
-    r = ctx.emit("reshape", [_slice(ctx, ctx.input(node, 2), 0, d, d + 1)], shape=[g * hidden, hidden])
+def _reverse(b: Builder, x: str) -> str:
+    """`x` with its leading axis reversed (the end clamps, so a symbolic length needs no arithmetic)."""
+    return b.emit("slice", [x], starts=[-1], ends=[-(2 ** 62)], axes=[0], steps=[-1])
+
+
+def _step(b: Builder, node: OnnxNode, acts: list[Activation], hidden: int, h: str, c: str, xt: str, rt: str,
+          rb: str, peep: str) -> tuple[str, str]:
+    """One time step inside the scan body: (new h, new c ('' unless LSTM)) from the projected input xt."""
+    op = node.op_type
+
+    def gate(k: int, src: str) -> str:
+        return _slice(b, src, 1, k * hidden, (k + 1) * hidden)
+
+    if op == "GRU":
+        hr = b.emit("matmul", [h, rt])
+        if rb:
+            hr = b.emit("add", [hr, rb])
+        z = acts[0](b, b.emit("add", [gate(0, xt), gate(0, hr)]))
+        rr = acts[0](b, b.emit("add", [gate(1, xt), gate(1, hr)]))
+        if node.attr("linear_before_reset", 0):
+            cand_in = b.emit("mul", [rr, gate(2, hr)])
+        else:
+            rh = b.emit("matmul", [b.emit("mul", [rr, h]), gate(2, rt)])
+            cand_in = b.emit("add", [rh, _slice(b, rb, 0, 2 * hidden, 3 * hidden)]) if rb else rh
+        cand = acts[1](b, b.emit("add", [gate(2, xt), cand_in]))
+        one_minus_z = b.emit("sub", [b.scalar(1.0, z), z])
+        return b.emit("add", [b.emit("mul", [one_minus_z, cand]), b.emit("mul", [z, h])]), ""
+    pre = b.emit("add", [xt, b.emit("matmul", [h, rt])])
+    if rb:
+        pre = b.emit("add", [pre, rb])
+    if op == "RNN":
+        return acts[0](b, pre), ""
+
+    def peeped(k: int, p: int, cell: str) -> str:
+        v = gate(k, pre)
+        return b.emit("add", [v, b.emit("mul", [_slice(b, peep, 0, p * hidden, (p + 1) * hidden), cell])]) \
+            if peep else v
+    i = acts[0](b, peeped(0, 0, c))
+    f = acts[0](b, peeped(2, 2, c))
+    if node.attr("input_forget", 0):
+        f = b.emit("sub", [b.scalar(1.0, i), i])
+    cand = acts[1](b, gate(3, pre))
+    c = b.emit("add", [b.emit("mul", [f, c]), b.emit("mul", [i, cand])])
+    o = acts[0](b, peeped(1, 1, c))
+    return b.emit("mul", [o, acts[2](b, c)]), c
+
+
+def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int, acts: list[Activation],
+               reverse: bool) -> tuple[str, str, str]:
+    """Hidden states of every step (in time order, [seq, batch, hidden]), final h, final c ('' unless LSTM)."""
+    op, g, b = node.op_type, GATES[node.op_type], ctx.b
+    seq, batch, _ = b.shape(xs)
+    w = ctx.emit("reshape", [_slice(b, ctx.input(node, 1), 0, d, d + 1)], shape=[g * hidden, -1])
+    r = ctx.emit("reshape", [_slice(b, ctx.input(node, 2), 0, d, d + 1)], shape=[g * hidden, hidden])
     proj = ctx.emit("matmul", [xs, ctx.emit("transpose", [w], perm=[1, 0])])  # [seq, batch, g*hidden]
     rt = ctx.emit("transpose", [r], perm=[1, 0])
     rb = ""
     if node.has_input(3):
-        bias = ctx.emit("reshape", [_slice(ctx, ctx.input(node, 3), 0, d, d + 1)], shape=[2 * g * hidden])
-        wb, rb = _slice(ctx, bias, 0, 0, g * hidden), _slice(ctx, bias, 0, g * hidden, 2 * g * hidden)
+        bias = ctx.emit("reshape", [_slice(b, ctx.input(node, 3), 0, d, d + 1)], shape=[2 * g * hidden])
+        wb, rb = _slice(b, bias, 0, 0, g * hidden), _slice(b, bias, 0, g * hidden, 2 * g * hidden)
         proj = ctx.emit("add", [proj, wb])
-    zeros = ctx.b.const(np.zeros((batch, hidden), dtype=ctx.b.dtype(xs).np))
-    h = ctx.emit("reshape", [_slice(ctx, ctx.input(node, 5), 0, d, d + 1)], shape=[batch, hidden]) \
-        if node.has_input(5) else zeros
-    c = ""
-    if op == "LSTM":
-        c = ctx.emit("reshape", [_slice(ctx, ctx.input(node, 6), 0, d, d + 1)], shape=[batch, hidden]) \
-            if node.has_input(6) else zeros
-    peep = ctx.emit("reshape", [_slice(ctx, ctx.input(node, 7), 0, d, d + 1)], shape=[3 * hidden]) \
+    if reverse:
+        proj = _reverse(b, proj)
+
+    def state(i: int) -> str:
+        if node.has_input(i):
+            return ctx.emit("reshape", [_slice(b, ctx.input(node, i), 0, d, d + 1)], shape=[batch, hidden])
+        if isinstance(batch, int):
+            return b.const(np.zeros((batch, hidden), dtype=b.dtype(xs).np))
+        return ctx.emit("expand", [b.const(np.zeros((1, hidden), dtype=b.dtype(xs).np))], shape=[batch, hidden])
+
+    carried = [state(5)] + ([state(6)] if op == "LSTM" else [])
+    peep = ctx.emit("reshape", [_slice(b, ctx.input(node, 7), 0, d, d + 1)], shape=[3 * hidden]) \
         if op == "LSTM" and node.has_input(7) else ""
-    steps = range(seq - 1, -1, -1) if reverse else range(seq)
-    outs: dict[int, str] = {}
-    linear_before_reset = bool(node.attr("linear_before_reset", 0))
-    for t in steps:
-        xt = ctx.emit("reshape", [_slice(ctx, proj, 0, t, t + 1)], shape=[batch, g * hidden])
+    invariants = [v for v in (rt, rb, peep) if v]
 
-        def gate(k: int, src: str) -> str:
-            return _slice(ctx, src, 1, k * hidden, (k + 1) * hidden)
-
-        if op == "GRU":
-            hr = ctx.emit("matmul", [h, rt])
-            if rb:
-                hr = ctx.emit("add", [hr, rb])
-            z = acts[0](ctx.emit("add", [gate(0, xt), gate(0, hr)]))
-            rr = acts[0](ctx.emit("add", [gate(1, xt), gate(1, hr)]))
-            if linear_before_reset:
-                cand_in = ctx.emit("mul", [rr, gate(2, hr)])
-            else:
-                rh = ctx.emit("matmul", [ctx.emit("mul", [rr, h]), gate(2, rt)])
-                cand_in = ctx.emit("add", [rh, _slice(ctx, rb, 0, 2 * hidden, 3 * hidden)]) if rb else rh
-            cand = acts[1](ctx.emit("add", [gate(2, xt), cand_in]))
-            one_minus_z = ctx.emit("sub", [ctx.scalar(1.0, z), z])
-            h = ctx.emit("add", [ctx.emit("mul", [one_minus_z, cand]), ctx.emit("mul", [z, h])])
+    body = Graph(symbols=dict(ctx.graph.symbols))
+    bb = Builder(body, dict(b.meta))
+    inner = {}
+    for v in (*carried, "x_t", *invariants):
+        spec = TensorSpec(b.shape(proj)[1:], b.dtype(proj)) if v == "x_t" else b.spec(v)
+        if v in invariants and v in ctx.graph.constants:  # a weight: a constant of the body, so it folds there
+            inner[v] = body.add_constant(ctx.graph.constants[v], hint="w")
         else:
-            pre = ctx.emit("add", [xt, ctx.emit("matmul", [h, rt])])
-            if rb:
-                pre = ctx.emit("add", [pre, rb])
-            if op == "RNN":
-                h = acts[0](pre)
-            else:
-                def peeped(k: int, p: int, cell: str, pre: str = pre) -> str:
-                    v = gate(k, pre)
-                    return ctx.emit("add", [v, ctx.emit("mul", [_slice(ctx, peep, 0, p * hidden, (p + 1) * hidden),
-                                                                cell])]) if peep else v
-                i = acts[0](peeped(0, 0, c))
-                f = acts[0](peeped(2, 2, c))
-                if node.attr("input_forget", 0):
-                    f = ctx.emit("sub", [ctx.scalar(1.0, i), i])
-                cand = acts[1](gate(3, pre))
-                c = ctx.emit("add", [ctx.emit("mul", [f, c]), ctx.emit("mul", [i, cand])])
-                o = acts[0](peeped(1, 1, c))
-                h = ctx.emit("mul", [o, acts[2](c)])
-        outs[t] = h
-    return [outs[t] for t in range(seq)], h, c
+            inner[v] = body.add_input(v, spec)
+    h, c = _step(bb, node, acts, hidden, inner[carried[0]], inner[carried[1]] if op == "LSTM" else "", inner["x_t"],
+                 inner[rt], inner.get(rb, ""), inner.get(peep, ""))
+    body.outputs = [h, *([c] if op == "LSTM" else []), h]
+    operands = [v for v in invariants if v not in ctx.graph.constants]
+    results = b.emit_multi("scan", [*carried, proj, *operands], body=add_subgraph(ctx.graph, body, "rnn"),
+                           num_carried=len(carried), num_sequences=1, length=seq)
+    ys = _reverse(b, results[-1]) if reverse else results[-1]
+    return ys, results[0], results[1] if op == "LSTM" else ""
 
 
 @onnx_op("RNN", "GRU", "LSTM")
 def recurrent(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     layout = int(node.attr("layout", 0))
+    if len(ctx.b.shape(x)) != 3:
+        raise ValueError(f"{node.op_type} input X must have 3 dimensions, got shape {ctx.b.shape(x)}")
     if layout:
         x = ctx.emit("transpose", [x], perm=[1, 0, 2])
     seq, batch, _ = ctx.b.shape(x)
@@ -123,9 +160,9 @@ def recurrent(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     dirs = [False, True] if direction == "bidirectional" else [direction == "reverse"]
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs):
-        acts = [_activation(ctx, node, n, clip) for n in names[d * per_dir:(d + 1) * per_dir]]
+        acts = [_activation(node, n, clip) for n in names[d * per_dir:(d + 1) * per_dir]]
         steps, h, c = _direction(ctx, node, d, x, hidden, acts, reverse)
-        ys.append(ctx.emit("concat", [ctx.emit("reshape", [s], shape=[1, 1, batch, hidden]) for s in steps], axis=0))
+        ys.append(ctx.emit("reshape", [steps], shape=[seq, 1, batch, hidden]))
         hs.append(ctx.emit("reshape", [h], shape=[1, batch, hidden]))
         if c:
             cs.append(ctx.emit("reshape", [c], shape=[1, batch, hidden]))

@@ -58,15 +58,14 @@ def _explain(exc: BaseException) -> str:
     text = str(exc)
     name = type(exc).__name__
     hint = ("make the forward pass traceable by torch.export: no Python control flow that depends on tensor "
-            "values (select with torch.where; torch.cond is captured but edgerun cannot convert it yet), no "
+            "values (branch with torch.cond, loop with torch.while_loop, or select with torch.where), no "
             ".item()/.tolist() on tensors, no data-dependent output shapes, and no unsupported Python side "
             "effects")
     if "data-dependent" in text or "GuardOnDataDependent" in name or "Could not guard" in text:
-        hint = ("the model branches on tensor values (data-dependent control flow), which edgerun cannot run "
-                "yet: compute both sides and select with torch.where(cond, a, b) when both are valid for "
-                "every input, or compute the condition from shapes or Python values (resolved at export). "
-                "torch.cond and torch.while_loop are captured by torch.export but edgerun cannot convert them "
-                "yet")
+        hint = ("the model branches on tensor values (data-dependent control flow) in Python, which torch.export "
+                "cannot capture: write the branch as torch.cond(pred, true_fn, false_fn, operands) and a loop "
+                "as torch.while_loop(cond_fn, body_fn, carried) (edgerun converts both), or select with "
+                "torch.where(cond, a, b) when both sides are valid for every input")
     if "Constraints violated" in text:
         hint = ("a dimension given a torch.export.Dim is fixed by the model, or only some of its range works: "
                 "export with example sizes that are neither 0 nor 1 (torch specialises those), narrow the Dim's "

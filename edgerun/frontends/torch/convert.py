@@ -15,6 +15,7 @@ from edgerun.frontends.torch import (
     aten_shape,
 )
 from edgerun.frontends.torch.context import HANDLERS, ConvertContext
+from edgerun.frontends.torch.control_flow import convert_higher_order
 from edgerun.frontends.torch.source_info import module_path, node_meta, source_line
 from edgerun.frontends.torch.state import StateCapture, buffer_data
 from edgerun.ir.graph import Graph
@@ -28,21 +29,12 @@ class FrontendBugError(RuntimeError):
     """A handler produced a value whose shape differs from torch's: a bug in this frontend, not user error."""
 
 
-# What a model with control flow can use today; torch.cond and friends need subgraph ops (issue #12).
-CONTROL_FLOW_MESSAGE = (
-    "torch.cond, torch.while_loop and torch.map (higher-order control flow) cannot be converted yet: edgerun "
-    "graphs are static dataflow without subgraph ops. What converts today: torch.where(pred, a, b) with both "
-    "sides computed (when both are valid for every input), and Python if/for on shapes or Python values, "
-    "which torch.export resolves at export time for the example inputs")
-
 def convert_exported_program(ep: Any, symbol_names: dict[str, str] | None = None,
                              symbols: dict[str, tuple[int, int]] | None = None,
                              state: StateCapture | None = None) -> Graph:
     """`symbol_names` maps torch's size symbols to the user's Dim names, `symbols` bounds those names
     (frontends/torch/symbols.py); both empty for a static export. `state`: which buffers are program state
     (default: those `ep` mutates, named by FQN); it receives their initial values."""
-    import torch
-
     graph = Graph(symbols=dict(symbols or {}))
     ctx = ConvertContext(graph)
     ctx.symbol_names = dict(symbol_names or {})
@@ -65,16 +57,38 @@ def convert_exported_program(ep: Any, symbol_names: dict[str, str] | None = None
             graph.outputs = _outputs(ctx, node, sig)
             _state_updates(ctx, node, sig, state)
         elif node.op == "get_attr":
-            attr = getattr(ep.graph_module, str(node.target))
-            if isinstance(attr, torch.fx.GraphModule):  # the branch or body of torch.cond / while_loop / map
-                ctx.node = next(iter(node.users), node)
-                ctx.unsupported(CONTROL_FLOW_MESSAGE)
-            ctx.env[node] = ctx.const_like_torch(attr)
+            ctx.env[node] = _get_attr(ctx, ep.graph_module, node)
         else:
             raise EdgerunError(f"unexpected FX node kind {node.op!r} ({node.name})")
-    del torch
     graph.prune_specs()
     return graph
+
+
+def _get_attr(ctx: ConvertContext, module: Any, node: Any) -> Any:
+    import torch
+
+    attr = getattr(module, str(node.target))
+    # A branch or body of torch.cond / while_loop / scan / map stays a GraphModule for control_flow.py.
+    return attr if isinstance(attr, torch.fx.GraphModule) else ctx.const_like_torch(attr)
+
+
+def convert_module(ctx: ConvertContext, gm: Any, args: list[Any]) -> list[Any]:
+    """Convert a branch or body GraphModule into `ctx`, its placeholders bound to `args`; its outputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise EdgerunError(f"a subgraph takes {len(placeholders)} values, its op passes {len(args)}")
+    ctx.env.update(zip(placeholders, args))
+    for node in gm.graph.nodes:
+        ctx.node = node
+        if node.op == "call_function":
+            ctx.b.meta = node_meta(node)
+            ctx.env[node] = _call(ctx, node)
+        elif node.op == "get_attr":
+            ctx.env[node] = _get_attr(ctx, gm, node)
+        elif node.op == "output":
+            out = node.args[0]
+            return [ctx.env[o] for o in (out if isinstance(out, list | tuple) else [out])]
+    raise EdgerunError("a subgraph has no output")
 
 
 def _placeholder(ctx: ConvertContext, ep: Any, node: Any, spec: Any) -> Any:
@@ -139,7 +153,7 @@ def _call(ctx: ConvertContext, node: Any) -> Any:
     if _computes_size(node):
         return _size_value(ctx, node)
     if isinstance(node.target, HigherOrderOperator):
-        ctx.unsupported(CONTROL_FLOW_MESSAGE)
+        return _check_against_torch(ctx, node, convert_higher_order(ctx, node, convert_module))
     name = str(node.target)
     handler = HANDLERS.get(name)
     if handler is None:

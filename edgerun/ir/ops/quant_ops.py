@@ -26,6 +26,9 @@ from edgerun.ir.tensor_spec import TensorSpec
 Attrs = dict[str, Any]
 QUANT_DTYPES = (DType.int8, DType.uint8)
 INT4_GROUP_SIZES = (16, 32, 64, 128, 256)
+# matmul_int4's `activations`: "float" (default) multiplies the float input by the dequantized weight;
+# "int8" first rounds the input to int8 per row and group (llama.cpp's Q8 activations, ORT's accuracy_level 4).
+INT4_ACTIVATIONS = ("float", "int8")
 
 
 def _params_fit(op: str, x: TensorSpec, scale: TensorSpec, zp: TensorSpec, data_dtypes: tuple[DType, ...]) -> None:
@@ -70,12 +73,19 @@ def _requantize_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
     if acc.dtype is not DType.int32:
         raise ValueError(f"requantize needs an int32 accumulator, got {acc}")
     _params_fit("requantize", acc, scale, zp, QUANT_DTYPES)
+    if attrs.get("arithmetic", "exact") not in REQUANTIZE_ARITHMETIC:
+        raise ValueError(f"requantize arithmetic must be one of {REQUANTIZE_ARITHMETIC}, got {attrs['arithmetic']!r}")
     return [TensorSpec(acc.shape, zp.dtype)]
 
 
+# "exact": acc * scale as a rational number; "float32": float32(acc) * scale rounded to float32 first, the
+# epilogue ONNX Runtime's QLinearConv/QLinearMatMul kernels compute (so a delegate can run it bit-exactly).
+REQUANTIZE_ARITHMETIC = ("exact", "float32")
+
 register(OpDef("requantize", OpKind.ATOMIC, _requantize_rule, 3, 3, family="quant", doc=(
     "int32 accumulator -> int8/uint8: saturate(round_half_even(acc * scale) + zero_point), computed exactly "
-    "in fixed point (scale's 24-bit mantissa times acc in int64); the epilogue of QLinearConv/QLinearMatMul")))
+    "in fixed point (scale's 24-bit mantissa times acc in int64), or with attr arithmetic='float32' as "
+    "float32(float32(acc) * scale) (ONNX Runtime's kernels); the epilogue of QLinearConv/QLinearMatMul")))
 
 
 def _matmul_integer_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
@@ -154,10 +164,16 @@ def _matmul_int4_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
         raise ValueError(f"matmul_int4 scales must be float32[{n},{blocks}], got {scales}")
     if zp is not None and (zp.shape != (n, blocks) or zp.dtype not in (DType.uint8, DType.float32)):
         raise ValueError(f"matmul_int4 zero points must be uint8 or float32 [{n},{blocks}], got {zp}")
+    activations = attrs.get("activations", "float")
+    if activations not in INT4_ACTIVATIONS:
+        raise ValueError(f"matmul_int4 activations must be one of {INT4_ACTIVATIONS}, got {activations!r}")
+    if activations == "int8" and zp is not None and zp.dtype is not DType.uint8:
+        raise ValueError("matmul_int4 with int8 activations needs integer (uint8) zero points")
     return [TensorSpec((*a.shape[:-1], n), DType.float32)]
 
 
 register(OpDef("matmul_int4", OpKind.ATOMIC, _matmul_int4_rule, 3, 4, family="quant", doc=(
     "a @ dequant(w).T with w int4 packed two per byte [N, K/group, group/2], one scale and zero point (uint8 "
     "0..15, default 8, or float32: the minimum form) per group of 16..256 along K, dequantized group by group; "
-    "weight-only int4 linear layers (LLMs, MatMulNBits)")))
+    "weight-only int4 linear layers (LLMs, MatMulNBits); attr activations='int8' rounds the input to int8 per "
+    "row and group first (LLM decoding, llama.cpp's Q8 activations)")))

