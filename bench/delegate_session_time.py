@@ -32,6 +32,7 @@ MODELS = {
 
 
 def wheel_file(package: str, relative: str) -> Path | None:
+    """A file inside an installed package, located without importing it (ddddocr would pull in OpenCV)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None

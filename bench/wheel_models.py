@@ -16,7 +16,6 @@ average beside the table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from delegate_session_time import wheel_file  # bench/ is on sys.path when a script runs
 
 HERE = Path(__file__).resolve().parent
 # label -> (package, file inside it, pinned input shapes, inputs frozen at import)
@@ -42,15 +42,6 @@ MODELS: dict[str, tuple[str, str, dict[str, tuple[int, ...]], dict[str, Any]]] =
                     {"serving_default_input_2:0": (1, 43844, 1)}, {}),
     "ddddocr-det": ("ddddocr", "common_det.onnx", {"images": (1, 3, 416, 416)}, {}),
 }
-
-
-def wheel_file(package: str, relative: str) -> Path | None:
-    """A file inside an installed package, located without importing it (ddddocr would pull in OpenCV)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    return path if path.exists() else None
 
 
 def _ort_session(path: Path, threads: int, spin: bool) -> Any:
