@@ -22,12 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,8 +32,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "web"))
 
 from tiny_llm import smollm_path
+from webgpu_ops import median_ms  # bench/ is on sys.path when a script runs
 
-from edgerun.backends.webgpu.runner import PartitionRunner
+from edgerun.backends.webgpu.runner import PartitionRunner, record_dispatches
 from edgerun.ir.graph import Graph
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import model_info
@@ -47,25 +45,10 @@ from edgerun.web.decode_plan import decode_graph, dispatch_sections, float_weigh
 ZEROTVM = {"preamble": 2, "per_layer": 10, "layers": 32, "tail": 20, "total": 342, "own_shaders": 279}
 
 
-def median_ms(fn: Callable[[], Any], runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 def record(runner: PartitionRunner, dispatches: list[Any]) -> None:
     """What a call does on the host besides uploads and waiting: record the dispatches, finish the buffer."""
     enc = runner.gpu.device.create_command_encoder()
-    cpass = enc.begin_compute_pass()
-    for pipe, group, (x, y) in dispatches:
-        cpass.set_pipeline(pipe)
-        cpass.set_bind_group(0, group)
-        cpass.dispatch_workgroups(x, y)
-    cpass.end()
+    record_dispatches(enc, dispatches)
     enc.finish()
 
 

@@ -82,6 +82,19 @@ def pack_constants(graph: Graph, constants: Mapping[str, np.ndarray],
     return blob, ranges
 
 
+Dispatch = tuple[Any, Any, tuple[int, int]]  # (pipeline, bind group, workgroup counts)
+
+
+def record_dispatches(encoder: Any, dispatches: Sequence[Dispatch]) -> None:
+    """Record `dispatches` in one compute pass of `encoder` (a fresh encode and a replay record alike)."""
+    cpass = encoder.begin_compute_pass()
+    for pipe, group, (x, y) in dispatches:
+        cpass.set_pipeline(pipe)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(x, y)
+    cpass.end()
+
+
 @dataclass
 class Captured:
     """One recorded call: what the guards compare, and the dispatches to replay."""
@@ -89,7 +102,7 @@ class Captured:
     inputs: tuple[tuple[tuple[int, ...], str], ...]
     plan: int
     buffers: int
-    dispatches: list[tuple[Any, Any, tuple[int, int]]]
+    dispatches: list[Dispatch]
 
 
 @dataclass
@@ -249,7 +262,7 @@ class PartitionRunner:
         offset, size = self._range[v]
         return {"buffer": self._arena, "offset": offset, "size": size}
 
-    def encode_fresh(self) -> list[tuple[Any, Any, tuple[int, int]]]:
+    def encode_fresh(self) -> list[Dispatch]:
         """The dispatch list built from the plan: pipelines looked up, bind groups created."""
         out = []
         for k, params in zip(self.kernels, self._params):
@@ -329,7 +342,7 @@ class PartitionRunner:
         with self.gpu.errors("running a partition"):
             self._submit(dispatches, inputs, outputs)
 
-    def _submit(self, dispatches: list[tuple[Any, Any, tuple[int, int]]], inputs: Sequence[np.ndarray],
+    def _submit(self, dispatches: list[Dispatch], inputs: Sequence[np.ndarray],
                 outputs: Sequence[np.ndarray]) -> None:
         g = self.graph
         device = self.gpu.device
@@ -340,12 +353,7 @@ class PartitionRunner:
         if checks_status:
             queue.write_buffer(self._status, 0, np.zeros(1, np.uint32))
         enc = device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
-        for pipe, group, (x, y) in dispatches:
-            cpass.set_pipeline(pipe)
-            cpass.set_bind_group(0, group)
-            cpass.dispatch_workgroups(x, y)
-        cpass.end()
+        record_dispatches(enc, dispatches)
         staged = 0
         for name in g.outputs:
             offset, size = self._range[name]
