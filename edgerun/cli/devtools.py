@@ -79,11 +79,29 @@ def _inspect_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
     return 0 if report.first_below is None else 1
 
 
+def _migrate_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
+    from edgerun.devtools.quant_migrate import migrate_against_float
+
+    report = migrate_against_float(loaded, load_graph(args.against), _inputs(args, loaded, required=False),
+                                   min_snr_db=args.min_snr)
+    print(report.table())
+    print(report.summary())
+    os.makedirs(args.report_dir, exist_ok=True)
+    path = os.path.join(args.report_dir, "migration.json")
+    report.save(path)
+    print(f"report: {path}")
+    return 0 if report.passed else 1
+
+
 def _migrate(args: argparse.Namespace) -> int:
     from edgerun.devtools.carve import carve_to
     from edgerun.devtools.migrate import migrate
 
     loaded = load_graph(args.program)
+    if args.against:
+        return _migrate_against(args, loaded)
+    if not args.target:
+        raise EdgerunError("migrate needs --to BACKEND, or --against FLOAT_PROGRAM for a quantized program")
     inputs = _inputs(args, loaded)
     os.makedirs(args.report_dir, exist_ok=True)
     bundle_path = args.bundle or os.path.join(args.report_dir, "tests.bundle")
@@ -186,7 +204,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("migrate", help="move ops from one backend to another one at a time (TAPML Algorithm 1)")
     p.add_argument("program")
     p.add_argument("--from", dest="source", default="reference")
-    p.add_argument("--to", dest="target", required=True, help=backend_help)
+    p.add_argument("--to", dest="target", help=backend_help)
+    p.add_argument("--against", metavar="FLOAT_PROGRAM",
+                   help="migrate a quantized program's layers in one at a time from its float source, not a backend")
+    p.add_argument("--min-snr", type=float, default=20.0, help="with --against: the outputs' SQNR each step keeps")
     p.add_argument("--by", choices=("op", "node"), default="op", help="unit moved per step")
     p.add_argument("--only", action="append", help="move only these units (op types or node names)")
     p.add_argument("--bundle", help="carved tests to use (default: carve now into the report directory)")
