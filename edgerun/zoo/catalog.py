@@ -11,13 +11,17 @@ def _cnn(factory_path: str, seed: int) -> Any:
     def build() -> Any:
         import importlib
 
-        from edgerun.zoo.calibration import build_seeded, calibrate_batchnorm
+        import torch
+
+        from edgerun.zoo.calibration import build_seeded, calibrate_batchnorm, init_convs_from_data
         from edgerun.zoo.cnn_blocks import image_classifier_batches
 
         module, name = factory_path.split(":")
         factory = getattr(importlib.import_module(module), name)
         model = build_seeded(factory, seed)
-        return calibrate_batchnorm(model, image_classifier_batches())
+        batches = image_classifier_batches()
+        init_convs_from_data(model, torch.cat(batches), seed)
+        return calibrate_batchnorm(model, batches)
     return build
 
 
