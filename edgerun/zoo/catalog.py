@@ -75,11 +75,11 @@ def _minilm_inputs() -> tuple[Any, ...]:
 
 
 _CNNS = [
-    ("mobilenet_v2", "edgerun.zoo.mobilenet:MobileNetV2", "MobileNetV2 1.0, 224x224, ImageNet head; BN calibrated"),
-    ("resnet18", "edgerun.zoo.resnet:resnet18", "ResNet-18, 224x224, ImageNet head; BN calibrated"),
-    ("resnet50", "edgerun.zoo.resnet:resnet50", "ResNet-50, 224x224, ImageNet head; BN calibrated"),
+    ("mobilenet_v2", "edgerun.zoo.mobilenet:MobileNetV2", "MobileNetV2 1.0, 224x224, ImageNet head; data-initialised"),
+    ("resnet18", "edgerun.zoo.resnet:resnet18", "ResNet-18, 224x224, ImageNet head; data-initialised"),
+    ("resnet50", "edgerun.zoo.resnet:resnet50", "ResNet-50, 224x224, ImageNet head; data-initialised"),
     ("squeezenet1_1", "edgerun.zoo.squeezenet:SqueezeNet11", "SqueezeNet 1.1, 224x224, ImageNet head"),
-    ("shufflenet_v2", "edgerun.zoo.shufflenet:ShuffleNetV2", "ShuffleNetV2 x1.0, 224x224; BN calibrated"),
+    ("shufflenet_v2", "edgerun.zoo.shufflenet:ShuffleNetV2", "ShuffleNetV2 x1.0, 224x224; data-initialised"),
 ]
 for _i, (_name, _path, _desc) in enumerate(_CNNS):
     register(ZooModel(_name, _desc, _cnn(_path, 10 + _i), _image, family="cnn"))
