@@ -25,6 +25,7 @@ pytest.importorskip("wgpu")
 from tiny_llm import smollm_path, write_tiny_gguf
 
 from edgerun.errors import BackendUnavailableError, EdgerunError
+from edgerun.web.decode_plan import WEB_MAX_BINDINGS
 
 try:
     from edgerun.backends.webgpu import get_device
@@ -119,10 +120,14 @@ def test_bundle_plan_accounts_for_every_dispatch(bundle: Path) -> None:
     assert len(sections["per_layer"]) == 2 and len(set(sections["per_layer"])) == 1  # every layer alike
     labels = [d["label"] for d in plan["dispatches"]]
     assert labels[-1] == "kv_append" and "argmax:workgroup" in labels
-    # all seven projections (q k v o gate up down) packed; gate and up share a dispatch (and k and v may, when
-    # the fusion pass pairs two matmuls of one input); RoPE inline in q's and k's multiply-add
+    # all seven projections (q k v o gate up down) packed; q, k and v in one dispatch, gate and up in one;
+    # RoPE inline in q's and k's multiply-add, both in one dispatch with q's scale: zerotvm's 10 per layer
+    assert sections["per_layer"] == [10, 10]
     assert sum(label.count("matmul_int4") for label in labels) == 2 * 7
-    assert labels.count("matmul_int4|matmul_int4+sigmoid+mul+mul") == 2 and labels.count("mul+mul+add") == 4
+    assert labels.count("matmul_int4 & matmul_int4|matmul_int4") == 2
+    assert labels.count("matmul_int4|matmul_int4+sigmoid+mul+mul") == 2
+    assert labels.count("mul+mul+add+mul & mul+mul+add") == 2
+    assert plan["max_bindings"] <= WEB_MAX_BINDINGS
     weights = (bundle / "weights.bin").stat().st_size
     assert weights == plan["weights_bytes"]
     assert all(off % 256 == 0 for d in plan["dispatches"] for _, off, _ in d["bind"])  # browsers' alignment

@@ -31,6 +31,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 
 _I32 = np.iinfo(np.int32)
+INT4_ACCUMULATE = ("f32", "f16")  # what matmul_int4 sums in (f16 only where the adapter has shader-f16)
 _STORED = {DType.float32: np.float32, DType.float16: np.float16, DType.bool: np.uint32}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 
@@ -114,8 +115,13 @@ class RunStats:
 
 
 class PartitionRunner:
-    def __init__(self, gpu: GpuDevice, graph: Graph, fuse: bool = True, replay: bool = True) -> None:
+    def __init__(self, gpu: GpuDevice, graph: Graph, fuse: bool = True, replay: bool = True,
+                 int4_accumulate: str = "f32") -> None:
         self.gpu = gpu
+        if int4_accumulate not in INT4_ACCUMULATE:
+            raise EdgerunError(f"int4_accumulate must be one of {INT4_ACCUMULATE}, not {int4_accumulate!r}")
+        # f16 accumulation needs shader-f16; an adapter without it falls back to f32 (recorded here).
+        self.int4_accumulate = "f16" if int4_accumulate == "f16" and gpu.has_f16 else "f32"
         self.graph = graph
         self.replay = replay
         self.stats = RunStats()
@@ -129,10 +135,12 @@ class PartitionRunner:
 
     # ---- building --------------------------------------------------------------------------------------
 
-    def set_fusion(self, fuse: bool) -> None:
-        """(Re)lower the partition with or without fusion; a captured call is then stale (guard `plan`)."""
+    def set_fusion(self, fuse: bool, max_bindings: int | None = None) -> None:
+        """(Re)lower the partition with or without fusion, merged dispatches binding at most `max_bindings`
+        buffers (default: the adapter's limit); a captured call is then stale (guard `plan`)."""
         self.fuse = fuse
-        self.kernels = lower(self.graph, fuse)
+        self.kernels = lower(self.graph, fuse, max_bindings or self.gpu.limits.max_storage_buffers,
+                             int4_half=self.int4_accumulate == "f16")
         self.alias = identity_rasters(self.graph) if fuse else {}
         for k in self.kernels:
             self._check_limits(k)
