@@ -11,7 +11,9 @@ Capture-replay (zerotvm's trick): the first call records the dispatch list as it
 bind group, workgroup counts — and later calls replay it, paying only the per-call writes (input uploads).
 Guards decide whether a replay would be wrong, and then the call encodes afresh and captures again:
 `inputs` (the shapes and dtypes of the arrays handed in), `plan` (the dispatch list was rebuilt, e.g. fusion
-switched), `buffers` (the device buffers were reallocated, e.g. constants replaced).
+switched), `state` (the layout of what the device keeps across calls changed: `hold`), `buffers` (the device
+buffers were reallocated, e.g. constants replaced). Another method is another partition with a runner and a
+capture of its own, so a method never replays another's dispatches.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Captured:
 
     inputs: tuple[tuple[tuple[int, ...], str], ...]
     plan: int
+    state: tuple[tuple[str, tuple[int, int]], ...]
     buffers: int
     dispatches: list[Dispatch]
 
@@ -316,6 +319,10 @@ class PartitionRunner:
         readback.unmap()
         return [float(stamps[2 * i + 1] - stamps[2 * i]) * 1e-9 for i in range(n)]  # WebGPU stamps are ns
 
+    def _state_layout(self) -> tuple[tuple[str, tuple[int, int]], ...]:
+        """What the device keeps from one call to the next: the held values and their ranges."""
+        return tuple((v, self._range[v]) for v in sorted(self.held))
+
     def _guard_miss(self, key: tuple[tuple[tuple[int, ...], str], ...]) -> str | None:
         cap = self._captured
         if cap is None:
@@ -324,6 +331,8 @@ class PartitionRunner:
             return "inputs"
         if cap.plan != self._plan_version:
             return "plan"
+        if cap.state != self._state_layout():
+            return "state"
         if cap.buffers != self._buffer_version:
             return "buffers"
         return None
@@ -346,7 +355,8 @@ class PartitionRunner:
                 dispatches = self.encode_fresh()
             self.stats.fresh += 1
             if self.replay:
-                self._captured = Captured(key, self._plan_version, self._buffer_version, dispatches)
+                self._captured = Captured(key, self._plan_version, self._state_layout(), self._buffer_version,
+                                          dispatches)
         with self.gpu.errors("running a partition"):
             self._submit(dispatches, inputs, outputs)
 
