@@ -477,3 +477,31 @@ def test_an_elementwise_node_joins_an_earlier_group_and_matmuls_pair_as_siblings
     compiled = WebGpuBackend().compile(graph)
     assert [k.label for k in compiled.info["runner"].kernels] == ["mul+mul & mul & matmul|matmul+add"]
     assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)  # BLAS sums in another order
+
+
+def test_rms_norm_read_only_by_matmuls_runs_in_their_prologue() -> None:
+    # A decoder's attention/MLP norm feeds only projections: each projection thread sums its row's squares
+    # and reads (x * inv) * weight itself, so the norm takes no dispatch (dense and int4, and a sibling pair).
+    # A norm that something else also reads stays a dispatch of its own.
+    x = f32(2, 64)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        h = b.emit("rms_norm", [n[0], b.const(f32(64))], eps=1e-5)
+        q = b.emit("matmul", [h, b.const(f32(64, 32, low=-0.2, high=0.2))])
+        packed = [b.const(RNG.integers(0, 256, (16, 2, 16)).astype(np.uint8)),
+                  b.const(RNG.uniform(0.01, 0.05, (16, 2)).astype(np.float32))]
+        k = b.emit("matmul_int4", [h, *packed], k=64, n=16, group_size=32)
+        g = b.emit("rms_norm", [n[0], b.const(f32(64))], eps=1e-6)
+        gate, up = (b.emit("matmul", [g, b.const(f32(64, 24, low=-0.2, high=0.2))]) for _ in range(2))
+        kept = b.emit("rms_norm", [n[0], b.const(f32(64))], eps=1e-6)
+        return [q, k, b.binary("mul", gate, up), b.emit("matmul", [kept, b.const(f32(64, 8))]),
+                b.unary("exp", kept)]
+    graph, feeds = build([x], body)
+    compiled = WebGpuBackend().compile(graph)
+    labels = " & ".join(k.label for k in compiled.info["runner"].kernels).split(" & ")
+    assert [label for label in labels if "rms_norm" in label] == ["rms_norm+exp"]  # only `kept` is dispatched
+    assert {"matmul", "matmul_int4", "matmul|matmul+mul"} <= set(labels)
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
+    unfused = WebGpuBackend(fuse=False).compile(graph)(*feeds)
+    for a, b in zip(compiled(*feeds), unfused):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

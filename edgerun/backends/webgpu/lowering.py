@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 
 from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
+from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
 from edgerun.backends.webgpu.raster import raster_kernels
 from edgerun.backends.webgpu.wgsl import (
     ELEMENTWISE,
     STORAGE_TYPE,
+    Body,
     Kernel,
     broadcast_strides,
     coords,
@@ -44,9 +46,6 @@ class Group:
     @property
     def values(self) -> set[str]:
         return {self.anchor.outputs[0], *(n.outputs[0] for n in (*self.siblings, *self.chain))}
-
-
-MATMULS = ("matmul", "matmul_int4")
 
 
 def _sibling(node: Node, group: Group, graph: Graph) -> bool:
@@ -89,6 +88,7 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     readers: Counter[str] = Counter(alias.get(v, v) for n in graph.nodes for v in n.inputs if v)
     outputs = {alias.get(v, v) for v in graph.outputs}
     inline = inline_values(graph, alias, outputs) if fuse else {}
+    folded = foldable_norms(graph, alias, outputs) if fuse else {}
     groups: list[Group | Node] = []
     made_by: dict[str, int] = {}  # value -> index in `groups` of what computes it
 
@@ -96,9 +96,9 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
         return made_by.get(alias.get(v, v), -1) < at
 
     for node in graph.nodes:
-        if node.outputs[0] in alias or node.outputs[0] in inline:
+        if node.outputs[0] in alias or node.outputs[0] in inline or node.outputs[0] in folded:
             continue
-        target = _group_to_join(node, groups, graph, inline, made_before) if fuse else None
+        target = _group_to_join(node, groups, graph, {**inline, **folded}, made_before) if fuse else None
         if target is not None:
             made_by[node.outputs[0]] = target
             continue
@@ -117,7 +117,7 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
                 k.values = [alias.get(v, v) for v in k.values]
                 kernels.append(k)
             continue
-        parts = group_parts(g, graph, readers, outputs, alias, inline, int4_half)
+        parts = group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half)
         if pending and not (fuse and _independent(pending, parts, max_bindings)):
             kernels.append(merge(pending))
             pending = []
@@ -126,20 +126,21 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     return kernels
 
 
-def _group_to_join(node: Node, groups: list[Group | Node], graph: Graph, inline: dict[str, Node],
+def _group_to_join(node: Node, groups: list[Group | Node], graph: Graph, computed: dict[str, Node],
                    made_before: Callable[[str, int], bool]) -> int | None:
     """The index of the group `node` rides in: as epilogue code (an elementwise node reading the group's
     values) or as a sibling (a matmul beside the latest group's anchor matmul). A group behind the latest
     one qualifies when everything else the node reads is computed before that group (its dispatch runs
-    earlier than the node's place in the order)."""
+    earlier than the node's place in the order). `computed`: values computed where they are read (inline
+    rasters, folded norms), whose own inputs are what the node really reads from memory."""
     for at in range(len(groups) - 1, max(len(groups) - 1 - LOOK_BACK, -1), -1):
         group = groups[at]
         if not isinstance(group, Group):
             continue
-        memory = _memory_inputs([v for v in node.inputs if v], inline)
+        memory = _memory_inputs([v for v in node.inputs if v], computed)
         if not all(v in group.values or made_before(v, at) for v in memory):
             continue
-        if _joins(node, group, graph, inline):
+        if _joins(node, group, graph, computed):
             group.chain.append(node)
             return at
         if at == len(groups) - 1 and not memory & group.values and _sibling(node, group, graph):
@@ -175,6 +176,7 @@ def _joins(node: Node, group: Group, graph: Graph, inline: dict[str, Node]) -> b
 
 
 def _memory_inputs(values: list[str], inline: dict[str, Node]) -> set[str]:
+    """The values read from memory to compute `values` (through the inline ones' inputs)."""
     found: set[str] = set()
     todo = list(values)
     while todo:
@@ -203,11 +205,11 @@ class Parts:
     status: bool
 
 
-def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[str],
-                alias: dict[str, str], inline: dict[str, Node], int4_half: bool = False) -> Parts:
+def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[str], alias: dict[str, str],
+                inline: dict[str, Node], folded: dict[str, Node], int4_half: bool = False) -> Parts:
     """The group's kernel; it stores each value read outside the group (or a partition output). Shapes
     come from the values the nodes name; bindings go to their identity-raster sources (`alias`)."""
-    body = node_body(group.anchor, graph, int4_half)
+    body = _body(group.anchor, graph, folded, int4_half)
     bound = list(body.inputs)
     lines = list(body.lines)
     anchor_out = group.anchor.outputs[0]
@@ -215,7 +217,7 @@ def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[
     current = {anchor_out: "acc"}
     inside: Counter[str] = Counter()
     for j, sib in enumerate(group.siblings):  # in a block of its own: its lets shadow the anchor's
-        extra = node_body(sib, graph, int4_half)
+        extra = _body(sib, graph, folded, int4_half)
         first = len(bound)
         bound += extra.inputs
         shifted = [_shift_loads(line, first) for line in extra.lines]
@@ -252,6 +254,12 @@ def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[
     return Parts(bound, stored, lines, helpers, [STORAGE_TYPE[graph.specs[v].dtype] for v in bound],
                  [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), nodes, label,
                  status=group.anchor.op == "gather")
+
+
+def _body(node: Node, graph: Graph, folded: dict[str, Node], int4_half: bool) -> Body:
+    body = node_body(node, graph, int4_half)
+    norm = folded.get(node.inputs[0]) if node.op in MATMULS else None
+    return fold_norm(body, norm, graph) if norm is not None else body
 
 
 def merge(parts: list[Parts]) -> Kernel:
