@@ -53,17 +53,23 @@ ORT_COLUMN_HISTORY = (
     "the difference is the environment, not the method. Both versions are now recorded above.")
 
 
-# Why the passes that freeze an input value still need it with symbolic dimensions (issue #12's target of 95%
-# without freezing is not met; this says what stands in the way).
-FREEZING_NOTE = (
-    "These cases feed, as a graph input, a value the importer needs: it decides the program's structure, not "
-    "a size. Symbolic dimensions are bound from the input *shapes* of a call; these are input *values*. Most "
-    "are reduction or unsqueeze axes (which axes go, and the output rank), Resize's scales or sizes (the "
-    "interpolation matrices and, from float scales, the output size), CumSum's axis, TopK's k and OneHot's "
-    "depth (an output size read from a value), Split sizes, and Reshape / Expand / Pad / Slice / Tile values. "
-    "The last groups could become symbols bound from the input's values at call time (MNN reads such inputs at "
-    "resize); that is not done: the runtime binds symbols from shapes only. ConvTranspose's weight, Trilu's k "
-    "and Dropout's ratio no longer need freezing (graph ops at run time, or unused in inference).")
+# How the cases that feed a structure-deciding value as a graph input pass without freezing it.
+VALUE_INPUTS_NOTE = (
+    "These cases feed, as a graph input, a value the importer needs as a constant: it decides the program's "
+    "structure, not a size. Most are reduction or unsqueeze axes (which axes go, and the output rank), "
+    "Resize's scales or sizes (the interpolation matrices and, from float scales, the output size), TopK's k "
+    "and OneHot's depth (an output size read from a value), Split sizes, and Reshape / Expand / Pad / Slice / "
+    "Tile values. `from_onnx` imports such a model once as a `ValueTemplate` "
+    "(`edgerun/frontends/onnx/value_template.py`): the inputs behind the first value the import needs become "
+    "*value-deciding inputs* (at most 64 elements each, refused naming the input otherwise), and every call "
+    "specialises the program on their values, as a symbol binding specialises it on shapes: the import runs "
+    "again with the values folded in as constants, then the normal passes, and the result is cached under "
+    "(the values' bytes, the symbol bindings), in the runtime's specialisation LRU for `edgerun.load` "
+    "(`edgerun/runtime/specializing.py`). A call with other values never reuses a specialisation made for "
+    "different ones. The inputs stay program inputs: nothing is frozen, and one import serves every value; "
+    "the cost is an import per distinct value at its first call (MNN re-runs its shape computation at resize "
+    "the same way). Freezing (`constant_inputs=`) remains the fallback only where the value comes from no "
+    "graph input, and is counted separately.")
 
 
 def _ort_results(cases: list, design: dict[str, CaseResult]) -> list[CaseResult]:
@@ -98,6 +104,7 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         by_op[r.op]["cases"] += 1
         ort_pass[r.op] += q.status == "pass"
     frozen = sum(1 for r in ours if r.status == "pass" and r.frozen)
+    by_value = sum(1 for r in ours if r.status == "pass" and r.value_inputs and not r.frozen)
     design = Counter(r.category for r in ours if r.status == "design")
     design_ops: dict[str, set[str]] = defaultdict(set)
     for r in ours:
@@ -127,16 +134,17 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         f"| wrong answers | {t.wrong} | {o.wrong} |",
         f"| passed without freezing an input value | {t.passed - frozen} "
         f"({(t.passed - frozen) / max(t.denominator, 1):.1%}) | - |",
+        f"| ... of which specialised per call on an input's value | {by_value} | - |",
         f"| passed with every input dimension symbolic | {s.passed} ({s.pass_rate:.1%}) | - |",
         f"| ... and without freezing an input value | {sym_free} ({sym_free / max(s.denominator, 1):.1%}) | - |",
         f"| wrong answers with symbolic dimensions | {s.wrong} (error {s.error}) | - |",
         f"| wall time | {seconds['edgerun']:.1f} s (symbolic {seconds['symbolic']:.1f} s) | {seconds['ort']:.1f} s |",
         "",
-        f"{frozen} of edgerun's passes feed shape-like values (reduction axes, Resize scales, Reshape targets) "
-        "as graph inputs that an importer needs at import time; the ONNX backend freezes them to the values "
-        "given to `run` and imports the model for them (`edgerun/frontends/onnx/backend.py`, cached per value). "
-        "Those values decide the structure of the program (which axes are reduced, an interpolation matrix, "
-        "an output rank), not a size a symbolic dimension could stand for; see 'Passes that freeze an input value' below.",
+        f"{by_value} of edgerun's passes feed structure-deciding values (reduction axes, Resize scales, Reshape "
+        "targets) as graph inputs. They are imported once as a template that specialises per call on those "
+        "inputs' values (cached per value), not frozen: see 'Passes that specialise on an input value' below. "
+        f"{frozen} passes still freeze an input value (the ONNX backend imports the model for the values given "
+        "to `run`, `edgerun/frontends/onnx/backend.py`), where the value comes from no graph input.",
         "",
         "**With every input dimension symbolic** (`EdgerunBackend.prepare(model, symbolic_dims=True)`), every "
         "input dimension of size 2 or more is declared a symbol bounded by [2, 65536] before import, one symbol "
@@ -189,12 +197,24 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         first = sym_misses[op][0]
         reason = first.detail.replace("|", "/").replace("\n", " ")
         lines.append(f"| {op} | {len(sym_misses[op])} | {first.status} | {reason[:200]} |")
+    valued_by_op: Counter = Counter(r.op for r in ours if r.status == "pass" and r.value_inputs and not r.frozen)
+    sym_valued = Counter(r.op for r in sym if r.status == "pass" and r.value_inputs)
+    lines += ["", "## Passes that specialise on an input value", "", VALUE_INPUTS_NOTE, "",
+              "| op | cases | also with symbolic dimensions | value-deciding inputs (first case) |",
+              "|---|---|---|---|"]
+    for op, n in sorted(valued_by_op.items()):
+        first = next(r for r in ours if r.op == op and r.status == "pass" and r.value_inputs)
+        lines.append(f"| {op} | {n} | {sym_valued[op]} | {first.value_inputs} |")
     frozen_by_op: Counter = Counter(r.op for r in ours if r.status == "pass" and r.frozen)
-    lines += ["", "## Passes that freeze an input value", "", FREEZING_NOTE, "",
+    lines += ["", "## Passes that freeze an input value", "",
+              "The value the importer needs comes from no graph input (e.g. it is computed inside a control-flow "
+              "body), so no call can bind it; the backend freezes the integer inputs and imports per value.", "",
               "| op | cases | frozen inputs (first case) |", "|---|---|---|"]
     for op, n in sorted(frozen_by_op.items()):
         first = next(r for r in ours if r.op == op and r.status == "pass" and r.frozen)
         lines.append(f"| {op} | {n} | {first.frozen} |")
+    if not frozen_by_op:
+        lines.append("| (none) | 0 | |")
     ort_misses = [q for q in ort if q.status in ("refused", "wrong", "error")]
     lines += ["", "## ONNX Runtime's misses", "", "| case | status | first reason |", "|---|---|---|"]
     for q in ort_misses:
@@ -269,7 +289,7 @@ def main() -> int:
         "edgerun": totals(ours).__dict__, "onnxruntime": totals(ort).__dict__,
         "edgerun_symbolic_dims": totals(sym).__dict__,
         "cases": [{**r.to_json(), "ort_status": q.status, "symbolic_status": y.status, "symbolic_frozen": y.frozen,
-                   "symbolic_detail": y.detail} for r, q, y in zip(ours, ort, sym)],
+                   "symbolic_detail": y.detail, "symbolic_value_inputs": y.value_inputs} for r, q, y in zip(ours, ort, sym)],
     }, indent=1))
     t, o, s = totals(ours), totals(ort), totals(sym)
     print(f"{'backend':<18}{'denominator':>12}{'passed':>8}{'rate':>8}{'refused':>9}{'error':>7}{'wrong':>7}")
