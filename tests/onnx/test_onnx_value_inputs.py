@@ -116,6 +116,8 @@ def test_a_value_template_cannot_be_saved_and_needs_its_values(tmp_path):
     program = from_onnx(_reduce_sum_model())
     with pytest.raises(EdgerunError, match=r"specialised per value of its inputs \['axes'\].*constant_inputs="):
         program.save(tmp_path / "m.edgerun")
+    with pytest.raises(EdgerunError, match=r"specialised per value of its inputs \['axes'\].*edgerun.runtime.load"):
+        edgerun.load(program, backends="auto")
     m = edgerun.load(program)
     with pytest.raises(EdgerunError, match=r"inputs \['axes'\] decide this program's structure"):
         m.specialization(x=(2, 3, 4))
