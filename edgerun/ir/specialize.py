@@ -5,6 +5,10 @@ bindings come from the inputs (checked against each symbol's bounds and for cons
 and every symbolic dimension in the specs and attributes is replaced by its value. The result is an
 ordinary static graph, which the normal pipeline (decomposition, folding, raster merging, memory planning)
 then treats exactly like an exported one.
+
+A template may also depend on the *values* of a few small inputs (value_key below): the key a call's values
+give, and the size limit on such inputs, are here; the frontend that folds the values in is the ONNX one
+(frontends/onnx/value_template.py), and the runtime caches per (values, bindings).
 """
 
 from __future__ import annotations

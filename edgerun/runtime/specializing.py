@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_CACHE_SIZE = 8  # loaded specialisations kept; each holds its own arena and compiled partitions
 Bindings = tuple[tuple[str, int], ...]  # sorted (symbol, value) pairs
 CacheKey = tuple[ValueKey, Bindings]  # value-deciding inputs' values (empty for most programs), then symbols
+_MAX_REMEMBERED_SHAPES = 1024  # input-shape tuples whose binding is remembered (a dict, cleared when full)
 
 
 @runtime_checkable
@@ -48,7 +49,6 @@ class ValueSpecializer(Protocol):
     output_names: list[str]
 
     def for_values(self, inputs: Mapping[str, Any]) -> tuple[Program, ValueKey]: ...
-_MAX_REMEMBERED_SHAPES = 1024  # input-shape tuples whose binding is remembered (a dict, cleared when full)
 
 
 def specialize_program(template: Program, bindings: Mapping[str, int]) -> Program:

@@ -140,3 +140,9 @@ def test_conformance_cases_pass_without_freezing(name, runner):
     result = run_case(case, runner)
     assert result.status == "pass", result.detail
     assert result.frozen == "" and result.value_inputs
+
+
+def test_a_value_of_another_shape_than_declared_is_refused():
+    m = edgerun.load(from_onnx(_reduce_sum_model()))
+    with pytest.raises(EdgerunError, match=r"input 'axes' is int64\[2\], the program takes int64\[1\]"):
+        m(np.zeros((2, 3, 4), np.float32), np.array([0, 1], np.int64))

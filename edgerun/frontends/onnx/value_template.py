@@ -64,7 +64,6 @@ class ValueTemplate(Program):
         self._programs: OrderedDict[ValueKey, Program] = OrderedDict()
         self.value_inputs: list[str] = []
         self._learn(error)
-        self.metadata["value_inputs"] = list(self.value_inputs)
         self.imports_made = 0  # imports run for new values (the first-call cost is paid this often)
 
     def _learn(self, error: DynamicInputError) -> None:
@@ -79,6 +78,7 @@ class ValueTemplate(Program):
             if all(isinstance(d, int) for d in shape):
                 check_value_size(name, shape, where)  # a symbolic size is checked against each call's value
         self.value_inputs.extend(new)
+        self.metadata["value_inputs"] = list(self.value_inputs)
 
     def for_values(self, inputs: Mapping[str, Any]) -> tuple[Program, ValueKey]:
         """The program for these value-deciding inputs (others in `inputs` are ignored) and its cache key.
@@ -95,7 +95,7 @@ class ValueTemplate(Program):
                     return program, key
             values = {n: np.asarray(inputs[n]) for n in names}
             for name, value in values.items():
-                self._check_dtype(name, value)
+                self._check_spec(name, value)
             try:
                 graph = import_onnx_graph(self._model, {k: v for k, v in self._input_shapes.items() if k not in values},
                                           {**self._constant_inputs, **values})
@@ -112,9 +112,12 @@ class ValueTemplate(Program):
                     self._programs.popitem(last=False)
             return program, key
 
-    def _check_dtype(self, name: str, value: np.ndarray) -> None:
+    def _check_spec(self, name: str, value: np.ndarray) -> None:
+        """The value's dtype, rank and static dimensions must be the input's (its symbolic ones may be any)."""
         want = self.graph.specs[name]
-        if value.dtype != want.dtype.np or value.ndim != want.rank:
+        fits = value.dtype == want.dtype.np and value.ndim == want.rank and all(
+            not isinstance(w, int) or w == got for w, got in zip(want.shape, value.shape))
+        if not fits:
             raise EdgerunError(f"input {name!r} is {value.dtype}{list(value.shape)}, the program takes {want}")
 
     def save(self, path: Any) -> None:
