@@ -6,6 +6,7 @@
                                                            # is installed; both versions are recorded)
     .venv/bin/python bench/onnx_conformance.py --zoo      # every zoo model: torch.onnx.export -> from_onnx,
                                                            # against torch eager and the torch-export path
+    .venv/bin/python bench/onnx_conformance.py --values   # first-call / steady cost of a value template
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,6 +37,7 @@ from edgerun.frontends.onnx.conformance import (  # noqa: E402
 )
 
 COMMAND = ".venv/bin/python bench/onnx_conformance.py"
+BACKENDS = ["mnn", "reference"]  # --values: edgerun's own CPU kernels, the reference for the rest
 
 # Why an earlier committed ONNX Runtime column read lower, checked case by case (see docs/onnx-conformance.md).
 ORT_COLUMN_HISTORY = (
@@ -263,14 +266,81 @@ def zoo_check() -> int:
     return 0 if worst <= 1e-4 else 1
 
 
+def _resnet_behind_resize() -> Any:
+    """resnet18 (zoo, torch.onnx.export) behind a Resize whose scales are a graph input: a value-deciding input."""
+    import io
+
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    import edgerun.zoo as zoo
+
+    entry = zoo.get("resnet18")
+    buf = io.BytesIO()
+    torch.onnx.export(entry.build().eval(), tuple(entry.example_inputs()), buf, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    g = model.graph
+    image = g.input[0].name
+    g.node.insert(0, helper.make_node("Resize", ["raw", "", "scales"], [image], mode="nearest"))
+    del g.input[0]
+    g.input.insert(0, helper.make_tensor_value_info("raw", TensorProto.FLOAT, [1, 3, 112, 112]))
+    g.input.append(helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4]))
+    return model
+
+
+def value_cost(repeats: int = 3) -> int:
+    """First-call and steady-state cost of a ValueTemplate against the same model frozen to one value."""
+    import numpy as np
+
+    import edgerun
+    from edgerun.frontends.onnx import from_onnx
+
+    def timed(fn: Any) -> tuple[float, Any]:
+        start = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - start, out
+
+    load = os.getloadavg()[0]
+    model = _resnet_behind_resize()
+    x = np.random.default_rng(0).random((1, 3, 112, 112), dtype=np.float32)
+    double, one_and_half = np.array([1, 1, 2, 2], np.float32), np.array([1, 1, 1.5, 1.5], np.float32)
+    # Warm-up (imports, kernel caches) on a third value, so neither path below pays the process's cold start.
+    edgerun.load(from_onnx(model, constant_inputs={"scales": np.ones(4, np.float32)}), backends=BACKENDS)(x)
+    rows: dict[str, float] = {}
+    rows["template import s"], template = timed(lambda: from_onnx(model))
+    m = edgerun.load(template, backends=BACKENDS)
+    rows["first call at scale 2 s"], got = timed(lambda: m(x, double))
+    rows["steady call at scale 2 s"] = float(np.median([timed(lambda: m(x, double))[0] for _ in range(repeats)]))
+    rows["first call at scale 1.5 s"], _ = timed(lambda: m(x, one_and_half))
+    rows["static import s"], static = timed(lambda: from_onnx(model, constant_inputs={"scales": double}))
+    rows["static load s"], loaded = timed(lambda: edgerun.load(static, backends=BACKENDS))
+    rows["static first call s"], want = timed(lambda: loaded(x))
+    rows["static steady call s"] = float(np.median([timed(lambda: loaded(x))[0] for _ in range(repeats)]))
+    rows["static import+load+first call s"] = sum(rows[f"static {k} s"] for k in ("import", "load", "first call"))
+    if not np.array_equal(got, want):
+        raise SystemExit("the value template and the frozen program disagree")
+    for name, seconds in rows.items():
+        print(f"{name:<28}{seconds:>8.3f}")
+    out = ROOT / "bench" / "results" / "onnx_value_inputs.json"
+    out.write_text(json.dumps({"command": COMMAND + " --values", "model": "resnet18 behind Resize(scales input), "
+                               f"backends {BACKENDS}", "load_average": load, "seconds": rows}, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "onnx-conformance.md"))
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "onnx_conformance.json"))
     parser.add_argument("--zoo", action="store_true", help="check the zoo models instead of the node cases")
+    parser.add_argument("--values", action="store_true",
+                        help="time a value template (resnet18 behind Resize with a scales input) against the "
+                             "same model frozen to one value")
     args = parser.parse_args()
     if args.zoo:
         return zoo_check()
+    if args.values:
+        return value_cost()
     load = os.getloadavg()[0]
     cases = node_cases()
     start = time.perf_counter()
