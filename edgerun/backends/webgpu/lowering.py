@@ -1,11 +1,15 @@
-"""A partition becomes a list of dispatches; with fusion, elementwise chains ride along in one dispatch.
+"""A partition becomes a list of dispatches; with fusion, whole chains of nodes ride in one dispatch.
 
 Fusion is the backend's own pass over the partition: a node with a per-output-element kernel (elementwise,
-matmul, conv, pooling, reduction, gather) anchors a dispatch, and each following elementwise node that
-reads the dispatch's current value, has the same output shape, and is that value's only reader (and the
-value is not a partition output) joins it as epilogue code. So matmul + bias + activation, conv + bias +
-ReLU, and elementwise chains (GELU's seven ops, softmax's sub+exp) each become one dispatch, and the
-intermediates never touch memory.
+matmul, conv, pooling, reduction, gather) anchors a group, and each later elementwise node that reads the
+group's values over its output shape joins it as epilogue code (also a group up to LOOK_BACK behind the
+latest, when what else it reads exists before it). A matmul of the anchor's kind and shape whose operands
+the group does not compute joins as a sibling (computed by the same thread). So matmul + bias +
+activation, conv + bias + ReLU, gate + up + SiLU, elementwise chains (GELU's seven ops, softmax's sub+exp)
+each become one dispatch, and the intermediates never touch memory. Then neighbouring groups where the
+later reads nothing the earlier write are merged into one dispatch (horizontal fusion), within a cap on
+bindings. Rasters that copy a value whole take no dispatch (identity_rasters); rasters read by one kernel
+are computed in it (inline.py); an RMSNorm read only by matmuls is computed in their prologue (prologue.py).
 """
 
 from __future__ import annotations
