@@ -37,7 +37,8 @@ from edgerun.ir.specialize import ValueKey, check_value_size, value_key
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.program import Program
 
-_PROGRAMS_KEPT = 16  # imported programs per distinct values (the runtime's LRU holds the loaded ones)
+_PROGRAMS_KEPT = 8  # imported programs kept, one per distinct value (as many as the runtime LRU loads; each holds
+# its own optimised weights, so more would cost memory for values the runtime has already dropped)
 
 
 class ValueTemplate(Program):
