@@ -1,6 +1,7 @@
-"""State and control flow: a buffer read inside a torch.cond branch, and a buffer's new value computed inside
-a cond branch or carried through a torch.while_loop and assigned outside, keep state like eager across calls
-that take each branch; a body that writes a buffer in place is refused at export naming body, buffer and fix."""
+"""State and control flow: a buffer read inside a torch.cond branch, written in place inside one, or given a
+new value computed in a branch or carried through a torch.while_loop and assigned outside, keeps state like
+eager across calls that take each branch; other writes in a body are refused at export naming body, tensor
+and fix."""
 
 from __future__ import annotations
 
@@ -81,13 +82,46 @@ def test_state_flows_through_control_flow_like_eager(cls, tmp_path) -> None:
 
 
 class WriteInBranch(nn.Module):
+    """Branches that write the buffer in place: a chain of writes, a read after them, and a plain copy_."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.register_buffer("total", torch.zeros(4))
+        self.register_buffer("total", torch.ones(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def grow(x: torch.Tensor) -> torch.Tensor:
+            self.total.mul_(0.5).add_(x.sum(0))
+            return x + self.total
+
+        def reset(x: torch.Tensor) -> torch.Tensor:
+            self.total.copy_(x[0])
+            return x * 2
+
+        return torch.cond(x.sum() > 0, grow, reset, (x,))
+
+
+def test_a_buffer_a_cond_branch_writes_in_place_becomes_state_like_eager(tmp_path) -> None:
+    """The branch's writes are made functional before torch decomposes the cond (body_state.py): the new value
+    leaves the branch as a result and is copied back outside. (Eager torch.cond allows them under no_grad.)"""
+    module = WriteInBranch()
+    program = edgerun.export(module, (torch.rand(3, 4),))
+    assert list(program.state) == ["total"]
+    program.save(tmp_path / "w.edgerun")
+    model = edgerun.load(tmp_path / "w.edgerun")
+    eager = copy.deepcopy(module)
+    torch.manual_seed(1)
+    for sign in (1.0, 1.0, -1.0, 1.0, -1.0, 1.0):
+        x = torch.rand(3, 4) * sign
+        with torch.no_grad():
+            want = eager(x).numpy()
+        np.testing.assert_allclose(model(x.numpy()), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(model.state["total"], eager.total.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class WriteInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         def bump(x: torch.Tensor) -> torch.Tensor:
-            self.total.add_(1.0)
+            x.add_(1.0)
             return x + 1
 
         return torch.cond(x.sum() > 0, bump, lambda x: x - 1, (x,))
@@ -106,10 +140,10 @@ class WriteInLoop(nn.Module):
         return torch.while_loop(lambda i, y: i < 3, body, (torch.tensor(0), x))[1]
 
 
-@pytest.mark.parametrize("cls, body, buffer", [(WriteInBranch, "cond body 'true_graph_0'", "total"),
-                                               (WriteInLoop, "while_loop body 'while_loop_body_graph_0'", "acc")])
-def test_a_body_writing_a_buffer_in_place_is_refused_naming_it(cls, body, buffer) -> None:
-    with pytest.raises(EdgerunError, match=rf"torch\.{body} writes buffer '{buffer}' in place .*How to fix: "
+@pytest.mark.parametrize("cls, body, what", [(WriteInLoop, "while_loop body 'while_loop_body_graph_0'", "buffer 'acc'"),
+                                             (WriteInput, "cond body 'true_graph_0'", "its input 'x'")])
+def test_other_writes_in_a_body_are_refused_naming_body_and_tensor(cls, body, what) -> None:
+    with pytest.raises(EdgerunError, match=rf"torch\.{body} writes {what} in place .*How to fix: "
                                            r"return the new value from the body and assign it outside"):
         edgerun.export(cls(), (torch.rand(4),))
 

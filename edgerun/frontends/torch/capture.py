@@ -43,7 +43,10 @@ def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = 
             ep = torch.export.export(module, tuple(args), kwargs=kwargs or None, dynamic_shapes=dynamic_shapes)
     except Exception as exc:  # torch raises many unrelated types here; all mean "capture failed"
         raise ExportFailedError(_explain(exc)) from exc
-    refuse_state_written_in_bodies(ep)
+    from edgerun.frontends.torch.body_state import functionalize_cond_buffer_writes
+
+    functionalize_cond_buffer_writes(ep)  # buffers a cond branch writes in place: out of place, copied back
+    refuse_state_written_in_bodies(ep)  # any other write in a body
     try:
         return ep.run_decompositions(decomposition_table())
     except Exception as exc:
