@@ -1,7 +1,7 @@
 """State and control flow: a buffer read inside a torch.cond branch, written in place inside one, or given a
 new value computed in a branch or carried through a torch.while_loop and assigned outside, keeps state like
-eager across calls that take each branch; other writes in a body are refused at export naming body, tensor
-and fix."""
+eager across calls that take each branch (and a while_loop body's in-place writes too); other writes in a
+body are refused at export naming body, tensor and fix."""
 
 from __future__ import annotations
 
@@ -128,22 +128,55 @@ class WriteInput(nn.Module):
 
 
 class WriteInLoop(nn.Module):
+    """A while_loop body that writes a buffer in place (a chain, then reads it) and reads another one."""
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("acc", torch.zeros(4))
+        self.register_buffer("w", torch.linspace(0.5, 2.0, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         def body(i: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            self.acc.add_(y)
-            return i + 1, y * 2
+            self.acc.mul_(0.5).add_(y * self.w)
+            return i + 1, y * 2 + self.acc
 
         return torch.while_loop(lambda i, y: i < 3, body, (torch.tensor(0), x))[1]
 
 
-@pytest.mark.parametrize("cls, body, what", [(WriteInLoop, "while_loop body 'while_loop_body_graph_0'", "buffer 'acc'"),
-                                             (WriteInput, "cond body 'true_graph_0'", "its input 'x'")])
-def test_other_writes_in_a_body_are_refused_naming_body_and_tensor(cls, body, what) -> None:
-    with pytest.raises(EdgerunError, match=rf"torch\.{body} writes {what} in place .*How to fix: "
+def test_a_buffer_a_while_loop_body_writes_in_place_is_carried_like_eager(tmp_path) -> None:
+    """The buffer becomes a carried value of the loop, its final value copied back (body_state.py)."""
+    module = WriteInLoop()
+    program = edgerun.export(module, (torch.rand(4),))
+    assert list(program.state) == ["acc"] and any(n.op == "while_loop" for n in program.graph.nodes)
+    model = edgerun.load(program)
+    eager = copy.deepcopy(module)
+    torch.manual_seed(2)
+    for _ in range(4):
+        x = torch.randn(4)
+        with torch.no_grad():
+            want = eager(x).numpy()
+        np.testing.assert_allclose(model(x.numpy()), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(model.state["acc"], eager.acc.numpy(), rtol=1e-5, atol=1e-5)
+    model.reset_state()
+    assert not model.state["acc"].any()
+
+
+class WriteView(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def bump(x: torch.Tensor) -> torch.Tensor:
+            self.total[:2].add_(1.0)
+            return x + 1
+
+        return torch.cond(x.sum() > 0, bump, lambda x: x - 1, (x,))
+
+
+@pytest.mark.parametrize("cls, what", [(WriteInput, "its input 'x'"), (WriteView, "'.*', a view computed in the body")])
+def test_other_writes_in_a_body_are_refused_naming_body_and_tensor(cls, what) -> None:
+    with pytest.raises(EdgerunError, match=rf"torch\.cond body 'true_graph_0' writes {what} in place .*How to fix: "
                                            r"return the new value from the body and assign it outside"):
         edgerun.export(cls(), (torch.rand(4),))
 

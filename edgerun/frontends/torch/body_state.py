@@ -1,19 +1,22 @@
-"""Buffers written in place inside a torch.cond branch, made functional before torch's decomposition.
+"""Buffers written in place inside a torch.cond branch or a torch.while_loop body, made functional before
+torch's decomposition.
 
 torch.export captures `self.total.add_(1)` inside a cond branch (under no_grad), but its decomposition cannot
 functionalise a higher-order op's body ("aten.copy_ is not functional"), and the IR's bodies are closed,
 functional graphs anyway. So before decomposing, each such write becomes what a user would write by hand:
 the branch computes the buffer's new value out of place (`add_` -> `add`, later reads in the branch see the
 new value) and returns it as an extra result (the other branch returns the buffer unchanged), and the top
-level copies it into the buffer after the cond. Torch then functionalises that top-level copy into an
+level copies it into the buffer after the cond. In a while_loop body the buffer becomes a carried value
+instead, its final value copied back after the loop. Torch then functionalises that top-level copy into an
 ordinary buffer mutation, which the frontend turns into program state.
 
 Anything else written in a body stays refused with the fix (capture.py): a write to a tensor that is not a
-buffer, to a view of one, or inside a torch.while_loop body (whose carried values would have to change).
+buffer, to a view of one, or in a while_loop's condition.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 COND_OPERANDS = 3  # torch.ops.higher_order.cond(pred, true_graph, false_graph, operands)
@@ -54,25 +57,64 @@ def functionalize_cond_buffer_writes(ep: Any) -> bool:
     graph = ep.graph_module.graph
     changed = False
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not torch.ops.higher_order.cond:
+        if node.op != "call_function":
             continue
-        operands = list(node.args[COND_OPERANDS])
-        branches = [getattr(ep.graph_module, str(a.target)) for a in node.args[1:COND_OPERANDS]]
-        written = _written_buffers(branches, operands, buffers)
-        if written is None or not written:
-            continue
-        for body in branches:
-            _return_new_values(body, written)
-        _copy_back(graph, node, operands, written)
-        changed = True
+        if node.target is torch.ops.higher_order.cond:
+            changed |= _functionalize_cond(ep, node, buffers)
+        elif node.target is torch.ops.higher_order.while_loop:
+            changed |= _functionalize_while_loop(ep, node, buffers)
     if changed:
         ep.graph_module.recompile()
     return changed
 
 
+def _functionalize_cond(ep: Any, node: Any, buffers: set[str]) -> bool:
+    operands = list(node.args[COND_OPERANDS])
+    branches = [getattr(ep.graph_module, str(a.target)) for a in node.args[1:COND_OPERANDS]]
+    written = _written_buffers(branches, operands, buffers)
+    if not written:
+        return False
+    for body in branches:
+        _return_new_values(body, written)
+    _copy_back(ep.graph_module.graph, node, operands, written)
+    return True
+
+
+def _functionalize_while_loop(ep: Any, node: Any, buffers: set[str]) -> bool:
+    """while_loop(cond, body, carried, additional) whose body writes additional buffers in place: those
+    buffers become carried values (moved after the carried ones in both bodies' inputs), the body returns
+    their new values, and the loop's final values are copied back."""
+    cond_fn, body_fn = (getattr(ep.graph_module, str(a.target)) for a in node.args[:2])
+    carried, additional = list(node.args[2]), list(node.args[3])
+    operands = carried + additional
+    written = _written_buffers([body_fn], operands, buffers)
+    if not written or in_place_writes(cond_fn) or any(i < len(carried) for i in written):
+        return False
+    rest = [i for i in range(len(carried), len(operands)) if i not in written]
+    order = list(range(len(carried))) + written + rest
+    for fn in (cond_fn, body_fn):
+        _reorder_placeholders(fn, order)
+    _return_new_values(body_fn, list(range(len(carried), len(carried) + len(written))))
+    cond_fn.recompile()
+    node.args = (*node.args[:2], tuple(carried + [operands[i] for i in written]),
+                 tuple(operands[i] for i in rest))
+    node.kwargs = {}  # torch's record of the mutated inputs: none are left
+    _copy_back(ep.graph_module.graph, node, operands, written)
+    return True
+
+
+def _reorder_placeholders(fn: Any, order: list[int]) -> None:
+    """Make `fn`'s inputs the old ones in `order` (placeholders bind positionally, in node order)."""
+    placeholders = [n for n in fn.graph.nodes if n.op == "placeholder"]
+    wanted = [placeholders[i] for i in order] + placeholders[len(order):]
+    next(iter(fn.graph.nodes)).prepend(wanted[0])
+    for before, after in itertools.pairwise(wanted):
+        before.append(after)
+
+
 def _written_buffers(branches: list[Any], operands: list[Any], buffers: set[str]) -> list[int] | None:
-    """Operand positions the branches write; None when some write cannot be rewritten (not a buffer
-    operand, a view, or an op without an out-of-place form)."""
+    """Operand positions the bodies write; None when some write cannot be rewritten (not a buffer operand,
+    a view, or an op without an out-of-place form)."""
     positions: list[int] = []
     for body in branches:
         # an in-place op returns its argument, so `t.mul_(2).add_(1)` writes t twice

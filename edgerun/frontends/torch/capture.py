@@ -88,7 +88,8 @@ def refuse_state_written_in_bodies(ep: Any) -> None:
                 for formal, actual in zip(schema.arguments, inner.args):
                     if formal.alias_info is None or not formal.alias_info.is_write:
                         continue
-                    what = f"its input {getattr(actual, 'name', actual)!r}"
+                    what = (f"its input {getattr(actual, 'name', actual)!r}" if actual in placeholders else
+                            f"{getattr(actual, 'name', actual)!r}, a view computed in the body")
                     if actual in placeholders and placeholders.index(actual) < len(operands):
                         outer = operands[placeholders.index(actual)]
                         if getattr(outer, "name", None) in buffers:
