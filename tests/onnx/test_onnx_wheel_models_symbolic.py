@@ -131,7 +131,8 @@ def _vad_calls_with_rate(model, session, lengths, sr):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-def test_silero_vad_main_model_symbolic_chunk_with_the_rate_at_run_time():
+@pytest.mark.parametrize("backends", ["reference", ["onnxruntime", "reference"]])
+def test_silero_vad_main_model_symbolic_chunk_with_the_rate_at_run_time(backends):
     """The default model with `sr` left a run-time input: its If picks the 16 kHz or the 8 kHz network, and
     inside each the decoder squeezes the STFT's frame count, which the bounds must make 1. Over 192..703 samples the
     16 kHz branch always has one frame and the 8 kHz one does not (352 samples give it two): that branch is
@@ -141,7 +142,7 @@ def test_silero_vad_main_model_symbolic_chunk_with_the_rate_at_run_time():
     assert program.graph.symbols == {"sequence": (192, 703)} and "sr" in program.graph.inputs
     (cond,) = [n for n in program.graph.nodes if n.op == "cond"]
     assert cond.attrs["else"] == "" and "only for some shapes" in cond.attrs["unreachable"]
-    model = edgerun.load(program, backends="reference")
+    model = edgerun.load(program, backends=backends)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     _vad_calls_with_rate(model, session, VAD_LENGTHS, 16000)
     with pytest.raises(EdgerunError, match="took its else branch"):
