@@ -450,12 +450,11 @@ def _multiples_of_quotients_as_remainders(terms: dict[Monomial, int]) -> dict[Mo
 
 
 def _extreme_to_distribute(kept: tuple[tuple[Monomial, int], ...]) -> Dim | None:
-    """A sum of other terms and c*max(a, b) (or min) as max(rest + c*a, rest + c*b), min for negative c: the
-    one form of such a sum, in which terms that cancel inside the max do. None when the sum holds no such
-    term, more than one, or a max inside a product."""
+    """A sum of other terms (maybe none) and c*max(a, b) (or min) as max(rest + c*a, rest + c*b), min for
+    negative c: the one form of such a sum, in which terms that cancel inside the max do."""
     extremes = [(mono, coeff) for mono, coeff in kept if any(atom.kind in ("max", "min") for atom in mono)]
-    if len(extremes) != 1 or len(kept) == 1 or len(extremes[0][0]) != 1:
-        return None
+    if len(extremes) != 1 or len(extremes[0][0]) != 1 or (len(kept) == 1 and extremes[0][1] == 1):
+        return None  # none, several, one inside a product, or the bare max itself
     ((atom,), coeff) = extremes[0]
     rest = SymDim._from_terms({m: c for m, c in kept if m != (atom,)})
     kind = atom.kind if coeff > 0 else ("min" if atom.kind == "max" else "max")

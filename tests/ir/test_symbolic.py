@@ -142,6 +142,8 @@ x = sym("x")
     (x - sym_min(x + 1, 0), sym_max(x, -1)),  # a sum holding one min is the max of sums
     (sym_max(x, batch) + 1 - batch, sym_max(x - batch + 1, 1)),
     (sym_max(x % 2 + 1, 0), x % 2 + 1),  # remainders bound the difference without any bounds
+    ((2 * sym_max(x, batch) + 1) - 1, 2 * sym_max(x, batch)),
+    (-sym_max(x, batch), sym_min(-x, -batch)),
 ])
 def test_spellings_of_one_size_have_one_canonical_form(a, b) -> None:
     assert a == b and hash(a) == hash(b)
