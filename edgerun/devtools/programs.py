@@ -36,10 +36,6 @@ class ProgramState:
     signature: StateSignature
     initial: dict[str, np.ndarray] = field(default_factory=dict)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.signature.reads
-
 
 @dataclass(frozen=True)
 class LoadedGraph:
