@@ -224,7 +224,7 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
         k = 0
         while k < len(clusters):
             run = _row_run(clusters, k, axis)
-            if len(run) >= 3:
+            if len(run) >= 2:
                 made = _rows_value(b, node, run, axis)
                 if made is not None:
                     pieces.append(made)
@@ -328,31 +328,49 @@ def _clusters(boxes: list[_Box], axis: int) -> list[tuple[int, int, list[_Box]]]
     return out
 
 
+def _other_dims(box: _Box, axis: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple(d for d in box.dims if d[0] != axis)
+
+
 def _row_run(clusters: list[tuple[int, int, list[_Box]]], k: int, axis: int) -> list[_Box]:
-    """From clusters[k] on, adjacent single-row boxes read from one source alike but for their offset."""
+    """From clusters[k] on, adjacent boxes that read rows along `axis` from one source alike but for where
+    the rows start and their stride: single rows (an unrolled gather), or the before / source / after
+    pieces of a reflect or edge pad (reversed and repeated rows)."""
     run: list[_Box] = []
-    for lo, hi, members in clusters[k:]:
-        if len(members) != 1 or hi - lo != 1 or (run and lo != run[-1].hi(axis)):
+    for lo, _hi, members in clusters[k:]:
+        if len(members) != 1 or (run and lo != run[-1].hi(axis)):
             break
         box = members[0]
-        if any(step > 1 for step in box.steps) or (run and (box.src != run[0].src or box.dims != run[0].dims)):
+        if any(step > 1 for step in box.steps) or (run and (box.src != run[0].src or
+                                                            _other_dims(box, axis) != _other_dims(run[0], axis))):
             break
         run.append(box)
     return run
 
 
+def _row_offsets(box: _Box, axis: int) -> list[int]:
+    """The source offset of each row the box writes along `axis`."""
+    along = next(((n, s) for a, n, s in box.dims if a == axis), (1, 0))
+    return [box.offset + t * along[1] for t in range(along[0])]
+
+
 def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
-    """Rows run[i] = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather."""
+    """Rows i = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather. Single
+    rows take that reading from three on; runs of longer boxes only when they make a reflect or edge pad
+    (else each box is its own view)."""
     first = run[0]
-    offsets = [box.offset for box in run]
+    offsets = [o for box in run for o in _row_offsets(box, axis)]
     base = min(offsets)
     step = math.gcd(*(o - base for o in offsets))
     if step == 0:
         return None
     rows = [(o - base) // step for o in offsets]
     count = max(rows) + 1
+    single = len(offsets) == len(run)
+    if (single and len(run) < 3) or (not single and _pad_of(rows, count) is None):
+        return None
     src = node.inputs[first.src]
-    dims = sorted([*first.dims, (axis, count, step)])
+    dims = sorted([*_other_dims(first, axis), (axis, count, step)])
     view = strided_view(b, src, b.graph.specs[src].numel, base, [(n, s) for _, n, s in dims])
     if view is None:
         return None
@@ -361,20 +379,29 @@ def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple
     view = b.node("Reshape", [view, b.ints(full)])
     value = _pick_rows(b, view, rows, count, axis, len(full))
     size = list(first.size)
-    size[axis] = len(run)
+    size[axis] = len(rows)
     return value, first.lo, tuple(size)
+
+
+def _pad_of(rows: list[int], count: int) -> tuple[str, int, int] | None:
+    """(mode, before, after) when `rows` is a reflect or edge padding of range(count)."""
+    for mode in ("reflect", "edge"):
+        before = rows.index(0) if mode == "reflect" else rows.count(0) - 1
+        after = len(rows) - before - count
+        if before >= 0 and after >= 0 and rows == _pad_rows(count, before, after, mode):
+            return mode, before, after
+    return None
 
 
 def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int, rank: int) -> str:
     """view[..., rows, ...] along `axis` (of `count` rows): a Pad when `rows` is a reflect or edge padding of
     range(count), else stepped Slices, else a Gather with this small per-row index."""
-    for mode in ("reflect", "edge"):
-        before = rows.index(0) if mode == "reflect" else rows.count(0) - 1
-        after = len(rows) - before - count
-        if before >= 0 and after >= 0 and rows == _pad_rows(count, before, after, mode):
-            pads = [0] * (2 * rank)
-            pads[axis], pads[rank + axis] = before, after
-            return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
+    pad = _pad_of(rows, count)
+    if pad is not None:
+        mode, before, after = pad
+        pads = [0] * (2 * rank)
+        pads[axis], pads[rank + axis] = before, after
+        return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
     runs = _arithmetic_runs(rows)
     if len(runs) > MAX_SLICE_RUNS:
         return b.node("Gather", [view, b.ints(rows, "row_index")], axis=axis)
