@@ -54,6 +54,10 @@ class OnnxBuilder:
         self.large: dict[str, np.ndarray] = {}
         self._count = 0
         self._reshaped: dict[str, str] = {}  # Reshape output -> its input
+        # Shapes, axes and pads the translators ask for again and again (a pitch tracker's rasters: 400+):
+        # one initializer each, found again by value. (name, position among the initializers) so one a
+        # failed reading deleted (emit_raster rolls back) is not handed out.
+        self._ints: dict[tuple[int, ...], tuple[str, int]] = {}
         self.consumers = graph.consumers()
         self.producers = graph.producers()
 
@@ -90,7 +94,14 @@ class OnnxBuilder:
         return name
 
     def ints(self, values: list[int] | tuple[int, ...], hint: str = "shape") -> str:
-        return self.const(np.asarray(values, np.int64), hint)
+        key = tuple(int(v) for v in values)
+        known = self._ints.get(key)
+        if known is not None and known[1] < len(self.initializers) and self.initializers[known[1]].name == known[0]:
+            return known[0]
+        name = self.const(np.asarray(key, np.int64), hint)
+        if self.initializers and self.initializers[-1].name == name:
+            self._ints[key] = (name, len(self.initializers) - 1)
+        return name
 
 
 def reads(proto: Any) -> set[str]:

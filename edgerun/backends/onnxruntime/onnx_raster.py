@@ -348,24 +348,24 @@ def _row_run(clusters: list[tuple[int, int, list[_Box]]], k: int, axis: int) -> 
     return run
 
 
-def _row_offsets(box: _Box, axis: int) -> list[int]:
+def _row_offsets(box: _Box, axis: int) -> np.ndarray:
     """The source offset of each row the box writes along `axis`."""
-    along = next(((n, s) for a, n, s in box.dims if a == axis), (1, 0))
-    return [box.offset + t * along[1] for t in range(along[0])]
+    count, stride = next(((n, s) for a, n, s in box.dims if a == axis), (1, 0))
+    return box.offset + stride * np.arange(count, dtype=np.int64)
 
 
 def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
     """Rows i = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather. Single
     rows take that reading from three on; runs of longer boxes only when they make a reflect or edge pad
-    (else each box is its own view)."""
+    (else each box is its own view). Row numbers are numpy arrays: a pad of an audio axis has 10^4-10^5."""
     first = run[0]
-    offsets = [o for box in run for o in _row_offsets(box, axis)]
-    base = min(offsets)
-    step = math.gcd(*(o - base for o in offsets))
+    offsets = np.concatenate([_row_offsets(box, axis) for box in run])
+    base = int(offsets.min())
+    step = int(np.gcd.reduce(offsets - base))
     if step == 0:
         return None
-    rows = [(o - base) // step for o in offsets]
-    count = max(rows) + 1
+    rows = (offsets - base) // step
+    count = int(rows.max()) + 1
     single = len(offsets) == len(run)
     if (single and len(run) < 3) or (not single and _pad_of(rows, count) is None):
         return None
@@ -383,17 +383,18 @@ def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple
     return value, first.lo, tuple(size)
 
 
-def _pad_of(rows: list[int], count: int) -> tuple[str, int, int] | None:
+def _pad_of(rows: np.ndarray, count: int) -> tuple[str, int, int] | None:
     """(mode, before, after) when `rows` is a reflect or edge padding of range(count)."""
+    zeros = np.flatnonzero(rows == 0)
     for mode in ("reflect", "edge"):
-        before = rows.index(0) if mode == "reflect" else rows.count(0) - 1
+        before = (int(zeros[0]) if len(zeros) else -1) if mode == "reflect" else len(zeros) - 1
         after = len(rows) - before - count
-        if before >= 0 and after >= 0 and rows == _pad_rows(count, before, after, mode):
+        if before >= 0 and after >= 0 and np.array_equal(rows, _pad_rows(count, before, after, mode)):
             return mode, before, after
     return None
 
 
-def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int, rank: int) -> str:
+def _pick_rows(b: OnnxBuilder, view: str, rows: np.ndarray, count: int, axis: int, rank: int) -> str:
     """view[..., rows, ...] along `axis` (of `count` rows): a Pad when `rows` is a reflect or edge padding of
     range(count), else stepped Slices, else a Gather with this small per-row index."""
     pad = _pad_of(rows, count)
@@ -402,9 +403,9 @@ def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int
         pads = [0] * (2 * rank)
         pads[axis], pads[rank + axis] = before, after
         return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
-    runs = _arithmetic_runs(rows)
+    runs = _arithmetic_runs(rows.tolist())
     if len(runs) > MAX_SLICE_RUNS:
-        return b.node("Gather", [view, b.ints(rows, "row_index")], axis=axis)
+        return b.node("Gather", [view, b.ints(rows.tolist(), "row_index")], axis=axis)
     pieces = []
     for start, n, step in runs:
         if step == 1 and start == 0 and n == count:
@@ -416,12 +417,13 @@ def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int
     return pieces[0] if len(pieces) == 1 else b.node("Concat", pieces, axis=axis)
 
 
-def _pad_rows(n: int, before: int, after: int, mode: str) -> list[int]:
+def _pad_rows(n: int, before: int, after: int, mode: str) -> np.ndarray:
+    middle = np.arange(n)
     if mode == "edge":
-        return [0] * before + list(range(n)) + [n - 1] * after
+        return np.concatenate([np.zeros(before, np.int64), middle, np.full(after, n - 1)])
     if before >= n or after >= n:
-        return []
-    return list(range(before, 0, -1)) + list(range(n)) + list(range(n - 2, n - 2 - after, -1))
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(before, 0, -1), middle, np.arange(n - 2, n - 2 - after, -1)])
 
 
 def _arithmetic_runs(rows: list[int]) -> list[tuple[int, int, int]]:
