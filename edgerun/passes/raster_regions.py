@@ -211,6 +211,11 @@ class _Fitter:
             if self._fit_lattices(sid, lo):
                 return len(self.regions) <= self.budget
             per_axis = _source_cells(sid)
+            if self._fit_slabs(lo, per_axis):
+                return True
+        return self._fit_cells(lo, per_axis)
+
+    def _fit_cells(self, lo: tuple[int, ...], per_axis: list[list[tuple[int, int]]]) -> bool:
         cells = list(itertools.product(*per_axis))
         if len(cells) > 4 * self.budget + 16:
             return False
@@ -219,6 +224,23 @@ class _Fitter:
                             tuple(a + d for a, (_, d) in zip(lo, cell))):
                 return False
         return True
+
+    def _fit_slabs(self, lo: tuple[int, ...], per_axis: list[list[tuple[int, int]]]) -> bool:
+        """Cut a mixed block along the one axis where its source changes most often, each slab fitted on its
+        own; False (adding nothing) when that does not fit. Cutting along every axis at once splits every
+        source at every boundary: a concat of shifted pads (a pitch tracker's harmonic stacking, 8 channels
+        each a source with a fill band of its own) is 8 slabs of one region each, but 15 cells."""
+        cut = [a for a, segments in enumerate(per_axis) if len(segments) > 1]
+        if len(cut) < 2:
+            return False  # a cut along one axis is what the cells are already
+        axis = max(cut, key=lambda a: len(per_axis[a]))
+        slabs = [[(0, n)] if a != axis else segments for a, (segments, n) in
+                 enumerate(zip(per_axis, (segs[-1][1] for segs in per_axis)))]
+        mark = len(self.regions)
+        if self._fit_cells(lo, slabs) and len(self.regions) <= self.budget:
+            return True
+        del self.regions[mark:]
+        return False
 
 
 def _periodic_view(sid: np.ndarray) -> tuple[int, ...] | None:

@@ -246,3 +246,19 @@ def test_random_layout_chains_match_reference(data: st.DataObject) -> None:
     types = set(op_types(graph))
     assert not GENERIC & types, types
     assert_matches_reference(graph, [x], ORT.compile(graph)(x), rtol=0, atol=0)
+
+
+def test_slabs_with_unwritten_bands_concatenate_without_a_gather() -> None:
+    # The merged harmonic stacking: channel k of the output is the spectrum shifted by k's bins, the band it
+    # leaves unwritten is the fill; each slab is padded with the fill to the full extent, then a Concat.
+    x = RNG.standard_normal((1, 7, 30, 1)).astype(np.float32)
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x0", TensorSpec(x.shape, DType.float32))
+    shifted = [b.emit("pad", [v], pads=[[0, 0], [0, 0], [s, -s], [0, 0]], value=0.0) if s else v for s in (5, 0, 3)]
+    g.outputs = [b.emit("concat", shifted, axis=3)]
+    graph, _ = optimize(g)
+    assert [n.op for n in graph.nodes] == ["raster"]
+    types = op_types(graph)
+    assert "Gather" not in types and not GENERIC & set(types), types
+    assert_matches_reference(graph, [x], ORT.compile(graph)(x), rtol=0, atol=0)

@@ -236,6 +236,8 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
             pieces.append(made)
             k += 1
         pieces = _fill_gaps(b, node, pieces, axis, fill)
+        if fill is not None:
+            pieces = _fill_across(b, node, pieces, axis, fill)
         first = pieces[0]
         if any(p[1][:axis] + p[1][axis + 1:] != first[1][:axis] + first[1][axis + 1:]
                or p[2][:axis] + p[2][axis + 1:] != first[2][:axis] + first[2][axis + 1:] for p in pieces):
@@ -261,6 +263,28 @@ def _fill_gaps(b: OnnxBuilder, node: Node, pieces: list[tuple[str, tuple[int, ..
             value = b.node("Pad", [value, b.ints(pads, "pads"), fill_value], mode="constant")
             size = (*size[:axis], size[axis] + gap, *size[axis + 1:])
         out.append((value, lo, size))
+    return out
+
+
+def _fill_across(b: OnnxBuilder, node: Node, pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]], axis: int,
+                 fill: object) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Pieces padded with the fill, across every axis but `axis`, to the box that holds them all: a slab whose
+    region leaves a band unwritten (a shifted, zero-padded channel beside full ones) still concatenates."""
+    rank = len(pieces[0][1])
+    lo = [min(p[1][k] for p in pieces) for k in range(rank)]
+    hi = [max(p[1][k] + p[2][k] for p in pieces) for k in range(rank)]
+    out = []
+    for value, plo, size in pieces:
+        pads = [0] * (2 * rank)
+        for k in range(rank):
+            if k != axis:
+                pads[k], pads[rank + k] = plo[k] - lo[k], hi[k] - plo[k] - size[k]
+        if any(pads):
+            fill_value = b.const(np.array(fill, b.graph.specs[node.outputs[0]].dtype.np), "fill")
+            value = b.node("Pad", [value, b.ints(pads, "pads"), fill_value], mode="constant")
+            plo = tuple(lo[k] if k != axis else plo[k] for k in range(rank))
+            size = tuple(hi[k] - lo[k] if k != axis else size[k] for k in range(rank))
+        out.append((value, plo, size))
     return out
 
 
