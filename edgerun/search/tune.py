@@ -17,8 +17,8 @@ of the same program on the same machine skips the measurement.
 
 from __future__ import annotations
 
+import functools
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,9 +32,9 @@ from edgerun.runtime.loader import load_prepared
 from edgerun.search.cost_model import CostTable
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
 from edgerun.search.placement_search import SearchResult, search_placement
+from edgerun.search.timing import steady_seconds
 
 DEFAULT_CANDIDATES = 3
-DEFAULT_RUNS = 5
 # The measuring a plain auto load may spend, once per (device, program): loading and timing candidates.
 FIRST_LOAD_BUDGET_S = 2.0
 
@@ -76,8 +76,9 @@ def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
 CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
 
 
-MIN_TIMED_RUNS = 3  # a contender's median is over at least this many calls: one call on a busy machine lies
-CONTENDER_FACTOR = 2.0  # a candidate whose warm-up call is this much slower than the best warm-up is out
+# A candidate whose warm-up call is this much slower than the best warm-up is out. Not less: a fresh
+# session's first call, or one right after another candidate's, was seen 3x its steady time.
+CONTENDER_FACTOR = 3.0
 # A placement over several backends must measure this much faster than one over fewer to win: a few calls
 # on a busy machine cannot resolve less, and mixing costs what a short measurement may miss (threads of the
 # backend left behind spinning while the next one works).
@@ -97,14 +98,11 @@ def load_candidate(graph: Graph, placement: Mapping[str, str], loader: Candidate
         load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
 
 
-def time_calls(loaded: LoadedProgram, inputs: list[np.ndarray], runs: int, deadline: float = math.inf) -> float:
-    """Median seconds of a call: at least MIN_TIMED_RUNS calls, up to `runs` while before `deadline`."""
-    times: list[float] = []
-    while len(times) < max(runs, 1) and (len(times) < MIN_TIMED_RUNS or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        loaded.run(inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def busy_after_call_s(loaded: LoadedProgram) -> float:
+    """How long the threads of the backends `loaded` runs on stay busy after a call (Backend's declaration)."""
+    backends = loaded.parts.backends
+    return max((backends[p.backend].busy_after_call_s for p in loaded.partitions if p.backend in backends),
+               default=0.0)
 
 
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
@@ -120,7 +118,7 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
 
 
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
-                   count: int = DEFAULT_CANDIDATES, runs: int = DEFAULT_RUNS, *, budget_s: float = math.inf,
+                   count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
                    loader: CandidateLoader | None = None,
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
@@ -164,16 +162,17 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
         warm.append((first, label, placement, modelled, loaded))
         cut = CONTENDER_FACTOR * min(w[0] for w in warm)
         warm = [w if w[0] <= cut else (*w[:4], None) for w in warm]
-    # Pass 2: the contenders' medians over several calls (a losing candidate's warm-up is its time).
-    measured: list[tuple[float, str, dict[str, str], float]] = []
-    loaded_by_label: dict[str, LoadedProgram] = {}
-    contenders = sum(1 for w in warm if w[4] is not None)
-    for first, label, placement, modelled, kept in warm:
-        # One contender left: it wins whatever its median, so its warm-up stands for it.
-        seconds = first if kept is None or contenders == 1 else time_calls(kept, inputs, runs, deadline)
-        measured.append((seconds, label, placement, modelled))
-        if kept is not None:
-            loaded_by_label[label] = kept
+    # Pass 2: the contenders timed as they will run, in interleaved rounds (timing.py); a candidate
+    # culled after its warm-up keeps its warm-up time. One contender left wins whatever it measures.
+    kept = {label: loaded for _, label, _, _, loaded in warm if loaded is not None}
+    steady: dict[str, float] = {}
+    if len(kept) > 1:
+        steady = steady_seconds({label: functools.partial(loaded.run, inputs) for label, loaded in kept.items()},
+                                {label: busy_after_call_s(loaded) for label, loaded in kept.items()},
+                                {w[1]: w[0] for w in warm}, deadline)
+    measured = [(steady.get(label, first), label, placement, modelled) for first, label, placement, modelled, _
+                in warm]
+    loaded_by_label = kept
     winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
     complete = len(measured) + len(hopeless) == len(candidates)
     considered = {lb for _, lb, _, _ in measured} | {lb for lb, _, _ in hopeless}
