@@ -120,12 +120,14 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
                    count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
                    loader: CandidateLoader | None = None,
+                   build_estimate: Callable[[Mapping[str, str]], float] | None = None,
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
     when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
     no candidate beyond the optimum and the single engines is loaded, and a single engine only when the
-    model ranks it no slower than the optimum. The winner is cached when every candidate was measured or
-    deliberately left out."""
+    model ranks it no slower than the optimum, and no candidate but the optimum whose `build_estimate`
+    (seconds to compile its partitions) would overrun the budget. The winner is cached when every candidate
+    was measured or deliberately left out."""
     cached = cached_placement(graph, program_hash)
     if cached is not None:
         return cached, {"source": "cache"}, None
@@ -139,6 +141,8 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
     hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
     optimum_is_single = len(set(candidates[0][1].values())) == 1
+    safety_net = 0 if optimum_is_single else next(  # the best-modelled single engine, under a mixed optimum
+        (k for k, c in enumerate(candidates) if c[0].startswith("all ")), 0)
     for k, (label, placement, modelled) in enumerate(candidates):
         if k > singles and time.perf_counter() >= deadline:
             break
@@ -149,6 +153,12 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             # Single engines are measured against the model misjudging a mix; an optimum on one engine
             # already is that safety net (the reference alone on an OCR detector: 3.5 s for one call).
             hopeless.append((label, modelled, "the optimum is one engine; modelled slower than it"))
+            continue
+        if k and k != safety_net and build_estimate is not None \
+                and time.perf_counter() + build_estimate(placement) > deadline:
+            # Building it alone would overrun the budget (MNN converts a large model in seconds); the
+            # optimum and the best single engine, the net under a mix the model misjudged, are built anyway.
+            hopeless.append((label, modelled, "its build would overrun the budget"))
             continue
         if k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
             # The model says it loses and the budget is spent: on an OCR detector one warm-up call of the

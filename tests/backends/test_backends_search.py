@@ -138,7 +138,8 @@ def test_tune_measures_candidates_and_caches_the_winner(cache: Path) -> None:
     plan = plan_auto(g.copy(), tune=True)
     assert plan.tuning["source"] == "measured" and len(plan.tuning["candidates"]) >= 2
     # Cached per (device, program, candidate backends).
-    files = list((cache / "tuned" / device_fingerprint()).glob(f"{program_key(g, None)}.onnxruntime+reference.json"))
+    names = "+".join(sorted(b.name for b in auto_backends()))  # onnxruntime and reference, mnn where installed
+    files = list((cache / "tuned" / device_fingerprint()).glob(f"{program_key(g, None)}.{names}.json"))
     assert len(files) == 1
     winner = json.loads(files[0].read_text())["placement"]
     assert winner == plan.placement
