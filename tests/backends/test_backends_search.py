@@ -3,6 +3,7 @@ reference backend's conv algorithm variants."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -378,3 +379,33 @@ def test_first_load_timing_ranks_squeezenets_mixed_head_as_steady_state_does(cac
     times = {c["label"]: c["measured_s"] for c in report["candidates"] if c["measured_s"] is not None}
     assert times["search"] > times["all onnxruntime"]
     assert loaded is not None and report["spent_s"] < 2.0 + 2 * times["search"] * 4
+
+
+def test_calibration_measures_build_times_and_tuning_leaves_out_builds_that_overrun_the_budget(
+        cache: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    from edgerun.search.auto import build_seconds
+
+    backends = {b.name: b for b in auto_backends()}
+    profiles = load_profiles(list(backends.values()))
+    assert profiles["onnxruntime"].compile_s > 0 and profiles["onnxruntime"].compile_s_per_node >= 0
+    g = conv_net(channels=8, size=16, blocks=3)
+    on_ort = build_seconds(g, profiles, {n.name: "onnxruntime" for n in g.nodes})
+    assert on_ort > build_seconds(g, profiles, {n.name: "reference" for n in g.nodes}) >= 0  # binding is cheap
+    # A mixed optimum: the model misjudges the last conv. With the budget spent, only the optimum is built
+    # for sure; the best-modelled single engine (its safety net) is exempt from the build rule (here the
+    # spent budget leaves it out as modelled slower), and every other candidate is left out for its build.
+    g = conv_net(channels=32, size=32, blocks=2)  # its last conv is worth a switch once misjudged
+    table = cost_table(g, backends, profiles)
+    table.seconds[len(g.nodes) - 3:, table.backends.index("reference")] = 0.0
+    best = search_placement(table)
+    assert len(set(best.backend_of)) > 1
+    _, report, loaded = tune_placement(g, table, best, "build-budget", budget_s=1e-9,
+                                       build_estimate=functools.partial(build_seconds, g, profiles))
+    assert [c["label"] for c in report["candidates"] if c["measured_s"] is not None] == ["search"]
+    net = min((c for c in report["candidates"] if c["label"].startswith("all ")), key=lambda c: c["modelled_s"])
+    reasons = {c["label"]: c.get("skipped") for c in report["candidates"] if c["measured_s"] is None}
+    assert reasons.pop(net["label"]) == "budget spent, modelled slower than the optimum"
+    assert reasons and set(reasons.values()) <= {"its build would overrun the budget", "modelled beyond the cutoff"}
+    assert "its build would overrun the budget" in reasons.values()
+    assert report["complete"] and loaded is not None
