@@ -29,6 +29,12 @@ class OnnxModelError(EdgerunError):
     """The ONNX file or model is malformed: unreadable protobuf, dangling value, cycle, bad type or opset."""
 
 
+class ShapeBoundsError(UnsupportedOpError):
+    """A handler that holds at some shapes within the symbols' bounds but not at all of them (or edgerun cannot
+    prove it holds at all): narrower bounds or a pinned dimension import it. An If branch that raises it is
+    left out, like a branch whose static shapes do not work out."""
+
+
 class OnnxImportError(EdgerunError):
     """A handler produced something inconsistent with ONNX's own inference: a bug, never a silent answer."""
 
@@ -42,6 +48,11 @@ class DynamicInputError(UnsupportedOpError):
     def __init__(self, op: str, value_name: str, *, source: str | None = None, detail: str | None = None) -> None:
         super().__init__(op, source=source, detail=detail)
         self.value_name = value_name
+        # Filled in by the importer on the way out (import_onnx_graph): the graph inputs the value is computed
+        # from, every input's spec, and the symbols declared, for a value template (value_template.py).
+        self.graph_inputs: tuple[str, ...] = ()
+        self.input_specs: dict[str, Any] = {}
+        self.symbols: dict[str, tuple[int, int]] = {}
 
 
 def onnx_dtype(code: int, what: str) -> DType:
@@ -77,6 +88,9 @@ class OnnxNode:
 
     def refuse(self, detail: str) -> UnsupportedOpError:
         return UnsupportedOpError(self.op_type, source=self.name or None, detail=detail)
+
+    def refuse_at_bounds(self, detail: str) -> ShapeBoundsError:
+        return ShapeBoundsError(self.op_type, source=self.name or None, detail=detail)
 
 
 Out = str | np.ndarray  # an IR value name, or a constant computed at import time
