@@ -95,7 +95,7 @@ def _inspect_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
 def _migrate_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
     from edgerun.devtools.quant_migrate import migrate_against_float
 
-    report = migrate_against_float(loaded, load_graph(args.against), _inputs(args, loaded, required=False),
+    report = migrate_against_float(loaded, _load(args, "against"), _inputs(args, loaded, required=False),
                                    min_snr_db=args.min_snr)
     print(report.table())
     print(report.summary())
