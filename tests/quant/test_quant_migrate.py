@@ -80,3 +80,11 @@ def test_cli_migrate_against(programs: tuple[Path, Path], tmp_path: Path) -> Non
     assert json.loads((tmp_path / "r" / "migration.json").read_text())["passed"] is True
     out = subprocess.run([*cmd[:-4], "--min-snr", "200"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 1 and "FAILED at step 1 of 4" in out.stdout
+
+
+def test_cli_migrate_needs_a_backend_or_a_float_program(programs: tuple[Path, Path],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from edgerun.cli import main
+    float_path, _ = programs
+    assert main(["migrate", str(float_path)]) == 1
+    assert "--to BACKEND, or --against FLOAT_PROGRAM" in capsys.readouterr().err
