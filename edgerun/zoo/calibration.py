@@ -74,20 +74,20 @@ def init_convs_from_data(model: Any, images: Any, seed: int, max_patches: int = 
 
 
 def _patches(conv: Any, x: Any, count: int, gen: Any) -> Any:
-    """About `count` of the conv's input patches: a random window of the padded input, just large enough."""
+    """`count` of the conv's input patches at random positions of the whole batch, as (count, C*kh*kw) rows in
+    F.unfold's order (channel, then kernel row, then column), gathered without unfolding everything."""
     import torch
     import torch.nn.functional as F
 
     ph, pw = conv.padding if isinstance(conv.padding, tuple) else (0, 0)
     x = F.pad(x, (pw, pw, ph, ph))
-    side = max(1, int((count / x.shape[0]) ** 0.5) + 1)  # output positions per spatial axis
-    windows = []
-    for axis, (k, s, d) in enumerate(zip(conv.kernel_size, conv.stride, conv.dilation)):
-        size = min(x.shape[2 + axis], (side - 1) * s + d * (k - 1) + 1)
-        start = int(torch.randint(0, x.shape[2 + axis] - size + 1, (1,), generator=gen))
-        windows.append(slice(start, start + size))
-    cols = F.unfold(x[:, :, windows[0], windows[1]], conv.kernel_size, dilation=conv.dilation, stride=conv.stride)
-    return cols.permute(0, 2, 1).reshape(-1, cols.shape[1])
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
+    out_h, out_w = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1, (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    n = torch.randint(0, x.shape[0], (count,), generator=gen)
+    rows = torch.randint(0, out_h, (count,), generator=gen)[:, None] * sh + torch.arange(kh) * dh  # (count, kh)
+    cols = torch.randint(0, out_w, (count,), generator=gen)[:, None] * sw + torch.arange(kw) * dw  # (count, kw)
+    picked = x[n[:, None, None], :, rows[:, :, None], cols[:, None, :]]  # (count, kh, kw, C)
+    return picked.permute(0, 3, 1, 2).reshape(count, -1)
 
 
 def calibrate_batchnorm(model: Any, batches: list[Any]) -> Any:
