@@ -7,7 +7,9 @@ fusion, and host ms per token with and without capture-replay.
 Rows:
 - dense, unfused    the LLM package's decode program, one dispatch per atomic op / raster
 - dense, fused      the webgpu backend as it loads by default (fusion, identity rasters free, composites whole)
-- int4 + argmax     the browser runtime's plan: Q4 projections as matmul_int4, the GPU argmax, the KV append
+- int4 + argmax     Q4 projections as matmul_int4 and the GPU argmax, merged dispatches up to lavapipe's 32
+                   storage buffers (the Python path)
+- browser plan      the same with the browser plan's cap of 10 bindings, plus its KV append
 
 Host ms: the CPU time to build a call's command buffer, fresh (bind groups created, pipelines looked up)
 against replayed (the captured list re-recorded), and the whole call's wall time both ways (on lavapipe the
@@ -40,7 +42,13 @@ from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import model_info
 from edgerun.llm.program_builder import step_graph
 from edgerun.runtime import load
-from edgerun.web.decode_plan import decode_graph, dispatch_sections, float_weights, section_counts
+from edgerun.web.decode_plan import (
+    WEB_MAX_BINDINGS,
+    decode_graph,
+    dispatch_sections,
+    float_weights,
+    section_counts,
+)
 
 ZEROTVM = {"preamble": 2, "per_layer": 10, "layers": 32, "tail": 20, "total": 342, "own_shaders": 279}
 
@@ -52,14 +60,16 @@ def record(runner: PartitionRunner, dispatches: list[Any]) -> None:
     enc.finish()
 
 
-def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict[str, Any]:
-    """Dispatch counts, and with runs > 0 host/call/device times."""
+def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int,
+            max_bindings: int | None = None) -> dict[str, Any]:
+    """Dispatch counts, and with runs > 0 host/call/device times. `max_bindings`: the cap on a merged
+    dispatch's storage buffers (default: the adapter's; the browser plan's is WEB_MAX_BINDINGS)."""
     program = load(graph, backends=["webgpu"])
     assert {p.backend for p in program.partitions} == {"webgpu"}, name
     runner: PartitionRunner = program.parts.compiled[0].info["runner"]
-    if not fuse:
-        runner.set_fusion(False)
-    extra = ["tail"] if name.startswith("int4") else []  # the browser plan's KV append
+    if not fuse or max_bindings:
+        runner.set_fusion(fuse, max_bindings)
+    extra = ["tail"] if "browser" in name else []  # the browser plan's KV append
     counts = section_counts([*dispatch_sections(runner.kernels), *extra], layers)
     if runs == 0:
         return {"name": name, **counts, "per_layer": counts["per_layer"][0]}
@@ -99,7 +109,9 @@ def main() -> None:
             return step_graph(info.config, weights, chunk=1, context=args.context)
         rows = [measure("dense, unfused", dense(), layers, False, args.runs),
                 measure("dense, fused", dense(), layers, True, args.runs),
-                measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs)]
+                measure("int4 + argmax, 32 bindings", decode_graph(checkpoint, info), layers, True, args.runs),
+                measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs,
+                        WEB_MAX_BINDINGS)]
     load_avg = os.getloadavg()
     print(f"SmolLM2-135M decode step, context {args.context}, {layers} layers; load average "
           f"{load_avg[0]:.1f} (uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()})")

@@ -39,7 +39,7 @@ from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
-from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import (
     StateBinding,
     StateStore,
@@ -80,7 +80,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
         return load_methods(program, functools.partial(
             load, backends=backends, placement=placement, algorithms=algorithms, verify_weights=verify_weights,
             alias_reshapes=alias_reshapes, arena_limit=arena_limit))
-    if original.symbols:  # a template: each concrete shape is specialised, then loaded by this function
+    if original.symbols or isinstance(program, ValueSpecializer):  # a template: specialised per shape (and value)
         return SpecializingProgram(program or Program(original), functools.partial(
             load, backends=backends, placement=placement, algorithms=algorithms, alias_reshapes=alias_reshapes,
             arena_limit=arena_limit, state=state))

@@ -1,9 +1,10 @@
 """edgerun as an `onnx.backend.base.Backend`, so ONNX's own test runner and node cases can drive it.
 
 ONNX models often feed shape-like values (Reshape's target, Slice's starts, reduction axes) as graph
-inputs. A handler that needs such a value at import time gets it by freezing: the input is frozen to the
-value given to `run` and the model is imported for it (cached per value). Which inputs were frozen is
-reported in `rep.frozen`; the conformance report counts the passes that needed it.
+inputs. `from_onnx` makes such a model a ValueTemplate (value_template.py): imported once, specialised per
+value of those inputs at each call (cached per value), as the runtime does; `rep.value_inputs` names them.
+The backend freezes no input: a model the template cannot serve (the value comes from no graph input, e.g.
+inside a control-flow body) is refused, as `from_onnx` refuses it.
 
 With `symbolic_dims=True` the input dimensions are made bounded symbols before import, as an exporter with
 dynamic axes would write them (one symbol per distinct size, sizes 0 and 1 static): one template program
@@ -19,7 +20,7 @@ import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
 from edgerun.frontends.onnx import from_onnx
-from edgerun.frontends.onnx.context import DynamicInputError
+from edgerun.frontends.onnx.value_template import ValueTemplate
 from edgerun.oracle import interpret
 
 
@@ -62,16 +63,17 @@ def symbolic_input_model(model: Any) -> tuple[Any, dict[str, tuple[Any, ...]]]:
 
 
 class EdgerunBackendRep(BackendRep):
-    """An imported program (or, for shape-input models, the recipe to import one per input value)."""
+    """An imported program: static, a template over symbols, or a ValueTemplate (specialised per value)."""
 
-    def __init__(self, model: Any, program: Any = None, frozen: tuple[str, ...] = (),
-                 input_shapes: dict[str, tuple[Any, ...]] | None = None) -> None:
+    def __init__(self, model: Any, program: Any) -> None:
         self.model = model
         self.program = program
-        self.frozen: tuple[str, ...] = frozen
-        self.input_shapes = input_shapes
-        self._cache: dict[bytes, Any] = {}
-        self._specialised: dict[tuple[tuple[str, int], ...], Any] = {}
+        self._specialised: dict[Any, Any] = {}
+
+    @property
+    def value_inputs(self) -> tuple[str, ...]:
+        """Inputs whose values the program is specialised on at each call (a ValueTemplate's)."""
+        return tuple(self.program.value_inputs) if isinstance(self.program, ValueTemplate) else ()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         names = _input_names(self.model)
@@ -80,53 +82,28 @@ class EdgerunBackendRep(BackendRep):
         else:
             seq = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
             values = {n: np.asarray(v) for n, v in zip(names, seq)}
-        program = self.program if self.program is not None else self._specialise(values)
+        value_key: Any = ()
+        program = self.program
+        if isinstance(program, ValueTemplate):
+            program, value_key = program.for_values(values)
         graph = program.graph
         if graph.symbols:
-            graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs})
+            graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs}, value_key)
         return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))
 
-    def _for_shapes(self, template: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
-        """The template specialised to these input shapes (bound, substituted, verified; cached per binding)."""
+    def _for_shapes(self, template: Any, shapes: dict[str, tuple[int, ...]], value_key: Any = ()) -> Any:
+        """The template specialised to these input shapes (bound, substituted, verified; cached per binding
+        and, for a value template, per value of its value-deciding inputs)."""
         from edgerun.ir.specialize import bind_symbols, specialize
         from edgerun.ir.verifier import verify
 
         bindings = bind_symbols(template, shapes)
-        key = tuple(sorted(bindings.items()))
+        key = (value_key, tuple(sorted(bindings.items())))
         if key not in self._specialised:
             graph = specialize(template, bindings)
             verify(graph)  # every spec the template computed must agree with the op rules at these sizes
             self._specialised[key] = graph
         return self._specialised[key]
-
-    def _specialise(self, values: dict[str, np.ndarray]) -> Any:
-        frozen = list(self.frozen)
-        while True:
-            key = b"".join(n.encode() + values[n].tobytes() + str(values[n].shape).encode() for n in frozen)
-            if key in self._cache:
-                return self._cache[key]
-            try:
-                # The conformance runner checks the importer's own graph; the passes have their own tests.
-                program = from_onnx(self.model, constant_inputs={n: values[n] for n in frozen}, optimize=False,
-                                    input_shapes=_without(self.input_shapes, frozen))
-            except DynamicInputError as exc:
-                if exc.value_name in values and exc.value_name not in frozen:
-                    frozen.append(exc.value_name)
-                else:
-                    # Computed from inputs: freeze the shape-like ones (integer scalars and vectors). Folding
-                    # still runs our own handlers and kernels, so nothing is evaluated outside edgerun.
-                    more = [n for n, v in values.items() if n not in frozen and v.dtype.kind in "iu" and v.ndim <= 1]
-                    if not more:
-                        raise
-                    frozen.extend(more)
-                self.frozen = tuple(frozen)
-                continue
-            self._cache[key] = program
-            return program
-
-
-def _without(shapes: dict[str, tuple[Any, ...]] | None, frozen: list[str]) -> dict[str, tuple[Any, ...]] | None:
-    return None if shapes is None else {k: v for k, v in shapes.items() if k not in frozen}
 
 
 class EdgerunBackend(Backend):
@@ -140,11 +117,8 @@ class EdgerunBackend(Backend):
         shapes = None
         if symbolic_dims:
             model, shapes = symbolic_input_model(model)
-        try:
-            return EdgerunBackendRep(model, from_onnx(model, optimize=False, input_shapes=shapes), (), shapes)
-        except DynamicInputError as exc:
-            first = (exc.value_name,) if exc.value_name in _input_names(model) else ()
-            return EdgerunBackendRep(model, None, first, shapes)
+        # The conformance runner checks the importer's own graph; the passes have their own tests.
+        return EdgerunBackendRep(model, from_onnx(model, optimize=False, input_shapes=shapes))
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
