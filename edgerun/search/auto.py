@@ -29,7 +29,7 @@ from edgerun.runtime import LoadedProgram
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
 from edgerun.runtime.methods import has_methods_or_state, load_methods
-from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import StateStore
 from edgerun.search.calibrate import BackendProfile, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
@@ -161,7 +161,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     if state is None and program is not None and has_methods_or_state(program):  # each method searched alone
         return load_methods(program, functools.partial(load, backends=backends, placement=placement, tune=tune,
                                                        alias_reshapes=alias_reshapes, arena_limit=arena_limit))
-    if original.symbols:  # a template: the search places each concrete shape's specialisation
+    if original.symbols or isinstance(program, ValueSpecializer):
+        # a template: the search places each concrete shape's (and value's) specialisation
         return SpecializingProgram(program or Program(original), functools.partial(
             load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
             arena_limit=arena_limit, state=state))

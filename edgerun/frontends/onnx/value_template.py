@@ -42,8 +42,8 @@ _PROGRAMS_KEPT = 8  # imported programs kept, one per distinct value (as many as
 
 
 def _per_value(output: str, value_inputs: list[str]) -> str:
-    return (f"{output} (exists per value of inputs {value_inputs}: run this value template through "
-            "edgerun.load with backends named, not 'auto')")
+    return (f"{output} (exists per value of inputs {value_inputs}: load this value template with "
+            "edgerun.load, which specialises it per value)")
 
 
 class ValueTemplate(Program):
