@@ -83,16 +83,18 @@ def identity_rasters(graph: Graph) -> dict[str, str]:
 LOOK_BACK = 4  # groups an elementwise node may join behind the latest one (RoPE's q scale after RoPE k)
 
 
-def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: bool = False) -> list[Kernel]:
+def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: bool = False,
+          fold_norms: bool = True) -> list[Kernel]:
     """The dispatch list of `graph` (a partition with atomic ops and rasters only), in execution order. With
     fusion, identity rasters take no dispatch (`identity_rasters`): kernels bind their sources instead, and
     independent neighbouring groups share one dispatch when their bindings fit in `max_bindings`.
-    `int4_half`: matmul_int4 accumulates in f16 (only on adapters with shader-f16)."""
+    `int4_half`: matmul_int4 accumulates in f16 (only on adapters with shader-f16). `fold_norms`: RMSNorms
+    read only by matmuls run in their prologue (one dispatch fewer each, K more loads per matmul thread)."""
     alias = identity_rasters(graph) if fuse else {}
     readers: Counter[str] = Counter(alias.get(v, v) for n in graph.nodes for v in n.inputs if v)
     outputs = {alias.get(v, v) for v in graph.outputs}
     inline = inline_values(graph, alias, outputs) if fuse else {}
-    folded = foldable_norms(graph, alias, outputs) if fuse else {}
+    folded = foldable_norms(graph, alias, outputs) if fuse and fold_norms else {}
     groups: list[Group | Node] = []
     made_by: dict[str, int] = {}  # value -> index in `groups` of what computes it
 

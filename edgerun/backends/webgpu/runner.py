@@ -138,12 +138,13 @@ class PartitionRunner:
 
     # ---- building --------------------------------------------------------------------------------------
 
-    def set_fusion(self, fuse: bool, max_bindings: int | None = None) -> None:
+    def set_fusion(self, fuse: bool, max_bindings: int | None = None, fold_norms: bool = True) -> None:
         """(Re)lower the partition with or without fusion, merged dispatches binding at most `max_bindings`
-        buffers (default: the adapter's limit); a captured call is then stale (guard `plan`)."""
+        buffers (default: the adapter's limit), RMSNorms in their matmuls' prologue or not (`lower`); a
+        captured call is then stale (guard `plan`)."""
         self.fuse = fuse
         self.kernels = lower(self.graph, fuse, max_bindings or self.gpu.limits.max_storage_buffers,
-                             int4_half=self.int4_accumulate == "f16")
+                             int4_half=self.int4_accumulate == "f16", fold_norms=fold_norms)
         self.alias = identity_rasters(self.graph) if fuse else {}
         for k in self.kernels:
             self._check_limits(k)
