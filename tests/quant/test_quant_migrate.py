@@ -78,8 +78,10 @@ def test_cli_migrate_against(programs: tuple[Path, Path], tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     assert "alone dB" in out.stdout and "migrated all 4" in out.stdout
     assert json.loads((tmp_path / "r" / "migration.json").read_text())["passed"] is True
-    out = subprocess.run([*cmd[:-4], "--min-snr", "200"], capture_output=True, text=True, env=env, timeout=300)
+    strict = [*cmd[:-4], "--min-snr", "200", "--report-dir", str(tmp_path / "strict")]
+    out = subprocess.run(strict, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 1 and "FAILED at step 1 of 4" in out.stdout
+    assert json.loads((tmp_path / "strict" / "migration.json").read_text())["failed"] is not None
 
 
 def test_cli_migrate_needs_a_backend_or_a_float_program(programs: tuple[Path, Path],
