@@ -527,13 +527,14 @@ def _decoder_tail_with_kv_append(read_after: bool) -> tuple[Graph, list[np.ndarr
 @pytest.mark.parametrize("start", [0, 3, 5, 9, -2])  # 9 and -2: clamped so the row fits, as the reference does
 def test_kv_append_writes_in_place_and_shares_a_dispatch(start: int) -> None:
     # The append takes no dispatch of its own: its output shares the cache's device range, one thread per new
-    # element writes it at `start`, in the output projection's dispatch (horizontal fusion: it reads nothing
-    # that dispatch writes). Bit for bit the out-of-place kernel's cache (unfused: one thread per cache element).
+    # element writes it at `start`, in the first dispatch after the scores (the cache's last reader), beside
+    # the output projection (horizontal fusion: neither reads what the other writes). Bit for bit the
+    # out-of-place kernel's cache (unfused: one thread per cache element).
     graph, feeds = _decoder_tail_with_kv_append(read_after=False)
     feeds[2] = np.array([start], np.int64)
     compiled = WebGpuBackend().compile(graph)
     runner = compiled.info["runner"]
-    assert [k.label for k in runner.kernels] == ["matmul & matmul", "matmul+add & update_slice"]
+    assert [k.label for k in runner.kernels] == ["matmul & matmul", "update_slice & matmul+add"]
     assert runner.value_range(graph.outputs[1]) == runner.value_range(graph.inputs[1])  # in place
     fused = compiled(*feeds)
     unfused = UNFUSED.compile(graph)

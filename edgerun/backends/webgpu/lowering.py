@@ -109,10 +109,10 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     def made_before(v: str, at: int) -> bool:
         return made_by.get(alias.get(v, v), -1) < at
 
+    floating: list[Node] = []  # in-place updates (update.py), placed in a dispatch below
     for node in graph.nodes:
         if node.op == "update_slice" and node.outputs[0] in alias:
-            groups.append(node)  # in place: a dispatch of its own shape, merged horizontally below
-            made_by[alias[node.outputs[0]]] = len(groups) - 1  # its readers run after it
+            floating.append(node)
             continue
         if node.outputs[0] in alias or node.outputs[0] in inline or node.outputs[0] in folded:
             continue
@@ -125,26 +125,59 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
         else:
             groups.append(Group(node))
         made_by.update((v, len(groups) - 1) for v in node.outputs)
+    built: list[Parts | list[Kernel]] = []
+    for g in groups:
+        if isinstance(g, Node):
+            node_kernels = [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
+            for k in node_kernels:
+                k.values = [alias.get(v, v) for v in k.values]
+            built.append(node_kernels)
+        else:
+            built.append(group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half))
+    updates = [(_last_dependency(u, built, alias), _update_parts(u, graph, alias)) for u in floating]
     kernels: list[Kernel] = []
     pending: list[Parts] = []
-    for g in groups:
-        if isinstance(g, Node) and g.op == "update_slice":
-            parts = _update_parts(g, graph, alias)
-        elif isinstance(g, Node):
-            kernels += [merge(pending)] if pending else []
-            pending = []
-            for k in [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph):
-                k.values = [alias.get(v, v) for v in k.values]
-                kernels.append(k)
+
+    def flush(done: int) -> None:
+        """Emit the pending dispatch; groups up to `done` are then all emitted, so the updates that follow
+        only them start the next dispatch."""
+        nonlocal pending
+        kernels.extend([merge(pending)] if pending else [])
+        pending = []
+        for dep, parts in [u for u in updates if u[0] <= done]:
+            updates.remove((dep, parts))
+            if pending and not _independent(pending, parts, max_bindings):
+                kernels.append(merge(pending))
+                pending = []
+            pending.append(parts)
+
+    for i, item in enumerate(built):
+        if isinstance(item, list):
+            flush(i - 1)
+            kernels.extend(item)
+            flush(i)
             continue
-        else:
-            parts = group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half)
-        if pending and not (fuse and _independent(pending, parts, max_bindings)):
-            kernels.append(merge(pending))
-            pending = []
-        pending.append(parts)
-    kernels += [merge(pending)] if pending else []
+        if pending and not (fuse and _independent(pending, item, max_bindings)):
+            flush(i - 1)
+            if pending and not _independent(pending, item, max_bindings):
+                flush(i - 1)
+        pending.append(item)
+    flush(len(built))
     return kernels
+
+
+def _last_dependency(update: Node, built: list[Parts | list[Kernel]], alias: dict[str, str]) -> int:
+    """The index of the last dispatch item an in-place update must follow: the last that binds the value it
+    writes (its cache's readers) or stores its rows or start."""
+    root = alias[update.outputs[0]]
+    inputs = {alias.get(v, v) for v in update.inputs[1:3]}
+    last = -1
+    for i, item in enumerate(built):
+        touched = {v for k in item for v in k.values} if isinstance(item, list) else {*item.bound, *item.stored}
+        written = touched if isinstance(item, list) else set(item.stored)
+        if root in touched or written & inputs:
+            last = i
+    return last
 
 
 def _group_to_join(node: Node, groups: list[Group | Node], graph: Graph, computed: dict[str, Node],

@@ -4,10 +4,12 @@ A decoder's step writes each layer's new key and value rows into the cache at th
 (`update_slice(cache, rows, start)`). Out of place that is a copy of the whole cache per layer; in place the
 output shares the cache's device range (like an identity raster's) and the dispatch has one thread per new
 element, writing it at `start`. It is sound when nothing reads the cache after the update (every reader
-runs earlier, checked in graph order, through identity-raster aliases), which is where the LLM program
-puts it: after the layer's attention. With no buffer of its own and nothing reading what its neighbours
-write, the append then shares a dispatch with them (horizontal fusion): on SmolLM2 both appends ride in
-the down projection's dispatch, so the KV append costs no dispatch.
+runs earlier, checked in graph order, through identity-raster aliases) and nothing in the partition reads
+its output (a state update, written back after the call). Such an append floats: the lowering puts it in
+the first dispatch after the last one it must follow (the cache's last reader, the producers of its rows
+and start), beside whatever runs there (horizontal fusion: it binds no buffer of its own), so on SmolLM2
+each layer's k append rides with the softmax and its v append with the output projection, and the KV
+append costs no dispatch wherever the program emits it (the LLM program emits all of them after the head).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from edgerun.ir.graph import Graph, Node
 
 def in_place_updates(graph: Graph, alias: dict[str, str]) -> dict[str, str]:
     """update_slice output -> the device value it writes into (its input's alias root), for each update
-    whose input is not a constant, not a partition output, and not read by any node after it."""
+    whose input is not a constant, not a partition output, and not read by any node after it, and whose
+    output no node reads."""
     outputs = {alias.get(v, v) for v in graph.outputs}
     last_read: dict[str, int] = {}
     for k, node in enumerate(graph.nodes):
@@ -32,7 +35,7 @@ def in_place_updates(graph: Graph, alias: dict[str, str]) -> dict[str, str]:
         if node.op != "update_slice":
             continue
         root = alias.get(node.inputs[0], node.inputs[0])
-        if root in graph.constants or root in outputs or last_read[root] != k:
+        if root in graph.constants or root in outputs or last_read[root] != k or node.outputs[0] in last_read:
             continue
         if alias.get(node.inputs[1], node.inputs[1]) == root:  # rows read from the cache itself
             continue
