@@ -8,8 +8,8 @@ across calls with `PartitionRunner.hold`) and the weights (the constants blob, a
 
 The cache is the program's state, as `edgerun.llm` runs it: each layer's new key and value rows are written
 at the run-time position `start` by `update_slice`, which the backend runs in place in the cache's range,
-in the dispatch of the layer's down projection (backends/webgpu/update.py), so the plan needs no dispatch
-of its own. A token is three 4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read
+inside the layer's softmax and output-projection dispatches (backends/webgpu/update.py), so the plan needs
+no dispatch of its own. A token is three 4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read
 of the next token.
 
 Projection weights that the GGUF stores as Q4_0 or Q4_1 stay packed: their matmuls become `matmul_int4`
