@@ -167,9 +167,14 @@ def _dispatch(kernel: Kernel, runner: PartitionRunner, const_range: dict[str, tu
 def dispatch_sections(kernels: list[Kernel]) -> list[str]:
     """Each dispatch's place in the step, the way zerotvm counts dispatches per token: "preamble" (before the
     first layer: embedding, RoPE tables, masks), "layer i" (from the first dispatch reading one of layer i's
-    weights to the next layer's), "tail" (from the final norm on: logits, argmax)."""
+    weights to the next layer's; a KV append of its own counts in its cache's layer, wherever the program
+    emits it), "tail" (from the final norm on: logits, argmax)."""
     sections, current = [], "preamble"
     for kernel in kernels:
+        cache = kernel.values[0] if kernel.label == "update_slice" else ""
+        if cache.startswith(("k_cache_", "v_cache_")):  # an append of its own (unfused): its layer's
+            sections.append(f"layer {int(cache.rsplit('_', 1)[1])}")
+            continue
         for v in kernel.values:
             if v.startswith("layers."):
                 current = f"layer {int(v.split('.')[1])}"
