@@ -56,9 +56,10 @@ class ModelInfo:
 
 
 class LanguageModel:
-    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, prefill: Any, decode: Any,
-                 checkpoint: Checkpoint | None = None) -> None:
-        self.info, self.tokenizer, self.checkpoint = info, tokenizer, checkpoint
+    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, prefill: Any, decode: Any) -> None:
+        # No checkpoint is kept: the programs hold the weights they run (stacked q/k/v and gate/up are copies
+        # of the file's tensors), so a kept checkpoint would be a second copy of most weights in memory.
+        self.info, self.tokenizer = info, tokenizer
         self.config = info.config
         self.context = info.context
         self.runner = StepRunner(info.config, prefill, decode, chunk=info.chunk, context=info.context)
@@ -167,8 +168,8 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
     checkpoint = load_checkpoint(path)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
     prefill, decode = build_programs(checkpoint, info, dequantize, int8_decode)
-    return LanguageModel(info, tokenizer, load_program(prefill, backends), load_program(decode, backends),
-                         checkpoint)
+    del checkpoint  # freed before the programs load: ONNX Runtime's sessions then reuse its memory
+    return LanguageModel(info, tokenizer, load_program(prefill, backends), load_program(decode, backends))
 
 
 def model_info(checkpoint: Checkpoint, context: int | None, chunk: int) -> ModelInfo:
