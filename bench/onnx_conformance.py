@@ -6,6 +6,7 @@
                                                            # is installed; both versions are recorded)
     .venv/bin/python bench/onnx_conformance.py --zoo      # every zoo model: torch.onnx.export -> from_onnx,
                                                            # against torch eager and the torch-export path
+    .venv/bin/python bench/onnx_conformance.py --values   # first-call / steady cost of a value template
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,6 +37,7 @@ from edgerun.frontends.onnx.conformance import (  # noqa: E402
 )
 
 COMMAND = ".venv/bin/python bench/onnx_conformance.py"
+BACKENDS = ["mnn", "reference"]  # --values: edgerun's own CPU kernels, the reference for the rest
 
 # Why an earlier committed ONNX Runtime column read lower, checked case by case (see docs/onnx-conformance.md).
 ORT_COLUMN_HISTORY = (
@@ -53,17 +56,23 @@ ORT_COLUMN_HISTORY = (
     "the difference is the environment, not the method. Both versions are now recorded above.")
 
 
-# Why the passes that freeze an input value still need it with symbolic dimensions (issue #12's target of 95%
-# without freezing is not met; this says what stands in the way).
-FREEZING_NOTE = (
-    "These cases feed, as a graph input, a value the importer needs: it decides the program's structure, not "
-    "a size. Symbolic dimensions are bound from the input *shapes* of a call; these are input *values*. Most "
-    "are reduction or unsqueeze axes (which axes go, and the output rank), Resize's scales or sizes (the "
-    "interpolation matrices and, from float scales, the output size), CumSum's axis, TopK's k and OneHot's "
-    "depth (an output size read from a value), Split sizes, and Reshape / Expand / Pad / Slice / Tile values. "
-    "The last groups could become symbols bound from the input's values at call time (MNN reads such inputs at "
-    "resize); that is not done: the runtime binds symbols from shapes only. ConvTranspose's weight, Trilu's k "
-    "and Dropout's ratio no longer need freezing (graph ops at run time, or unused in inference).")
+# How the cases that feed a structure-deciding value as a graph input pass without freezing it.
+VALUE_INPUTS_NOTE = (
+    "These cases feed, as a graph input, a value the importer needs as a constant: it decides the program's "
+    "structure, not a size. Most are reduction or unsqueeze axes (which axes go, and the output rank), "
+    "Resize's scales or sizes (the interpolation matrices and, from float scales, the output size), TopK's k "
+    "and OneHot's depth (an output size read from a value), Split sizes, and Reshape / Expand / Pad / Slice / "
+    "Tile values. `from_onnx` imports such a model once as a `ValueTemplate` "
+    "(`edgerun/frontends/onnx/value_template.py`): the inputs behind the first value the import needs become "
+    "*value-deciding inputs* (at most 64 elements each, refused naming the input otherwise), and every call "
+    "specialises the program on their values, as a symbol binding specialises it on shapes: the import runs "
+    "again with the values folded in as constants, then the normal passes, and the result is cached under "
+    "(the values' bytes, the symbol bindings), in the runtime's specialisation LRU for `edgerun.load` "
+    "(`edgerun/runtime/specializing.py`). A call with other values never reuses a specialisation made for "
+    "different ones. The inputs stay program inputs: nothing is frozen, and one import serves every value; "
+    "the cost is an import per distinct value at its first call (MNN re-runs its shape computation at resize "
+    "the same way). Freezing (`constant_inputs=`) remains the fallback only where the value comes from no "
+    "graph input, and is counted separately.")
 
 
 def _ort_results(cases: list, design: dict[str, CaseResult]) -> list[CaseResult]:
@@ -98,6 +107,7 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         by_op[r.op]["cases"] += 1
         ort_pass[r.op] += q.status == "pass"
     frozen = sum(1 for r in ours if r.status == "pass" and r.frozen)
+    by_value = sum(1 for r in ours if r.status == "pass" and r.value_inputs and not r.frozen)
     design = Counter(r.category for r in ours if r.status == "design")
     design_ops: dict[str, set[str]] = defaultdict(set)
     for r in ours:
@@ -127,16 +137,17 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         f"| wrong answers | {t.wrong} | {o.wrong} |",
         f"| passed without freezing an input value | {t.passed - frozen} "
         f"({(t.passed - frozen) / max(t.denominator, 1):.1%}) | - |",
+        f"| ... of which specialised per call on an input's value | {by_value} | - |",
         f"| passed with every input dimension symbolic | {s.passed} ({s.pass_rate:.1%}) | - |",
         f"| ... and without freezing an input value | {sym_free} ({sym_free / max(s.denominator, 1):.1%}) | - |",
         f"| wrong answers with symbolic dimensions | {s.wrong} (error {s.error}) | - |",
         f"| wall time | {seconds['edgerun']:.1f} s (symbolic {seconds['symbolic']:.1f} s) | {seconds['ort']:.1f} s |",
         "",
-        f"{frozen} of edgerun's passes feed shape-like values (reduction axes, Resize scales, Reshape targets) "
-        "as graph inputs that an importer needs at import time; the ONNX backend freezes them to the values "
-        "given to `run` and imports the model for them (`edgerun/frontends/onnx/backend.py`, cached per value). "
-        "Those values decide the structure of the program (which axes are reduced, an interpolation matrix, "
-        "an output rank), not a size a symbolic dimension could stand for; see 'Passes that freeze an input value' below.",
+        f"{by_value} of edgerun's passes feed structure-deciding values (reduction axes, Resize scales, Reshape "
+        "targets) as graph inputs. They are imported once as a template that specialises per call on those "
+        "inputs' values (cached per value), not frozen: see 'Passes that specialise on an input value' below. "
+        f"{frozen} passes still freeze an input value (the ONNX backend imports the model for the values given "
+        "to `run`, `edgerun/frontends/onnx/backend.py`), where the value comes from no graph input.",
         "",
         "**With every input dimension symbolic** (`EdgerunBackend.prepare(model, symbolic_dims=True)`), every "
         "input dimension of size 2 or more is declared a symbol bounded by [2, 65536] before import, one symbol "
@@ -189,12 +200,24 @@ def build_markdown(ours: list[CaseResult], ort: list[CaseResult], sym: list[Case
         first = sym_misses[op][0]
         reason = first.detail.replace("|", "/").replace("\n", " ")
         lines.append(f"| {op} | {len(sym_misses[op])} | {first.status} | {reason[:200]} |")
+    valued_by_op: Counter = Counter(r.op for r in ours if r.status == "pass" and r.value_inputs and not r.frozen)
+    sym_valued = Counter(r.op for r in sym if r.status == "pass" and r.value_inputs)
+    lines += ["", "## Passes that specialise on an input value", "", VALUE_INPUTS_NOTE, "",
+              "| op | cases | also with symbolic dimensions | value-deciding inputs (first case) |",
+              "|---|---|---|---|"]
+    for op, n in sorted(valued_by_op.items()):
+        first = next(r for r in ours if r.op == op and r.status == "pass" and r.value_inputs)
+        lines.append(f"| {op} | {n} | {sym_valued[op]} | {first.value_inputs} |")
     frozen_by_op: Counter = Counter(r.op for r in ours if r.status == "pass" and r.frozen)
-    lines += ["", "## Passes that freeze an input value", "", FREEZING_NOTE, "",
+    lines += ["", "## Passes that freeze an input value", "",
+              "The value the importer needs comes from no graph input (e.g. it is computed inside a control-flow "
+              "body), so no call can bind it; the backend freezes the integer inputs and imports per value.", "",
               "| op | cases | frozen inputs (first case) |", "|---|---|---|"]
     for op, n in sorted(frozen_by_op.items()):
         first = next(r for r in ours if r.op == op and r.status == "pass" and r.frozen)
         lines.append(f"| {op} | {n} | {first.frozen} |")
+    if not frozen_by_op:
+        lines.append("| (none) | 0 | |")
     ort_misses = [q for q in ort if q.status in ("refused", "wrong", "error")]
     lines += ["", "## ONNX Runtime's misses", "", "| case | status | first reason |", "|---|---|---|"]
     for q in ort_misses:
@@ -243,14 +266,81 @@ def zoo_check() -> int:
     return 0 if worst <= 1e-4 else 1
 
 
+def _resnet_behind_resize() -> Any:
+    """resnet18 (zoo, torch.onnx.export) behind a Resize whose scales are a graph input: a value-deciding input."""
+    import io
+
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    import edgerun.zoo as zoo
+
+    entry = zoo.get("resnet18")
+    buf = io.BytesIO()
+    torch.onnx.export(entry.build().eval(), tuple(entry.example_inputs()), buf, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    g = model.graph
+    image = g.input[0].name
+    g.node.insert(0, helper.make_node("Resize", ["raw", "", "scales"], [image], mode="nearest"))
+    del g.input[0]
+    g.input.insert(0, helper.make_tensor_value_info("raw", TensorProto.FLOAT, [1, 3, 112, 112]))
+    g.input.append(helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4]))
+    return model
+
+
+def value_cost(repeats: int = 3) -> int:
+    """First-call and steady-state cost of a ValueTemplate against the same model frozen to one value."""
+    import numpy as np
+
+    import edgerun
+    from edgerun.frontends.onnx import from_onnx
+
+    def timed(fn: Any) -> tuple[float, Any]:
+        start = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - start, out
+
+    load = os.getloadavg()[0]
+    model = _resnet_behind_resize()
+    x = np.random.default_rng(0).random((1, 3, 112, 112), dtype=np.float32)
+    double, one_and_half = np.array([1, 1, 2, 2], np.float32), np.array([1, 1, 1.5, 1.5], np.float32)
+    # Warm-up (imports, kernel caches) on a third value, so neither path below pays the process's cold start.
+    edgerun.load(from_onnx(model, constant_inputs={"scales": np.ones(4, np.float32)}), backends=BACKENDS)(x)
+    rows: dict[str, float] = {}
+    rows["template import s"], template = timed(lambda: from_onnx(model))
+    m = edgerun.load(template, backends=BACKENDS)
+    rows["first call at scale 2 s"], got = timed(lambda: m(x, double))
+    rows["steady call at scale 2 s"] = float(np.median([timed(lambda: m(x, double))[0] for _ in range(repeats)]))
+    rows["first call at scale 1.5 s"], _ = timed(lambda: m(x, one_and_half))
+    rows["static import s"], static = timed(lambda: from_onnx(model, constant_inputs={"scales": double}))
+    rows["static load s"], loaded = timed(lambda: edgerun.load(static, backends=BACKENDS))
+    rows["static first call s"], want = timed(lambda: loaded(x))
+    rows["static steady call s"] = float(np.median([timed(lambda: loaded(x))[0] for _ in range(repeats)]))
+    rows["static import+load+first call s"] = sum(rows[f"static {k} s"] for k in ("import", "load", "first call"))
+    if not np.array_equal(got, want):
+        raise SystemExit("the value template and the frozen program disagree")
+    for name, seconds in rows.items():
+        print(f"{name:<28}{seconds:>8.3f}")
+    out = ROOT / "bench" / "results" / "onnx_value_inputs.json"
+    out.write_text(json.dumps({"command": COMMAND + " --values", "model": "resnet18 behind Resize(scales input), "
+                               f"backends {BACKENDS}", "load_average": load, "seconds": rows}, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "onnx-conformance.md"))
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "onnx_conformance.json"))
     parser.add_argument("--zoo", action="store_true", help="check the zoo models instead of the node cases")
+    parser.add_argument("--values", action="store_true",
+                        help="time a value template (resnet18 behind Resize with a scales input) against the "
+                             "same model frozen to one value")
     args = parser.parse_args()
     if args.zoo:
         return zoo_check()
+    if args.values:
+        return value_cost()
     load = os.getloadavg()[0]
     cases = node_cases()
     start = time.perf_counter()
@@ -269,7 +359,7 @@ def main() -> int:
         "edgerun": totals(ours).__dict__, "onnxruntime": totals(ort).__dict__,
         "edgerun_symbolic_dims": totals(sym).__dict__,
         "cases": [{**r.to_json(), "ort_status": q.status, "symbolic_status": y.status, "symbolic_frozen": y.frozen,
-                   "symbolic_detail": y.detail} for r, q, y in zip(ours, ort, sym)],
+                   "symbolic_detail": y.detail, "symbolic_value_inputs": y.value_inputs} for r, q, y in zip(ours, ort, sym)],
     }, indent=1))
     t, o, s = totals(ours), totals(ort), totals(sym)
     print(f"{'backend':<18}{'denominator':>12}{'passed':>8}{'rate':>8}{'refused':>9}{'error':>7}{'wrong':>7}")

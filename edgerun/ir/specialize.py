@@ -5,12 +5,18 @@ bindings come from the inputs (checked against each symbol's bounds and for cons
 and every symbolic dimension in the specs and attributes is replaced by its value. The result is an
 ordinary static graph, which the normal pipeline (decomposition, folding, raster merging, memory planning)
 then treats exactly like an exported one.
+
+A template may also depend on the *values* of a few small inputs (value_key below): the key a call's values
+give, and the size limit on such inputs, are here; the frontend that folds the values in is the ONNX one
+(frontends/onnx/value_template.py), and the runtime caches per (values, bindings).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
@@ -125,3 +131,51 @@ def _concrete_attrs(value: Any, bindings: Mapping[str, int]) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_concrete_attrs(v, bindings) for v in value)
     return value
+
+
+# -- value-deciding inputs ---------------------------------------------------------------------------------
+# Some inputs decide a program's structure by their contents, not their shape: reduction axes, a Resize's
+# scales, a Reshape's target (ONNX feeds them as graph inputs). A template specialises on their values as it
+# does on symbol bindings (runtime/specializing.py): the values are folded in at first call and the result is
+# cached under them. Only small inputs qualify: the key holds their bytes, and a large tensor deciding the
+# structure is almost always a model that computes a shape from data, which no cache would serve.
+MAX_VALUE_ELEMENTS = 64
+
+ValueKey = tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # (input, dtype, shape, bytes) per value input
+
+
+class ValueBindingError(EdgerunError):
+    """A value-deciding input that cannot be specialised on: missing from a call, or too large. The message
+    names the input."""
+
+
+def value_key(names: Sequence[str], values: Mapping[str, Any]) -> ValueKey:
+    """The cache key of a call's value-deciding inputs: each one's dtype, shape and bytes, checked small.
+
+    Two calls share a specialisation only when every value-deciding input is equal element for element (and
+    in dtype and shape), so a call with other axes never reuses one made for different axes."""
+    key = []
+    for name in names:
+        if name not in values:
+            raise ValueBindingError(f"input {name!r} decides the program's structure by its value and must be "
+                                    "given on every call")
+        array = np.ascontiguousarray(values[name])
+        check_value_size(name, array.shape)
+        key.append((name, array.dtype.str, tuple(array.shape), array.tobytes()))
+    return tuple(key)
+
+
+def check_value_size(name: str, shape: Sequence[Any], why: str = "") -> None:
+    """Refuse a value-deciding input of more than MAX_VALUE_ELEMENTS elements (or of unbounded size)."""
+    size = 1
+    for d in shape:
+        if not isinstance(d, int):
+            size = -1
+            break
+        size *= d
+    if size < 0 or size > MAX_VALUE_ELEMENTS:
+        shown = "x".join(str(d) for d in shape) or "scalar"
+        raise ValueBindingError(
+            f"input {name!r} (shape {shown}) decides the program's structure by its value{why}, but only inputs "
+            f"of at most {MAX_VALUE_ELEMENTS} elements can: the program would be specialised per distinct "
+            "value. Freeze it with constant_inputs= if it is fixed, or compute the value from static shapes")

@@ -39,7 +39,7 @@ from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
-from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import (
     StateBinding,
     StateStore,
@@ -80,7 +80,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
         return load_methods(program, functools.partial(
             load, backends=backends, placement=placement, algorithms=algorithms, verify_weights=verify_weights,
             alias_reshapes=alias_reshapes, arena_limit=arena_limit))
-    if original.symbols:  # a template: each concrete shape is specialised, then loaded by this function
+    if original.symbols or isinstance(program, ValueSpecializer):  # a template: specialised per shape (and value)
         return SpecializingProgram(program or Program(original), functools.partial(
             load, backends=backends, placement=placement, algorithms=algorithms, alias_reshapes=alias_reshapes,
             arena_limit=arena_limit, state=state))
@@ -100,6 +100,9 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     """`load` from an already prepared graph (`prepare_graph(original, candidates)`): what the search calls
     after placing. Composites left whole are lowered here, after placement, unless their backend keeps them.
     A graph with state binds the buffers of `state` (runtime/state.py); it runs functional meanwhile."""
+    if isinstance(program, ValueSpecializer):  # its graph holds only the inputs: each value's program loads
+        raise EdgerunError(f"this program is specialised per value of its inputs {program.value_inputs}: load "
+                           "it with edgerun.runtime.load (backends given by name), which specialises per call")
     signature = None
     if has_state(graph):
         if state is None:

@@ -6,6 +6,11 @@ decomposition, folding, raster merging) on the now static graph and loads it thr
 (placement, partitioning, compilation, an exact memory plan for that shape). The loaded specialisation is
 cached by its bindings in a bounded LRU, so steady-state calls at a known shape cost one dictionary lookup
 more than a static program. Why per shape rather than one plan for the upper bound: docs/design.md.
+
+A template may also specialise on the *values* of a few small inputs that decide its structure (ONNX's
+reduction axes, Resize scales, a Reshape target: a ValueSpecializer, frontends/onnx/value_template.py). Its
+values are folded in first, then the symbols of the result are bound from the other inputs' shapes; the LRU
+key is (the values, the bindings), so a call with other values never reuses a specialisation.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.ir.specialize import bind_symbols, specialize
+from edgerun.ir.specialize import ValueKey, bind_symbols, specialize
 from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
@@ -30,8 +35,20 @@ if TYPE_CHECKING:
     from edgerun.ir.graph import Graph
 
 DEFAULT_CACHE_SIZE = 8  # loaded specialisations kept; each holds its own arena and compiled partitions
-Bindings = tuple[tuple[str, int], ...]  # sorted (symbol, value) pairs: the cache key
+Bindings = tuple[tuple[str, int], ...]  # sorted (symbol, value) pairs
+CacheKey = tuple[ValueKey, Bindings]  # value-deciding inputs' values (empty for most programs), then symbols
 _MAX_REMEMBERED_SHAPES = 1024  # input-shape tuples whose binding is remembered (a dict, cleared when full)
+
+
+@runtime_checkable
+class ValueSpecializer(Protocol):
+    """A template whose structure depends on the values of some small inputs (frontends/onnx/value_template.py):
+    `for_values` gives the program for a call's values (folded in, so not among its inputs) and their key."""
+
+    value_inputs: list[str]
+    output_names: list[str]
+
+    def for_values(self, inputs: Mapping[str, Any]) -> tuple[Program, ValueKey]: ...
 
 
 def specialize_program(template: Program, bindings: Mapping[str, int]) -> Program:
@@ -67,7 +84,8 @@ class SpecializingProgram(LoadedProgram):
         self.graph: Graph = template.graph
         self.search = None
         self._load_concrete = load_concrete
-        self._cache: OrderedDict[Bindings, LoadedProgram] = OrderedDict()
+        self._cache: OrderedDict[CacheKey, LoadedProgram] = OrderedDict()
+        self._values = template if isinstance(template, ValueSpecializer) else None
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
         self._bound_shapes: dict[tuple[tuple[int, ...], ...], Bindings] = {}  # input shapes -> their binding
@@ -90,43 +108,67 @@ class SpecializingProgram(LoadedProgram):
 
     @property
     def output_names(self) -> list[str]:
-        return list(self.graph.outputs)
+        return list(self._values.output_names if self._values is not None else self.graph.outputs)
 
     @property
     def output_specs(self) -> dict[str, TensorSpec]:
+        if self._values is not None:
+            raise EdgerunError(f"the outputs' specs depend on the values of inputs {self._values.value_inputs}: "
+                               "see model.specialization(inputs).output_specs")
         return {n: self.graph.specs[n] for n in self.graph.outputs}
 
     @property
+    def value_inputs(self) -> list[str]:
+        """Inputs whose values (not only shapes) pick the specialisation; empty for most programs."""
+        return list(self._values.value_inputs) if self._values is not None else []
+
+    @property
     def cached_bindings(self) -> list[dict[str, int]]:
-        """The shapes loaded now, least recently used first."""
+        """The symbol bindings loaded now, least recently used first."""
         with self._cache_lock:
-            return [dict(key) for key in self._cache]
+            return [dict(bindings) for _, bindings in self._cache]
 
     def __repr__(self) -> str:
         symbols = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in sorted(self.graph.symbols.items()))
-        return (f"<SpecializingProgram {len(self.graph.inputs)} inputs, {len(self.graph.outputs)} outputs, "
-                f"symbols {symbols}; {len(self._cache)} of {self._cache_size} specialisations loaded>")
+        values = f", values of {self.value_inputs}" if self._values is not None else ""
+        return (f"<SpecializingProgram {len(self.graph.inputs)} inputs, {len(self.output_names)} outputs, "
+                f"symbols {symbols}{values}; {len(self._cache)} of {self._cache_size} specialisations loaded>")
 
     # -- running -----------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
             sink: EventSink | None = None) -> list[np.ndarray]:
-        return self._specialization(self._key(inputs, as_shapes=False)).run(inputs, sink)
+        if self._values is None:
+            shapes_only: CacheKey = ((), self._bindings(inputs, as_shapes=False))
+            return self._specialization(shapes_only, self._template).run(inputs, sink)
+        named = self._named(inputs)
+        key, program = self._for_values(named)
+        # The value-deciding inputs are folded into the specialisation: it takes the others.
+        return self._specialization(key, program).run({n: named[n] for n in program.graph.inputs}, sink)
 
     def specialization(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                        **shapes: tuple[int, ...]) -> LoadedProgram:
         """The loaded program for these inputs' shapes (arrays), or for shapes given by name
-        (`specialization(x=(2, 16, 32))`), loading it on first use."""
-        key = self._key(shapes, as_shapes=True) if inputs is None else self._key(inputs, as_shapes=False)
-        return self._specialization(key)
+        (`specialization(x=(2, 16, 32))`), loading it on first use. A template with value-deciding inputs
+        needs the arrays (their values pick the specialisation)."""
+        if self._values is not None:
+            if inputs is None:
+                raise EdgerunError(f"inputs {self._values.value_inputs} decide this program's structure by their "
+                                   "values: pass the input arrays, not shapes")
+            key, program = self._for_values(self._named(inputs))
+            return self._specialization(key, program)
+        bindings = self._bindings(shapes, as_shapes=True) if inputs is None else self._bindings(inputs, False)
+        return self._specialization(((), bindings), self._template)
 
-    def _specialization(self, key: Bindings) -> LoadedProgram:
+    def _specialization(self, key: CacheKey, template: Program) -> LoadedProgram:
         with self._cache_lock:
             loaded = self._cache.get(key)
             if loaded is not None:
                 self._cache.move_to_end(key)
                 return loaded
         # Loaded outside the lock: a slow first call at one shape does not hold up calls at cached ones.
-        loaded = self._load_concrete(specialize_program(self._template, dict(key)))
+        bindings = dict(key[1])
+        concrete = specialize_program(template, bindings) if template.graph.symbols else template
+        loaded = self._load_concrete(concrete)
         with self._cache_lock:
             self.specializations_made += 1
             loaded = self._cache.setdefault(key, loaded)
@@ -135,19 +177,34 @@ class SpecializingProgram(LoadedProgram):
                 self._cache.popitem(last=False)
         return loaded
 
-    def _key(self, inputs: Sequence[Any] | Mapping[str, Any], as_shapes: bool) -> Bindings:
+    def _for_values(self, named: Mapping[str, Any]) -> tuple[CacheKey, Program]:
+        """The program for a call's value-deciding inputs, and the cache key: their values, then the symbols
+        of that program bound from the other inputs' shapes."""
+        assert self._values is not None
+        program, values = self._values.for_values(named)
+        graph = program.graph
+        bindings: Bindings = ()
+        if graph.symbols:
+            shapes = {n: np.shape(named[n]) for n in graph.inputs}
+            bindings = tuple(sorted(bind_symbols(graph, shapes).items()))
+        return (values, bindings), program
+
+    def _named(self, inputs: Sequence[Any] | Mapping[str, Any]) -> dict[str, Any]:
         names = self.graph.inputs
         if isinstance(inputs, Mapping):
             unknown = sorted(set(inputs) - set(names))
             missing = [n for n in names if n not in inputs]
             if unknown or missing:
                 raise EdgerunError(f"inputs {sorted(inputs)} do not match the program's {names}")
-            values = [inputs[n] for n in names]
-        else:
-            if len(inputs) != len(names):
-                raise EdgerunError(f"the program takes {len(names)} inputs {names}, got {len(inputs)}")
-            values = list(inputs)
-        shapes = tuple(tuple(v) if as_shapes else np.shape(v) for v in values)
+            return {n: inputs[n] for n in names}
+        if len(inputs) != len(names):
+            raise EdgerunError(f"the program takes {len(names)} inputs {names}, got {len(inputs)}")
+        return dict(zip(names, inputs))
+
+    def _bindings(self, inputs: Sequence[Any] | Mapping[str, Any], as_shapes: bool) -> Bindings:
+        names = self.graph.inputs
+        named = self._named(inputs)
+        shapes = tuple(tuple(named[n]) if as_shapes else np.shape(named[n]) for n in names)
         key = self._bound_shapes.get(shapes)
         if key is None:  # binding checks every dimension in Python: done once per distinct set of shapes
             key = tuple(sorted(bind_symbols(self.graph, dict(zip(names, shapes))).items()))

@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from edgerun.frontends.onnx.context import OnnxModelError
+from edgerun.frontends.onnx.context import DynamicInputError, OnnxModelError
 from edgerun.frontends.onnx.importer import OnnxImportError, import_onnx_graph
+from edgerun.frontends.onnx.loading import load_model
 from edgerun.frontends.onnx.symbols import InputDim
+from edgerun.frontends.onnx.value_template import ValueTemplate
 from edgerun.frontends.program_maker import make_program
 from edgerun.program.program import Program
 
-__all__ = ["OnnxImportError", "OnnxModelError", "from_onnx", "import_onnx_graph"]
+__all__ = ["OnnxImportError", "OnnxModelError", "ValueTemplate", "from_onnx", "import_onnx_graph"]
 
 
 def from_onnx(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None = None,
@@ -23,6 +25,16 @@ def from_onnx(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None
     and the program then serves every shape in the bounds. `constant_inputs` freezes graph inputs that must be
     static (a Reshape target fed as an input) to given values. With `optimize` (the default) the default pass
     pipeline runs, as for `edgerun.export` (make_program).
+
+    A model that feeds a structure-deciding value as a small graph input (reduction axes, Resize scales, a
+    Reshape target) gives a ValueTemplate: the program is specialised per value of those inputs at call time
+    and cached (value_template.py); `constant_inputs` instead freezes them once, and saves as one program.
     """
-    graph = import_onnx_graph(source, input_shapes, constant_inputs)
+    model = load_model(source)
+    try:
+        graph = import_onnx_graph(model, input_shapes, constant_inputs)
+    except DynamicInputError as exc:
+        if not exc.graph_inputs:
+            raise  # the value is computed from no graph input (a control-flow body's): nothing to bind
+        return ValueTemplate(model, exc, input_shapes, constant_inputs, optimize)
     return make_program(graph, frontend="onnx", run_passes=optimize)

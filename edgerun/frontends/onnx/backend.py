@@ -1,9 +1,11 @@
 """edgerun as an `onnx.backend.base.Backend`, so ONNX's own test runner and node cases can drive it.
 
 ONNX models often feed shape-like values (Reshape's target, Slice's starts, reduction axes) as graph
-inputs. A handler that needs such a value at import time gets it by freezing: the input is frozen to the
-value given to `run` and the model is imported for it (cached per value). Which inputs were frozen is
-reported in `rep.frozen`; the conformance report counts the passes that needed it.
+inputs. `from_onnx` makes such a model a ValueTemplate (value_template.py): imported once, specialised per
+value of those inputs at each call (cached per value), as the runtime does; `rep.value_inputs` names them.
+Where even that cannot serve (the value comes from no graph input, e.g. inside a control-flow body), the
+backend falls back to freezing: the inputs are frozen to the values given to `run` and the model imported
+for them. Which inputs were frozen is reported in `rep.frozen`; the conformance report counts those passes.
 
 With `symbolic_dims=True` the input dimensions are made bounded symbols before import, as an exporter with
 dynamic axes would write them (one symbol per distinct size, sizes 0 and 1 static): one template program
@@ -20,6 +22,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from edgerun.frontends.onnx import from_onnx
 from edgerun.frontends.onnx.context import DynamicInputError
+from edgerun.frontends.onnx.value_template import ValueTemplate
 from edgerun.oracle import interpret
 
 
@@ -71,7 +74,12 @@ class EdgerunBackendRep(BackendRep):
         self.frozen: tuple[str, ...] = frozen
         self.input_shapes = input_shapes
         self._cache: dict[bytes, Any] = {}
-        self._specialised: dict[tuple[tuple[str, int], ...], Any] = {}
+        self._specialised: dict[Any, Any] = {}
+
+    @property
+    def value_inputs(self) -> tuple[str, ...]:
+        """Inputs whose values the program is specialised on at each call (a ValueTemplate's)."""
+        return tuple(self.program.value_inputs) if isinstance(self.program, ValueTemplate) else ()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         names = _input_names(self.model)
@@ -80,19 +88,24 @@ class EdgerunBackendRep(BackendRep):
         else:
             seq = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
             values = {n: np.asarray(v) for n, v in zip(names, seq)}
-        program = self.program if self.program is not None else self._specialise(values)
+        value_key: Any = ()
+        if isinstance(self.program, ValueTemplate):
+            program, value_key = self.program.for_values(values)
+        else:
+            program = self.program if self.program is not None else self._specialise(values)
         graph = program.graph
         if graph.symbols:
-            graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs})
+            graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs}, value_key)
         return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))
 
-    def _for_shapes(self, template: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
-        """The template specialised to these input shapes (bound, substituted, verified; cached per binding)."""
+    def _for_shapes(self, template: Any, shapes: dict[str, tuple[int, ...]], value_key: Any = ()) -> Any:
+        """The template specialised to these input shapes (bound, substituted, verified; cached per binding
+        and, for a value template, per value of its value-deciding inputs)."""
         from edgerun.ir.specialize import bind_symbols, specialize
         from edgerun.ir.verifier import verify
 
         bindings = bind_symbols(template, shapes)
-        key = tuple(sorted(bindings.items()))
+        key = (value_key, tuple(sorted(bindings.items())))
         if key not in self._specialised:
             graph = specialize(template, bindings)
             verify(graph)  # every spec the template computed must agree with the op rules at these sizes

@@ -39,7 +39,10 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "data-dependent-shape": "not done: #12's symbols are bound from input shapes; an output bounded by its "
                             "input's size (NonZero, Unique, Compress, NonMaxSuppression) also needs a size "
                             "computed during the run (planned at the upper bound, ExecuTorch's way) and ops "
-                            "that return it; ImageDecoder needs image codecs and cannot be supported",
+                            "that return it. Value-deciding inputs (value_template.py) do not lift it: the "
+                            "deciding tensor is data (scores, masks, boxes), computed during the run in real "
+                            "models, and a cache keyed on data values would only serve the test cases. "
+                            "ImageDecoder needs image codecs and cannot be supported",
     "dtype": "not #12: needs more element types in the IR (float64, bfloat16, float8, int4, ...)",
 }
 

@@ -32,6 +32,7 @@ class CaseResult:
     status: str  # pass | refused | error | wrong | design
     category: str = ""
     frozen: str = ""  # graph inputs frozen to their values (shape specialisation, see backend.py)
+    value_inputs: str = ""  # inputs the imported program specialised on by value at call time (value_template.py)
     detail: str = ""
     seconds: float = 0.0
 
@@ -83,15 +84,16 @@ class EdgerunRunner:
     def __init__(self, symbolic_dims: bool = False) -> None:
         self.symbolic_dims = symbolic_dims
         self.frozen: tuple[str, ...] = ()
+        self.value_inputs: tuple[str, ...] = ()
 
     def __call__(self, model: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         from edgerun.frontends.onnx.backend import EdgerunBackend
-        self.frozen = ()
+        self.frozen = self.value_inputs = ()
         rep = EdgerunBackend.prepare(model, symbolic_dims=self.symbolic_dims)
         try:
             return list(rep.run(inputs))
         finally:
-            self.frozen = rep.frozen
+            self.frozen, self.value_inputs = rep.frozen, rep.value_inputs
 
 
 edgerun_runner = EdgerunRunner()
@@ -142,7 +144,7 @@ def run_case(case: Any, runner: Runner = edgerun_runner, refusal: tuple[type[Bas
             diff = compare(case, got, [_array(v) for v in outputs])
             if diff:
                 return CaseResult(case.name, op, "wrong", detail=diff, seconds=time.perf_counter() - start,
-                                  frozen=_frozen(runner))
+                                  frozen=_frozen(runner), value_inputs=_value_inputs(runner))
     except OnnxImportError as exc:
         return CaseResult(case.name, op, "error", detail=str(exc)[:300], seconds=time.perf_counter() - start)
     except refusal as exc:
@@ -151,11 +153,16 @@ def run_case(case: Any, runner: Runner = edgerun_runner, refusal: tuple[type[Bas
         where = traceback.extract_tb(exc.__traceback__)[-1]
         detail = f"{type(exc).__name__}: {str(exc)[:240]} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
         return CaseResult(case.name, op, "error", detail=detail, seconds=time.perf_counter() - start)
-    return CaseResult(case.name, op, "pass", seconds=time.perf_counter() - start, frozen=_frozen(runner))
+    return CaseResult(case.name, op, "pass", seconds=time.perf_counter() - start, frozen=_frozen(runner),
+                      value_inputs=_value_inputs(runner))
 
 
 def _frozen(runner: Runner) -> str:
     return ",".join(getattr(runner, "frozen", ()))
+
+
+def _value_inputs(runner: Runner) -> str:
+    return ",".join(getattr(runner, "value_inputs", ()))
 
 
 def _array(v: Any) -> np.ndarray:

@@ -42,6 +42,11 @@ class DynamicInputError(UnsupportedOpError):
     def __init__(self, op: str, value_name: str, *, source: str | None = None, detail: str | None = None) -> None:
         super().__init__(op, source=source, detail=detail)
         self.value_name = value_name
+        # Filled in by the importer on the way out (import_onnx_graph): the graph inputs the value is computed
+        # from, every input's spec, and the symbols declared, for a value template (value_template.py).
+        self.graph_inputs: tuple[str, ...] = ()
+        self.input_specs: dict[str, Any] = {}
+        self.symbols: dict[str, tuple[int, int]] = {}
 
 
 def onnx_dtype(code: int, what: str) -> DType:

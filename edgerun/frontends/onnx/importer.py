@@ -17,6 +17,7 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.onnx.context import (
     DTYPE_TO_ONNX,
     ONNX_TO_DTYPE,
+    DynamicInputError,
     Handler,
     ImportContext,
     OnnxImportError,
@@ -24,7 +25,7 @@ from edgerun.frontends.onnx.context import (
     OnnxNode,
     onnx_dtype,
 )
-from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS
+from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS, outer_reads
 from edgerun.frontends.onnx.dims import describe, disagreement
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
@@ -85,7 +86,15 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
             ctx.values[vi.name] = vi.name
     opsets = {o.domain or "": int(o.version) for o in model.opset_import}
     opsets[""] = opset
-    _import_nodes(ctx, list(g.node), opsets, types, handlers, depth=0)
+    try:
+        _import_nodes(ctx, list(g.node), opsets, types, handlers, depth=0)
+    except DynamicInputError as exc:
+        # Which graph inputs the needed value comes from, and their specs: a value template (value_template.py)
+        # specialises on those inputs' values at call time.
+        exc.graph_inputs = tuple(ctx.inputs_behind(exc.value_name))
+        exc.input_specs = {n: graph.specs[n] for n in graph.inputs}
+        exc.symbols = dict(graph.symbols)
+        raise
     for out in g.output:
         if not ctx.known(out.name):
             raise OnnxModelError(f"graph output {out.name!r} is not produced by any node")
@@ -140,7 +149,10 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}
-        ctx.producers.update({o: [i for i in node.inputs if i] for o in node.outputs if o})
+        # What each output is computed from, bodies' reads of this scope included (for inputs_behind).
+        reads = [i for i in node.inputs if i] + [r for v in node.attrs.values() if hasattr(v, "node")
+                                                 for r in outer_reads(v)]
+        ctx.producers.update({o: reads for o in node.outputs if o})
         if node.op_type in CONTROL_FLOW_IMPORTERS:
             def import_into(target: ImportContext, body: list[Any]) -> None:
                 _import_nodes(target, body, opsets, types, handlers, depth + 1)

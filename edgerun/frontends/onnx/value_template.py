@@ -1,0 +1,136 @@
+"""A program whose structure is decided by the values of some inputs: specialised per value at call time.
+
+ONNX models feed structure-deciding values as graph inputs: reduction axes, Resize scales, a Reshape target,
+Slice starts, Pad pads, TopK's k. The importer needs them as constants (they decide which axes go, an output
+rank, an interpolation matrix), so an import without them stops at the first node that needs one. Rather
+than refusing, `from_onnx` then returns a ValueTemplate: a Program whose inputs are all the model's inputs,
+whose *value-deciding inputs* (small inputs such a node needs, named by the import) are bound at call time.
+
+At the first call with new values the import runs again with those values folded in as constants (exactly
+what a symbol binding does for a size: MNN reads shape-computing inputs at resize), giving an ordinary
+program (static, or a shape template when the model also has symbolic dimensions). The runtime caches the
+loaded result per (values, shapes) in its specialisation LRU (runtime/specializing.py): a call with other
+values never reuses a specialisation made for different ones, because the key holds every value-deciding
+input's bytes (ir/specialize.py: value_key). A value-deciding input may hold at most MAX_VALUE_ELEMENTS
+elements; a larger one is refused naming it.
+
+A second value-deciding input can show up only once the first is folded in (a TopK's k behind a Reshape's
+target): the template learns it on that call, and from then on keys on it too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+from edgerun.frontends.onnx.context import DynamicInputError
+from edgerun.frontends.onnx.importer import import_onnx_graph
+from edgerun.frontends.onnx.symbols import InputDim
+from edgerun.frontends.program_maker import make_program
+from edgerun.ir.graph import Graph
+from edgerun.ir.specialize import ValueKey, check_value_size, value_key
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.program.program import Program
+
+_PROGRAMS_KEPT = 16  # imported programs per distinct values (the runtime's LRU holds the loaded ones)
+
+
+class ValueTemplate(Program):
+    """A Program specialised per value of its `value_inputs` (and per shape, when it has symbols).
+
+    `graph` holds the inputs' specs only; `for_values(inputs)` gives the program for those values. Load it
+    with `edgerun.load` and call it like any program. It cannot be saved: its structure exists per value.
+    """
+
+    def __init__(self, model: Any, error: DynamicInputError, input_shapes: Mapping[str, Sequence[InputDim]] | None,
+                 constant_inputs: Mapping[str, Any] | None, optimize: bool) -> None:
+        graph = Graph()
+        for name, spec in error.input_specs.items():
+            graph.add_input(name, spec)
+        graph.symbols = dict(error.symbols)
+        super().__init__(graph)
+        self.metadata["frontend"] = "onnx"
+        self.output_names = [o.name for o in model.graph.output]
+        self._model = model
+        self._input_shapes = dict(input_shapes or {})
+        self._constant_inputs = dict(constant_inputs or {})
+        self._optimize = optimize
+        self._lock = threading.Lock()
+        self._programs: OrderedDict[ValueKey, Program] = OrderedDict()
+        self.value_inputs: list[str] = []
+        self._learn(error)
+        self.imports_made = 0  # imports run for new values (the first-call cost is paid this often)
+
+    def _learn(self, error: DynamicInputError) -> None:
+        """Add the inputs behind a value an import needed, refusing large ones; re-raise when there are none."""
+        specs: dict[str, TensorSpec] = {n: self.graph.specs[n] for n in self.graph.inputs}
+        new = [n for n in error.graph_inputs if n in specs and n not in self.value_inputs]
+        if not new:
+            raise error
+        where = f" (node {error.source or error.op}, op {error.op}, needs it at import)"
+        for name in new:
+            shape = specs[name].shape
+            if all(isinstance(d, int) for d in shape):
+                check_value_size(name, shape, where)  # a symbolic size is checked against each call's value
+        self.value_inputs.extend(new)
+        self.metadata["value_inputs"] = list(self.value_inputs)
+
+    def for_values(self, inputs: Mapping[str, Any]) -> tuple[Program, ValueKey]:
+        """The program for these value-deciding inputs (others in `inputs` are ignored) and its cache key.
+
+        The program's inputs are the template's inputs less the value-deciding ones, which are folded in."""
+        while True:
+            with self._lock:
+                names = list(self.value_inputs)
+            key = value_key(names, inputs)
+            with self._lock:
+                program = self._programs.get(key)
+                if program is not None:
+                    self._programs.move_to_end(key)
+                    return program, key
+            values = {n: np.asarray(inputs[n]) for n in names}
+            for name, value in values.items():
+                self._check_spec(name, value)
+            try:
+                graph = import_onnx_graph(self._model, {k: v for k, v in self._input_shapes.items() if k not in values},
+                                          {**self._constant_inputs, **values})
+            except DynamicInputError as exc:
+                with self._lock:
+                    self._learn(exc)  # another value-deciding input, seen once the first is folded in
+                continue
+            program = make_program(graph, frontend="onnx", run_passes=self._optimize)
+            program.metadata["specialized_from"] = {"values": {n: values[n].tolist() for n in names}}
+            with self._lock:
+                self.imports_made += 1
+                self._programs[key] = program
+                while len(self._programs) > _PROGRAMS_KEPT:
+                    self._programs.popitem(last=False)
+            return program, key
+
+    def _check_spec(self, name: str, value: np.ndarray) -> None:
+        """The value's dtype, rank and static dimensions must be the input's (its symbolic ones may be any)."""
+        want = self.graph.specs[name]
+        fits = value.dtype == want.dtype.np and value.ndim == want.rank and all(
+            not isinstance(w, int) or w == got for w, got in zip(want.shape, value.shape))
+        if not fits:
+            raise EdgerunError(f"input {name!r} is {value.dtype}{list(value.shape)}, the program takes {want}")
+
+    def save(self, path: Any) -> None:
+        raise self._unsaveable()
+
+    def to_bytes(self) -> bytes:
+        raise self._unsaveable()
+
+    def _unsaveable(self) -> EdgerunError:
+        return EdgerunError(f"this program is specialised per value of its inputs {self.value_inputs} and has no "
+                            "single graph to save: freeze them with from_onnx(..., constant_inputs=) to save a "
+                            "program for one value")
+
+    def __repr__(self) -> str:
+        return (f"<ValueTemplate inputs {self.graph.inputs}, specialised per value of {self.value_inputs}; "
+                f"{len(self._programs)} imported>")
