@@ -3,11 +3,14 @@ only): dispatches per token split the way zerotvm counts them (preamble, per lay
 fusion, and host ms per token with and without capture-replay.
 
     python bench/webgpu_llm.py [--runs 5] [--context 128]     # --runs 0: dispatch counts only
+    python bench/webgpu_llm.py --ablate [--rounds 2]          # device ms of the dense step per fusion stage
 
 Rows:
 - dense, unfused    the LLM package's decode program, one dispatch per atomic op / raster
 - dense, fused      the webgpu backend as it loads by default (fusion, identity rasters free, composites whole)
-- int4 + argmax     the browser runtime's plan: Q4 projections as matmul_int4, the GPU argmax, the KV append
+- int4 + argmax     Q4 projections as matmul_int4 and the GPU argmax, merged dispatches up to lavapipe's 32
+                   storage buffers (the Python path)
+- browser plan      the same with the browser plan's cap of 10 bindings, plus its KV append
 
 Host ms: the CPU time to build a call's command buffer, fresh (bind groups created, pipelines looked up)
 against replayed (the captured list re-recorded), and the whole call's wall time both ways (on lavapipe the
@@ -40,7 +43,13 @@ from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import model_info
 from edgerun.llm.program_builder import step_graph
 from edgerun.runtime import load
-from edgerun.web.decode_plan import decode_graph, dispatch_sections, float_weights, section_counts
+from edgerun.web.decode_plan import (
+    WEB_MAX_BINDINGS,
+    decode_graph,
+    dispatch_sections,
+    float_weights,
+    section_counts,
+)
 
 ZEROTVM = {"preamble": 2, "per_layer": 10, "layers": 32, "tail": 20, "total": 342, "own_shaders": 279}
 
@@ -52,14 +61,17 @@ def record(runner: PartitionRunner, dispatches: list[Any]) -> None:
     enc.finish()
 
 
-def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict[str, Any]:
-    """Dispatch counts, and with runs > 0 host/call/device times."""
+def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int,
+            max_bindings: int | None = None) -> dict[str, Any]:
+    """Dispatch counts, and with runs > 0 host/call/device times. `max_bindings`: the cap on a merged
+    dispatch's storage buffers (default: the adapter's; the browser plan's is WEB_MAX_BINDINGS)."""
     program = load(graph, backends=["webgpu"])
     assert {p.backend for p in program.partitions} == {"webgpu"}, name
-    runner: PartitionRunner = program.parts.compiled[0].info["runner"]
-    if not fuse:
-        runner.set_fusion(False)
-    extra = ["tail"] if name.startswith("int4") else []  # the browser plan's KV append
+    runner = program.parts.compiled[0].info["runner"]
+    assert isinstance(runner, PartitionRunner)
+    if not fuse or max_bindings:
+        runner.set_fusion(fuse, max_bindings)
+    extra = ["tail"] if "browser" in name else []  # the browser plan's KV append
     counts = section_counts([*dispatch_sections(runner.kernels), *extra], layers)
     if runs == 0:
         return {"name": name, **counts, "per_layer": counts["per_layer"][0]}
@@ -80,10 +92,45 @@ def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int) -> dict
             "device_ms": device_ms}
 
 
+# (name, fuse, max_bindings, fold_norms): each stage of fusion taken away in turn.
+STAGES = [("all fusions", True, None, True), ("no RMSNorm prologue", True, None, False),
+          ("no horizontal merge", True, 1, True), ("unfused", False, None, True)]
+
+
+def ablate(graph: Graph, rounds: int) -> None:
+    """Device ms per dense decode step for each fusion stage, the stages alternated `rounds` times (a loaded
+    machine drifts; alternating spreads the drift over all of them), with the costliest kernels."""
+    program = load(graph, backends=["webgpu"])
+    runner = program.parts.compiled[0].info["runner"]
+    assert isinstance(runner, PartitionRunner)
+    g = runner.graph
+    inputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.inputs]
+    device: dict[str, list[float]] = {name: [] for name, *_ in STAGES}
+    dispatches: dict[str, int] = {}
+    costliest: dict[str, list[tuple[float, str]]] = {}
+    for _ in range(rounds):
+        for name, fuse, cap, fold in STAGES:
+            runner.set_fusion(fuse, cap, fold_norms=fold)
+            seconds = runner.kernel_seconds(inputs)
+            device[name].append(sum(seconds) * 1e3)
+            by_label: dict[str, float] = {}
+            for kernel, t in zip(runner.kernels, seconds):
+                by_label[kernel.label] = by_label.get(kernel.label, 0.0) + t * 1e3
+            costliest[name] = sorted(((t, label) for label, t in by_label.items()), reverse=True)[:3]
+            dispatches[name] = len(runner.kernels)
+    print(f"dense decode step, device ms per round (load average {os.getloadavg()[0]:.1f} at the end)")
+    for name, *_ in STAGES:
+        top = ", ".join(f"{label} {t:.0f}" for t, label in costliest[name])
+        print(f"{name:22} {dispatches[name]:>5} dispatches  "
+              f"{' '.join(f'{t:>7.0f}' for t in device[name])}   costliest (last round): {top}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="timed calls per row (0: dispatch counts only)")
     parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--ablate", action="store_true", help="device ms per fusion stage instead of the tables")
+    parser.add_argument("--rounds", type=int, default=2, help="--ablate: rounds over the stages")
     args = parser.parse_args()
     path = smollm_path()
     if path is None:
@@ -97,9 +144,14 @@ def main() -> None:
 
         def dense() -> Graph:
             return step_graph(info.config, weights, chunk=1, context=args.context)
+        if args.ablate:
+            ablate(dense(), args.rounds)
+            return
         rows = [measure("dense, unfused", dense(), layers, False, args.runs),
                 measure("dense, fused", dense(), layers, True, args.runs),
-                measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs)]
+                measure("int4 + argmax, 32 bindings", decode_graph(checkpoint, info), layers, True, args.runs),
+                measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs,
+                        WEB_MAX_BINDINGS)]
     load_avg = os.getloadavg()
     print(f"SmolLM2-135M decode step, context {args.context}, {layers} layers; load average "
           f"{load_avg[0]:.1f} (uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()})")

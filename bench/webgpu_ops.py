@@ -3,6 +3,7 @@ reference backend (whole calls, and the kernels alone from timestamp queries), d
 capture-replay.
 
     python bench/webgpu_ops.py [--runs 15] [--models mlp,din,...] [--work DIR]
+    python bench/webgpu_ops.py --runs 0          # dispatch counts only (nothing timed, no JSON written)
 
 Prints tables of medians and ratios and writes bench/results/webgpu_ops.json.
 """
@@ -86,12 +87,15 @@ def per_op(runs: int) -> list[dict[str, Any]]:
 
 
 def dispatch_counts(models: list[str], work: str) -> list[dict[str, Any]]:
+    """Dispatches per call unfused and fused, merged dispatches up to the adapter's binding limit (what the
+    backend does when it compiles)."""
     rows = []
+    cap = get_device().limits.max_storage_buffers
     for name in models:
         program, _ = export_small(name, work)
         graph = prepare_graph(program.graph)
         rows.append({"model": name, "nodes": len(graph.nodes), "dispatches_unfused": len(lower(graph, False)),
-                     "dispatches_fused": len(lower(graph, True))})
+                     "dispatches_fused": len(lower(graph, True, cap))})
     return rows
 
 
@@ -132,6 +136,10 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     load = os.getloadavg()
+    if args.runs == 0:
+        print(f"adapter: {get_device().description}; load average {load[0]:.1f}; dispatches per call")
+        print(table(dispatch_counts(args.models.split(","), args.work)))
+        return
     result = {"adapter": get_device().description, "load_average": load, "runs": args.runs,
               "per_op": per_op(args.runs),
               "dispatches": dispatch_counts(args.models.split(","), args.work),

@@ -2,8 +2,8 @@
 
 A backend is one module under edgerun/backends/ exposing `create_backend() -> Backend` (see registry.py).
 The runtime asks each backend, per node, `supports(node, graph)`; the search asks what the class declares
-(`cost`, `throughput`, `partition_overhead_s`, `fuses_activations`, `algorithm_choices`, `settings`,
-`tunable_settings`) and never probes for anything else; the partitioner hands each backend maximal subgraphs of the nodes placed on it and
+(`cost`, `throughput`, `partition_overhead_s`, `fuses_activations`, `busy_after_call_s`,
+`algorithm_choices`, `settings`, `tunable_settings`) and never probes for anything else; the partitioner hands each backend maximal subgraphs of the nodes placed on it and
 calls `compile(subgraph)`. A compiled partition runs on arrays the runtime owns (views of its one arena):
 either as one call per partition (a delegate: ONNX Runtime, a remote device), or, when the backend offers
 `bind_node`, as one pre-bound call per node, so its intermediates are memory-planned too (the reference
@@ -112,6 +112,10 @@ class Backend(ABC):
     # Folds an activation or bias add (max, min, add) into the conv or matmul before it, so the search
     # keeps such pairs together on this backend.
     fuses_activations: ClassVar[bool] = False
+    # Seconds its worker threads keep cores busy after a call returns (a BLAS pool spinning while it waits
+    # for more work): whatever runs next on the machine pays for it. The search lets that much time pass
+    # before timing the next candidate placement (edgerun.search.timing).
+    busy_after_call_s: ClassVar[float] = 0.0
 
     # Composite ops this backend runs whole, as one kernel, with the same kind of constraints as `supported`
     # (ExecuTorch's ops_to_not_decompose). At load, a composite some candidate backend claims stays whole

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ except ImportError as exc:  # the registry turns this into BackendUnavailableErr
 # MNN's worker threads wait busily for work: on the 2 shared cores of the dev box, under load, a GEMM
 # 128x256x512 ran in 1.6 ms on one thread and 7.8 ms on two (ORT's non-spinning pool gains from two).
 DEFAULT_THREADS = 1
+TUNED_THREADS = 2  # the alternative calibration times (bench/peers.py runs MNN on 2 threads)
 F32 = frozenset({DType.float32})
 # Ops whose ONNX form MNN does not run as the reference does.
 # Found by the op-by-op tests: MNN's Round rounds halves away from zero (the IR: to even), its Mod is not
@@ -108,7 +109,25 @@ class MnnBackend(Backend):
     fuses_activations = True  # the converter folds Relu and Relu6 (Clip 0..6) into the Conv before them
 
     def __init__(self, threads: int | None = None) -> None:
-        self.threads = threads or int(os.environ.get("EDGERUN_MNN_THREADS", DEFAULT_THREADS))
+        env = os.environ.get("EDGERUN_MNN_THREADS")
+        # What the user fixed (None: calibration may choose); `threads` is what compile uses.
+        self.threads_setting: int | None = threads or (int(env) if env else None)
+        self.threads = self.threads_setting or DEFAULT_THREADS
+
+    def settings(self) -> dict[str, object]:
+        return {"threads_setting": self.threads_setting}
+
+    def tunable_settings(self) -> dict[str, tuple[object, ...]]:
+        # One thread or two, when neither the constructor nor $EDGERUN_MNN_THREADS fixed it: MNN's pool waits
+        # busily, which wins on an idle machine and loses on a shared one (calibration measures both).
+        return {"threads": (DEFAULT_THREADS, TUNED_THREADS)} if self.threads_setting is None else {}
+
+    def apply_settings(self, chosen: Mapping[str, object]) -> None:
+        unknown = set(chosen) - set(self.tunable_settings())
+        if unknown:
+            raise ValueError(f"mnn cannot tune {sorted(unknown)} here")
+        if "threads" in chosen:
+            self.threads = int(chosen["threads"])  # type: ignore[call-overload]
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
         for node in subgraph.nodes:

@@ -10,18 +10,31 @@ import time
 from edgerun.devtools.backends import backend_from_spec
 from edgerun.devtools.bundle import BundlePolicy, TestBundle
 from edgerun.devtools.compare import Tolerances
-from edgerun.devtools.programs import InputSet, LoadedGraph, load_graph, random_inputs, read_inputs
+from edgerun.devtools.programs import (
+    InputSet,
+    LoadedGraph,
+    call_sequence,
+    load_graph,
+    random_inputs,
+    read_arrays,
+)
 from edgerun.errors import EdgerunError
 
 
 def _inputs(args: argparse.Namespace, loaded: LoadedGraph, required: bool = True) -> list[InputSet]:
+    """The input sets of --inputs, in order; for a method with state, a sequence of calls whose state flows
+    from one to the next (devtools/programs.py)."""
     paths = args.inputs or []
     if not paths:
         if required:
             raise EdgerunError("give realistic inputs with --inputs FILE.npz (arrays named like the program's "
-                               f"inputs: {', '.join(loaded.graph.inputs)})")
-        return [random_inputs(loaded.graph)]
-    return [read_inputs(p, loaded.graph) for p in paths]
+                               f"inputs: {', '.join(loaded.user_inputs)})")
+        return call_sequence(loaded, [random_inputs(loaded.graph, names=loaded.user_inputs)], ["random inputs"])
+    return call_sequence(loaded, [read_arrays(p) for p in paths], paths)
+
+
+def _load(args: argparse.Namespace, attr: str = "program") -> LoadedGraph:
+    return load_graph(getattr(args, attr), getattr(args, "method", None))
 
 
 def _write_json(path: str | None, data: object) -> None:
@@ -33,7 +46,7 @@ def _write_json(path: str | None, data: object) -> None:
 def _carve(args: argparse.Namespace) -> int:
     from edgerun.devtools.carve import carve_to
 
-    loaded = load_graph(args.program)
+    loaded = _load(args)
     start = time.perf_counter()
     policy = BundlePolicy(args.max_cases_per_signature, int(args.max_mib * (1 << 20)))
     bundle = carve_to(loaded, _inputs(args, loaded), args.output, policy, progress=True)
@@ -70,7 +83,7 @@ def _check(args: argparse.Namespace) -> int:
 def _inspect_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
     from edgerun.devtools.quant_inspect import compare_quantized
 
-    report = compare_quantized(loaded, load_graph(args.against), _inputs(args, loaded, required=False)[0],
+    report = compare_quantized(loaded, _load(args, "against"), _inputs(args, loaded, required=False)[0],
                                min_snr_db=args.min_snr)
     print(report.table())
     print(report.summary())
@@ -83,7 +96,7 @@ def _migrate(args: argparse.Namespace) -> int:
     from edgerun.devtools.carve import carve_to
     from edgerun.devtools.migrate import migrate
 
-    loaded = load_graph(args.program)
+    loaded = _load(args)
     inputs = _inputs(args, loaded)
     os.makedirs(args.report_dir, exist_ok=True)
     bundle_path = args.bundle or os.path.join(args.report_dir, "tests.bundle")
@@ -100,15 +113,23 @@ def _migrate(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from edgerun.devtools.inspect import inspect_program
 
-    loaded = load_graph(args.program)
+    loaded = _load(args)
     if args.against:
         return _inspect_against(args, loaded)
     if not args.backend:
         raise EdgerunError("inspect needs --backend (a backend against the reference) or --against FLOAT_PROGRAM")
-    report = inspect_program(loaded, backend_from_spec(args.backend), _inputs(args, loaded)[0], ops=args.op,
-                             nodes=args.node, tolerances=Tolerances.parse(args.tol))
-    print(report.table())
-    print(report.summary())
+    backend = backend_from_spec(args.backend)
+    # A stateful method: every call of the sequence from the reference's state, up to the first that diverges.
+    calls = _inputs(args, loaded) if loaded.state is not None else _inputs(args, loaded)[:1]
+    for index, inputs in enumerate(calls):
+        report = inspect_program(loaded, backend, inputs, ops=args.op, nodes=args.node,
+                                 tolerances=Tolerances.parse(args.tol))
+        if len(calls) > 1:
+            print(f"call {index + 1} of {len(calls)}{' (' + args.inputs[index] + ')' if args.inputs else ''}:")
+        print(report.table())
+        print(report.summary())
+        if not report.passed:
+            break
     if args.json:
         report.save(args.json)
     return 0 if report.passed else 1
@@ -120,7 +141,7 @@ def _profile(args: argparse.Namespace) -> int:
     from edgerun.devtools.profile import profile_program
     from edgerun.devtools.trace import write_chrome_trace
 
-    loaded = load_graph(args.program)
+    loaded = _load(args)
     inputs = _inputs(args, loaded, required=False)[0]
     backends = [backend_from_spec(b) for b in args.backend or ["reference"]]
     placement = None
@@ -142,7 +163,7 @@ def _profile(args: argparse.Namespace) -> int:
 def _reduce(args: argparse.Namespace) -> int:
     from edgerun.devtools.reduce import reduce_program
 
-    loaded = load_graph(args.program)
+    loaded = _load(args)
     result = reduce_program(loaded, backend_from_spec(args.backend), _inputs(args, loaded)[0],
                             predicate=args.predicate, tolerances=Tolerances.parse(args.tol))
     inputs_path = result.save(args.output, {"reduced_from": args.program, "backend": args.backend})
@@ -154,10 +175,15 @@ def _reduce(args: argparse.Namespace) -> int:
     return 0
 
 
+METHOD_HELP = "the method of a multi-method program to work on (default: its default method)"
+INPUTS_HELP = ("realistic inputs: an .npz of arrays named like the program's inputs (repeatable; for a method "
+               "with state, a sequence of calls, each from the state the reference left after the one before)")
+
+
 def _common(p: argparse.ArgumentParser, inputs: bool = True) -> None:
     if inputs:
-        p.add_argument("--inputs", action="append", metavar="NPZ",
-                       help="realistic inputs: an .npz of arrays named like the program's inputs (repeatable)")
+        p.add_argument("--inputs", action="append", metavar="NPZ", help=INPUTS_HELP)
+        p.add_argument("--method", help=METHOD_HELP)
     p.add_argument("--tol", action="append", metavar="DTYPE=ATOL,RTOL",
                    help="override a per-dtype tolerance, e.g. float32=1e-4,1e-3 (repeatable)")
 
@@ -169,7 +195,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, help="bundle directory to write")
     p.add_argument("--max-cases-per-signature", type=int, default=BundlePolicy.max_cases_per_signature)
     p.add_argument("--max-mib", type=float, default=BundlePolicy.max_bytes / (1 << 20), help="array byte cap")
-    p.add_argument("--inputs", action="append", metavar="NPZ", help="realistic inputs (repeatable)")
+    p.add_argument("--inputs", action="append", metavar="NPZ", help=INPUTS_HELP)
+    p.add_argument("--method", help=METHOD_HELP)
     p.set_defaults(func=_carve)
 
     p = sub.add_parser("check", help="replay carved cases on a backend; per-op error table")

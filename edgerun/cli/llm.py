@@ -1,6 +1,6 @@
 """`edgerun generate`, `edgerun chat`, `edgerun llm export`, `edgerun llm serve`: LLMs from GGUF files.
 
-MODEL is a .gguf file, a Hugging Face model folder (config.json + safetensors) or a folder written by
+MODEL is a .gguf file, a Hugging Face model folder (config.json + safetensors) or a program file written by
 `edgerun llm export`.
 """
 
@@ -15,7 +15,7 @@ from edgerun.errors import EdgerunError
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a .gguf file, a Hugging Face model folder, or an exported bundle folder")
+    p.add_argument("model", help="a .gguf file, a Hugging Face model folder, or a file from `edgerun llm export`")
     p.add_argument("--context", type=int, default=None, help="KV-cache positions (default: min(model's, 2048))")
     p.add_argument("--backends", default="auto",
                    help="runtime backends: 'auto' (default: the load-time search places the programs) or a "
@@ -50,11 +50,13 @@ def register(subparsers: Any) -> None:
 
     llm = subparsers.add_parser("llm", help="LLM programs: export a GGUF, serve an OpenAI-compatible API")
     lsub = llm.add_subparsers(dest="llm_command", metavar="COMMAND", required=True)
-    p = lsub.add_parser("export", help="write the model's prefill and decode programs and tokenizer to a folder")
+    p = lsub.add_parser("export", help="write the model as one program file: methods prefill and decode, the "
+                                       "weights once, the KV cache as state, the tokenizer and chat template")
     p.add_argument("model", help="a .gguf file or a Hugging Face model folder")
-    p.add_argument("-o", "--output", required=True, help="bundle folder to write (e.g. model.edgerun)")
-    p.add_argument("--context", type=int, default=None)
-    p.add_argument("--chunk", type=int, default=64, help="prefill program length (default 64)")
+    p.add_argument("-o", "--output", required=True, help="program file to write (e.g. model.edgerun)")
+    p.add_argument("--context", type=int, default=None, help="KV-cache positions (default: min(model's, 2048))")
+    p.add_argument("--chunk", type=int, default=64, help="the prefill method's length (default 64)")
+    p.add_argument("--dequantize", action="store_true", help="float32 weights instead of the GGUF's packed ones")
     p.set_defaults(func=_export)
     p = lsub.add_parser("serve", help="serve /v1/chat/completions, /v1/completions and /v1/models")
     _model_args(p)
@@ -127,11 +129,11 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from edgerun.llm.bundle import export_bundle
+    from edgerun.llm.program_file import export_program
 
     start = time.perf_counter()
-    for path in export_bundle(args.model, args.output, context=args.context, chunk=args.chunk):
-        print(path)
+    print(export_program(args.model, args.output, context=args.context, chunk=args.chunk,
+                         dequantize=args.dequantize))
     print(f"[exported in {time.perf_counter() - start:.1f} s]", file=sys.stderr)
     return 0
 

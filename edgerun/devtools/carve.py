@@ -38,7 +38,8 @@ def carve(loaded: LoadedGraph, input_sets: Sequence[InputSet], policy: BundlePol
     if bar is not None:
         bar.close()
     bundle.meta.update({
-        "program": loaded.path, "program_hash": loaded.program_hash, "source_backend": "reference",
+        "program": loaded.path, "program_hash": loaded.program_hash, "method": loaded.method,
+        "source_backend": "reference",
         "input_sets": len(input_sets), "nodes": len(graph.nodes), "carve_seconds": time.perf_counter() - start,
     })
     return bundle

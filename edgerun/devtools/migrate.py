@@ -177,6 +177,9 @@ def migrate(loaded: LoadedGraph, input_sets: Sequence[InputSet], bundle: TestBun
     if carved_from and program_hash and carved_from != program_hash:
         raise EdgerunError(f"the bundle was carved from another program ({carved_from[:12]}), not this one "
                            f"({program_hash[:12]}); carve it again")
+    if bundle.meta.get("method") != loaded.method and "method" in bundle.meta:
+        raise EdgerunError(f"the bundle was carved from method {bundle.meta['method']!r}, not "
+                           f"{loaded.method!r}; carve it again with --method")
     model_tolerances = model_tolerances or Tolerances(MODEL_TOLERANCES)
     report = MigrationReport(loaded.path, backend_label(source), backend_label(target), by)
     expected = run_model(loaded, [source], None, input_sets)
@@ -228,6 +231,8 @@ def repro_command(report: MigrationReport, step: StepResult, loaded: LoadedGraph
     # The unit's cases pass but the model drifts: compare every intermediate of the hybrid with the source.
     unit_flag = ["--op", step.unit] if report.by == "op" else ["--node", step.unit]
     cmd = ["edgerun", "inspect", loaded.path or "PROGRAM", "--backend", report.target, *unit_flag]
+    if loaded.method is not None:
+        cmd += ["--method", loaded.method]
     for p in input_paths or ["INPUTS.npz"]:
         cmd += ["--inputs", p]
     return shlex.join(cmd)

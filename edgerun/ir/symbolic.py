@@ -7,7 +7,16 @@ with ints (`d * 2 + 1`, `(h - 3) // 2 + 1`), so every output spec is an expressi
 The expression is kept in one canonical form, so equal expressions compare equal and hash alike:
 a sum of integer-weighted monomials, each monomial a sorted product of atoms, an atom a symbol or an
 operation that does not simplify (`floor(a / c)` of a non-divisible sum, `a % c`, `max`, `min`). Arithmetic
-that comes out constant returns a plain int, so a SymDim is never a disguised constant.
+that comes out constant returns a plain int, so a SymDim is never a disguised constant. Rules that make
+different spellings of one size one form (each sound for every integer value of the symbols):
+- a constant divisor is positive, and a dividend's coefficients (its constant too) are reduced into
+  [0, divisor): `(h - 3)//2 + 1` and `(h - 1)//2` are both `((h + 1)//2) - 1`, `(3*h - 1) % 2` is `(h + 1) % 2`;
+- nested quotients by constants merge, `((x//m) + k)//n` = `(x + k*m)//(m*n)`, and a remainder of a remainder
+  (or a quotient of one, by a divisor at least as large) folds away;
+- a multiple of its divisor times a quotient is written with the remainder, `n*(x//n)` = `x - x % n`, so
+  `x - n*(x//n)` is `x % n` (ONNX exporters spell ceil and mod that way);
+- a sum holding one `max`/`min` (times a constant) is the max/min of sums, `x - min(x + 1, 0)` = `max(x, -1)`,
+  so terms that cancel inside do.
 
 `str(d)` is a parseable form and `symbolic_text.parse_dim(text)` reads it back with a small
 recursive-descent parser (never eval; no sympy). `int(d)` raises a clear error naming the symbol: a shape rule that truly needs a
@@ -92,11 +101,15 @@ class SymDim(_IntForTypeChecking):
     # -- construction -------------------------------------------------------------------------------------
     @staticmethod
     def _from_terms(terms: dict[Monomial, int]) -> Dim:
+        terms = _multiples_of_quotients_as_remainders(terms)
         kept = tuple(sorted(((m, c) for m, c in terms.items() if c), key=lambda mc: _mono_key(mc[0])))
         if not kept:
             return 0
         if len(kept) == 1 and kept[0][0] == ():
             return kept[0][1]
+        extreme = _extreme_to_distribute(kept)
+        if extreme is not None:
+            return extreme
         return SymDim(kept)
 
     # -- queries ------------------------------------------------------------------------------------------
@@ -311,7 +324,7 @@ def free_symbols(d: Dim) -> frozenset[str]:
 
 
 def floordiv(a: Dim, b: Dim) -> Dim:
-    """floor(a / b), simplified where the divisor is a constant that divides every symbolic term."""
+    """floor(a / b), simplified where the divisor is a constant (see the canonical-form rules above)."""
     a, b = _normalise(a), _normalise(b)
     if isinstance(a, int) and isinstance(b, int):
         if b == 0:
@@ -320,23 +333,48 @@ def floordiv(a: Dim, b: Dim) -> Dim:
     if isinstance(b, int):
         if b == 0:
             raise SymbolicShapeError(f"division of {a} by zero")
+        if b < 0:  # floor(a / -n) = floor(-a / n): one sign of divisor
+            return floordiv(-a, -b)
         if b == 1:
             return a
-        terms = _terms_of(a)
-        const = terms.pop((), 0)
-        if all(c % b == 0 for c in terms.values()):
-            # a = b*P + k with P an integer expression, so floor(a / b) = P + floor(k / b).
-            return SymDim._from_terms({m: c // b for m, c in terms.items()}) + const // b
-        inner = _single_atom(a)
-        if b > 0 and inner is not None and inner.kind == "floordiv" and isinstance(inner.args[1], int) \
-                and inner.args[1] > 0:
-            # floor(floor(x / m) / n) = floor(x / (m n)) for positive m, n: strided convs stack like this.
-            return floordiv(inner.args[0], inner.args[1] * b)
-    else:
-        quotient = exact_quotient(a, b)
-        if quotient is not None:
-            return quotient
+        # a = b*P + R with R's coefficients in [0, b): floor(a / b) = P + floor(R / b).
+        whole, rest = _split_by(a, b)
+        if isinstance(rest, int):
+            return whole + rest // b
+        inner, offset = _atom_plus_constant(rest)
+        if inner is not None and inner.kind == "floordiv" and isinstance(inner.args[1], int):
+            # floor((floor(x / m) + k) / n) = floor(floor((x + k m) / m) / n) = floor((x + k m) / (m n)).
+            m = inner.args[1]
+            return whole + floordiv(inner.args[0] + offset * m, m * b)
+        if inner is not None and inner.kind == "mod" and isinstance(inner.args[1], int) \
+                and inner.args[1] - 1 + offset < b:
+            return whole  # 0 <= x % m + k < n: the quotient is 0
+        return whole + _atom_dim(_Atom("floordiv", args=(rest, b)))
+    quotient = exact_quotient(a, b)
+    if quotient is not None:
+        return quotient
     return _atom_dim(_Atom("floordiv", args=(a, b)))
+
+
+def _split_by(a: Dim, n: int) -> tuple[Dim, Dim]:
+    """(P, R) with a = n*P + R and every coefficient of R (its constant too) in [0, n), for n > 0."""
+    whole: dict[Monomial, int] = {}
+    rest: dict[Monomial, int] = {}
+    for mono, coeff in _terms_of(a).items():
+        whole[mono], rest[mono] = divmod(coeff, n)
+    return SymDim._from_terms(whole), SymDim._from_terms(rest)
+
+
+def _atom_plus_constant(d: Dim) -> tuple[_Atom | None, int]:
+    """(atom, k) when d is exactly `atom + k`, else (None, 0)."""
+    if not isinstance(d, SymDim):
+        return None, 0
+    terms = _terms_of(d)
+    k = terms.pop((), 0)
+    if len(terms) != 1:
+        return None, 0
+    ((mono, coeff),) = terms.items()
+    return (mono[0], k) if coeff == 1 and len(mono) == 1 else (None, 0)
 
 
 def exact_quotient(a: Dim, b: Dim) -> Dim | None:
@@ -363,7 +401,7 @@ def exact_quotient(a: Dim, b: Dim) -> Dim | None:
 
 
 def mod(a: Dim, b: Dim) -> Dim:
-    """a mod b (Python's sign convention), simplified where b is a constant dividing every symbolic term."""
+    """a mod b (Python's sign convention), simplified where b is a constant (see the canonical-form rules)."""
     a, b = _normalise(a), _normalise(b)
     if isinstance(a, int) and isinstance(b, int):
         if b == 0:
@@ -372,15 +410,55 @@ def mod(a: Dim, b: Dim) -> Dim:
     if isinstance(b, int):
         if b == 0:
             raise SymbolicShapeError(f"modulo of {a} by zero")
+        if b < 0:  # a mod -n = -((-a) mod n): one sign of divisor
+            return -mod(-a, -b)
         if b == 1:
             return 0
-        terms = _terms_of(a)
-        const = terms.pop((), 0)
-        if all(c % b == 0 for c in terms.values()):
-            return const % b
-    elif exact_quotient(a, b) is not None:
+        _, rest = _split_by(a, b)  # (n*P + R) mod n = R mod n
+        if isinstance(rest, int):
+            return rest % b
+        inner, offset = _atom_plus_constant(rest)
+        if inner is not None and inner.kind == "mod" and isinstance(inner.args[1], int):
+            m = inner.args[1]
+            if offset == 0 and m % b == 0:
+                return mod(inner.args[0], b)  # (x mod m k) mod m = x mod m
+            if m - 1 + offset < b:
+                return rest  # 0 <= x % m + k < n (k >= 0 once reduced): already its own remainder
+        return _atom_dim(_Atom("mod", args=(rest, b)))
+    if exact_quotient(a, b) is not None:
         return 0
     return _atom_dim(_Atom("mod", args=(a, b)))
+
+
+def _multiples_of_quotients_as_remainders(terms: dict[Monomial, int]) -> dict[Monomial, int]:
+    """c*(x//n) with n dividing c becomes (c/n)*(x - x % n), so x - n*(x//n) cancels to x % n.
+
+    Each rewrite replaces an atom by its (smaller) arguments, so repeating until none is left terminates."""
+    while True:
+        found = next(((mono, coeff) for mono, coeff in terms.items() if coeff and len(mono) == 1
+                      and mono[0].kind == "floordiv" and isinstance(mono[0].args[1], int)
+                      and mono[0].args[1] > 0 and coeff % mono[0].args[1] == 0), None)
+        if found is None:
+            return terms
+        (atom,), coeff = found
+        x, n = atom.args
+        terms = {m: c for m, c in terms.items() if m != found[0]}
+        for mono, c in _terms_of(x).items():
+            terms[mono] = terms.get(mono, 0) + coeff // n * c
+        for mono, c in _terms_of(mod(x, n)).items():
+            terms[mono] = terms.get(mono, 0) - coeff // n * c
+
+
+def _extreme_to_distribute(kept: tuple[tuple[Monomial, int], ...]) -> Dim | None:
+    """A sum of other terms (maybe none) and c*max(a, b) (or min) as max(rest + c*a, rest + c*b), min for
+    negative c: the one form of such a sum, in which terms that cancel inside the max do."""
+    extremes = [(mono, coeff) for mono, coeff in kept if any(atom.kind in ("max", "min") for atom in mono)]
+    if len(extremes) != 1 or len(extremes[0][0]) != 1 or (len(kept) == 1 and extremes[0][1] == 1):
+        return None  # none, several, one inside a product, or the bare max itself
+    ((atom,), coeff) = extremes[0]
+    rest = SymDim._from_terms({m: c for m, c in kept if m != (atom,)})
+    kind = atom.kind if coeff > 0 else ("min" if atom.kind == "max" else "max")
+    return _extreme(kind, rest + coeff * atom.args[0], rest + coeff * atom.args[1])
 
 
 def _extreme(kind: str, a: Dim, b: Dim) -> Dim:
@@ -388,8 +466,10 @@ def _extreme(kind: str, a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b) if kind == "max" else min(a, b)
     diff = a - b
-    if isinstance(diff, int):
-        return a if (diff >= 0) == (kind == "max") else b
+    # The sign of a - b without bounds: a constant, or one that remainders bound (n % 2 + 1 > 0).
+    sign = (diff, diff) if isinstance(diff, int) else _interval(diff, {})
+    if sign is not None and (sign[0] >= 0 or sign[1] <= 0):
+        return a if (sign[0] >= 0) == (kind == "max") else b
     args = tuple(sorted((a, b), key=_text))
     return _atom_dim(_Atom(kind, args=args))
 
@@ -465,10 +545,67 @@ def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tu
     return True
 
 
+# Up to this many points in the symbols' box, value_range evaluates every one (vectorised): exact, where
+# interval arithmetic loses the correlation between atoms over one symbol (x - min(x + 1, 0), h - 2*(h//2)).
+EXACT_RANGE_POINTS = 1 << 16
+
+
 def value_range(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
-    """Inclusive bounds containing every value of `d` with its symbols within `symbols` (interval arithmetic,
-    so possibly wider than the exact range, never narrower); None when a symbol is unbounded or a divisor's
-    range holds 0. Lets a frontend decide `d == 1` or `d < 0` for every shape a program accepts."""
+    """Inclusive bounds containing every value of `d` with its symbols within `symbols`; None when a symbol
+    is unbounded or a divisor can be 0. Exact when the symbols' box holds at most EXACT_RANGE_POINTS points,
+    else interval arithmetic (possibly wider than the exact range, never narrower). Lets a frontend decide
+    `d == 1` or `d < 0` for every shape a program accepts."""
+    if not isinstance(d, SymDim):
+        return int(d), int(d)
+    names = sorted(d.free_symbols)
+    interval = _interval(d, symbols)
+    if all(n in symbols for n in names) and (interval is None or max(map(abs, interval)) < 1 << 62):
+        points = 1
+        for n in names:
+            points *= max(symbols[n][1] - symbols[n][0] + 1, 0)
+        if points <= EXACT_RANGE_POINTS:  # int64 cannot overflow: the interval bounds every value
+            return _exact_range(d, {n: symbols[n] for n in names})
+    return interval
+
+
+def _exact_range(d: SymDim, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    axes = [np.arange(low, high + 1, dtype=np.int64) for low, high in symbols.values()]
+    grid = dict(zip(symbols, (g.reshape(-1) for g in np.meshgrid(*axes, indexing="ij"))))
+    values = _evaluate_array(d, grid)
+    if values is None or values.size == 0:
+        return None
+    return int(values.min()), int(values.max())
+
+
+def _evaluate_array(d: Dim, grid: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """`d` at every point of `grid` (one array per symbol); None when a divisor is 0 at some point."""
+    if not isinstance(d, SymDim):
+        return np.full(len(next(iter(grid.values()))), d, np.int64)
+    total = np.zeros(len(next(iter(grid.values()))), np.int64)
+    for mono, coeff in d._terms:
+        term = np.full_like(total, coeff)
+        for atom in mono:
+            value = grid[atom.name] if atom.kind == "sym" else _evaluate_atom_array(atom, grid)
+            if value is None:
+                return None
+            term = term * value
+        total = total + term
+    return total
+
+
+def _evaluate_atom_array(atom: _Atom, grid: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    a, b = (_evaluate_array(x, grid) for x in atom.args)
+    if a is None or b is None:
+        return None
+    if atom.kind in ("max", "min"):
+        return np.maximum(a, b) if atom.kind == "max" else np.minimum(a, b)
+    if np.any(b == 0):
+        return None
+    return np.floor_divide(a, b) if atom.kind == "floordiv" else np.mod(a, b)
+
+
+def _interval(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """Interval arithmetic over the canonical form: each atom's range from its arguments' ranges."""
     if not isinstance(d, SymDim):
         return int(d), int(d)
     low = high = 0
@@ -488,7 +625,12 @@ def value_range(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, in
 def _atom_range(atom: _Atom, symbols: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
     if atom.kind == "sym":
         return symbols.get(atom.name)
-    ranges = [value_range(a, symbols) for a in atom.args]
+    if atom.kind == "mod" and isinstance(atom.args[1], int):
+        # Canonical constant divisors are positive: 0 <= a mod n < n whatever a is (and <= a when a >= 0).
+        dividend = _interval(atom.args[0], symbols)
+        top = atom.args[1] - 1 if dividend is None or dividend[0] < 0 else min(atom.args[1] - 1, dividend[1])
+        return 0, top
+    ranges = [_interval(a, symbols) for a in atom.args]
     if any(r is None for r in ranges):
         return None
     (al, ah), (bl, bh) = ranges  # type: ignore[misc]

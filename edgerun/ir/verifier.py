@@ -18,6 +18,12 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
     """Raise VerificationError on the first broken invariant."""
     # Bodies first: they are closed graphs, verified on their own, and their nodes' shape rules read them.
     for name, body in graph.subgraphs.items():  # bodies are closed graphs: verified on their own
+        if body.state_inputs or body.state_updates:
+            # State belongs to the method graph: it passes a state into a body as an operand and takes the
+            # new value back as a result (what the torch frontend's functional bodies do).
+            raise VerificationError(f"subgraph {name!r} reads or updates state "
+                                    f"{sorted({*body.state_inputs, *body.state_updates})}: a control-flow body "
+                                    "takes a state as an operand and returns its new value as a result")
         try:
             verify(body, allow_composite=allow_composite)
         except VerificationError as exc:

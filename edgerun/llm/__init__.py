@@ -7,7 +7,7 @@
     result.token_ids, result.text
     model.chat([{"role": "user", "content": "Hi"}])
 
-docs/llm.md has the design, including what waits on the state/multi-method and quantization work.
+docs/llm.md has the design: one program with methods `prefill` and `decode` and the KV cache as its state.
 """
 
 from edgerun.llm.generation import GenerationResult

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.llm.kv_cache import StepRunner
 from edgerun.llm.sampling import SamplingParams, next_token
+from edgerun.llm.step_runner import StepRunner
 from edgerun.llm.tokenizer import BPETokenizer
 
 TextCallback = Callable[[str], None]

@@ -1,10 +1,12 @@
-"""LanguageModel: a checkpoint's step programs loaded through the runtime, with its tokenizer and chat template.
+"""LanguageModel: a checkpoint's LLM program loaded through the runtime, with its tokenizer and chat template.
 
-    model = edgerun.llm.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    model = edgerun.llm.load("SmolLM2-135M-Instruct.Q4_1.gguf")   # or a file from `edgerun llm export`
     model.generate("The capital of France is", max_new_tokens=16).text
     model.chat([{"role": "user", "content": "Hi!"}], on_text=print)
 
-GGUF Q4_0/Q4_1/Q8_0 weights run packed (matmul_int4); `dequantize=True` runs float32 weights instead.
+The program (`build_program`) has two methods, `prefill` (a chunk of tokens) and `decode` (one token), sharing
+the weights and the KV cache, which is program state. GGUF Q4_0/Q4_1/Q8_0 weights run packed (matmul_int4);
+`dequantize=True` runs float32 weights instead.
 """
 
 from __future__ import annotations
@@ -18,20 +20,21 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.ir.graph import Graph
 from edgerun.llm.architecture import LlamaArchitecture
 from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import Checkpoint, load_checkpoint
 from edgerun.llm.generation import GenerationResult, TextCallback, run_generation
-from edgerun.llm.kv_cache import StepRunner
-from edgerun.llm.program_builder import PROJECTIONS, Weight, step_graph
+from edgerun.llm.program_builder import PROJECTIONS, Weight, cache_specs, step_graph
 from edgerun.llm.quant_blocks import PackedWeight
 from edgerun.llm.sampling import SamplingParams
+from edgerun.llm.step_runner import StepRunner
 from edgerun.llm.tokenizer import BPETokenizer, tokenizer_from_gguf, tokenizer_from_json
+from edgerun.program import Program
+from edgerun.program.program import default_metadata
+from edgerun.runtime import LoadedProgram
 
-DEFAULT_CONTEXT = 2048  # cache positions (the static programs carry a cache of this size)
-DEFAULT_CHUNK = 64  # prefill program length
-BUNDLE_MANIFEST = "llm.json"
+DEFAULT_CONTEXT = 2048  # cache positions (the KV-cache state has this many)
+DEFAULT_CHUNK = 64  # the prefill method's static length
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,13 @@ class ModelInfo:
 
 
 class LanguageModel:
-    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, prefill: Any, decode: Any) -> None:
-        # No checkpoint is kept: the programs hold the weights they run (stacked q/k/v and gate/up are copies
+    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, program: LoadedProgram) -> None:
+        # No checkpoint is kept: the program holds the weights it runs (stacked q/k/v and gate/up are copies
         # of the file's tensors), so a kept checkpoint would be a second copy of most weights in memory.
-        self.info, self.tokenizer = info, tokenizer
+        self.info, self.tokenizer, self.program = info, tokenizer, program
         self.config = info.config
         self.context = info.context
-        self.runner = StepRunner(info.config, prefill, decode, chunk=info.chunk, context=info.context)
+        self.runner = StepRunner(program, chunk=info.chunk, context=info.context)
         self._lock = threading.Lock()  # one KV cache: one generation at a time
 
     @property
@@ -144,6 +147,13 @@ class LanguageModel:
             stop_ids.append(end)
         return {**kwargs, "stop_token_ids": stop_ids}
 
+    def reset(self) -> None:
+        """Forget the cached conversation and put the KV-cache state back to zeros (not needed between
+        generations, which reuse the common prefix and mask the rest; a clean start for snapshots/tests)."""
+        with self._lock:
+            self.runner.reset()
+            self.program.reset_state()
+
     def next_logits(self, ids: Sequence[int]) -> np.ndarray:
         """[vocab] logits after the last of `ids`, run as a fresh sequence (for comparisons; resets the cache)."""
         ids = self.encode_prompt(ids)
@@ -155,21 +165,22 @@ class LanguageModel:
 def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, context: int | None = None,
          chunk: int = DEFAULT_CHUNK, backends: Sequence[str] | str | None = None,
          int8_decode: bool = True) -> LanguageModel:
-    """Load a GGUF file, a Hugging Face model folder, or a bundle written by `edgerun llm export`.
+    """Load a GGUF file, a Hugging Face model folder, or a program file written by `edgerun llm export`.
 
     Packed GGUF weights (Q4_0, Q4_1, Q8_0) run packed unless `dequantize`; `int8_decode` (see
-    build_programs) applies to them. `backends="auto"` lets the search place the programs.
+    build_program) applies to them. An exported file runs as it was exported (its context, chunk and
+    weights). `backends="auto"` lets the search place each method.
     """
     path = os.fspath(path_or_gguf)
-    if os.path.isfile(os.path.join(path, BUNDLE_MANIFEST)):
-        from edgerun.llm.bundle import load_bundle
+    from edgerun.llm.program_file import is_program_file, load_program_file
 
-        return load_bundle(path, backends=backends)
+    if is_program_file(path):
+        return load_program_file(path, backends=backends, dequantize=dequantize, context=context)
     checkpoint = load_checkpoint(path)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
-    prefill, decode = build_programs(checkpoint, info, dequantize, int8_decode)
-    del checkpoint  # freed before the programs load: ONNX Runtime's sessions then reuse its memory
-    return LanguageModel(info, tokenizer, load_program(prefill, backends), load_program(decode, backends))
+    program = build_program(checkpoint, info, dequantize, int8_decode)
+    del checkpoint  # freed before the program loads: ONNX Runtime's sessions then reuse its memory
+    return LanguageModel(info, tokenizer, load_program(program, backends))
 
 
 def model_info(checkpoint: Checkpoint, context: int | None, chunk: int) -> ModelInfo:
@@ -192,12 +203,14 @@ def checkpoint_tokenizer(checkpoint: Checkpoint) -> BPETokenizer | None:
     return None
 
 
-def build_programs(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = False,
-                   int8_decode: bool = True) -> tuple[Graph, Graph]:
-    """The prefill and decode graphs, sharing one set of weight arrays.
+def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = False,
+                  int8_decode: bool = True) -> Program:
+    """The model as one program: methods `prefill` (the default) and `decode`, one set of weight arrays
+    (stored once in a file: the methods share constants by name) and the KV cache as zero-initialised
+    states (their identical zero segments are stored once too).
 
     Q4_0/Q4_1/Q8_0 weights stay packed unless `dequantize` (then every weight is float32). `int8_decode`:
-    the decode program's packed matmuls round their input to int8 per group (llama.cpp's Q8 activations;
+    the decode method's packed matmuls round their input to int8 per group (llama.cpp's Q8 activations;
     2.5x faster decoding on ONNX Runtime, logit error in docs/llm.md); prefill keeps float inputs.
     """
     weights: dict[str, Weight] = {}
@@ -209,14 +222,19 @@ def build_programs(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = F
             weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
         else:
             weights[n] = checkpoint.float_weight(n)
-    shared: dict[str, Any] = {}  # the packed operands, made once for both graphs
-    prefill = step_graph(info.config, weights, chunk=info.chunk, context=info.context, shared=shared)
-    decode = step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
-                        shared=shared)
-    return prefill, decode
+    shared: dict[str, Any] = {}  # the packed operands, made once for both methods
+    methods = {
+        "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context, shared=shared,
+                              cache="state"),
+        "decode": step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
+                             shared=shared, cache="state"),
+    }
+    state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(info.config, info.context).items()}
+    return Program.from_methods(methods, default_method="prefill", state=state,
+                                metadata={**default_metadata(), "name": info.name, "source_digest": info.digest})
 
 
-def load_program(source: Any, backends: Sequence[str] | str | None) -> Any:
+def load_program(source: Program, backends: Sequence[str] | str | None) -> LoadedProgram:
     from edgerun.search import load  # edgerun.load: "auto" is resolved by the search, then the runtime loads
 
     return load(source, backends=backends)

@@ -1,16 +1,18 @@
-"""The Llama forward pass as an edgerun graph: one "step" over a chunk of T tokens with an explicit KV cache.
+"""The Llama forward pass as an edgerun graph: one "step" over a chunk of T tokens with a KV cache.
 
-Static shapes for now, so the KV cache travels as program inputs and the new rows as outputs; the host
-(`kv_cache.py`) writes those rows into its cache arrays. Prefill is the step at a bucket length (the prompt
-padded, the padding never attended to by real tokens under the causal mask); decode is the step at T=1.
-When the IR gains an op writing rows at a run-time position (docs/llm.md: why the state/multi-method
-programs do not help the cache without one), this module keeps the same graph and swaps the cache
-inputs/outputs for a state read and an in-place row write, local to `attention` and `step_graph`.
+Prefill is the step at a chunk length (the prompt in chunks, the last padded: the causal mask keeps the
+padding out of real tokens' attention); decode is the step at T=1. The cache is either
 
-Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit),
-         k_cache_{i} float32[kv_heads, head_dim, C] (keys stored transposed), v_cache_{i} float32[kv_heads, C, head_dim]
-Outputs: logits float32[vocab] (or [T, vocab] with all_logits), k_new_{i} [kv_heads, head_dim, T],
-         v_new_{i} [kv_heads, T, head_dim]
+- program state (`cache="state"`, what `edgerun.llm` runs): per layer the states `k_cache_{i}`,
+  `v_cache_{i}`, read as views and written with `update_slice` at the run-time position `start`, in place
+  (only the T new rows; the step must satisfy start + T <= C, see step_runner.py); or
+- graph inputs and outputs (`cache="inputs"`, the WebGPU decode plan's form): the cache comes in as inputs,
+  the new rows go out as outputs `k_new_{i}`, `v_new_{i}`, and the host writes them.
+
+Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit)
+Cache:   k_cache_{i} float32[kv_heads, head_dim, C] (keys stored transposed), v_cache_{i} float32[kv_heads, C, head_dim]
+Outputs: logits float32[vocab] (or [T, vocab] with all_logits); with cache="inputs" also
+         k_new_{i} [kv_heads, head_dim, T], v_new_{i} [kv_heads, T, head_dim]
 
 Cache slots at positions >= start are masked out (they must hold finite values: 0 * NaN is NaN).
 GGUF-packed weights stay packed (see `packed_linear`).
@@ -19,6 +21,7 @@ GGUF-packed weights stay packed (see `packed_linear`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -31,6 +34,18 @@ from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_ope
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 Weight = np.ndarray | PackedWeight
+CacheForm = Literal["state", "inputs"]
+
+
+def cache_names(config: LlamaArchitecture) -> list[str]:
+    """The cache's names (states or inputs), layer by layer: k_cache_0, v_cache_0, k_cache_1, ..."""
+    return [f"{kind}_cache_{i}" for i in range(config.layers) for kind in ("k", "v")]
+
+
+def cache_specs(config: LlamaArchitecture, context: int) -> dict[str, TensorSpec]:
+    kv, hd = config.kv_heads, config.head_dim
+    return {name: TensorSpec((kv, hd, context) if name.startswith("k") else (kv, context, hd), DType.float32)
+            for name in cache_names(config)}
 
 
 def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,8 +60,9 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 
 class _StepBuilder:
     def __init__(self, config: LlamaArchitecture, weights: Mapping[str, Weight], chunk: int, context: int,
-                 all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]]) -> None:
-        self.shared = shared
+                 all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]],
+                 cache: CacheForm) -> None:
+        self.shared, self.cache_form = shared, cache
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
         self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
@@ -195,8 +211,7 @@ class _StepBuilder:
         k = b.emit("slice", [qk], starts=[c.heads], ends=[c.heads + kv], axes=[0])
         v = self.heads_first(v, kv)  # [kv, T, hd]
         k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
-        k_cache = self.g.add_input(f"k_cache_{i}", TensorSpec((kv, hd, C), DType.float32))
-        v_cache = self.g.add_input(f"v_cache_{i}", TensorSpec((kv, C, hd), DType.float32))
+        k_cache, v_cache = self.cache_read(f"k_cache_{i}"), self.cache_read(f"v_cache_{i}")
         # Query heads sharing a key/value head sit side by side (transformers' repeat_kv order), so grouped
         # attention is one batched matmul per kv head with group*T query rows.
         q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
@@ -210,6 +225,24 @@ class _StepBuilder:
         out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
         out = b.emit("reshape", [out], shape=[T, c.heads * hd])
         return self.linear(out, prefix + "o"), k_new, v
+
+    def cache_read(self, name: str) -> str:
+        """Layer cache `name` as a state read (a view of the state's buffer) or as a graph input."""
+        spec = cache_specs(self.c, self.C)[name]
+        if self.cache_form == "inputs":
+            return self.g.add_input(name, spec)
+        self.g.specs[name] = spec
+        self.g.state_inputs.append(name)
+        return name
+
+    def cache_write(self, i: int, k_new: str, v_new: str, start: str) -> list[str]:
+        """The chunk's new rows: written into the cache states at `start` (update_slice, in place: the
+        attention above read the old cache, so the write comes after its last read), or returned as outputs."""
+        if self.cache_form == "inputs":
+            return [k_new, v_new]
+        for name, rows, axis in ((f"k_cache_{i}", k_new, 2), (f"v_cache_{i}", v_new, 1)):
+            self.g.state_updates[name] = self.b.emit("update_slice", [name, rows, start], axis=axis)
+        return []
 
     def mlp(self, h: str, i: int) -> str:
         b, prefix = self.b, f"layers.{i}."
@@ -241,7 +274,7 @@ class _StepBuilder:
                                                 cache_keep, causal)
             x = b.binary("add", x, attn)
             x = b.binary("add", x, self.mlp(self.rms_norm(x, f"layers.{i}.mlp_norm"), i))
-            new_rows += [k_new, v_new]
+            new_rows += self.cache_write(i, k_new, v_new, start)
         h = self.rms_norm(x, "final_norm")
         if not self.all_logits:
             h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
@@ -260,8 +293,8 @@ class _StepBuilder:
 
 def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
                all_logits: bool = False, int8_activations: bool = False,
-               shared: dict[str, list[Int4Operands]] | None = None) -> Graph:
-    """The step program for `chunk` tokens against a cache of `context` positions.
+               shared: dict[str, list[Int4Operands]] | None = None, cache: CacheForm = "inputs") -> Graph:
+    """The step program for `chunk` tokens against a cache of `context` positions, held as `cache`.
 
     Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
     int8 rows scaled after the gather). `int8_activations` rounds the packed matmuls' inputs to int8 per
@@ -269,8 +302,10 @@ def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chun
     Graphs built with one `shared` dict share their packed operands (stacked, split, offsets) array for array.
     """
     graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations,
-                         {} if shared is None else shared).build()
-    names = ["logits"] + [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
+                         {} if shared is None else shared, cache).build()
+    names = ["logits"]
+    if cache == "inputs":
+        names += [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
     _rename_outputs(graph, names)
     return graph
 

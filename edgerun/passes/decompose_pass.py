@@ -15,9 +15,10 @@ from edgerun.ir.decompose import decompose
 from edgerun.ir.graph import Graph
 from edgerun.passes.base import Pass, PassResult
 
-# Composites kept in program files: activations and normalisations that fast engines have single kernels for.
+# Composites kept in program files: activations, normalisations, resizes and transposed convolutions that
+# fast engines have single kernels for.
 PROGRAM_COMPOSITES = frozenset({"relu", "clamp", "gelu", "silu", "softmax", "log_softmax", "layer_norm",
-                                "rms_norm"})
+                                "rms_norm", "resize", "conv_transpose2d"})
 
 
 class DecomposePass(Pass):

@@ -122,9 +122,8 @@ def _lattices(sid: np.ndarray) -> dict[int, list[tuple[int, int, int]]] | None:
     Concats are blocks (step 1); interleaves such as a channel shuffle are lattices with a larger step.
     """
     found = {}
-    for src in (int(v) for v in np.unique(sid)):
-        if src < 0:
-            continue
+    present = np.bincount(sid.reshape(-1) + 1)[1:]  # ids are -1 (fill) and a few sources: no sort needed
+    for src in (int(v) for v in np.flatnonzero(present)):
         mask = sid == src
         progressions = []
         for axis in range(sid.ndim):
@@ -142,16 +141,19 @@ def _lattices(sid: np.ndarray) -> dict[int, list[tuple[int, int, int]]] | None:
 def _step_segments(idx: np.ndarray, axis: int, limit: int) -> list[tuple[int, int]] | None:
     """Greedy runs along `axis` in which the step between neighbouring slabs stays the same.
 
-    None past `limit` runs, so an irregular map costs at most `limit` slab comparisons per run.
+    None past `limit` runs. Within a run every step equals the run's first, so a run ends where a step differs
+    from the one before it: one vectorised comparison of neighbouring steps, then a walk over booleans.
     """
     n = idx.shape[axis]
     if n < 3:
         return [(0, n)]
-    steps = np.diff(idx, axis=axis)
+    steps = np.moveaxis(np.diff(idx, axis=axis), axis, 0).reshape(n - 1, -1)
+    changed = (steps[1:] != steps[:-1]).any(axis=1)  # changed[q - 1]: step q differs from step q - 1
     boundaries: list[int] = []
     start = 0
-    for p in range(2, n):
-        if p > start + 1 and not np.array_equal(np.take(steps, p - 1, axis=axis), np.take(steps, start, axis=axis)):
+    for q in (int(q) + 1 for q in np.nonzero(changed)[0]):
+        p = q + 1  # step q lies between slabs q and q + 1: the run before it ends at slab q
+        if p > start + 1 and p < n:
             boundaries.append(p)
             start = p
             if len(boundaries) >= limit:
@@ -209,6 +211,11 @@ class _Fitter:
             if self._fit_lattices(sid, lo):
                 return len(self.regions) <= self.budget
             per_axis = _source_cells(sid)
+            if self._fit_slabs(lo, per_axis):
+                return True
+        return self._fit_cells(lo, per_axis)
+
+    def _fit_cells(self, lo: tuple[int, ...], per_axis: list[list[tuple[int, int]]]) -> bool:
         cells = list(itertools.product(*per_axis))
         if len(cells) > 4 * self.budget + 16:
             return False
@@ -217,6 +224,23 @@ class _Fitter:
                             tuple(a + d for a, (_, d) in zip(lo, cell))):
                 return False
         return True
+
+    def _fit_slabs(self, lo: tuple[int, ...], per_axis: list[list[tuple[int, int]]]) -> bool:
+        """Cut a mixed block along the one axis where its source changes most often, each slab fitted on its
+        own; False (adding nothing) when that does not fit. Cutting along every axis at once splits every
+        source at every boundary: a concat of shifted pads (a pitch tracker's harmonic stacking, 8 channels
+        each a source with a fill band of its own) is 8 slabs of one region each, but 15 cells."""
+        cut = [a for a, segments in enumerate(per_axis) if len(segments) > 1]
+        if len(cut) < 2:
+            return False  # a cut along one axis is what the cells are already
+        axis = max(cut, key=lambda a: len(per_axis[a]))
+        slabs = [[(0, n)] if a != axis else segments for a, (segments, n) in
+                 enumerate(zip(per_axis, (segs[-1][1] for segs in per_axis)))]
+        mark = len(self.regions)
+        if self._fit_cells(lo, slabs) and len(self.regions) <= self.budget:
+            return True
+        del self.regions[mark:]
+        return False
 
 
 def _periodic_view(sid: np.ndarray) -> tuple[int, ...] | None:

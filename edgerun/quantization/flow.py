@@ -213,21 +213,41 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     """`quantize`, and the per-layer report (empty without calibration data)."""
     if scheme not in SCHEMES:
         raise EdgerunError(f"unknown quantization scheme {scheme!r}; known schemes: {', '.join(SCHEMES)}")
-    ops, needs_calibration, _ = SCHEMES[scheme]
+    needs_calibration = SCHEMES[scheme][1]
     if scheme in ("int4-weight", "8da4w") and group_size not in GROUP_SIZES:
         raise EdgerunError(f"int4 group size must be one of {GROUP_SIZES}, got {group_size}")
     if observer not in OBSERVERS:
         raise EdgerunError(f"unknown observer {observer!r}; known observers: {', '.join(OBSERVERS)}")
     if program.state or len(program.methods) > 1:
-        raise EdgerunError("quantize does not handle programs with state or several methods yet: quantize "
-                           "each method's weights before exporting them together")
+        from edgerun.quantization.methods import quantize_methods  # each method on its functional form
+
+        graphs, result = quantize_methods(program, scheme, calibration, exclude, group_size, reduce_range)
+        metadata = dict(program.metadata)
+        metadata[METADATA_KEY] = _metadata(scheme, result, observer, reduce_range, group_size, {})
+        return Program.from_methods(graphs, default_method=program.default_method, state=program.state,
+                                    metadata=metadata), result
     float_graph, _ = optimize(program.graph)
     samples = load_calibration(calibration, float_graph) if calibration is not None else []
     if needs_calibration and not samples:
         raise EdgerunError(f"scheme {scheme!r} needs calibration data (calibration= or --calibration data.npz)")
+    graph, result, uint8_results = quantize_graph(float_graph, scheme, samples, exclude, group_size, observer,
+                                                  report_samples, reduce_range)
+    metadata = dict(program.metadata)
+    metadata[METADATA_KEY] = _metadata(scheme, result, observer, reduce_range, group_size, uint8_results)
+    return Program(graph=graph, metadata=metadata), result
+
+
+def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.ndarray]], exclude: Sequence[str],
+                   group_size: int, observer: str, report_samples: int, reduce_range: bool, *,
+                   check_exclude: bool = True) -> tuple[Graph, QuantizeReport, dict[str, tuple[str, np.ndarray,
+                                                                                                np.ndarray]]]:
+    """The quantized copy of one optimised graph, its report, and the uint8 values standing for float ones.
+    `check_exclude=False` lets a name in `exclude` name nothing here (another method's layer)."""
+    ops = SCHEMES[scheme][0]
     candidates = find_layers(float_graph, ops)
     tables = find_embeddings(float_graph)
-    _check_exclude(candidates + tables, float_graph, exclude)
+    if check_exclude:
+        _check_exclude(candidates + tables, float_graph, exclude)
     layers, skipped = _select(candidates, exclude)
     embeddings, skipped_tables = _select(tables, exclude)
     skipped += skipped_tables
@@ -253,9 +273,19 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
         result = layer_report(float_graph, graph, layers, scheme, samples[:report_samples], outputs,
                               uint8_results)
         result.skipped = skipped
-    metadata = dict(program.metadata)
-    metadata[METADATA_KEY] = {
-        "scheme": scheme, "excluded": skipped, "observer": observer, "reduce_range": reduce_range,
+    return graph, result, uint8_results
+
+
+def exclude_names(graph: Graph, scheme: str) -> set[str]:
+    """What `exclude` may name in `graph` under `scheme`: its quantizable layers' names and its op types."""
+    layers = find_layers(graph, SCHEMES[scheme][0]) + find_embeddings(graph)
+    return set().union({n.op for n in graph.nodes}, *(_layer_names(layer) for layer in layers))
+
+
+def _metadata(scheme: str, result: QuantizeReport, observer: str, reduce_range: bool, group_size: int,
+              uint8_results: Mapping[str, tuple[str, np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    return {
+        "scheme": scheme, "excluded": result.skipped, "observer": observer, "reduce_range": reduce_range,
         "group_size": group_size if scheme in ("int4-weight", "8da4w") else None,
         # float value -> the uint8 value standing for it (folded layers), for inspect --against
         "uint8_values": {name: {"value": q, "scale": float(scale), "zero_point": int(zp)}
@@ -263,4 +293,3 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
         "layers": [{"name": r.name, "op": r.op,
                     "sqnr_db": round(float(r.sqnr_db), 2) if np.isfinite(r.sqnr_db) else None}  # JSON has no inf
                    for r in result.layers]}
-    return Program(graph=graph, metadata=metadata), result

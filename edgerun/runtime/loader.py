@@ -100,9 +100,6 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     """`load` from an already prepared graph (`prepare_graph(original, candidates)`): what the search calls
     after placing. Composites left whole are lowered here, after placement, unless their backend keeps them.
     A graph with state binds the buffers of `state` (runtime/state.py); it runs functional meanwhile."""
-    if isinstance(program, ValueSpecializer):  # its graph holds only the inputs: each value's program loads
-        raise EdgerunError(f"this program is specialised per value of its inputs {program.value_inputs}: load "
-                           "it with edgerun.runtime.load (backends given by name), which specialises per call")
     signature = None
     if has_state(graph):
         if state is None:

@@ -29,7 +29,7 @@ from edgerun.runtime import LoadedProgram
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
 from edgerun.runtime.methods import has_methods_or_state, load_methods
-from edgerun.runtime.specializing import SpecializingProgram
+from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import StateStore
 from edgerun.search.calibrate import BackendProfile, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
@@ -37,7 +37,7 @@ from edgerun.search.placement_search import search_placement
 from edgerun.search.tune import FIRST_LOAD_BUDGET_S, tune_placement
 
 AUTO = "auto"
-AUTO_BACKENDS = ("onnxruntime", "reference")
+AUTO_BACKENDS = ("onnxruntime", "mnn", "reference")
 
 
 @dataclass
@@ -93,9 +93,27 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
         # A winner is only a winner among these candidates: the cache key names them.
         key = f"{program_key(graph, program)}.{'+'.join(sorted(backends))}"
         placement, tuning, loaded = tune_placement(graph, table, best, key,
-                                                   budget_s=math.inf if tune else measure_budget_s, loader=loader)
+                                                   budget_s=math.inf if tune else measure_budget_s, loader=loader,
+                                                   build_estimate=functools.partial(build_seconds, graph, profiles))
     algorithms = choose_algorithms(graph, placement, backends, profiles)
     return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded)
+
+
+def build_seconds(graph: Graph, profiles: Mapping[str, BackendProfile], placement: Mapping[str, str]) -> float:
+    """Estimated seconds to compile every partition of `placement`, from the calibrated compile figures."""
+    nodes: dict[str, int] = {}
+    weights: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    previous = None
+    for node in graph.nodes:
+        backend = placement[node.name]
+        nodes[backend] = nodes.get(backend, 0) + 1
+        weights[backend] = weights.get(backend, 0) + sum(graph.constants[v].nbytes for v in node.inputs
+                                                         if v in graph.constants)
+        if backend != previous:  # partitions follow the graph order closely enough for an estimate
+            runs[backend] = runs.get(backend, 0) + 1
+        previous = backend
+    return sum(profiles[b].compile_seconds(nodes[b], weights[b], runs[b]) for b in nodes)
 
 
 def choose_algorithms(graph: Graph, placement: Mapping[str, str], backends: Mapping[str, Backend],
@@ -143,7 +161,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     if state is None and program is not None and has_methods_or_state(program):  # each method searched alone
         return load_methods(program, functools.partial(load, backends=backends, placement=placement, tune=tune,
                                                        alias_reshapes=alias_reshapes, arena_limit=arena_limit))
-    if original.symbols:  # a template: the search places each concrete shape's specialisation
+    if original.symbols or isinstance(program, ValueSpecializer):
+        # a template: the search places each concrete shape's (and value's) specialisation
         return SpecializingProgram(program or Program(original), functools.partial(
             load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
             arena_limit=arena_limit, state=state))

@@ -56,7 +56,7 @@ from edgerun.search.fingerprint import (
     write_json,
 )
 
-FORMAT = 3  # 2: medians over interleaved rounds; 3: `settings` (was `spin`)
+FORMAT = 4  # 2: medians over interleaved rounds; 3: `settings` (was `spin`); 4: compile times
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,16 @@ class BackendProfile:
     measured: bool = True
     algorithm_scale: dict[str, float] = field(default_factory=dict)  # measured / modelled, per algorithm
     settings: dict[str, Any] = field(default_factory=dict)  # tunable setting -> the value calibration chose
+    # Building a partition (compile): a fixed part, per node and per byte of weights. The first-load tuning
+    # leaves out candidates whose build would overrun its budget (MNN converts a model in 0.6-10 s).
+    compile_s: float = 0.0
+    compile_s_per_node: float = 0.0
+    compile_s_per_byte: float = 0.0
+
+    def compile_seconds(self, nodes: int, weight_bytes: int, partitions: int = 1) -> float:
+        """Estimated seconds to build `partitions` partitions holding `nodes` nodes and `weight_bytes` of
+        constants on this backend."""
+        return partitions * self.compile_s + nodes * self.compile_s_per_node + weight_bytes * self.compile_s_per_byte
 
     @staticmethod
     def from_throughput(t: Throughput, partition_s: float = 0.0, config: str = "") -> BackendProfile:
@@ -143,10 +153,14 @@ def measure_backend(backend: Backend) -> BackendProfile:
     work = {"gemm": 2.0 * 128 * 256 * 512, "conv": 2.0 * 32 * 28 * 28 * 32 * 9, "exp": 8.0 * (1 << 18),
             "add": 3.0 * 4 * (1 << 20)}
     try:
-        calls = {"gemm": _runnable(backend, _gemm_graph()), "conv": _runnable(backend, _conv_graph(32, 32, 3, 1)),
+        backend.compile(_add_chain(4, 1))  # one-time set-up (a first session, a converter's start) is not per graph
+        built: dict[str, float] = {}  # compile seconds of the graphs that fix the compile-time figures
+        calls = {"gemm": _runnable(backend, _gemm_graph(), built=built, label="gemm"),
+                 "conv": _runnable(backend, _conv_graph(32, 32, 3, 1)),
                  "exp": _runnable(backend, _unary_graph("exp", 1 << 18)),
-                 "add": _runnable(backend, _add_chain(1 << 20, 1)), "chain": _runnable(backend, _add_chain(4, 32)),
-                 "single": _runnable(backend, _add_chain(4, 1))}
+                 "add": _runnable(backend, _add_chain(1 << 20, 1)),
+                 "chain": _runnable(backend, _add_chain(4, 32), built=built, label="chain"),
+                 "single": _runnable(backend, _add_chain(4, 1), built=built, label="single")}
         algorithms = _algorithm_runs(backend)
         calls.update({name: call for name, (call, _) in algorithms.items()})
         calls["small"] = _runnable(backend, _small_mlp_graph())
@@ -174,7 +188,9 @@ def measure_backend(backend: Backend) -> BackendProfile:
     th = backend.throughput
     profile = BackendProfile(rate["gemm"], rate["conv"], rate["exp"], rate["add"], dispatch, partition,
                              th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend),
-                             settings=chosen)
+                             settings=chosen, compile_s=built["single"],
+                             compile_s_per_node=max(built["chain"] - built["single"], 0.0) / 31,
+                             compile_s_per_byte=max(built["gemm"] - built["single"], 0.0) / GEMM_WEIGHT_BYTES)
     for name, (_, shape_work) in algorithms.items():
         profile.algorithm_scale[name] = t[name] / max(shape_work.seconds(profile), 1e-12)
     return profile
@@ -220,8 +236,14 @@ def _median_time(call: Callable[[], None], budget_s: float = 0.05, max_reps: int
     return statistics.median(times)
 
 
-def _runnable(backend: Backend, graph: Graph, compiled: CompiledPartition | None = None) -> Callable[[], None]:
+def _runnable(backend: Backend, graph: Graph, compiled: CompiledPartition | None = None, *,
+              built: dict[str, float] | None = None, label: str = "") -> Callable[[], None]:
+    """A call running `graph` on `backend` as the runtime runs it; with `built`, its compile seconds are
+    recorded there under `label`."""
+    start = time.perf_counter()
     compiled = compiled or backend.compile(graph)
+    if built is not None:
+        built[label] = time.perf_counter() - start
     rng = np.random.default_rng(0)
     arrays = {v: (graph.constants[v] if v in graph.constants
                   else rng.standard_normal(s.shape).astype(s.dtype.np)) for v, s in graph.specs.items()}
@@ -240,6 +262,9 @@ def _runnable(backend: Backend, graph: Graph, compiled: CompiledPartition | None
 
 def _f32(shape: tuple[int, ...]) -> TensorSpec:
     return TensorSpec(shape, DType.float32)
+
+
+GEMM_WEIGHT_BYTES = 256 * 512 * 4  # _gemm_graph's constant
 
 
 def _gemm_graph() -> Graph:

@@ -17,8 +17,8 @@ of the same program on the same machine skips the measurement.
 
 from __future__ import annotations
 
+import functools
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,9 +32,9 @@ from edgerun.runtime.loader import load_prepared
 from edgerun.search.cost_model import CostTable
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
 from edgerun.search.placement_search import SearchResult, search_placement
+from edgerun.search.timing import steady_seconds
 
 DEFAULT_CANDIDATES = 3
-DEFAULT_RUNS = 5
 # The measuring a plain auto load may spend, once per (device, program): loading and timing candidates.
 FIRST_LOAD_BUDGET_S = 2.0
 
@@ -76,8 +76,9 @@ def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
 CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
 
 
-MIN_TIMED_RUNS = 3  # a contender's median is over at least this many calls: one call on a busy machine lies
-CONTENDER_FACTOR = 2.0  # a candidate whose warm-up call is this much slower than the best warm-up is out
+# A candidate whose warm-up call is this much slower than the best warm-up is out. Not less: a fresh
+# session's first call, or one right after another candidate's, was seen 3x its steady time.
+CONTENDER_FACTOR = 3.0
 # A placement over several backends must measure this much faster than one over fewer to win: a few calls
 # on a busy machine cannot resolve less, and mixing costs what a short measurement may miss (threads of the
 # backend left behind spinning while the next one works).
@@ -97,14 +98,11 @@ def load_candidate(graph: Graph, placement: Mapping[str, str], loader: Candidate
         load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
 
 
-def time_calls(loaded: LoadedProgram, inputs: list[np.ndarray], runs: int, deadline: float = math.inf) -> float:
-    """Median seconds of a call: at least MIN_TIMED_RUNS calls, up to `runs` while before `deadline`."""
-    times: list[float] = []
-    while len(times) < max(runs, 1) and (len(times) < MIN_TIMED_RUNS or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        loaded.run(inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def busy_after_call_s(loaded: LoadedProgram) -> float:
+    """How long the threads of the backends `loaded` runs on stay busy after a call (Backend's declaration)."""
+    backends = loaded.parts.backends
+    return max((backends[p.backend].busy_after_call_s for p in loaded.partitions if p.backend in backends),
+               default=0.0)
 
 
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
@@ -120,14 +118,16 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
 
 
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
-                   count: int = DEFAULT_CANDIDATES, runs: int = DEFAULT_RUNS, *, budget_s: float = math.inf,
+                   count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
                    loader: CandidateLoader | None = None,
+                   build_estimate: Callable[[Mapping[str, str]], float] | None = None,
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
     when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
     no candidate beyond the optimum and the single engines is loaded, and a single engine only when the
-    model ranks it no slower than the optimum. The winner is cached when every candidate was measured or
-    deliberately left out."""
+    model ranks it no slower than the optimum, and no candidate but the optimum whose `build_estimate`
+    (seconds to compile its partitions) would overrun the budget. The winner is cached when every candidate
+    was measured or deliberately left out."""
     cached = cached_placement(graph, program_hash)
     if cached is not None:
         return cached, {"source": "cache"}, None
@@ -141,6 +141,8 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
     hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
     optimum_is_single = len(set(candidates[0][1].values())) == 1
+    safety_net = 0 if optimum_is_single else next(  # the best-modelled single engine, under a mixed optimum
+        (k for k, c in enumerate(candidates) if c[0].startswith("all ")), 0)
     for k, (label, placement, modelled) in enumerate(candidates):
         if k > singles and time.perf_counter() >= deadline:
             break
@@ -151,6 +153,12 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             # Single engines are measured against the model misjudging a mix; an optimum on one engine
             # already is that safety net (the reference alone on an OCR detector: 3.5 s for one call).
             hopeless.append((label, modelled, "the optimum is one engine; modelled slower than it"))
+            continue
+        if k and k != safety_net and build_estimate is not None \
+                and time.perf_counter() + build_estimate(placement) > deadline:
+            # Building it alone would overrun the budget (MNN converts a large model in seconds); the
+            # optimum and the best single engine, the net under a mix the model misjudged, are built anyway.
+            hopeless.append((label, modelled, "its build would overrun the budget"))
             continue
         if k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
             # The model says it loses and the budget is spent: on an OCR detector one warm-up call of the
@@ -164,16 +172,17 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
         warm.append((first, label, placement, modelled, loaded))
         cut = CONTENDER_FACTOR * min(w[0] for w in warm)
         warm = [w if w[0] <= cut else (*w[:4], None) for w in warm]
-    # Pass 2: the contenders' medians over several calls (a losing candidate's warm-up is its time).
-    measured: list[tuple[float, str, dict[str, str], float]] = []
-    loaded_by_label: dict[str, LoadedProgram] = {}
-    contenders = sum(1 for w in warm if w[4] is not None)
-    for first, label, placement, modelled, kept in warm:
-        # One contender left: it wins whatever its median, so its warm-up stands for it.
-        seconds = first if kept is None or contenders == 1 else time_calls(kept, inputs, runs, deadline)
-        measured.append((seconds, label, placement, modelled))
-        if kept is not None:
-            loaded_by_label[label] = kept
+    # Pass 2: the contenders timed as they will run, in interleaved rounds (timing.py); a candidate
+    # culled after its warm-up keeps its warm-up time. One contender left wins whatever it measures.
+    kept = {label: loaded for _, label, _, _, loaded in warm if loaded is not None}
+    steady: dict[str, float] = {}
+    if len(kept) > 1:
+        steady = steady_seconds({label: functools.partial(loaded.run, inputs) for label, loaded in kept.items()},
+                                {label: busy_after_call_s(loaded) for label, loaded in kept.items()},
+                                {w[1]: w[0] for w in warm}, deadline)
+    measured = [(steady.get(label, first), label, placement, modelled) for first, label, placement, modelled, _
+                in warm]
+    loaded_by_label = kept
     winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
     complete = len(measured) + len(hopeless) == len(candidates)
     considered = {lb for _, lb, _, _ in measured} | {lb for lb, _, _ in hopeless}

@@ -36,6 +36,9 @@ from edgerun.llm.program_builder import PROJECTIONS, step_graph
 from edgerun.llm.quant_blocks import GROUP, PackedWeight
 
 PLAN_FORMAT, PLAN_VERSION = "edgerun-web-plan", 1
+# Storage buffers one dispatch of the plan may bind: what Chromium's SwiftShader adapter offers (WebGPU's
+# default is 8; Chromium reports 10 where the hardware allows), so merged dispatches stay portable.
+WEB_MAX_BINDINGS = 10
 STEP_INPUTS = ("tokens", "start", "last")
 
 
@@ -106,6 +109,7 @@ def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int
     runner = parts.compiled[0].info["runner"]
     assert isinstance(runner, PartitionRunner)
     sub = runner.graph
+    runner.set_fusion(True, max_bindings=WEB_MAX_BINDINGS)
     caches = [v for v in sub.inputs if v.startswith(("k_cache_", "v_cache_"))]
     runner.hold([*caches, "start"], align=align)  # the KV append reads start after every other dispatch
     weights, const_range = pack_constants(sub, runner.constants, runner.align)

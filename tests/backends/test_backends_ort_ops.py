@@ -172,6 +172,23 @@ COMPOSITE_CASES: list[tuple[str, str, list[np.ndarray], dict[str, Any], str]] = 
     ("rms_norm", "rms_norm", [f32(5, 576) * 3 + 1, f32(576)], {"eps": 1e-5}, "SimplifiedLayerNormalization"),
     ("rms_norm-2d-no-weight", "rms_norm", [f32(2, 6, 16)], {"normalized_ndim": 2},
      "SimplifiedLayerNormalization"),
+    ("resize-nearest-2x", "resize", [f32(1, 3, 5, 7)],
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
+      "scales": [1.0, 1.0, 2.0, 2.0], "shape": [1, 3, 10, 14]}, "Resize"),
+    ("resize-nearest-down", "resize", [f32(1, 3, 8, 9)],
+     {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_ceil",
+      "scales": [1.0, 1.0, 0.5, 1.0 / 3.0], "shape": [1, 3, 4, 3]}, "Resize"),
+    ("resize-linear-sizes", "resize", [f32(1, 2, 5, 7)],
+     {"mode": "linear", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
+      "scales": [1.0, 1.0, 8 / 5, 10 / 7], "shape": [1, 2, 8, 10]}, "Resize"),
+    ("resize-linear-align", "resize", [f32(2, 6, 4)],
+     {"mode": "linear", "coordinate_transformation_mode": "align_corners", "nearest_mode": "round_prefer_floor",
+      "scales": [1.0, 1.5, 2.0], "shape": [2, 9, 8]}, "Resize"),
+    ("conv_transpose-upsample", "conv_transpose2d", [f32(1, 4, 6, 5), f32(4, 3, 2, 2), f32(3)],
+     {"stride": [2, 2], "padding": [0, 0, 0, 0]}, "ConvTranspose"),
+    ("conv_transpose-pads-groups", "conv_transpose2d", [f32(2, 4, 5, 6), f32(4, 3, 3, 2)],
+     {"stride": [2, 3], "dilation": [1, 2], "padding": [1, 0, 2, 1], "output_padding": [1, 2], "groups": 2},
+     "ConvTranspose"),
 ]
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.program import Program
 from edgerun.runtime.loader import prepare_graph
 
 try:
@@ -150,6 +152,71 @@ def test_guard_buffers_reallocated_falls_back_and_stale_replay_would_be_wrong(zo
     runner._submit(stale.dispatches, feeds, outs)  # what replaying the stale capture would have computed
     np.testing.assert_allclose(outs[0], before, rtol=1e-6)
     assert not np.allclose(outs[0], after)
+
+
+def two_method_program() -> Program:
+    """forward: acc' = acc + 2x, returns acc' + 0.5; peek: (acc + y) * 2. One state, two methods."""
+    spec = TensorSpec((2, 3), DType.float32)
+    methods = {}
+    for name in ("forward", "peek"):
+        g = Graph()
+        b = Builder(g)
+        x = g.add_input("x" if name == "forward" else "y", spec)
+        g.specs["acc"] = spec
+        g.state_inputs.append("acc")
+        w = g.add_constant(np.full((2, 3), 2, np.float32), name="w")
+        if name == "forward":
+            new = b.binary("add", "acc", b.binary("mul", x, w))
+            g.outputs = [b.binary("add", new, b.const(np.float32(0.5)))]
+            g.state_updates["acc"] = new
+        else:
+            g.outputs = [b.binary("mul", b.binary("add", "acc", x), w)]
+        methods[name] = g
+    return Program.from_methods(methods, state={"acc": np.zeros((2, 3), np.float32)})
+
+
+def method_runner(model: Any, name: str) -> PartitionRunner:
+    (compiled,) = model.method(name).parts.compiled
+    assert compiled.backend == "webgpu"
+    return compiled.info["runner"]
+
+
+def test_guard_method_each_method_replays_only_its_own_capture() -> None:
+    # Switching methods: the other method's first call is a fresh encode of its own dispatches (its own
+    # partition and capture), never a replay of the method called before; later calls of each replay their
+    # own. The state both read changes between calls and every output follows it.
+    model = edgerun.load(two_method_program(), ["webgpu"])
+    forward, peek = method_runner(model, "forward"), method_runner(model, "peek")
+    x, ones = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 3), np.float32)
+    for calls in range(1, 4):
+        np.testing.assert_allclose(model(x), 2 * calls * x + 0.5)
+        np.testing.assert_allclose(model.peek(ones), (2 * calls * x + 1) * 2)
+        assert (forward.stats.fresh, forward.stats.replays) == (1, calls - 1)
+        assert (peek.stats.fresh, peek.stats.replays) == (1, calls - 1)
+    assert not forward.stats.fallbacks and not peek.stats.fallbacks
+
+
+def test_guard_state_layout_changed_falls_back() -> None:
+    # What the device keeps across calls (held inputs and their ranges) is part of the capture: holding the
+    # state, or holding another set, re-encodes; re-planning to the same layout is the `buffers` guard's.
+    model = edgerun.load(two_method_program(), ["webgpu"])
+    forward = method_runner(model, "forward")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    model(x)
+    model(x)
+    assert forward.stats.replays == 1
+    forward.hold(["acc"])
+    np.testing.assert_allclose(model(x), 6 * x + 0.5)
+    assert forward.stats.fallbacks == {"state": 1}
+    forward.hold(["acc", "x"], align=4096)
+    assert forward.value_range("x")[0] % 4096 == 0
+    np.testing.assert_allclose(model(x), 8 * x + 0.5)
+    assert forward.stats.fallbacks == {"state": 2}
+    forward.hold(["acc", "x"], align=4096)  # the same layout again: new buffers, not a new state layout
+    np.testing.assert_allclose(model(x), 10 * x + 0.5)
+    assert forward.stats.fallbacks == {"state": 2, "buffers": 1}
+    np.testing.assert_allclose(model(x), 12 * x + 0.5)
+    assert forward.stats.replays == 2
 
 
 def test_op_the_backend_lacks_is_placed_elsewhere() -> None:

@@ -237,7 +237,10 @@ def test_adapter_limits_are_clear_errors() -> None:
 
 def test_kernel_seconds_from_timestamp_queries() -> None:
     x = f32(256, 256)
-    graph, feeds = build([x], lambda b, n: [b.emit("tanh", [b.emit("exp", n)]), b.emit("reduce_sum", n)])
+    def two_dispatches(b: Builder, n: list[str]) -> list[str]:
+        t = b.emit("tanh", [b.emit("exp", n)])
+        return [t, b.emit("reduce_sum", [t])]  # the sum reads the chain: not merged with it
+    graph, feeds = build([x], two_dispatches)
     runner = WebGpuBackend().compile(graph).info["runner"]
     if "timestamp-query" not in runner.gpu.features:
         pytest.skip("this adapter has no timestamp queries")
@@ -314,7 +317,8 @@ def test_softmax_and_rms_norm_run_whole_in_one_dispatch_each() -> None:
     backend = WebGpuBackend()
     assert all(backend.keeps_whole(node, graph) for node in graph.nodes)
     compiled = backend.compile(graph)
-    assert [k.label for k in compiled.info["runner"].kernels] == ["softmax", "softmax", "rms_norm", "rms_norm"]
+    # Each whole; independent of each other, so they also share one dispatch (horizontal fusion).
+    assert [k.label for k in compiled.info["runner"].kernels] == ["softmax & softmax & rms_norm & rms_norm"]
     assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-6, atol=1e-6)
     graph2, _ = build([f32(2, 3, 4), f32(3, 4)], lambda b, n: [b.emit("rms_norm", n, normalized_ndim=2)],
                       constant=[False, True])
@@ -378,5 +382,126 @@ def test_rasters_inline_into_matmul_and_softmax_but_not_when_read_twice() -> Non
     graph, feeds = build([x, y], body)
     graph = decomposed(graph, keep=WebGpuBackend().keeps_whole)
     compiled = WebGpuBackend().compile(graph)
-    assert [k.label for k in compiled.info["runner"].kernels] == ["raster_1:copy", "matmul", "softmax", "add"]
+    # The raster read twice is its own copy; then matmul, softmax and the add are independent: one dispatch.
+    assert [k.label for k in compiled.info["runner"].kernels] == ["raster_1:copy", "matmul & softmax & add"]
     assert_matches_reference(decomposed(graph), feeds, compiled(*feeds))  # BLAS sums in another order
+
+
+def int4_graph(k: int = 512, n: int = 48, group: int = 32) -> tuple[Graph, list[np.ndarray]]:
+    blocks = k // group
+    packed = RNG.integers(0, 256, (n, blocks, group // 2)).astype(np.uint8)
+    scales = RNG.uniform(0.01, 0.1, (n, blocks)).astype(np.float32)
+    zero = RNG.uniform(0, 15, (n, blocks)).astype(np.float32)  # Q4_1's -m/d
+    return build([f32(3, k), packed, scales, zero],
+                 lambda b, names: [b.emit("matmul_int4", names, k=k, n=n, group_size=group)],
+                 constant=[False, True, True, True])
+
+
+def test_matmul_int4_accumulates_in_f16_where_the_adapter_has_shader_f16() -> None:
+    # f16 accumulation: weight and activation rounded to f16, summed in f16 over each group of 32, groups
+    # added in f32. Tolerance: 1e-3 of sum(|a * w|) per output; measured 2e-4 at K=512 and 1e-4 at K=2048 (the
+    # worst case for a group of g in f16 is about (g + 2) * 2^-11 = 1.7e-2 of it; rounding errors mostly cancel).
+    graph, feeds = int4_graph()
+    if not get_device().has_f16:
+        pytest.skip("this adapter has no shader-f16 (the fallback test below covers it)")
+    half = WebGpuBackend(int4_accumulate="f16").compile(graph)
+    full = WebGpuBackend().compile(graph)
+    assert (half.info["int4_accumulate"], full.info["int4_accumulate"]) == ("f16", "f32")
+    assert "enable f16" in half.info["runner"].kernels[0].source
+    assert "enable f16" not in full.info["runner"].kernels[0].source
+    got, want = half(*feeds)[0], full(*feeds)[0]
+    assert_matches_reference(graph, feeds, [want], rtol=1e-5, atol=1e-5)
+    x, packed, scales, zero = feeds[0], *(graph.constants[v] for v in graph.nodes[0].inputs[1:])
+    q = np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[0], -1).astype(np.float32)
+    w = (q - np.repeat(zero, 32, axis=1)) * np.repeat(scales, 32, axis=1)  # [n, k]
+    scale = np.abs(x) @ np.abs(w).T
+    assert np.all(np.abs(got - want) <= 1e-3 * scale)
+    assert not np.array_equal(got, want)  # it really summed in f16
+
+
+def test_matmul_int4_f16_request_falls_back_to_f32_without_shader_f16() -> None:
+    # A device without shader-f16 (this adapter's, with the feature not requested): the f16 request compiles
+    # the f32 kernel, bit for bit the default's outputs.
+    from edgerun.backends.webgpu.device import GpuDevice
+
+    graph, feeds = int4_graph()
+    plain = GpuDevice(get_device().adapter, without={"shader-f16"})
+    assert not plain.has_f16
+    runner = PartitionRunner(plain, graph, int4_accumulate="f16")
+    assert runner.int4_accumulate == "f32" and all("enable f16" not in k.source for k in runner.kernels)
+    out = [np.empty((3, 48), np.float32)]
+    runner.run(feeds, out)
+    want = WebGpuBackend().compile(graph)(*feeds)[0]
+    assert np.array_equal(out[0].view(np.uint32), want.view(np.uint32))
+    with pytest.raises(EdgerunError, match="int4_accumulate"):
+        WebGpuBackend(int4_accumulate="f8")
+
+
+def test_independent_groups_share_a_dispatch_within_the_binding_limit() -> None:
+    # A decoder's q and k projections (one input, different widths) are one dispatch, each over its own
+    # threads; the sums read them, so they are not merged with them, and the add (in k's sum's epilogue)
+    # reads q's sum, so the two sums stay apart too. Merging changes no thread's arithmetic: the outputs
+    # equal the unmerged dispatches' bit for bit.
+    h = f32(2, 32)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        q = b.emit("matmul", [n[0], b.const(f32(32, 48))])
+        k = b.emit("matmul", [n[0], b.const(f32(32, 16))])
+        return [q, k, b.binary("add", b.emit("reduce_sum", [q], axes=[1], keepdims=True),
+                               b.emit("reduce_sum", [k], axes=[1], keepdims=True))]
+    graph, feeds = build([h], body)
+    compiled = WebGpuBackend().compile(graph)
+    runner = compiled.info["runner"]
+    assert [k.label for k in runner.kernels] == ["matmul & matmul", "reduce_sum", "reduce_sum+add"]
+    merged = compiled(*feeds)
+    assert_matches_reference(graph, feeds, merged, rtol=1e-5, atol=1e-5)
+    runner.set_fusion(True, max_bindings=4)  # q's 3 bindings + k's 2 more: over the limit, so not merged
+    assert [k.label for k in runner.kernels] == ["matmul", "matmul", "reduce_sum", "reduce_sum+add"]
+    for a, b in zip(merged, compiled(*feeds)):
+        assert np.array_equal(a, b)
+
+
+def test_an_elementwise_node_joins_an_earlier_group_and_matmuls_pair_as_siblings() -> None:
+    # RoPE's q scale comes after RoPE of k, yet rides in RoPE q's dispatch (everything else it reads exists
+    # before that dispatch). Attention's p_cache @ v_cache + p_new @ v_new: two matmuls of one output shape,
+    # neither operand made by the group, computed by one thread each and added in the same dispatch.
+    q, k, p1, v1, p2, v2 = f32(4, 8), f32(2, 8), f32(3, 16), f32(16, 8), f32(3, 1), f32(1, 8)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        rq = b.binary("mul", n[0], n[0])
+        rk = b.binary("mul", n[1], n[1])
+        scaled = b.binary("mul", rq, b.const(np.float32(0.125)))
+        out = b.binary("add", b.emit("matmul", [n[2], n[3]]), b.emit("matmul", [n[4], n[5]]))
+        return [scaled, rk, out]
+    graph, feeds = build([q, k, p1, v1, p2, v2], body)
+    compiled = WebGpuBackend().compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["mul+mul & mul & matmul|matmul+add"]
+    assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)  # BLAS sums in another order
+
+
+def test_rms_norm_read_only_by_matmuls_runs_in_their_prologue() -> None:
+    # A decoder's attention/MLP norm feeds only projections: each projection thread sums its row's squares
+    # and reads (x * inv) * weight itself, so the norm takes no dispatch (dense and int4, and a sibling pair).
+    # A norm that something else also reads stays a dispatch of its own.
+    x = f32(2, 64)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        h = b.emit("rms_norm", [n[0], b.const(f32(64))], eps=1e-5)
+        q = b.emit("matmul", [h, b.const(f32(64, 32, low=-0.2, high=0.2))])
+        packed = [b.const(RNG.integers(0, 256, (16, 2, 16)).astype(np.uint8)),
+                  b.const(RNG.uniform(0.01, 0.05, (16, 2)).astype(np.float32))]
+        k = b.emit("matmul_int4", [h, *packed], k=64, n=16, group_size=32)
+        g = b.emit("rms_norm", [n[0], b.const(f32(64))], eps=1e-6)
+        gate, up = (b.emit("matmul", [g, b.const(f32(64, 24, low=-0.2, high=0.2))]) for _ in range(2))
+        kept = b.emit("rms_norm", [n[0], b.const(f32(64))], eps=1e-6)
+        return [q, k, b.binary("mul", gate, up), b.emit("matmul", [kept, b.const(f32(64, 8))]),
+                b.unary("exp", kept)]
+    graph, feeds = build([x], body)
+    compiled = WebGpuBackend().compile(graph)
+    labels = " & ".join(k.label for k in compiled.info["runner"].kernels).split(" & ")
+    assert [label for label in labels if "rms_norm" in label] == ["rms_norm+exp"]  # only `kept` is dispatched
+    assert {"matmul", "matmul_int4", "matmul|matmul+mul"} <= set(labels)
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
+    unfused = WebGpuBackend(fuse=False).compile(graph)(*feeds)
+    for a, b in zip(compiled(*feeds), unfused):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -117,3 +117,28 @@ def test_identity_layout_ops_vanish() -> None:
     g.outputs = [b.emit("relu", [y])]
     lowered = DecomposePass().call(g).graph
     assert lowered.op_counts() == {"maximum": 1}
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_reflect_and_edge_pads_are_three_regions_per_axis(mode: str) -> None:
+    # A pad along a long axis (a pitch tracker's 43844 audio samples) must not cost a region per row.
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((2, 5000, 3), "float32"))
+    g.outputs = [b.emit("pad", [x], pads=[[0, 0], [700, 900], [1, 2]], mode=mode)]
+    lowered = DecomposePass().call(g.copy()).graph
+    assert [len(n.attrs["regions"]) for n in lowered.nodes] == [3, 3]
+    a = np.random.default_rng(1).standard_normal((2, 5000, 3)).astype(np.float32)
+    want = np.pad(a, [(0, 0), (700, 900), (1, 2)], mode=mode)
+    np.testing.assert_array_equal(interpret(lowered, [a])[0], want)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_reflect_and_edge_pads_crop_with_a_negative_pad(mode: str) -> None:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((3, 7), "float32"))
+    g.outputs = [b.emit("pad", [x], pads=[[-1, 2], [3, -2]], mode=mode)]
+    a = np.arange(21, dtype=np.float32).reshape(3, 7)
+    want = np.pad(a, [(0, 2), (3, 0)], mode=mode)[1:, :-2]  # reflected about the whole axis, then cropped
+    np.testing.assert_array_equal(interpret(g, [a])[0], want)

@@ -15,10 +15,12 @@ from edgerun.ir.symbolic import (
     evaluate,
     floordiv,
     free_symbols,
+    mod,
     substitute,
     sym,
     sym_max,
     sym_min,
+    value_range,
 )
 from edgerun.ir.symbolic_text import parse_dim
 from edgerun.ir.tensor_spec import TensorSpec
@@ -61,7 +63,7 @@ def test_text_round_trip(expr: SymDim) -> None:
 
 
 def test_text_reads_the_usual_way() -> None:
-    assert str((h - 3) // 2 + 1) == "((h - 3)//2) + 1"
+    assert str((h - 3) // 2 + 1) == "((h + 1)//2) - 1"  # the dividend's constant reduced into [0, 2)
     assert str(2 * seq + 1) == "2*seq + 1"
     assert parse_dim("  seq*2 +1 ") == 2 * seq + 1
     assert parse_dim("17") == 17
@@ -119,3 +121,70 @@ def test_tensor_spec_holds_symbols_and_json_round_trips() -> None:
     assert as_json == {"shape": [{"sym": "batch"}, {"sym": "2*seq"}, 8], "dtype": "float32"}
     assert TensorSpec.from_json(as_json) == spec
     assert TensorSpec((np.int64(2), 3), DType.int8).shape == (2, 3)
+
+
+x = sym("x")
+
+
+@pytest.mark.parametrize("a, b", [
+    ((h - 3) // 2 + 1, (h - 1) // 2),  # two conv spellings of one output size
+    ((h - 3) // 2, (h + 1) // 2 - 2),
+    ((3 * h - 1) % 2, (h + 1) % 2),
+    (floordiv(h, -2), floordiv(-h, 2)),  # one sign of divisor
+    (floordiv(-h, 2), h // 2 - h),  # -h = 2*(-h) + h: the dividend's coefficient reduced into [0, 2)
+    (mod(h, -3), -((-h) % 3)),
+    (((x - 192) // 128 + 1) // 4, (x - 64) // 512),  # nested quotients merge (silero-vad's frame count)
+    ((x % 12) % 4, x % 4),
+    ((x % 3) // 4, 0),
+    ((x % 3 + 1) % 4, x % 3 + 1),
+    (x - 2 * (x // 2), x % 2),  # how ONNX exporters spell a remainder
+    (-2 * ((-x) // 2) - x, x % 2),  # ... and 2*ceil(x/2) - x
+    (x - sym_min(x + 1, 0), sym_max(x, -1)),  # a sum holding one min is the max of sums
+    (sym_max(x, batch) + 1 - batch, sym_max(x - batch + 1, 1)),
+    (sym_max(x % 2 + 1, 0), x % 2 + 1),  # remainders bound the difference without any bounds
+    ((2 * sym_max(x, batch) + 1) - 1, 2 * sym_max(x, batch)),
+    (-sym_max(x, batch), sym_min(-x, -batch)),
+])
+def test_spellings_of_one_size_have_one_canonical_form(a, b) -> None:
+    assert a == b and hash(a) == hash(b)
+    back = parse_dim(str(a))
+    assert back == a and str(back) == str(a)
+
+
+@pytest.mark.parametrize("build", [
+    lambda x, h, b: (h - 3) // 2 + 1,
+    lambda x, h, b: ((x - 192) // 128 + 1) // 4,
+    lambda x, h, b: x - 2 * (x // 2),
+    lambda x, h, b: x - sym_min(x + 1, 0),
+    lambda x, h, b: (3 * h - 7) % 5,
+    lambda x, h, b: (x % 12) % 4 + (x % 3) // 4,
+    lambda x, h, b: sym_max(x, b) * 2 - b,
+    lambda x, h, b: (x * b + 5) // 3,
+    lambda x, h, b: floordiv(x - 7, -4),
+    lambda x, h, b: mod(2 * x + 1, -3),
+    lambda x, h, b: -2 * ((-x) // 2) - x + h // 2 * 4,
+])
+def test_canonical_forms_keep_the_value(build) -> None:
+    """Every rewrite is an identity over all integers: the canonical form (and its text read back) evaluates
+    to what Python's own // % max min give on the same construction with ints."""
+    expr = build(x, h, batch)
+    back = parse_dim(str(expr))
+    for xv in range(-40, 41, 7):
+        for hv in range(-9, 30, 5):
+            for bv in (1, 3, 8):
+                bindings = {"x": xv, "h": hv, "batch": bv}
+                want = build(xv, hv, bv)
+                assert evaluate(expr, bindings) == want == evaluate(back, bindings), bindings
+
+
+def test_value_range_is_exact_on_small_boxes_and_sound_on_large_ones() -> None:
+    frames = ((x - 192) // 128 - sym_min((x - 192) // 128 + 1, 0)) // 4 + 1  # silero-vad's STFT frame count
+    assert value_range(frames, {"x": (192, 703)}) == (1, 1)
+    assert value_range(frames, {"x": (192, 704)}) == (1, 2)
+    assert value_range(h - 2 * (h // 2) + (h % 3), {"h": (0, 10)}) == (0, 3)
+    assert value_range(x * batch - batch, {"x": (1, 4), "batch": (1, 8)}) == (0, 24)
+    # 2^20 points: interval arithmetic, which may be wider but must contain the exact range (0, 2).
+    low, high = value_range(x % 2 + (h // 1024) % 2, {"x": (0, 1 << 10), "h": (0, 1 << 10)})
+    assert low <= 0 and high >= 2
+    assert value_range(x // (h - 3), {"x": (0, 9), "h": (0, 9)}) is None  # the divisor is 0 at h = 3
+    assert value_range(x + h, {"x": (0, 9)}) is None  # h is unbounded

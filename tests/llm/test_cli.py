@@ -44,12 +44,13 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     assert out.returncode == 1 and "not a GGUF file" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_export_writes_a_bundle_that_loads(tiny_chat_dir: Path, tiny_chat, tmp_path: Path) -> None:
-    bundle = tmp_path / "model.edgerun"
-    out = _edgerun("llm", "export", str(tiny_chat_dir), "-o", str(bundle), "--context", "128", "--chunk", "16")
+def test_export_writes_one_program_file_that_loads(tiny_chat_dir: Path, tiny_chat, tmp_path: Path) -> None:
+    path = tmp_path / "model.edgerun"
+    out = _edgerun("llm", "export", str(tiny_chat_dir), "-o", str(path), "--context", "128", "--chunk", "16")
     assert out.returncode == 0, out.stderr
-    assert sorted(os.listdir(bundle)) == ["decode.edgerun", "llm.json", "prefill.edgerun"]
-    loaded = edgerun.llm.load(bundle)
+    assert os.listdir(tmp_path) == ["model.edgerun"] and out.stdout == f"{path}\n"
+    loaded = edgerun.llm.load(path)
+    assert loaded.program.methods == ["prefill", "decode"]
     ids = tiny_chat.tokenizer.encode("The capital of France is")
     np.testing.assert_array_equal(loaded.next_logits(ids), tiny_chat.next_logits(ids))
     assert loaded.chat([{"role": "user", "content": "Hi"}], max_new_tokens=3).text == \

@@ -47,6 +47,20 @@ def test_weights_stay_packed_in_the_programs(packed: Any) -> None:
     assert not any("activations" in n.attrs for n in packed.runner.prefill.graph.nodes if n.op == "matmul_int4")
 
 
+def test_cache_state_is_written_in_place_beside_the_onnxruntime_partition(packed: Any) -> None:
+    """Each method is one ONNX Runtime partition reading the cache states as bound views (no copy in), then
+    the 60 update_slice writes on the reference, in place: a call writes its new rows and nothing else."""
+    for method in (packed.runner.prefill, packed.runner.decode):
+        partitions = method.parts.partitions
+        assert [p.backend for p in partitions] == ["onnxruntime", "reference"]
+        assert {n.op for n in partitions[1].nodes} == {"update_slice"} and len(partitions[1].nodes) == 60
+        state = packed.program.state
+        assert set(state) <= set(partitions[0].inputs)
+        assert all(np.shares_memory(method.parts.views[name], state[name]) for name in state)
+        assert sorted(method.parts.state.plan.in_place) == sorted(packed.program.state)
+        assert not method.parts.state.plan.copies
+
+
 def test_packed_prefill_logits_match_float32(packed: Any, smollm: Any) -> None:
     for prompt in PROMPTS:
         ids = smollm.tokenizer.encode(prompt)

@@ -116,3 +116,46 @@ def test_basic_pitch_batch():
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def _vad_calls_with_rate(model, session, lengths, sr):
+    """Calls feeding the state back, each with its own chunk length, the sample rate a run-time input."""
+    rng = np.random.default_rng(sr)
+    ours = theirs = np.zeros((2, 1, 128), np.float32)
+    for n in lengths:
+        x = (rng.standard_normal((1, n)) * 0.3).astype(np.float32)
+        feeds = {"input": x, "state": ours, "sr": np.array(sr)}
+        prob, ours = model(*[feeds[name] for name in model.input_names])
+        want, theirs = session.run(None, {"input": x, "state": theirs, "sr": np.array(sr)})
+        np.testing.assert_allclose(prob, want, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backends", ["reference", ["onnxruntime", "reference"]])
+def test_silero_vad_main_model_symbolic_chunk_with_the_rate_at_run_time(backends):
+    """The default model with `sr` left a run-time input: its If picks the 16 kHz or the 8 kHz network, and
+    inside each the decoder squeezes the STFT's frame count, which the bounds must make 1. Over 192..703 samples the
+    16 kHz branch always has one frame and the 8 kHz one does not (352 samples give it two): that branch is
+    left out and taking it is a clear run-time error, while every 16 kHz chunk length runs from one import."""
+    path = wheel_model("silero_vad", "data/silero_vad.onnx")
+    program = from_onnx(str(path), input_shapes={"input": (1, ("sequence", 192, 703)), "state": (2, 1, 128)})
+    assert program.graph.symbols == {"sequence": (192, 703)} and "sr" in program.graph.inputs
+    (cond,) = [n for n in program.graph.nodes if n.op == "cond"]
+    assert cond.attrs["else"] == "" and "only for some shapes" in cond.attrs["unreachable"]
+    model = edgerun.load(program, backends=backends)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    _vad_calls_with_rate(model, session, VAD_LENGTHS, 16000)
+    with pytest.raises(EdgerunError, match="took its else branch"):
+        _vad_calls_with_rate(model, session, [288], 8000)
+
+
+def test_silero_vad_main_model_symbolic_chunk_serves_both_rates():
+    """Bounds within which both networks see one frame (192..351 samples): one import serves both rates."""
+    path = wheel_model("silero_vad", "data/silero_vad.onnx")
+    program = from_onnx(str(path), input_shapes={"input": (1, ("sequence", 192, 351)), "state": (2, 1, 128)})
+    (cond,) = [n for n in program.graph.nodes if n.op == "cond"]
+    assert cond.attrs["then"] and cond.attrs["else"]
+    model = edgerun.load(program, backends="reference")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for sr in (8000, 16000):
+        _vad_calls_with_rate(model, session, [288, 351, 192, 288, 300], sr)

@@ -167,3 +167,18 @@ def test_channel_shuffle_then_split_reads_both_branches_as_strided_lattices() ->
     assert len(merged.nodes) == 2
     for node in merged.nodes:
         assert node.inputs == ["x", "y"] and len(node.attrs["regions"]) == 2
+
+
+def _harmonic_stack(b, x, shifts):
+    # A pitch tracker's harmonic stacking: the spectrum [1, T, F, 1] shifted down by each harmonic's bins
+    # (a crop and a zero pad), the shifted copies concatenated along the last axis.
+    shifted = [b.emit("pad", [x], pads=[[0, 0], [0, 0], [s, -s], [0, 0]], value=0.0) if s else x for s in shifts]
+    return b.emit("concat", shifted, axis=3)
+
+
+def test_concat_of_shifted_pads_merges_into_one_raster() -> None:
+    g, b, x = graph_with_input((1, 7, 30, 1))
+    g.outputs = [_harmonic_stack(b, x, [5, 0, 3, 8])]
+    plain, merged = _merge(g)
+    assert len(rasters(plain)) == 4
+    assert len(merged.nodes) == 1

@@ -184,3 +184,28 @@ def test_float_computed_from_a_symbolic_size_is_refused_clearly() -> None:
 
     with pytest.raises(EdgerunError, match="float or boolean computed from symbolic sizes"):
         edgerun.export(ScaledBySeq(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("seq", min=2, max=64)},))
+
+
+class Shifts(nn.Module):
+    """Slices torch.export writes with open ends (slice(x, 1, 1, INT64_MAX)) and a TF-style INT32_MAX end,
+    which must clamp to the symbolic length. (torch itself guards bounds that clamp only at some lengths.)"""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x[:, 1:] - x[:, :-1], x[:, 2:2147483647].sum(1), x[:, :2**31 - 1] * 2, x[:, 1:5]
+
+
+def test_open_and_out_of_range_slice_ends_clamp_on_a_symbolic_axis() -> None:
+    module = Shifts().eval()
+    program = edgerun.export(module, (torch.randn(2, 9, 4),), dynamic_shapes={"x": {1: Dim("seq", min=5, max=48)}})
+    seq = sym("seq")
+    slices = [n for n in program.graph.nodes if n.op == "slice"]
+    assert {program.graph.specs[n.outputs[0]].shape[1] for n in slices} == {seq - 1, seq - 2, 4}
+    model = edgerun.load(program)
+    for t in (5, 6, 9, 30, 48):
+        x = torch.randn(2, t, 4)
+        got = model(x.numpy())
+        want = module(x)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == tuple(w.shape)
+            np.testing.assert_allclose(g, w.detach().numpy(), rtol=1e-6, atol=1e-6)

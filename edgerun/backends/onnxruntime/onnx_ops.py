@@ -2,7 +2,7 @@
 
 Each translator appends NodeProtos (and initializers) to an OnnxBuilder and never fails on a node that
 `SUPPORTED` (atomic ops) or `COMPOSITES` (composites ORT runs as one kernel: Relu, Clip, Gelu, Softmax,
-LayerNormalization) accepts; the tables are the contract, checked op by op against the reference kernels
+LayerNormalization, Resize, ConvTranspose) accepts; the tables are the contract, checked op by op against the reference kernels
 in tests/backends. Composites arrive whole because the runtime keeps what a backend claims until
 placement, so nothing here pattern-matches decomposed pieces back together. Where ONNX and the IR disagree at the edges (float -> int casts of NaN, integer division by
 zero, Python-style float modulo) the op is simply not claimed, and the search leaves it on the reference.
@@ -19,6 +19,7 @@ from edgerun.backends.base import OpSupport
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
+from edgerun.ir.ops.conv_transpose_ops import transpose_geometry
 
 OPSET = 20  # 20: Gelu
 
@@ -53,6 +54,10 @@ class OnnxBuilder:
         self.large: dict[str, np.ndarray] = {}
         self._count = 0
         self._reshaped: dict[str, str] = {}  # Reshape output -> its input
+        # Shapes, axes and pads the translators ask for again and again (a pitch tracker's rasters: 400+):
+        # one initializer each, found again by value. (name, position among the initializers) so one a
+        # failed reading deleted (emit_raster rolls back) is not handed out.
+        self._ints: dict[tuple[int, ...], tuple[str, int]] = {}
         self.consumers = graph.consumers()
         self.producers = graph.producers()
 
@@ -89,7 +94,14 @@ class OnnxBuilder:
         return name
 
     def ints(self, values: list[int] | tuple[int, ...], hint: str = "shape") -> str:
-        return self.const(np.asarray(values, np.int64), hint)
+        key = tuple(int(v) for v in values)
+        known = self._ints.get(key)
+        if known is not None and known[1] < len(self.initializers) and self.initializers[known[1]].name == known[0]:
+            return known[0]
+        name = self.const(np.asarray(key, np.int64), hint)
+        if self.initializers and self.initializers[-1].name == name:
+            self._ints[key] = (name, len(self.initializers) - 1)
+        return name
 
 
 def reads(proto: Any) -> set[str]:
@@ -330,3 +342,33 @@ def _layer_norm(b: OnnxBuilder, node: Node) -> None:
     bias = [node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else []
     b.node("LayerNormalization", [x, scale, *bias], list(node.outputs), axis=len(shape) - n,
            epsilon=float(node.attrs.get("eps", 1e-5)))
+
+
+@_op("resize", F32, table=COMPOSITES)
+def _resize(b: OnnxBuilder, node: Node) -> None:
+    # ORT sizes the output as floor(scale * size) in float32; where that is the shape, the scales go over
+    # (the coordinates are mapped with them, as in the model), else the sizes (ORT maps with size ratios).
+    x = node.inputs[0]
+    shape = b.graph.specs[x].shape
+    out = [int(n) for n in node.attrs["shape"]]
+    scales = np.asarray(node.attrs["scales"], np.float32)
+    if [int(s * np.float32(n)) for s, n in zip(scales, shape)] == out:
+        sizing = ["", b.const(scales, "resize_scales")]
+    else:
+        sizing = ["", "", b.ints(out, "resize_sizes")]
+    attrs = {"mode": node.attrs["mode"], "coordinate_transformation_mode": node.attrs["coordinate_transformation_mode"]}
+    if node.attrs["mode"] == "nearest":
+        attrs["nearest_mode"] = node.attrs["nearest_mode"]
+    b.node("Resize", [x, *sizing], list(node.outputs), **attrs)
+
+
+def _crops(node: Node, graph: Graph) -> bool:
+    return min(transpose_geometry(node.attrs)[2]) >= 0  # ONNX pads only crop; an extending one stays lowered
+
+
+@_op("conv_transpose2d", F32, _crops, table=COMPOSITES)
+def _conv_transpose(b: OnnxBuilder, node: Node) -> None:
+    stride, dil, pads, out_pad, groups = transpose_geometry(node.attrs)
+    kernel = list(b.graph.specs[node.inputs[1]].shape[2:])
+    b.node("ConvTranspose", [v for v in node.inputs if v], list(node.outputs), kernel_shape=kernel,
+           strides=list(stride), dilations=list(dil), pads=list(pads), output_padding=list(out_pad), group=groups)

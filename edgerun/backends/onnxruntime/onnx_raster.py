@@ -224,7 +224,7 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
         k = 0
         while k < len(clusters):
             run = _row_run(clusters, k, axis)
-            if len(run) >= 3:
+            if len(run) >= 2:
                 made = _rows_value(b, node, run, axis)
                 if made is not None:
                     pieces.append(made)
@@ -236,6 +236,8 @@ def _assemble(b: OnnxBuilder, node: Node, boxes: list[_Box],
             pieces.append(made)
             k += 1
         pieces = _fill_gaps(b, node, pieces, axis, fill)
+        if fill is not None:
+            pieces = _fill_across(b, node, pieces, axis, fill)
         first = pieces[0]
         if any(p[1][:axis] + p[1][axis + 1:] != first[1][:axis] + first[1][axis + 1:]
                or p[2][:axis] + p[2][axis + 1:] != first[2][:axis] + first[2][axis + 1:] for p in pieces):
@@ -261,6 +263,28 @@ def _fill_gaps(b: OnnxBuilder, node: Node, pieces: list[tuple[str, tuple[int, ..
             value = b.node("Pad", [value, b.ints(pads, "pads"), fill_value], mode="constant")
             size = (*size[:axis], size[axis] + gap, *size[axis + 1:])
         out.append((value, lo, size))
+    return out
+
+
+def _fill_across(b: OnnxBuilder, node: Node, pieces: list[tuple[str, tuple[int, ...], tuple[int, ...]]], axis: int,
+                 fill: object) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Pieces padded with the fill, across every axis but `axis`, to the box that holds them all: a slab whose
+    region leaves a band unwritten (a shifted, zero-padded channel beside full ones) still concatenates."""
+    rank = len(pieces[0][1])
+    lo = [min(p[1][k] for p in pieces) for k in range(rank)]
+    hi = [max(p[1][k] + p[2][k] for p in pieces) for k in range(rank)]
+    out = []
+    for value, plo, size in pieces:
+        pads = [0] * (2 * rank)
+        for k in range(rank):
+            if k != axis:
+                pads[k], pads[rank + k] = plo[k] - lo[k], hi[k] - plo[k] - size[k]
+        if any(pads):
+            fill_value = b.const(np.array(fill, b.graph.specs[node.outputs[0]].dtype.np), "fill")
+            value = b.node("Pad", [value, b.ints(pads, "pads"), fill_value], mode="constant")
+            plo = tuple(lo[k] if k != axis else plo[k] for k in range(rank))
+            size = tuple(hi[k] - lo[k] if k != axis else size[k] for k in range(rank))
+        out.append((value, plo, size))
     return out
 
 
@@ -328,31 +352,49 @@ def _clusters(boxes: list[_Box], axis: int) -> list[tuple[int, int, list[_Box]]]
     return out
 
 
+def _other_dims(box: _Box, axis: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple(d for d in box.dims if d[0] != axis)
+
+
 def _row_run(clusters: list[tuple[int, int, list[_Box]]], k: int, axis: int) -> list[_Box]:
-    """From clusters[k] on, adjacent single-row boxes read from one source alike but for their offset."""
+    """From clusters[k] on, adjacent boxes that read rows along `axis` from one source alike but for where
+    the rows start and their stride: single rows (an unrolled gather), or the before / source / after
+    pieces of a reflect or edge pad (reversed and repeated rows)."""
     run: list[_Box] = []
-    for lo, hi, members in clusters[k:]:
-        if len(members) != 1 or hi - lo != 1 or (run and lo != run[-1].hi(axis)):
+    for lo, _hi, members in clusters[k:]:
+        if len(members) != 1 or (run and lo != run[-1].hi(axis)):
             break
         box = members[0]
-        if any(step > 1 for step in box.steps) or (run and (box.src != run[0].src or box.dims != run[0].dims)):
+        if any(step > 1 for step in box.steps) or (run and (box.src != run[0].src or
+                                                            _other_dims(box, axis) != _other_dims(run[0], axis))):
             break
         run.append(box)
     return run
 
 
+def _row_offsets(box: _Box, axis: int) -> np.ndarray:
+    """The source offset of each row the box writes along `axis`."""
+    count, stride = next(((n, s) for a, n, s in box.dims if a == axis), (1, 0))
+    return box.offset + stride * np.arange(count, dtype=np.int64)
+
+
 def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
-    """Rows run[i] = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather."""
+    """Rows i = source view at offset o_i, as one view over the rows read plus Pad / Slice / Gather. Single
+    rows take that reading from three on; runs of longer boxes only when they make a reflect or edge pad
+    (else each box is its own view). Row numbers are numpy arrays: a pad of an audio axis has 10^4-10^5."""
     first = run[0]
-    offsets = [box.offset for box in run]
-    base = min(offsets)
-    step = math.gcd(*(o - base for o in offsets))
+    offsets = np.concatenate([_row_offsets(box, axis) for box in run])
+    base = int(offsets.min())
+    step = int(np.gcd.reduce(offsets - base))
     if step == 0:
         return None
-    rows = [(o - base) // step for o in offsets]
-    count = max(rows) + 1
+    rows = (offsets - base) // step
+    count = int(rows.max()) + 1
+    single = len(offsets) == len(run)
+    if (single and len(run) < 3) or (not single and _pad_of(rows, count) is None):
+        return None
     src = node.inputs[first.src]
-    dims = sorted([*first.dims, (axis, count, step)])
+    dims = sorted([*_other_dims(first, axis), (axis, count, step)])
     view = strided_view(b, src, b.graph.specs[src].numel, base, [(n, s) for _, n, s in dims])
     if view is None:
         return None
@@ -361,23 +403,33 @@ def _rows_value(b: OnnxBuilder, node: Node, run: list[_Box], axis: int) -> tuple
     view = b.node("Reshape", [view, b.ints(full)])
     value = _pick_rows(b, view, rows, count, axis, len(full))
     size = list(first.size)
-    size[axis] = len(run)
+    size[axis] = len(rows)
     return value, first.lo, tuple(size)
 
 
-def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int, rank: int) -> str:
+def _pad_of(rows: np.ndarray, count: int) -> tuple[str, int, int] | None:
+    """(mode, before, after) when `rows` is a reflect or edge padding of range(count)."""
+    zeros = np.flatnonzero(rows == 0)
+    for mode in ("reflect", "edge"):
+        before = (int(zeros[0]) if len(zeros) else -1) if mode == "reflect" else len(zeros) - 1
+        after = len(rows) - before - count
+        if before >= 0 and after >= 0 and np.array_equal(rows, _pad_rows(count, before, after, mode)):
+            return mode, before, after
+    return None
+
+
+def _pick_rows(b: OnnxBuilder, view: str, rows: np.ndarray, count: int, axis: int, rank: int) -> str:
     """view[..., rows, ...] along `axis` (of `count` rows): a Pad when `rows` is a reflect or edge padding of
     range(count), else stepped Slices, else a Gather with this small per-row index."""
-    for mode in ("reflect", "edge"):
-        before = rows.index(0) if mode == "reflect" else rows.count(0) - 1
-        after = len(rows) - before - count
-        if before >= 0 and after >= 0 and rows == _pad_rows(count, before, after, mode):
-            pads = [0] * (2 * rank)
-            pads[axis], pads[rank + axis] = before, after
-            return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
-    runs = _arithmetic_runs(rows)
+    pad = _pad_of(rows, count)
+    if pad is not None:
+        mode, before, after = pad
+        pads = [0] * (2 * rank)
+        pads[axis], pads[rank + axis] = before, after
+        return b.node("Pad", [view, b.ints(pads, "pads")], mode=mode)
+    runs = _arithmetic_runs(rows.tolist())
     if len(runs) > MAX_SLICE_RUNS:
-        return b.node("Gather", [view, b.ints(rows, "row_index")], axis=axis)
+        return b.node("Gather", [view, b.ints(rows.tolist(), "row_index")], axis=axis)
     pieces = []
     for start, n, step in runs:
         if step == 1 and start == 0 and n == count:
@@ -389,12 +441,13 @@ def _pick_rows(b: OnnxBuilder, view: str, rows: list[int], count: int, axis: int
     return pieces[0] if len(pieces) == 1 else b.node("Concat", pieces, axis=axis)
 
 
-def _pad_rows(n: int, before: int, after: int, mode: str) -> list[int]:
+def _pad_rows(n: int, before: int, after: int, mode: str) -> np.ndarray:
+    middle = np.arange(n)
     if mode == "edge":
-        return [0] * before + list(range(n)) + [n - 1] * after
+        return np.concatenate([np.zeros(before, np.int64), middle, np.full(after, n - 1)])
     if before >= n or after >= n:
-        return []
-    return list(range(before, 0, -1)) + list(range(n)) + list(range(n - 2, n - 2 - after, -1))
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(before, 0, -1), middle, np.arange(n - 2, n - 2 - after, -1)])
 
 
 def _arithmetic_runs(rows: list[int]) -> list[tuple[int, int, int]]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.backends.webgpu.device import GpuDevice, get_device
-from edgerun.backends.webgpu.runner import PartitionRunner
+from edgerun.backends.webgpu.runner import INT4_ACCUMULATE, PartitionRunner
 from edgerun.backends.webgpu.wgsl import COMPARE, FLOAT_UNARY, INT_UNARY, LOGICAL, REDUCE
-from edgerun.errors import UnsupportedOpError
+from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 
@@ -86,9 +86,14 @@ class WebGpuBackend(Backend):
     throughput = Throughput(flops_per_s=2e9, bytes_per_s=2e9, dispatch_s=2e-5, transfer_bytes_per_s=4e9,
                             transfer_latency_s=2e-4)
 
-    def __init__(self, fuse: bool = True, replay: bool = True) -> None:
+    def __init__(self, fuse: bool = True, replay: bool = True, int4_accumulate: str = "f32") -> None:
+        """`int4_accumulate="f16"`: matmul_int4 sums in f16 within each group where the adapter has
+        shader-f16 (f32 otherwise); the default f32 is the CPU path's arithmetic (greedy tokens equal)."""
+        if int4_accumulate not in INT4_ACCUMULATE:
+            raise EdgerunError(f"webgpu: int4_accumulate must be one of {INT4_ACCUMULATE}, not {int4_accumulate!r}")
         self.fuse = fuse
         self.replay = replay
+        self.int4_accumulate = int4_accumulate
 
     @property
     def gpu(self) -> GpuDevice:
@@ -106,13 +111,15 @@ class WebGpuBackend(Backend):
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the webgpu backend")
         gpu = self.gpu
-        runner = PartitionRunner(gpu, subgraph, fuse=self.fuse, replay=self.replay)
+        runner = PartitionRunner(gpu, subgraph, fuse=self.fuse, replay=self.replay,
+                                 int4_accumulate=self.int4_accumulate)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"dispatches": len(runner.kernels), "nodes": len(subgraph.nodes),
                                        "arena_bytes": runner.arena_bytes, "adapter": gpu.description,
-                                       "shader_f16": gpu.has_f16, "runner": runner})
+                                       "shader_f16": gpu.has_f16, "int4_accumulate": runner.int4_accumulate,
+                                       "runner": runner})
 
 
-def create_backend(fuse: bool = True, replay: bool = True) -> WebGpuBackend:
+def create_backend(fuse: bool = True, replay: bool = True, int4_accumulate: str = "f32") -> WebGpuBackend:
     get_device()  # no adapter: BackendUnavailableError now, naming what to install
-    return WebGpuBackend(fuse, replay)
+    return WebGpuBackend(fuse, replay, int4_accumulate)

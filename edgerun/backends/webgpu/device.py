@@ -7,7 +7,7 @@ gives a correct, slow adapter. No adapter at all is a BackendUnavailableError na
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -44,10 +44,11 @@ class Limits:
 class GpuDevice:
     """A wgpu device with what the backend needs to know about it."""
 
-    def __init__(self, adapter: Any) -> None:
+    def __init__(self, adapter: Any, without: Collection[str] = ()) -> None:
+        """`without`: optional features not to request, so a test sees what an adapter lacking them gets."""
         self.adapter = adapter
         limits = adapter.limits
-        wanted = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
+        wanted = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features and f not in without]
         self.device = adapter.request_device_sync(required_features=wanted, required_limits={
             "max-storage-buffers-per-shader-stage": limits["max-storage-buffers-per-shader-stage"],
             "max-storage-buffer-binding-size": limits["max-storage-buffer-binding-size"],

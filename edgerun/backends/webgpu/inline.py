@@ -26,6 +26,7 @@ from edgerun.backends.webgpu.wgsl import (
 )
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import Region, regions_of
 
 MAX_NUMEL = 1 << 20  # checking a raster's index decoding costs numpy work over its whole output
 MAX_REGIONS = 8
@@ -66,15 +67,14 @@ def inline_values(graph: Graph, alias: dict[str, str], outputs: set[str]) -> dic
 
 def _decodable(node: Node, graph: Graph) -> bool:
     out = graph.specs[node.outputs[0]]
-    regions = [[int(x) for x in r] for r in node.attrs["regions"]]
+    regions = regions_of(node.attrs)
     if not 0 < len(regions) <= MAX_REGIONS or out.numel > MAX_NUMEL or out.numel == 0:
         return False
     owner = np.full(out.numel, -1)
     for k, r in enumerate(regions):
-        if min(r[2:5] + r[6:9]) < 0:
+        if min(*r.src_strides, *r.dst_strides) < 0:
             return False
-        i0, i1, i2 = np.meshgrid(np.arange(r[9]), np.arange(r[10]), np.arange(r[11]), indexing="ij")
-        dst = (r[5] + i0 * r[6] + i1 * r[7] + i2 * r[8]).reshape(-1)
+        dst = r.index_grids()[0]
         if dst.size and (dst.min() < 0 or dst.max() >= out.numel or (owner[dst] >= 0).any()
                          or np.unique(dst).size != dst.size):
             return False
@@ -82,20 +82,21 @@ def _decodable(node: Node, graph: Graph) -> bool:
         found, d0, d1, d2 = _decode(np.arange(out.numel), r)
         if not np.array_equal(found, owner == k):
             return False
+        i0, i1, i2 = np.meshgrid(*(np.arange(n) for n in r.size), indexing="ij")
         if dst.size and not (np.array_equal(d0[dst], i0.reshape(-1)) and np.array_equal(d1[dst], i1.reshape(-1))
                              and np.array_equal(d2[dst], i2.reshape(-1))):
             return False
     return node.attrs.get("fill") is not None or bool((owner >= 0).all())
 
 
-def _axes(r: list[int]) -> list[tuple[int, int]]:
+def _axes(r: Region) -> list[tuple[int, int]]:
     """(axis, stride) of the destination axes longer than 1, outermost (largest stride) first."""
-    return sorted(((a, r[6 + a]) for a in range(3) if r[9 + a] > 1), key=lambda t: -t[1])
+    return sorted(((a, r.dst_strides[a]) for a in range(3) if r.size[a] > 1), key=lambda t: -t[1])
 
 
-def _decode(i: np.ndarray, r: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _decode(i: np.ndarray, r: Region) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """numpy twin of the WGSL decoding: is i in region r, and its (i0, i1, i2) there."""
-    rest = i - r[5]
+    rest = i - r.dst_offset
     found = rest >= 0
     idx = [np.zeros_like(i) for _ in range(3)]
     for a, stride in _axes(r):
@@ -103,7 +104,7 @@ def _decode(i: np.ndarray, r: list[int]) -> tuple[np.ndarray, np.ndarray, np.nda
             return np.zeros_like(found), idx[0], idx[1], idx[2]
         idx[a] = rest // stride
         rest = rest % stride
-        found &= idx[a] < r[9 + a]
+        found &= idx[a] < r.size[a]
     found &= rest == 0
     return found, idx[0], idx[1], idx[2]
 
@@ -138,17 +139,18 @@ class InlineWriter:
 
     def _raster(self, node: Node) -> list[str]:
         lines: list[str] = []
-        for r in ([int(x) for x in r] for r in node.attrs["regions"]):
-            if r[9] * r[10] * r[11] == 0:
+        for r in regions_of(node.attrs):
+            if r.numel == 0:
                 continue
             checks, names = ["rest >= 0"], {0: "0", 1: "0", 2: "0"}
-            steps = [f"var rest = i - {r[5]};"]
+            steps = [f"var rest = i - {r.dst_offset};"]
             for a, stride in _axes(r):
                 steps += [f"let i{a} = rest / {stride};", f"rest = rest % {stride};"]
-                checks.append(f"i{a} < {r[9 + a]}")
+                checks.append(f"i{a} < {r.size[a]}")
                 names[a] = f"i{a}"
-            src = " + ".join([str(r[1]), *(f"{names[a]} * {r[2 + a]}" for a in range(3) if names[a] != "0")])
-            value = self.read(node.inputs[r[0]], src)
+            src = " + ".join([str(r.src_offset),
+                              *(f"{names[a]} * {r.src_strides[a]}" for a in range(3) if names[a] != "0")])
+            value = self.read(node.inputs[r.src], src)
             lines += ["{", *steps, f"if ({' && '.join([*checks, 'rest == 0'])}) {{ return {value}; }}", "}"]
         fill = node.attrs.get("fill")
         lines.append(f"return f32({float(fill or 0.0)!r});")

@@ -1,11 +1,15 @@
-"""A partition becomes a list of dispatches; with fusion, elementwise chains ride along in one dispatch.
+"""A partition becomes a list of dispatches; with fusion, whole chains of nodes ride in one dispatch.
 
 Fusion is the backend's own pass over the partition: a node with a per-output-element kernel (elementwise,
-matmul, conv, pooling, reduction, gather) anchors a dispatch, and each following elementwise node that
-reads the dispatch's current value, has the same output shape, and is that value's only reader (and the
-value is not a partition output) joins it as epilogue code. So matmul + bias + activation, conv + bias +
-ReLU, and elementwise chains (GELU's seven ops, softmax's sub+exp) each become one dispatch, and the
-intermediates never touch memory.
+matmul, conv, pooling, reduction, gather) anchors a group, and each later elementwise node that reads the
+group's values over its output shape joins it as epilogue code (also a group up to LOOK_BACK behind the
+latest, when what else it reads exists before it). A matmul of the anchor's kind and shape whose operands
+the group does not compute joins as a sibling (computed by the same thread). So matmul + bias +
+activation, conv + bias + ReLU, gate + up + SiLU, elementwise chains (GELU's seven ops, softmax's sub+exp)
+each become one dispatch, and the intermediates never touch memory. Then neighbouring groups where the
+later reads nothing the earlier write are merged into one dispatch (horizontal fusion), within a cap on
+bindings. Rasters that copy a value whole take no dispatch (identity_rasters); rasters read by one kernel
+are computed in it (inline.py); an RMSNorm read only by matmuls is computed in their prologue (prologue.py).
 """
 
 from __future__ import annotations
@@ -13,26 +17,28 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
+from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
+from edgerun.backends.webgpu.raster import raster_kernels
 from edgerun.backends.webgpu.wgsl import (
     ELEMENTWISE,
     STORAGE_TYPE,
+    Body,
     Kernel,
     broadcast_strides,
     coords,
     elementwise_expr,
-    is_wide_arg,
     node_body,
     offset_expr,
-    raster_kernels,
     shader_source,
-    wide_arg_kernel,
 )
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.region import regions_of
 
 
 @dataclass
@@ -46,17 +52,14 @@ class Group:
         return {self.anchor.outputs[0], *(n.outputs[0] for n in (*self.siblings, *self.chain))}
 
 
-MATMULS = ("matmul", "matmul_int4")
-
-
 def _sibling(node: Node, group: Group, graph: Graph) -> bool:
-    """A matmul over the anchor matmul's input with constant weights and the same output shape (a decoder's
-    up projection beside its gate): one thread computes both dot products, so gate + up + SiLU + mul is one
-    dispatch."""
+    """A matmul of the anchor's kind and output shape whose inputs the group does not compute (checked by
+    the caller): one thread computes both dot products, so a decoder's gate + up + SiLU + mul is one
+    dispatch, and so is attention's p_cache @ v_cache + p_new @ v_new."""
     a = group.anchor
-    return (node.op == a.op and node.op in MATMULS and node.inputs[0] == a.inputs[0] and node.attrs == a.attrs
-            and all(v in graph.constants for v in node.inputs[1:] if v)
-            and graph.specs[node.outputs[0]].shape == graph.specs[a.outputs[0]].shape)
+    out = graph.specs[node.outputs[0]]
+    return (node.op == a.op and node.op in MATMULS and node.attrs == a.attrs and out.dtype is DType.float32
+            and out.shape == graph.specs[a.outputs[0]].shape)
 
 
 def identity_rasters(graph: Graph) -> dict[str, str]:
@@ -65,56 +68,103 @@ def identity_rasters(graph: Graph) -> dict[str, str]:
     source's device range. Constant sources keep their copy (their range is in the constant buffer)."""
     alias: dict[str, str] = {}
     for node in graph.nodes:
-        if node.op != "raster" or node.attrs.get("fill") is not None or len(node.attrs["regions"]) != 1:
+        if node.op != "raster" or node.attrs.get("fill") is not None:
             continue
+        regions = regions_of(node.attrs)
         src, out = node.inputs[0], node.outputs[0]
         numel = graph.specs[out].numel
-        if src in graph.constants or graph.specs[src].numel != numel:
+        if len(regions) != 1 or src in graph.constants or graph.specs[src].numel != numel:
             continue
-        r = [int(v) for v in node.attrs["regions"][0]]
-        if r[0] != 0 or r[9] * r[10] * r[11] != numel:
-            continue
-        i0, i1, i2 = np.meshgrid(np.arange(r[9]), np.arange(r[10]), np.arange(r[11]), indexing="ij")
-        flat = np.arange(numel)
-        if np.array_equal((r[1] + i0 * r[2] + i1 * r[3] + i2 * r[4]).reshape(-1), flat) and \
-                np.array_equal((r[5] + i0 * r[6] + i1 * r[7] + i2 * r[8]).reshape(-1), flat):
+        if regions[0].is_identity(numel):
             alias[out] = alias.get(src, src)
     return alias
 
 
-def lower(graph: Graph, fuse: bool = True) -> list[Kernel]:
+LOOK_BACK = 4  # groups an elementwise node may join behind the latest one (RoPE's q scale after RoPE k)
+
+
+def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: bool = False,
+          fold_norms: bool = True) -> list[Kernel]:
     """The dispatch list of `graph` (a partition with atomic ops and rasters only), in execution order. With
-    fusion, identity rasters take no dispatch (`identity_rasters`): kernels bind their sources instead."""
+    fusion, identity rasters take no dispatch (`identity_rasters`): kernels bind their sources instead, and
+    independent neighbouring groups share one dispatch when their bindings fit in `max_bindings`.
+    `int4_half`: matmul_int4 accumulates in f16 (only on adapters with shader-f16). `fold_norms`: RMSNorms
+    read only by matmuls run in their prologue (one dispatch fewer each, K more loads per matmul thread)."""
     alias = identity_rasters(graph) if fuse else {}
     readers: Counter[str] = Counter(alias.get(v, v) for n in graph.nodes for v in n.inputs if v)
     outputs = {alias.get(v, v) for v in graph.outputs}
     inline = inline_values(graph, alias, outputs) if fuse else {}
-    kernels: list[Kernel] = []
-    open_group: Group | None = None
+    folded = foldable_norms(graph, alias, outputs) if fuse and fold_norms else {}
     groups: list[Group | Node] = []
+    made_by: dict[str, int] = {}  # value -> index in `groups` of what computes it
+
+    def made_before(v: str, at: int) -> bool:
+        return made_by.get(alias.get(v, v), -1) < at
+
     for node in graph.nodes:
-        if node.outputs[0] in alias or node.outputs[0] in inline:
+        if node.outputs[0] in alias or node.outputs[0] in inline or node.outputs[0] in folded:
             continue
-        if open_group is not None and fuse and _joins(node, open_group, graph, inline):
-            open_group.chain.append(node)
-            continue
-        if open_group is not None and fuse and _sibling(node, open_group, graph):
-            open_group.siblings.append(node)
+        target = _group_to_join(node, groups, graph, {**inline, **folded}, made_before) if fuse else None
+        if target is not None:
+            made_by[node.outputs[0]] = target
             continue
         if node.op == "raster" or is_wide_arg(node, graph):
             groups.append(node)
-            open_group = None
-            continue
-        open_group = Group(node)
-        groups.append(open_group)
+        else:
+            groups.append(Group(node))
+        made_by.update((v, len(groups) - 1) for v in node.outputs)
+    kernels: list[Kernel] = []
+    pending: list[Parts] = []
     for g in groups:
         if isinstance(g, Node):
+            kernels += [merge(pending)] if pending else []
+            pending = []
             for k in [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph):
                 k.values = [alias.get(v, v) for v in k.values]
                 kernels.append(k)
-        else:
-            kernels.append(group_kernel(g, graph, readers, outputs, alias, inline))
+            continue
+        parts = group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half)
+        if pending and not (fuse and _independent(pending, parts, max_bindings)):
+            kernels.append(merge(pending))
+            pending = []
+        pending.append(parts)
+    kernels += [merge(pending)] if pending else []
     return kernels
+
+
+def _group_to_join(node: Node, groups: list[Group | Node], graph: Graph, computed: dict[str, Node],
+                   made_before: Callable[[str, int], bool]) -> int | None:
+    """The index of the group `node` rides in: as epilogue code (an elementwise node reading the group's
+    values) or as a sibling (a matmul beside the latest group's anchor matmul). A group behind the latest
+    one qualifies when everything else the node reads is computed before that group (its dispatch runs
+    earlier than the node's place in the order). `computed`: values computed where they are read (inline
+    rasters, folded norms), whose own inputs are what the node really reads from memory."""
+    for at in range(len(groups) - 1, max(len(groups) - 1 - LOOK_BACK, -1), -1):
+        group = groups[at]
+        if not isinstance(group, Group):
+            continue
+        memory = _memory_inputs([v for v in node.inputs if v], computed)
+        if not all(v in group.values or made_before(v, at) for v in memory):
+            continue
+        if _joins(node, group, graph, computed):
+            group.chain.append(node)
+            return at
+        if at == len(groups) - 1 and not memory & group.values and _sibling(node, group, graph):
+            group.siblings.append(node)
+            return at
+    return None
+
+
+def _independent(pending: list[Parts], parts: Parts, max_bindings: int) -> bool:
+    """Whether `parts` can share a dispatch with `pending` (horizontal fusion): it reads nothing they write,
+    and the merged kernel binds at most `max_bindings` buffers (the status word counts once)."""
+    written = {v for p in pending for v in p.stored}
+    if written & set(parts.bound):
+        return False
+    merged = (*pending, parts)
+    bound = {v for p in merged for v in p.bound}
+    status = any(p.status for p in merged)
+    return len(bound) + sum(len(p.stored) for p in merged) + status <= max_bindings
 
 
 def _joins(node: Node, group: Group, graph: Graph, inline: dict[str, Node]) -> bool:
@@ -132,6 +182,7 @@ def _joins(node: Node, group: Group, graph: Graph, inline: dict[str, Node]) -> b
 
 
 def _memory_inputs(values: list[str], inline: dict[str, Node]) -> set[str]:
+    """The values read from memory to compute `values` (through the inline ones' inputs)."""
     found: set[str] = set()
     todo = list(values)
     while todo:
@@ -143,11 +194,28 @@ def _memory_inputs(values: list[str], inline: dict[str, Node]) -> set[str]:
     return found
 
 
-def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set[str],
-                 alias: dict[str, str], inline: dict[str, Node]) -> Kernel:
-    """One dispatch for the group; it stores each value read outside the group (or a partition output).
-    Shapes come from the values the nodes name; bindings go to their identity-raster sources (`alias`)."""
-    body = node_body(group.anchor, graph)
+@dataclass
+class Parts:
+    """One group's kernel before it becomes a shader: loads in{k} of `bound[k]`, stores out{j} of
+    `stored[j]`, at flat index `idx` < `threads`; `merge` makes one dispatch of one or more."""
+
+    bound: list[str]
+    stored: list[str]
+    lines: list[str]
+    helpers: str
+    in_types: list[str]
+    out_types: list[str]
+    threads: int
+    nodes: list[str]
+    label: str
+    status: bool
+
+
+def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[str], alias: dict[str, str],
+                inline: dict[str, Node], folded: dict[str, Node], int4_half: bool = False) -> Parts:
+    """The group's kernel; it stores each value read outside the group (or a partition output). Shapes
+    come from the values the nodes name; bindings go to their identity-raster sources (`alias`)."""
+    body = _body(group.anchor, graph, folded, int4_half)
     bound = list(body.inputs)
     lines = list(body.lines)
     anchor_out = group.anchor.outputs[0]
@@ -155,7 +223,7 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     current = {anchor_out: "acc"}
     inside: Counter[str] = Counter()
     for j, sib in enumerate(group.siblings):  # in a block of its own: its lets shadow the anchor's
-        extra = node_body(sib, graph)
+        extra = _body(sib, graph, folded, int4_half)
         first = len(bound)
         bound += extra.inputs
         shifted = [_shift_loads(line, first) for line in extra.lines]
@@ -187,17 +255,65 @@ def group_kernel(group: Group, graph: Graph, readers: Counter[str], outputs: set
     bound, (lines, helpers) = _bind_once([alias.get(v, v) for v in bound], lines, helpers)
     stored = [v for v in current if v in outputs or readers[v] > inside[v]]
     lines += [f"out{j}[idx] = {current[v]};" for j, v in enumerate(stored)]
-    status = group.anchor.op == "gather"
-    source = shader_source([STORAGE_TYPE[graph.specs[v].dtype] for v in bound], lines,
-                           [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), status=status,
-                           helpers=helpers)
     nodes = [group.anchor.name, *(n.name for n in (*group.siblings, *group.chain))]
     label = "+".join(["|".join(n.op for n in (group.anchor, *group.siblings)), *(n.op for n in group.chain)])
-    return Kernel(source, [*bound, *stored], math.prod(shape), nodes, label=label, status=status,
-                  n_outputs=len(stored))
+    return Parts(bound, stored, lines, helpers, [STORAGE_TYPE[graph.specs[v].dtype] for v in bound],
+                 [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), nodes, label,
+                 status=group.anchor.op == "gather")
+
+
+def _body(node: Node, graph: Graph, folded: dict[str, Node], int4_half: bool) -> Body:
+    body = node_body(node, graph, int4_half)
+    norm = folded.get(node.inputs[0]) if node.op in MATMULS else None
+    return fold_norm(body, norm, graph) if norm is not None else body
+
+
+def merge(parts: list[Parts]) -> Kernel:
+    """One dispatch running each part over its own range of threads (horizontal fusion: a decoder's q and
+    k|v projections, RoPE of q and of k, the scores against the cache and the new row). Bindings are
+    renumbered so every value is bound once; each part's inline functions get a prefix of their own."""
+    if len(parts) == 1:
+        p = parts[0]
+        source = shader_source(p.in_types, p.lines, p.out_types, p.threads, status=p.status, helpers=p.helpers)
+        return Kernel(source, [*p.bound, *p.stored], p.threads, p.nodes, label=p.label, status=p.status,
+                      n_outputs=len(p.stored))
+    bound: list[str] = []
+    in_types: list[str] = []
+    for p in parts:
+        for v, t in zip(p.bound, p.in_types):
+            if v not in bound:
+                bound.append(v)
+                in_types.append(t)
+    lines: list[str] = []
+    helpers = []
+    stored: list[str] = []
+    first = 0
+    for n, p in enumerate(parts):
+        slot = [bound.index(v) for v in p.bound]
+        out0 = len(stored)
+
+        def renumber(text: str, slot: list[int] = slot, out0: int = out0, n: int = n) -> str:
+            text = _LOAD.sub(lambda m: f"in{slot[int(m.group(1))]}[", text)
+            text = _STORE.sub(lambda m: f"out{out0 + int(m.group(1))}[", text)
+            return _FUNCTION.sub(lambda m: f"f{n}_{m.group(1)}(", text)
+        body = [renumber(line) for line in p.lines]
+        helpers.append(renumber(p.helpers))
+        test = f"idx < {first + p.threads}u"
+        shift = [f"let idx = idx - {first}u;"] if first else []
+        lines += [f"{'if' if not n else '} else if'} ({test}) {{", *shift, *body]
+        stored += p.stored
+        first += p.threads
+    lines.append("}")
+    out_types = [t for p in parts for t in p.out_types]
+    status = any(p.status for p in parts)  # one status word, set by whichever part finds bad input
+    source = shader_source(in_types, lines, out_types, first, status=status, helpers="".join(helpers))
+    return Kernel(source, [*bound, *stored], first, [v for p in parts for v in p.nodes],
+                  label=" & ".join(p.label for p in parts), status=status, n_outputs=len(stored))
 
 
 _LOAD = re.compile(r"\bin(\d+)\[")
+_STORE = re.compile(r"\bout(\d+)\[")
+_FUNCTION = re.compile(r"\bf_(\d+)\(")
 
 
 def _shift_loads(line: str, by: int) -> str:

@@ -11,7 +11,9 @@ Capture-replay (zerotvm's trick): the first call records the dispatch list as it
 bind group, workgroup counts — and later calls replay it, paying only the per-call writes (input uploads).
 Guards decide whether a replay would be wrong, and then the call encodes afresh and captures again:
 `inputs` (the shapes and dtypes of the arrays handed in), `plan` (the dispatch list was rebuilt, e.g. fusion
-switched), `buffers` (the device buffers were reallocated, e.g. constants replaced).
+switched), `state` (the layout of what the device keeps across calls changed: `hold`), `buffers` (the device
+buffers were reallocated, e.g. constants replaced). Another method is another partition with a runner and a
+capture of its own, so a method never replays another's dispatches.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 
 _I32 = np.iinfo(np.int32)
+INT4_ACCUMULATE = ("f32", "f16")  # what matmul_int4 sums in (f16 only where the adapter has shader-f16)
 _STORED = {DType.float32: np.float32, DType.float16: np.float16, DType.bool: np.uint32}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 
@@ -101,6 +104,7 @@ class Captured:
 
     inputs: tuple[tuple[tuple[int, ...], str], ...]
     plan: int
+    state: tuple[tuple[str, tuple[int, int]], ...]
     buffers: int
     dispatches: list[Dispatch]
 
@@ -114,8 +118,13 @@ class RunStats:
 
 
 class PartitionRunner:
-    def __init__(self, gpu: GpuDevice, graph: Graph, fuse: bool = True, replay: bool = True) -> None:
+    def __init__(self, gpu: GpuDevice, graph: Graph, fuse: bool = True, replay: bool = True,
+                 int4_accumulate: str = "f32") -> None:
         self.gpu = gpu
+        if int4_accumulate not in INT4_ACCUMULATE:
+            raise EdgerunError(f"int4_accumulate must be one of {INT4_ACCUMULATE}, not {int4_accumulate!r}")
+        # f16 accumulation needs shader-f16; an adapter without it falls back to f32 (recorded here).
+        self.int4_accumulate = "f16" if int4_accumulate == "f16" and gpu.has_f16 else "f32"
         self.graph = graph
         self.replay = replay
         self.stats = RunStats()
@@ -129,10 +138,13 @@ class PartitionRunner:
 
     # ---- building --------------------------------------------------------------------------------------
 
-    def set_fusion(self, fuse: bool) -> None:
-        """(Re)lower the partition with or without fusion; a captured call is then stale (guard `plan`)."""
+    def set_fusion(self, fuse: bool, max_bindings: int | None = None, fold_norms: bool = True) -> None:
+        """(Re)lower the partition with or without fusion, merged dispatches binding at most `max_bindings`
+        buffers (default: the adapter's limit), RMSNorms in their matmuls' prologue or not (`lower`); a
+        captured call is then stale (guard `plan`)."""
         self.fuse = fuse
-        self.kernels = lower(self.graph, fuse)
+        self.kernels = lower(self.graph, fuse, max_bindings or self.gpu.limits.max_storage_buffers,
+                             int4_half=self.int4_accumulate == "f16", fold_norms=fold_norms)
         self.alias = identity_rasters(self.graph) if fuse else {}
         for k in self.kernels:
             self._check_limits(k)
@@ -308,6 +320,10 @@ class PartitionRunner:
         readback.unmap()
         return [float(stamps[2 * i + 1] - stamps[2 * i]) * 1e-9 for i in range(n)]  # WebGPU stamps are ns
 
+    def _state_layout(self) -> tuple[tuple[str, tuple[int, int]], ...]:
+        """What the device keeps from one call to the next: the held values and their ranges."""
+        return tuple((v, self._range[v]) for v in sorted(self.held))
+
     def _guard_miss(self, key: tuple[tuple[tuple[int, ...], str], ...]) -> str | None:
         cap = self._captured
         if cap is None:
@@ -316,6 +332,8 @@ class PartitionRunner:
             return "inputs"
         if cap.plan != self._plan_version:
             return "plan"
+        if cap.state != self._state_layout():
+            return "state"
         if cap.buffers != self._buffer_version:
             return "buffers"
         return None
@@ -338,7 +356,8 @@ class PartitionRunner:
                 dispatches = self.encode_fresh()
             self.stats.fresh += 1
             if self.replay:
-                self._captured = Captured(key, self._plan_version, self._buffer_version, dispatches)
+                self._captured = Captured(key, self._plan_version, self._state_layout(), self._buffer_version,
+                                          dispatches)
         with self.gpu.errors("running a partition"):
             self._submit(dispatches, inputs, outputs)
 

@@ -12,7 +12,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -187,7 +186,7 @@ class Body:
     params: np.ndarray | None = None
 
 
-def _row_major(shape: Sequence[int]) -> list[int]:
+def row_major(shape: Sequence[int]) -> list[int]:
     strides, step = [], 1
     for d in reversed(shape):
         strides.append(step)
@@ -195,8 +194,9 @@ def _row_major(shape: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
-def node_body(node: Node, graph: Graph) -> Body:
-    """The lines computing `acc` for output flat index `idx` (inputs are bound as in0, in1, ...)."""
+def node_body(node: Node, graph: Graph, int4_half: bool = False) -> Body:
+    """The lines computing `acc` for output flat index `idx` (inputs are bound as in0, in1, ...);
+    `int4_half`: matmul_int4 accumulates in f16 (the caller checked the adapter's shader-f16)."""
     op = node.op
     out = graph.specs[node.outputs[0]]
     ins = [graph.specs[v] for v in node.inputs if v]
@@ -214,7 +214,7 @@ def node_body(node: Node, graph: Graph) -> Body:
     if op == "matmul":
         return _matmul_body(graph, inputs, out.shape)
     if op == "matmul_int4":
-        return _matmul_int4_body(node, graph, inputs)
+        return _matmul_int4_body(node, graph, inputs, int4_half)
     if op == "softmax":
         return _softmax_body(node, graph, inputs)
     if op == "rms_norm":
@@ -234,7 +234,7 @@ def _reduce_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     rank = max(x.rank, 1)
     axes = sorted(range(x.rank)) if axes_attr is None else sorted({int(a) % rank for a in axes_attr})
     kept = [a for a in range(x.rank) if a not in axes]
-    strides = _row_major(x.shape)
+    strides = row_major(x.shape)
     t = WGSL_TYPE[x.dtype]
     lines = coords([x.shape[a] for a in kept], prefix="k")
     base = " + ".join([f"k{i} * {strides[a]}" for i, a in enumerate(kept)]) or "0"
@@ -260,7 +260,7 @@ def _reduce_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
 def _arg_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     x = graph.specs[inputs[0]]
     axis = int(node.attrs.get("axis", 0)) % max(x.rank, 1)
-    strides = _row_major(x.shape)
+    strides = row_major(x.shape)
     kept = [a for a in range(x.rank) if a != axis]
     lines = coords([x.shape[a] for a in kept], prefix="k")
     base = " + ".join(f"k{i} * {strides[a]}" for i, a in enumerate(kept)) or "0"
@@ -272,75 +272,6 @@ def _arg_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
               f"  let v = in0[base + r * {strides[axis]}];",
               f"  if (v {cmp} best) {{ best = v; best_i = r; }}", "}", "let acc = best_i;"]
     return Body(inputs, lines)
-
-
-WIDE_ARG = 1024  # an argmax/argmin over at least this many elements per output gets a workgroup per output
-
-
-def is_wide_arg(node: Node, graph: Graph) -> bool:
-    if node.op not in ("argmax", "argmin"):
-        return False
-    x = graph.specs[node.inputs[0]]
-    return x.shape[int(node.attrs.get("axis", 0)) % max(x.rank, 1)] >= WIDE_ARG
-
-
-def wide_arg_kernel(node: Node, graph: Graph) -> Kernel:
-    """argmax/argmin of a long axis (a decoder's logits): one workgroup per output, each thread scans a
-    strided share, then a tree reduction in workgroup memory. Ties keep the lower index (the higher with
-    select_last_index), so the answer equals the one-thread scan's and the reference's."""
-    x = graph.specs[node.inputs[0]]
-    axis = int(node.attrs.get("axis", 0)) % max(x.rank, 1)
-    strides = _row_major(x.shape)
-    kept = [a for a in range(x.rank) if a != axis]
-    outputs = math.prod(x.shape[a] for a in kept)
-    length, step = x.shape[axis], strides[axis]
-    better = ">" if node.op == "argmax" else "<"
-    tie = ">" if node.attrs.get("select_last_index") else "<"
-    t = STORAGE_TYPE[x.dtype]
-    load = f"f32(in0[base + r * {step}])" if t == "f16" else f"in0[base + r * {step}]"
-    base = " + ".join(f"k{i} * {strides[a]}" for i, a in enumerate(kept)) or "0"
-    vt = "f32" if t == "f16" else WGSL_TYPE[x.dtype]
-    lines = coords([x.shape[a] for a in kept], var="o", prefix="k")
-    enable = "enable f16;\n" if t == "f16" else ""
-    source = f"""{enable}@group(0) @binding(0) var<storage, read_write> in0: array<{t}>;
-@group(0) @binding(1) var<storage, read_write> out0: array<i32>;
-var<workgroup> best_v: array<{vt}, {WORKGROUP}>;
-var<workgroup> best_i: array<i32, {WORKGROUP}>;
-fn wins(v: {vt}, i: i32, w: {vt}, j: i32) -> bool {{
-  if (j < 0) {{ return i >= 0; }}
-  if (i < 0) {{ return false; }}
-  return v {better} w || (v == w && i {tie} j);
-}}
-@compute @workgroup_size({WORKGROUP})
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {{
-  let o = wid.x + wid.y * nwg.x;
-  let tid = i32(lid.x);
-  var bv: {vt};
-  var bi: i32 = -1;
-  if (o < {outputs}u) {{
-    {chr(10).join('    ' + line for line in lines).strip()}
-    let base = {base};
-    for (var r: i32 = tid; r < {length}; r = r + {WORKGROUP}) {{
-      let v = {load};
-      if (wins(v, r, bv, bi)) {{ bv = v; bi = r; }}
-    }}
-  }}
-  best_v[tid] = bv;
-  best_i[tid] = bi;
-  workgroupBarrier();
-  for (var half: i32 = {WORKGROUP // 2}; half > 0; half = half / 2) {{
-    if (tid < half && wins(best_v[tid + half], best_i[tid + half], best_v[tid], best_i[tid])) {{
-      best_v[tid] = best_v[tid + half];
-      best_i[tid] = best_i[tid + half];
-    }}
-    workgroupBarrier();
-  }}
-  if (tid == 0 && o < {outputs}u) {{ out0[o] = best_i[0]; }}
-}}
-"""
-    return Kernel(source, [node.inputs[0], node.outputs[0]], outputs * WORKGROUP, [node.name],
-                  label=f"{node.op}:workgroup")
 
 
 def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> Body:
@@ -364,7 +295,7 @@ def _matmul_body(graph: Graph, inputs: list[str], out_shape: Sequence[int]) -> B
 def _row(x_shape: Sequence[int], axis: int) -> tuple[list[str], int, int]:
     """Lines setting `base`, the flat index where the row through output index `idx` along `axis` starts,
     and the row's length and stride."""
-    strides = _row_major(x_shape)
+    strides = row_major(x_shape)
     kept = [a for a in range(len(x_shape)) if a != axis]
     lines = coords(x_shape)
     base = " + ".join(f"c{a} * {strides[a]}" for a in kept) or "0"
@@ -399,13 +330,14 @@ def _rms_norm_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     return Body(inputs, lines)
 
 
-def _matmul_int4_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+def _matmul_int4_body(node: Node, graph: Graph, inputs: list[str], half: bool) -> Body:
     """a @ dequant(w).T, one thread per output: each weight is (q - zero point) * scale in f32, as the oracle
-    dequantizes, then accumulated in f32. Packed bytes are read out of u32 words (WGSL has no u8)."""
-    a = graph.specs[inputs[0]]
+    dequantizes. Accumulated in f32, or (`half`, on adapters with shader-f16) in f16 within each group: the
+    weight rounded to f16, multiplied by the activation rounded to f16 and summed in f16 over the group's
+    g products, each group's sum then added in f32 (the f16 error stays bounded by one group's length).
+    Packed bytes are read out of u32 words (WGSL has no u8)."""
     k, n, group = int(node.attrs["k"]), int(node.attrs["n"]), int(node.attrs["group_size"])
     blocks = -(-k // group)
-    del a
     zp = len(inputs) > 3
     if zp and graph.specs[inputs[3]].dtype is DType.uint8:
         zero = f"f32({_byte('in3', f'c_n * {blocks} + b')})"
@@ -413,18 +345,22 @@ def _matmul_int4_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
         zero = f"in3[c_n * {blocks} + b]"
     else:
         zero = "8.0"
+    # f32: one running sum, in the oracle's order; f16: a half sum per group, added in f32.
+    into, start, end = ("part", ["  var part: f16 = f16(0.0);"], ["  acc_r = acc_r + f32(part);"]) if half \
+        else ("acc_r", [], [])
+    product = "f16(in0[ab + kk]) * f16((q - z) * s)" if half else "in0[ab + kk] * ((q - z) * s)"
     lines = [f"let c_n = i32(idx % {n}u);", f"let row = i32(idx / {n}u);",
              f"let ab = row * {k};", "var acc_r: f32 = 0.0;",
              f"for (var b: i32 = 0; b < {blocks}; b = b + 1) {{",
              f"  let s = in2[c_n * {blocks} + b];", f"  let z = {zero};",
-             f"  let wb = (c_n * {blocks} + b) * {group // 2};",
+             f"  let wb = (c_n * {blocks} + b) * {group // 2};", *start,
              f"  for (var j: i32 = 0; j < {group}; j = j + 1) {{",
              f"    let kk = b * {group} + j;",
              f"    if (kk >= {k}) {{ break; }}",
              f"    let byte = {_byte('in1', 'wb + j / 2')};",
              "    let q = f32((byte >> (u32(j & 1) * 4u)) & 15u);",
-             "    acc_r = acc_r + in0[ab + kk] * ((q - z) * s);",
-             "  }", "}", "let acc = acc_r;"]
+             f"    {into} = {into} + {product};",
+             "  }", *end, "}", "let acc = acc_r;"]
     return Body(inputs, lines)
 
 
@@ -494,8 +430,8 @@ def _gather_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
     out = graph.specs[node.outputs[0]]
     axis = int(node.attrs.get("axis", 0)) % max(data.rank, 1)
     n = data.shape[axis]
-    ds = _row_major(data.shape)
-    ist = _row_major(idx.shape)
+    ds = row_major(data.shape)
+    ist = row_major(idx.shape)
     lines = coords(out.shape)
     ir = idx.rank
     ioff = " + ".join(f"c{axis + i} * {ist[i]}" for i in range(ir)) or "0"
@@ -506,75 +442,6 @@ def _gather_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
               f"if (ix < 0) {{ ix = ix + {n}; }}",
               f"let acc = in0[{' + '.join([*pre, f'ix * {ds[axis]}', *post])}];"]
     return Body(inputs, lines)
-
-
-def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
-    """A fill dispatch (when the raster has a fill) and region copies driven by a table of region parameters.
-
-    One copy dispatch covers all regions (thread t finds its region by a scan over cumulative sizes) unless
-    two regions write the same output element: then one dispatch per region keeps the reference's order.
-    """
-    out_name = node.outputs[0]
-    out = graph.specs[out_name]
-    t = WGSL_TYPE[out.dtype]
-    sources = list(node.inputs)
-    kernels: list[Kernel] = []
-    fill = node.attrs.get("fill")
-    if fill is not None:
-        lit = _literal(fill, out.dtype)
-        kernels.append(Kernel(shader_source([], [f"out0[idx] = {lit};"], [STORAGE_TYPE[out.dtype]], out.numel,
-                                      status=False),
-                              [out_name], out.numel, [node.name], label=f"{node.name}:fill"))
-    regions = [[int(v) for v in r] for r in node.attrs["regions"] if int(r[9]) * int(r[10]) * int(r[11]) > 0]
-    if not regions:
-        return kernels
-    groups = [regions] if not _regions_overlap(regions, out.numel) else [[r] for r in regions]
-    for group in groups:
-        table, total = [], 0
-        for r in group:
-            table += [*r, total]
-            total += r[9] * r[10] * r[11]
-        nreg = len(group)
-        body = ["var reg: u32 = 0u;",
-                f"for (var k: u32 = 1u; k < {nreg}u; k = k + 1u) {{ if (u32(params[k * 13u + 12u]) <= idx) {{ reg = k; }} }}",
-                "let p = reg * 13u;", "let local = i32(idx) - params[p + 12u];",
-                "let n2 = params[p + 11u];", "let n1 = params[p + 10u];",
-                "let i2 = local % n2;", "let i1 = (local / n2) % n1;", "let i0 = local / (n2 * n1);",
-                "let so = params[p + 1u] + i0 * params[p + 2u] + i1 * params[p + 3u] + i2 * params[p + 4u];",
-                "let dst = params[p + 5u] + i0 * params[p + 6u] + i1 * params[p + 7u] + i2 * params[p + 8u];",
-                f"var v: {t};", "switch (params[p]) {"]
-        for k in range(len(sources)):
-            body.append(f"  case {k}: {{ v = in{k}[so]; }}" if k else "  case 0, default: { v = in0[so]; }")
-        body += ["}", "out0[dst] = v;"]
-        src = shader_source([STORAGE_TYPE[graph.specs[s].dtype] for s in sources], body, [STORAGE_TYPE[out.dtype]], total,
-                      status=False,
-                      params=True)
-        kernels.append(Kernel(src, [*sources, out_name], total, [node.name],
-                              params=np.asarray(table, np.int32), label=f"{node.name}:copy"))
-    return kernels
-
-
-def _regions_overlap(regions: list[list[int]], numel: int) -> bool:
-    if len(regions) < 2:
-        return False
-    seen = np.zeros(numel, np.int32)
-    for r in regions:
-        i0, i1, i2 = np.meshgrid(np.arange(r[9]), np.arange(r[10]), np.arange(r[11]), indexing="ij")
-        np.add.at(seen, (r[5] + i0 * r[6] + i1 * r[7] + i2 * r[8]).reshape(-1), 1)
-    return bool((seen > 1).any())
-
-
-def _literal(value: Any, dtype: DType) -> str:
-    if dtype in FLOATS:
-        v = float(value)
-        if math.isnan(v):
-            return "e_bits(0x7fc00000u)"
-        if math.isinf(v):
-            return "e_bits(0x7f800000u)" if v > 0 else "e_bits(0xff800000u)"
-        return f"f32({v!r})"
-    if dtype is DType.bool:
-        return "1u" if value else "0u"
-    return f"i32({int(value)})"
 
 
 def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequence[str], threads: int, *,
@@ -591,7 +458,8 @@ def shader_source(in_types: Sequence[str], lines: Sequence[str], out_types: Sequ
         decls.append(f"@group(0) @binding({nb + 1}) var<storage, read_write> params: array<i32>;")
     lines = [_widen_half(line, in_types, out_types) for line in lines]
     body = "\n  ".join(lines)
-    enable = "enable f16;\n" if "f16" in (*in_types, *out_types) else ""
+    uses_half = "f16" in (*in_types, *out_types) or any("f16" in line for line in lines)
+    enable = "enable f16;\n" if uses_half else ""
     return (f"{enable}{PRELUDE}{PYMOD}{helpers}\n" + "\n".join(decls) +
             f"\n@compute @workgroup_size({WORKGROUP})\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"

@@ -3,9 +3,8 @@
 ONNX models often feed shape-like values (Reshape's target, Slice's starts, reduction axes) as graph
 inputs. `from_onnx` makes such a model a ValueTemplate (value_template.py): imported once, specialised per
 value of those inputs at each call (cached per value), as the runtime does; `rep.value_inputs` names them.
-Where even that cannot serve (the value comes from no graph input, e.g. inside a control-flow body), the
-backend falls back to freezing: the inputs are frozen to the values given to `run` and the model imported
-for them. Which inputs were frozen is reported in `rep.frozen`; the conformance report counts those passes.
+The backend freezes no input: a model the template cannot serve (the value comes from no graph input, e.g.
+inside a control-flow body) is refused, as `from_onnx` refuses it.
 
 With `symbolic_dims=True` the input dimensions are made bounded symbols before import, as an exporter with
 dynamic axes would write them (one symbol per distinct size, sizes 0 and 1 static): one template program
@@ -21,7 +20,6 @@ import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
 from edgerun.frontends.onnx import from_onnx
-from edgerun.frontends.onnx.context import DynamicInputError
 from edgerun.frontends.onnx.value_template import ValueTemplate
 from edgerun.oracle import interpret
 
@@ -65,15 +63,11 @@ def symbolic_input_model(model: Any) -> tuple[Any, dict[str, tuple[Any, ...]]]:
 
 
 class EdgerunBackendRep(BackendRep):
-    """An imported program (or, for shape-input models, the recipe to import one per input value)."""
+    """An imported program: static, a template over symbols, or a ValueTemplate (specialised per value)."""
 
-    def __init__(self, model: Any, program: Any = None, frozen: tuple[str, ...] = (),
-                 input_shapes: dict[str, tuple[Any, ...]] | None = None) -> None:
+    def __init__(self, model: Any, program: Any) -> None:
         self.model = model
         self.program = program
-        self.frozen: tuple[str, ...] = frozen
-        self.input_shapes = input_shapes
-        self._cache: dict[bytes, Any] = {}
         self._specialised: dict[Any, Any] = {}
 
     @property
@@ -89,10 +83,9 @@ class EdgerunBackendRep(BackendRep):
             seq = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
             values = {n: np.asarray(v) for n, v in zip(names, seq)}
         value_key: Any = ()
-        if isinstance(self.program, ValueTemplate):
-            program, value_key = self.program.for_values(values)
-        else:
-            program = self.program if self.program is not None else self._specialise(values)
+        program = self.program
+        if isinstance(program, ValueTemplate):
+            program, value_key = program.for_values(values)
         graph = program.graph
         if graph.symbols:
             graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs}, value_key)
@@ -112,35 +105,6 @@ class EdgerunBackendRep(BackendRep):
             self._specialised[key] = graph
         return self._specialised[key]
 
-    def _specialise(self, values: dict[str, np.ndarray]) -> Any:
-        frozen = list(self.frozen)
-        while True:
-            key = b"".join(n.encode() + values[n].tobytes() + str(values[n].shape).encode() for n in frozen)
-            if key in self._cache:
-                return self._cache[key]
-            try:
-                # The conformance runner checks the importer's own graph; the passes have their own tests.
-                program = from_onnx(self.model, constant_inputs={n: values[n] for n in frozen}, optimize=False,
-                                    input_shapes=_without(self.input_shapes, frozen))
-            except DynamicInputError as exc:
-                if exc.value_name in values and exc.value_name not in frozen:
-                    frozen.append(exc.value_name)
-                else:
-                    # Computed from inputs: freeze the shape-like ones (integer scalars and vectors). Folding
-                    # still runs our own handlers and kernels, so nothing is evaluated outside edgerun.
-                    more = [n for n, v in values.items() if n not in frozen and v.dtype.kind in "iu" and v.ndim <= 1]
-                    if not more:
-                        raise
-                    frozen.extend(more)
-                self.frozen = tuple(frozen)
-                continue
-            self._cache[key] = program
-            return program
-
-
-def _without(shapes: dict[str, tuple[Any, ...]] | None, frozen: list[str]) -> dict[str, tuple[Any, ...]] | None:
-    return None if shapes is None else {k: v for k, v in shapes.items() if k not in frozen}
-
 
 class EdgerunBackend(Backend):
     @classmethod
@@ -153,11 +117,8 @@ class EdgerunBackend(Backend):
         shapes = None
         if symbolic_dims:
             model, shapes = symbolic_input_model(model)
-        try:
-            return EdgerunBackendRep(model, from_onnx(model, optimize=False, input_shapes=shapes), (), shapes)
-        except DynamicInputError as exc:
-            first = (exc.value_name,) if exc.value_name in _input_names(model) else ()
-            return EdgerunBackendRep(model, None, first, shapes)
+        # The conformance runner checks the importer's own graph; the passes have their own tests.
+        return EdgerunBackendRep(model, from_onnx(model, optimize=False, input_shapes=shapes))
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:

@@ -31,7 +31,6 @@ class CaseResult:
     op: str
     status: str  # pass | refused | error | wrong | design
     category: str = ""
-    frozen: str = ""  # graph inputs frozen to their values (shape specialisation, see backend.py)
     value_inputs: str = ""  # inputs the imported program specialised on by value at call time (value_template.py)
     detail: str = ""
     seconds: float = 0.0
@@ -75,7 +74,7 @@ def case_op(case: Any) -> str:
 
 
 class EdgerunRunner:
-    """Runs a case through EdgerunBackend and remembers which inputs it had to freeze.
+    """Runs a case through EdgerunBackend and remembers which inputs its program specialised on by value.
 
     With `symbolic_dims` every input dimension is a bounded symbol: one template imported for every shape,
     specialised to the case's shapes at run time (backend.py).
@@ -83,17 +82,14 @@ class EdgerunRunner:
 
     def __init__(self, symbolic_dims: bool = False) -> None:
         self.symbolic_dims = symbolic_dims
-        self.frozen: tuple[str, ...] = ()
         self.value_inputs: tuple[str, ...] = ()
 
     def __call__(self, model: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         from edgerun.frontends.onnx.backend import EdgerunBackend
-        self.frozen = self.value_inputs = ()
+        self.value_inputs = ()
         rep = EdgerunBackend.prepare(model, symbolic_dims=self.symbolic_dims)
-        try:
-            return list(rep.run(inputs))
-        finally:
-            self.frozen, self.value_inputs = rep.frozen, rep.value_inputs
+        self.value_inputs = rep.value_inputs
+        return list(rep.run(inputs))
 
 
 edgerun_runner = EdgerunRunner()
@@ -144,7 +140,7 @@ def run_case(case: Any, runner: Runner = edgerun_runner, refusal: tuple[type[Bas
             diff = compare(case, got, [_array(v) for v in outputs])
             if diff:
                 return CaseResult(case.name, op, "wrong", detail=diff, seconds=time.perf_counter() - start,
-                                  frozen=_frozen(runner), value_inputs=_value_inputs(runner))
+                                  value_inputs=_value_inputs(runner))
     except OnnxImportError as exc:
         return CaseResult(case.name, op, "error", detail=str(exc)[:300], seconds=time.perf_counter() - start)
     except refusal as exc:
@@ -153,12 +149,7 @@ def run_case(case: Any, runner: Runner = edgerun_runner, refusal: tuple[type[Bas
         where = traceback.extract_tb(exc.__traceback__)[-1]
         detail = f"{type(exc).__name__}: {str(exc)[:240]} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
         return CaseResult(case.name, op, "error", detail=detail, seconds=time.perf_counter() - start)
-    return CaseResult(case.name, op, "pass", seconds=time.perf_counter() - start, frozen=_frozen(runner),
-                      value_inputs=_value_inputs(runner))
-
-
-def _frozen(runner: Runner) -> str:
-    return ",".join(getattr(runner, "frozen", ()))
+    return CaseResult(case.name, op, "pass", seconds=time.perf_counter() - start, value_inputs=_value_inputs(runner))
 
 
 def _value_inputs(runner: Runner) -> str:

@@ -29,6 +29,12 @@ class OnnxModelError(EdgerunError):
     """The ONNX file or model is malformed: unreadable protobuf, dangling value, cycle, bad type or opset."""
 
 
+class ShapeBoundsError(UnsupportedOpError):
+    """A handler that holds at some shapes within the symbols' bounds but not at all of them (or edgerun cannot
+    prove it holds at all): narrower bounds or a pinned dimension import it. An If branch that raises it is
+    left out, like a branch whose static shapes do not work out."""
+
+
 class OnnxImportError(EdgerunError):
     """A handler produced something inconsistent with ONNX's own inference: a bug, never a silent answer."""
 
@@ -82,6 +88,9 @@ class OnnxNode:
 
     def refuse(self, detail: str) -> UnsupportedOpError:
         return UnsupportedOpError(self.op_type, source=self.name or None, detail=detail)
+
+    def refuse_at_bounds(self, detail: str) -> ShapeBoundsError:
+        return ShapeBoundsError(self.op_type, source=self.name or None, detail=detail)
 
 
 Out = str | np.ndarray  # an IR value name, or a constant computed at import time

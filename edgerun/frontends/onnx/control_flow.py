@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.frontends.onnx.context import DynamicInputError, ImportContext, OnnxImportError, OnnxNode
+from edgerun.frontends.onnx.context import (
+    DynamicInputError,
+    ImportContext,
+    OnnxImportError,
+    OnnxNode,
+    ShapeBoundsError,
+)
 from edgerun.frontends.onnx.functions import rename_outer_refs
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
@@ -68,7 +74,9 @@ def import_body(ctx: ImportContext, body: Any, formals: Sequence[tuple[str, Tens
     run-time values, same names); returns its context and the IR values of its outputs."""
     from onnx import numpy_helper
 
-    child = ImportContext(Graph())
+    # The body sees the outer symbols' bounds, so its shape rules decide what the outer graph's would
+    # (silero-vad's 16 kHz branch squeezes a frame count that the bounds make 1).
+    child = ImportContext(Graph(symbols=dict(ctx.graph.symbols)))
     for name, spec in formals:
         child.values[name] = child.graph.add_input(name, spec)
     for name in captured:
@@ -140,9 +148,10 @@ def import_if(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> No
     for side, branch in zip(("then", "else"), branches):
         try:
             child, outs = import_body(ctx, branch, [], captured, import_into)
-        except (ValueError, OnnxImportError) as exc:
+        except (ValueError, OnnxImportError, ShapeBoundsError) as exc:
             # ONNX models branch on shapes (silero-vad's 8 kHz branch cannot run on a 16 kHz chunk): a branch
-            # whose shapes do not work out at the import's shapes is left out, and taking it is a run-time error.
+            # whose shapes do not work out at the import's shapes, or not at every shape within the symbols'
+            # bounds, is left out, and taking it is a run-time error.
             names.append("")
             failures.append(f"{side} branch: {exc}")
             continue

@@ -91,8 +91,9 @@ def conv_values(ctx: ImportContext, node: OnnxNode, x0: str, w: str, bias: str,
 
 @onnx_op("ConvTranspose")
 def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    # Transposed convolution = zero-insertion (one raster) + pad/crop + a plain convolution with the kernel
-    # flipped and its in/out channels swapped per group.
+    # Static sizes: the IR's conv_transpose2d composite. Symbolic ones: its lowering written out here, since
+    # the zero insertion's raster needs concrete sizes: zero-insertion + pad/crop + a plain convolution with
+    # the kernel flipped and its in/out channels swapped per group.
     x0 = ctx.input(node, 0)
     x, lifted = _as_2d(ctx, node, x0)
     wshape = ctx.shape(node.inputs[1])
@@ -123,6 +124,18 @@ def conv_transpose(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     else:
         p = _spatial(node, "pads", 0, 2 * n_sp)
         begin, end = _lift(p[:n_sp], lifted, 0), _lift(p[n_sp:], lifted, 0)
+    if not any(isinstance(d, SymDim) for d in ctx.b.shape(x)):
+        # The IR's composite, kept whole for engines with a ConvTranspose kernel (lowered as below elsewhere).
+        w = ctx.input(node, 1)
+        if lifted:
+            w = ctx.emit("reshape", [w], shape=list(wshape))
+        bias = [ctx.input(node, 2)] if node.has_input(2) else []
+        y = ctx.emit("conv_transpose2d", [x, w, *bias], stride=strides, dilation=dil,
+                     padding=[begin[0], begin[1], end[0], end[1]], output_padding=out_pad, groups=groups)
+        if lifted:
+            s = ctx.b.shape(y)
+            y = ctx.emit("reshape", [y], shape=[s[0], s[1], s[3]])
+        return [y]
     spread = _insert_zeros(ctx, x, strides)
     pairs = [[0, 0], [0, 0]] + [[d * (k - 1) - b, d * (k - 1) - e + op]
                                 for k, d, b, e, op in zip(kernel, dil, begin, end, out_pad)]

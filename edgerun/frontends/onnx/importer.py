@@ -178,7 +178,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             if _symbolic_inputs(ctx, node):
                 # Over symbolic sizes a shape rule fails when it cannot prove two sizes agree for every shape
                 # in the bounds (n6 against a split into 2 + 4), or a handler needs a number (np.arange(n)).
-                raise node.refuse(f"{exc}: over symbolic sizes this holds only for some shapes, or edgerun cannot "
+                raise node.refuse_at_bounds(f"{exc}: over symbolic sizes this holds only for some shapes, or edgerun cannot "
                                   "prove it holds for all; pin the dimensions in input_shapes=") from None
             if isinstance(exc, TypeError):
                 raise

@@ -1,4 +1,7 @@
-"""Resize as one matmul per resized axis with a constant interpolation matrix.
+"""Resize: nearest and linear as the IR's `resize` composite, kept whole until placement (ONNX Runtime runs it
+as its Resize; elsewhere it lowers to a copy or a matmul per axis, edgerun/ir/ops/resize_ops.py); the
+rest (cubic, antialias, tf_crop_and_resize, exclude_outside, an aspect-ratio policy) as one matmul per
+resized axis with a constant interpolation matrix.
 
 Every Resize mode (nearest, linear, cubic, antialias) is separable and linear in the input along each axis,
 so the whole op is y = x @ M_axis for each resized axis (plus a constant for tf_crop_and_resize's
@@ -16,6 +19,8 @@ import numpy as np
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.frontends.onnx.symfold import is_symbolic
+from edgerun.ir.dtypes import DType
+from edgerun.ir.ops.resize_ops import COORDINATE_MODES
 from edgerun.ir.symbolic import SymDim
 
 
@@ -111,6 +116,9 @@ def resize(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if any(isinstance(d, SymDim) for d in shape):
         return [_repeat_symbolic(ctx, node, x, scales, sizes, mode, ctm, nearest_mode)]
     scale_f, out, roi_full = _plan(node, shape, scales, sizes, roi)
+    if _is_composite(node, mode, ctm, dtype):
+        return [ctx.emit("resize", [x], mode=mode, coordinate_transformation_mode=ctm, nearest_mode=nearest_mode,
+                         scales=scale_f, shape=out)]
     r = len(shape)
     for axis in range(r):
         axis_roi = None if roi_full is None else [roi_full[axis], roi_full[axis + r]]
@@ -121,6 +129,13 @@ def resize(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         mat, offset = _axis_matrix(node, shape[axis], scale_f[axis], out[axis], coeffs, axis_roi, ctm)
         x = _apply(ctx, x, axis, mat, offset)
     return [x]
+
+
+def _is_composite(node: OnnxNode, mode: str, ctm: str, dtype: DType) -> bool:
+    """Whether the IR's `resize` composite means exactly this node."""
+    return mode in ("nearest", "linear") and ctm in COORDINATE_MODES and dtype is DType.float32 and \
+        not node.attr("antialias", 0) and not node.attr("exclude_outside", 0) and \
+        node.attr("keep_aspect_ratio_policy", "stretch") == "stretch"
 
 
 def _apply(ctx: ImportContext, x: str, axis: int, mat: np.ndarray, offset: np.ndarray) -> str:

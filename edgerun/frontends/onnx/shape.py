@@ -141,7 +141,7 @@ def squeeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     unknown = [d for i, d in enumerate(shp) if isinstance(d, SymDim) and i not in ones
                and (named is None or i in named)]
     if unknown:
-        raise node.refuse(f"Squeeze of symbolic dimension {unknown[0]}, which is 1 only for some shapes: pin it in "
+        raise node.refuse_at_bounds(f"Squeeze of symbolic dimension {unknown[0]}, which is 1 only for some shapes: pin it in "
                           "input_shapes= or bound its symbols so that it is always 1")
     drop = ones if named is None else named
     if not drop <= ones:

@@ -37,7 +37,13 @@ from edgerun.ir.specialize import ValueKey, check_value_size, value_key
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.program import Program
 
-_PROGRAMS_KEPT = 16  # imported programs per distinct values (the runtime's LRU holds the loaded ones)
+_PROGRAMS_KEPT = 8  # imported programs kept, one per distinct value (as many as the runtime LRU loads; each holds
+# its own optimised weights, so more would cost memory for values the runtime has already dropped)
+
+
+def _per_value(output: str, value_inputs: list[str]) -> str:
+    return (f"{output} (exists per value of inputs {value_inputs}: load this value template with "
+            "edgerun.load, which specialises it per value)")
 
 
 class ValueTemplate(Program):
@@ -64,6 +70,9 @@ class ValueTemplate(Program):
         self._programs: OrderedDict[ValueKey, Program] = OrderedDict()
         self.value_inputs: list[str] = []
         self._learn(error)
+        # The outputs exist per value only: named here without specs, so a tool that takes this graph for a
+        # whole program (interpret, quantize, verify, the search) fails on them loudly, not computing nothing.
+        graph.outputs = [_per_value(o.name, self.value_inputs) for o in model.graph.output]
         self.imports_made = 0  # imports run for new values (the first-call cost is paid this often)
 
     def _learn(self, error: DynamicInputError) -> None:

@@ -6,10 +6,11 @@ matter here because every value in the IR is a fresh contiguous tensor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from edgerun.frontends.torch.context import ConvertContext, handles
-from edgerun.ir.symbolic import is_symbolic, same_values
+from edgerun.ir.symbolic import Dim, is_symbolic, same_values, sym_max, sym_min, value_range
 
 _INT64_MAX = 2**63 - 1
 
@@ -123,13 +124,31 @@ def _slice(ctx: ConvertContext, node: Any) -> str:
     start = 0 if a["start"] is None else ctx.size(a["start"])
     end = _INT64_MAX if a["end"] is None else ctx.size(a["end"])
     step = int(a["step"])
-    if not is_symbolic(end) and not is_symbolic(shape[axis]):
-        end = min(end, shape[axis]) if end > 0 else end
+    if step > 0:
+        start, end = (_clamp(v, shape[axis], ctx.graph.symbols) for v in (start, end))
     y = ctx.b.emit("slice", [x], starts=[start], ends=[end], axes=[axis], steps=[step])
     want = ctx.out_shape(node)
     if ctx.b.shape(y) != want and not same_values(ctx.b.shape(y), want, ctx.graph.symbols):
         ctx.unsupported("slice bounds this frontend does not resolve like torch")
     return y
+
+
+def _clamp(bound: Dim, n: Dim, symbols: Mapping[str, tuple[int, int]]) -> Dim:
+    """A concrete slice bound clamped into [0, n] as Python does, for a positive step: torch.export writes
+    `x[:, 1:]` as slice(x, 1, 1, INT64_MAX) and a TF-style end may be INT32_MAX. On a symbolic axis the
+    symbols' bounds decide the clamp where they can; elsewhere it stays a min/max the specialisation evaluates.
+    A negative bound counts from the end, which the IR's slice does itself while n + bound >= 0."""
+    if is_symbolic(bound):
+        return bound
+    if not is_symbolic(n):
+        return min(bound, n) if bound >= 0 else max(bound, -n)
+    if bound >= 0:
+        r = value_range(n, symbols)
+        if r is not None and bound >= r[1]:
+            return n
+        return bound if r is not None and bound <= r[0] else sym_min(bound, n)
+    r = value_range(n + bound, symbols)
+    return bound if r is not None and r[0] >= 0 else sym_max(n + bound, 0)
 
 
 @handles("aten.narrow.default")

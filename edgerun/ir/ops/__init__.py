@@ -3,9 +3,11 @@
 from edgerun.ir.ops import (  # noqa: F401
     atomic,
     control_flow_ops,
+    conv_transpose_ops,
     nn_ops,
     quant_ops,
     raster,
+    resize_ops,
     shape_ops,
     state_ops,
     symbolic_ops,

@@ -265,14 +265,6 @@ def _pad_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
     return [TensorSpec(tuple(n + a + c for n, (a, c) in zip(ins[0].shape, pads)), ins[0].dtype)]
 
 
-def _pad_source_index(j: int, n: int, mode: str) -> int:
-    if mode == "edge":
-        return min(max(j, 0), n - 1)
-    period = 2 * (n - 1) or 1
-    j = abs(j) % period
-    return period - j if j >= n else j
-
-
 def _pad(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
     spec = b.spec(ins[0])
     pads = _pad_pairs(spec, attrs)
@@ -289,7 +281,8 @@ def _pad(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
         regions = strided_copy_regions(0, src_off, src_strides, dst_off, dst_strides, sizes)
         fill = attrs.get("value", 0)
         return [b.emit("raster", ins, regions=regions, shape=list(out_shape), fill=fill)]
-    # reflect / edge: pad one axis at a time; each output row along the axis copies one source row.
+    # reflect / edge: pad one axis at a time, in three strided regions: the rows before the source
+    # (reflect reads them backwards from row `a`, edge repeats row 0 with stride 0), the source, the rows after.
     x = ins[0]
     for axis, (a, c) in enumerate(pads):
         if not (a or c):
@@ -298,13 +291,19 @@ def _pad(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
         n = shape[axis]
         padded = [*shape[:axis], n + a + c, *shape[axis + 1:]]
         src_strides, dst_strides = contiguous_strides(shape), contiguous_strides(tuple(padded))
-        row = list(shape)
-        row[axis] = 1
+        reflect = mode == "reflect"
+        # (first output row, rows, first source row, source row step); negative pads crop the middle piece.
+        pieces = [(0, a, a if reflect else 0, -1 if reflect else 0),
+                  (max(0, a), n + min(0, a) + min(0, c), max(0, -a), 1),
+                  (a + n, c, n - 2 if reflect else n - 1, -1 if reflect else 0)]
         regions = []
-        for j in range(n + a + c):
-            src_j = _pad_source_index(j - a, n, mode)
-            regions += strided_copy_regions(0, src_j * src_strides[axis], src_strides,
-                                            j * dst_strides[axis], dst_strides, row)
+        for first, rows, src_row, step in pieces:
+            if rows <= 0:
+                continue
+            sizes = [*shape[:axis], rows, *shape[axis + 1:]]
+            strides = [s * step if i == axis else s for i, s in enumerate(src_strides)]
+            regions += strided_copy_regions(0, src_row * src_strides[axis], strides,
+                                            first * dst_strides[axis], dst_strides, sizes)
         x = b.emit("raster", [x], regions=regions, shape=padded, fill=None)
     return [x]
 
