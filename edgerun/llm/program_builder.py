@@ -103,30 +103,22 @@ class _StepBuilder:
         offsets_t = g.add_constant(ops.offsets_t, name=name + ".offsets.T")
         return b.binary("add", y, b.emit("matmul", [sums, offsets_t]))
 
-    def projections(self, x: str, parts: list[list[str]]) -> list[str]:
-        """x @ w.T for each part, a part being weights whose outputs stay side by side (q and k: rotated
-        together). Packed weights of one scheme run as one stacked matmul, then split per part (q/k/v,
-        gate/up: one int4 GEMV instead of several small ones, and fewer nodes per token)."""
-        names = [n for part in parts for n in part]
+    def projections(self, x: str, names: list[str]) -> list[str]:
+        """x @ w.T for each weight; packed weights of one scheme run as one stacked matmul, then split
+        (q/k/v, gate/up: one int4 GEMV instead of several small ones, and fewer nodes per token)."""
         ws = [self.w.get(n) for n in names]
         packed = [w for w in ws if isinstance(w, PackedWeight)]
         if len(packed) < len(ws) or len({w.scheme for w in packed}) != 1 or packed[0].bits != 4:
-            return [self.join([self.linear(x, n) for n in part]) for part in parts]
+            return [self.linear(x, n) for n in names]
         y = self.packed_linear(x, "+".join(names), lambda: PackedWeight.stack(packed))
-        rows = {n: w.shape[0] for n, w in zip(names, packed)}
         outs, start = [], 0
-        for part in parts:
-            end = start + sum(rows[n] for n in part)
-            out = self.b.emit("slice", [y], starts=[start], ends=[end], axes=[1]) if len(parts) > 1 else y
-            if any(n + "_bias" in self.w for n in part):
-                bias = np.concatenate([self.w.get(n + "_bias", np.zeros(rows[n], np.float32)) for n in part])
-                out = self.b.binary("add", out, self.g.add_constant(bias.astype(np.float32), name="+".join(part) + "_bias"))
-            outs.append(out)
-            start = end
+        for name, w in zip(names, packed):
+            part = self.b.emit("slice", [y], starts=[start], ends=[start + w.shape[0]], axes=[1])
+            if name + "_bias" in self.w:
+                part = self.b.binary("add", part, self.const(name + "_bias"))
+            outs.append(part)
+            start += w.shape[0]
         return outs
-
-    def join(self, columns: list[str]) -> str:
-        return columns[0] if len(columns) == 1 else self.b.emit("concat", columns, axis=1)
 
     def rows(self, x: str) -> int:
         return self.b.shape(x)[0]
@@ -172,26 +164,12 @@ class _StepBuilder:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
 
     def rotate(self, x: str, cos: str, sin: str) -> str:
-        """x * cos + rotate_half(x) * sin on [T, heads, head_dim].
-
-        rotate_half(x) = concat(-x2, x1) is written x @ R with R a signed permutation matrix: one small
-        matmul instead of two slices, a negation and a concat (which backends lower to chains of copies;
-        on ONNX Runtime about ten nodes per rotation). Bit-exact: each output sums one product +-x[j] and
-        zeros.
-        """
-        b = self.b
-        rotated = b.emit("matmul", [x, self.rotate_half_matrix()])
+        """x * cos + rotate_half(x) * sin on [heads, T, head_dim]."""
+        b, half = self.b, self.c.head_dim // 2
+        x1 = b.emit("slice", [x], starts=[0], ends=[half], axes=[2])
+        x2 = b.emit("slice", [x], starts=[half], ends=[2 * half], axes=[2])
+        rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
         return b.binary("add", b.binary("mul", x, cos), b.binary("mul", rotated, sin))
-
-    def rotate_half_matrix(self) -> str:
-        name = "rope.rotate_half"
-        if name not in self.g.specs:
-            hd, half = self.c.head_dim, self.c.head_dim // 2
-            r = np.zeros((hd, hd), np.float32)
-            r[np.arange(half) + half, np.arange(half)] = -1.0  # out[j] = -x[j + half] for j < half
-            r[np.arange(half), np.arange(half) + half] = 1.0  # out[j] = x[j - half] for j >= half
-            self.g.add_constant(r, name=name)
-        return name
 
     def heads_first(self, x: str, heads: int) -> str:
         """[T, heads*hd] -> [heads, T, hd]."""
@@ -199,21 +177,18 @@ class _StepBuilder:
         return b.emit("transpose", [b.emit("reshape", [x], shape=[self.T, heads, self.c.head_dim])], perm=[1, 0, 2])
 
     def attention(self, h: str, i: int, cos: str, sin: str, cache_keep: str, causal: str) -> tuple[str, str, str]:
-        """`cos`/`sin`: [T, heads + kv_heads, head_dim] tables for the query and key heads side by side, the
-        query heads' scaled by 1/sqrt(head_dim) (so q and k rotate as one tensor and q needs no scaling)."""
         b, c, T, C = self.b, self.c, self.T, self.C
         kv, hd, group = c.kv_heads, c.head_dim, c.group
         prefix = f"layers.{i}."
-        qk, v = self.projections(h, [[prefix + "q", prefix + "k"], [prefix + "v"]])
-        qk = self.rotate(b.emit("reshape", [qk], shape=[T, c.heads + kv, hd]), cos, sin)
-        qk = b.emit("transpose", [qk], perm=[1, 0, 2])  # [heads + kv, T, hd]
-        q = b.emit("slice", [qk], starts=[0], ends=[c.heads], axes=[0])
-        k = b.emit("slice", [qk], starts=[c.heads], ends=[c.heads + kv], axes=[0])
+        q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
+        q = self.rotate(self.heads_first(q, c.heads), cos, sin)
+        k = self.rotate(self.heads_first(k, kv), cos, sin)
         v = self.heads_first(v, kv)  # [kv, T, hd]
         k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
         k_cache, v_cache = self.cache_read(f"k_cache_{i}"), self.cache_read(f"v_cache_{i}")
         # Query heads sharing a key/value head sit side by side (transformers' repeat_kv order), so grouped
         # attention is one batched matmul per kv head with group*T query rows.
+        q = b.binary("mul", q, b.scalar(1.0 / float(np.sqrt(hd)), q))
         q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
         neg_inf = b.const(np.float32(-np.inf))
         s_cache = b.emit("where", [cache_keep, b.emit("matmul", [q_grouped, k_cache]), neg_inf])
@@ -246,7 +221,7 @@ class _StepBuilder:
 
     def mlp(self, h: str, i: int) -> str:
         b, prefix = self.b, f"layers.{i}."
-        gate, up = self.projections(h, [[prefix + "gate"], [prefix + "up"]])
+        gate, up = self.projections(h, [prefix + "gate", prefix + "up"])
         return self.linear(b.binary("mul", b.emit("silu", [gate]), up), prefix + "down")
 
     def build(self) -> Graph:
@@ -258,12 +233,8 @@ class _StepBuilder:
         # Padding rows past the context read the last table row; their outputs are never used.
         positions = b.binary("minimum", positions, b.const(np.asarray(C - 1, np.int64)))
         cos_table, sin_table = rope_tables(c, C)
-        # [T, heads + kv_heads, hd]: the query heads' with attention's 1/sqrt(hd) folded in (made once per step).
-        head_scale = np.ones((1, c.heads + c.kv_heads, 1), np.float32)
-        head_scale[:, :c.heads] = 1.0 / float(np.sqrt(c.head_dim))
-        cos, sin = (b.binary("mul", b.emit("reshape", [b.emit("gather", [b.const(table), positions], axis=0)],
-                                            shape=[T, 1, c.head_dim]), b.const(head_scale))
-                    for table in (cos_table, sin_table))
+        cos = b.emit("gather", [b.const(cos_table), positions], axis=0)  # [T, hd], broadcasts over heads
+        sin = b.emit("gather", [b.const(sin_table), positions], axis=0)
         cache_keep = b.emit("reshape", [b.binary("lt", b.const(np.arange(C, dtype=np.int64)), start)],
                             shape=[1, 1, C])
         causal = b.const(np.tile(np.tril(np.ones((T, T), dtype=bool)), (c.group, 1)))  # [group*T, T]
