@@ -16,7 +16,9 @@ different spellings of one size one form (each sound for every integer value of 
 - a multiple of its divisor times a quotient is written with the remainder, `n*(x//n)` = `x - x % n`, so
   `x - n*(x//n)` is `x % n` (ONNX exporters spell ceil and mod that way);
 - a sum holding one `max`/`min` (times a constant) is the max/min of sums, `x - min(x + 1, 0)` = `max(x, -1)`,
-  so terms that cancel inside do.
+  so terms that cancel inside do;
+- an expression whose symbols occur only inside remainders by constants is periodic, so evaluating it over
+  one period decides it: `n%2 + 1 - (n%2 + 1)//2` is 1, and `-(n % 3) > 0` is false, for every n.
 
 `str(d)` is a parseable form and `symbolic_text.parse_dim(text)` reads it back with a small
 recursive-descent parser (never eval; no sympy). `int(d)` raises a clear error naming the symbol: a shape rule that truly needs a
@@ -25,9 +27,10 @@ concrete size says so instead of computing with a wrong one.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
@@ -110,7 +113,13 @@ class SymDim(_IntForTypeChecking):
         extreme = _extreme_to_distribute(kept)
         if extreme is not None:
             return extreme
-        return SymDim(kept)
+        out = SymDim(kept)
+        period = _period(out)
+        if period is not None:
+            values = _evaluate_periodic(out, period)
+            if values is not None and values.size and values.min() == values.max():
+                return int(values[0])  # n%2 + 1 - (n%2 + 1)//2 is 1 for every n
+        return out
 
     # -- queries ------------------------------------------------------------------------------------------
     @property
@@ -189,23 +198,26 @@ class SymDim(_IntForTypeChecking):
     def __hash__(self) -> int:
         return self._hash
 
-    def _difference(self, other: Dim, op: str) -> int:
+    def _decide(self, other: Dim, op: str, holds: Callable[[int], bool]) -> bool:
+        """Whether `self op other` for every value of the symbols: the difference is a constant, or its range
+        without any bounds (remainders bound it: `-(n % 3) > 0` is false for every n) decides it."""
         diff = self - other
-        if isinstance(diff, int):
-            return diff
+        low, high = (diff, diff) if isinstance(diff, int) else free_range(diff) or (None, None)
+        if low is not None and high is not None and holds(low) == holds(high):
+            return holds(low)  # `holds` is monotone in the difference, so its ends decide it
         raise SymbolicShapeError(f"cannot decide {self} {op} {other}: {self._describe()} is only known at run time")
 
     def __lt__(self, other: Dim) -> bool:
-        return self._difference(other, "<") < 0
+        return self._decide(other, "<", lambda d: d < 0)
 
     def __le__(self, other: Dim) -> bool:
-        return self._difference(other, "<=") <= 0
+        return self._decide(other, "<=", lambda d: d <= 0)
 
     def __gt__(self, other: Dim) -> bool:
-        return self._difference(other, ">") > 0
+        return self._decide(other, ">", lambda d: d > 0)
 
     def __ge__(self, other: Dim) -> bool:
-        return self._difference(other, ">=") >= 0
+        return self._decide(other, ">=", lambda d: d >= 0)
 
     # -- text -----------------------------------------------------------------------------------------------
     def __str__(self) -> str:
@@ -467,7 +479,7 @@ def _extreme(kind: str, a: Dim, b: Dim) -> Dim:
         return max(a, b) if kind == "max" else min(a, b)
     diff = a - b
     # The sign of a - b without bounds: a constant, or one that remainders bound (n % 2 + 1 > 0).
-    sign = (diff, diff) if isinstance(diff, int) else _interval(diff, {})
+    sign = (diff, diff) if isinstance(diff, int) else free_range(diff)
     if sign is not None and (sign[0] >= 0 or sign[1] <= 0):
         return a if (sign[0] >= 0) == (kind == "max") else b
     args = tuple(sorted((a, b), key=_text))
@@ -543,6 +555,64 @@ def same_values(a: tuple[Dim, ...], b: tuple[Dim, ...], symbols: Mapping[str, tu
         except SymbolicShapeError:
             return False
     return True
+
+
+# Up to this many points in one period, an expression whose symbols occur only inside remainders by
+# constants (periodic in each symbol) is evaluated over a whole period: exactly, without any bounds.
+PERIODIC_POINTS = 4096
+
+
+def _period(d: SymDim) -> dict[str, int] | None:
+    """Each symbol's period when every occurrence of it is inside `x % n` with a constant n (the lcm of
+    those n), else None; None too when a period box would exceed PERIODIC_POINTS."""
+    if not any(atom.kind == "mod" for mono, _ in d._terms for atom in mono):
+        return None  # the common case, decided without walking the tree
+    periods: dict[str, int] = {}
+    if not _collect_periods(d, periods) or not periods:
+        return None
+    return periods if math.prod(periods.values()) <= PERIODIC_POINTS else None
+
+
+def _collect_periods(d: Dim, periods: dict[str, int]) -> bool:
+    """Whether `d` is periodic in each of its symbols, recording the periods. A polynomial P with integer
+    coefficients has P(x + n) = P(x) mod n, so `P % n` has period n in the symbols of P; an atom of P that
+    is not a symbol must be periodic itself (`(x//3) % 2` is not: x//3 is not periodic). A function of
+    periodic values (a quotient, max, min, sum) is periodic with the lcm of their periods."""
+    if not isinstance(d, SymDim):
+        return True
+    for mono, _ in d._terms:
+        for atom in mono:
+            if atom.kind == "sym":
+                return False  # a symbol outside any remainder: not periodic
+            if atom.kind == "mod" and isinstance(atom.args[1], int):
+                for inner, _ in _terms_of(atom.args[0]).items():
+                    for factor in inner:
+                        if factor.kind == "sym":
+                            periods[factor.name] = math.lcm(periods.get(factor.name, 1), atom.args[1])
+                        elif not _collect_periods(_atom_dim(factor), periods):
+                            return False
+                continue
+            if not all(_collect_periods(a, periods) for a in atom.args):
+                return False
+    return True
+
+
+def _evaluate_periodic(d: SymDim, period: Mapping[str, int]) -> np.ndarray | None:
+    axes = [np.arange(p, dtype=np.int64) for p in period.values()]
+    grid = dict(zip(period, (g.reshape(-1) for g in np.meshgrid(*axes, indexing="ij"))))
+    return _evaluate_array(d, grid)
+
+
+def free_range(d: SymDim) -> tuple[int, int] | None:
+    """Bounds on `d` that hold for every integer value of its symbols, whatever their bounds: exact for an
+    expression periodic in its symbols (see _period), else by interval arithmetic, in which only remainders
+    by constants have a range; None when unbounded."""
+    period = _period(d)
+    if period is not None:
+        values = _evaluate_periodic(d, period)
+        if values is not None and values.size:
+            return int(values.min()), int(values.max())
+    return _interval(d, {})
 
 
 # Up to this many points in the symbols' box, value_range evaluates every one (vectorised): exact, where

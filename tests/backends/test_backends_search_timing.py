@@ -11,18 +11,18 @@ def test_a_candidate_is_not_charged_for_the_threads_the_one_before_it_left_busy(
     last_a = [0.0]
 
     def a() -> None:
-        time.sleep(0.004)
+        time.sleep(0.02)
         last_a[0] = time.perf_counter()
 
-    def b() -> None:  # 2 ms alone; 8 ms while "a's threads" are still busy (within 0.2 s of a's last call)
-        time.sleep(0.008 if time.perf_counter() - last_a[0] < 0.2 else 0.002)
+    def b() -> None:  # 5 ms alone; 40 ms while "a's threads" are still busy (within 0.3 s of a's last call)
+        time.sleep(0.04 if time.perf_counter() - last_a[0] < 0.3 else 0.005)
 
     calls = {"a": a, "b": b}
-    estimates = {"a": 0.004, "b": 0.008}
+    estimates = {"a": 0.02, "b": 0.04}
     naive = steady_seconds(calls, {}, estimates)  # nothing declared: b is timed while a's threads spin
     assert naive["b"] > naive["a"]
-    fair = steady_seconds(calls, {"a": 0.25}, estimates)  # a declares 0.25 s: b's block waits that long
-    assert fair["b"] < 0.004 < fair["a"]
+    fair = steady_seconds(calls, {"a": 0.35}, estimates)  # a declares 0.35 s: b's block waits that long
+    assert fair["b"] < 0.02 <= fair["a"]
 
 
 def test_warm_up_fades_out_of_the_figure() -> None:
@@ -30,13 +30,13 @@ def test_warm_up_fades_out_of_the_figure() -> None:
 
     def cold_start() -> None:  # a fresh session: its first calls are slow
         count[0] += 1
-        time.sleep(0.012 if count[0] <= 6 else 0.002)
+        time.sleep(0.03 if count[0] <= 6 else 0.005)
 
     def steady() -> None:
-        time.sleep(0.005)
+        time.sleep(0.015)
 
-    got = steady_seconds({"cold": cold_start, "steady": steady}, {}, {"cold": 0.012, "steady": 0.005})
-    assert got["cold"] < 0.005 <= got["steady"]
+    got = steady_seconds({"cold": cold_start, "steady": steady}, {}, {"cold": 0.03, "steady": 0.015})
+    assert got["cold"] < 0.015 <= got["steady"]
 
 
 def test_a_spent_budget_still_times_every_candidate_at_least_twice() -> None:

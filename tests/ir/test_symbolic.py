@@ -188,3 +188,18 @@ def test_value_range_is_exact_on_small_boxes_and_sound_on_large_ones() -> None:
     assert low <= 0 and high >= 2
     assert value_range(x // (h - 3), {"x": (0, 9), "h": (0, 9)}) is None  # the divisor is 0 at h = 3
     assert value_range(x + h, {"x": (0, 9)}) is None  # h is unbounded
+
+
+def test_expressions_of_remainders_alone_are_decided_over_one_period() -> None:
+    """Symbols only inside remainders by constants make an expression periodic: one period decides it."""
+    n, y = sym("n"), sym("y")
+    assert -(((n % 2) + 1) // 2) + (n % 2) + 1 == 1  # ONNX's SAME padding of a stride-2 conv: constant
+    assert type((x % 4 + y) % 2 - (x + y) % 2) is int
+    assert not (-(n % 3) > 0) and (-(n % 3) <= 0)
+    assert not ((2 * n) % 3 + n - 9 >= n)
+    assert sym_max((n % 2) - 2, -5) == (n % 2) - 2
+    assert isinstance((x // 3) % 2 - x % 2, SymDim)  # x//3 is not periodic: (x//3) % 2 has period 6, not 2
+    with pytest.raises(EdgerunError, match="cannot decide"):
+        _ = n % 3 > 1
+    with pytest.raises(EdgerunError, match="cannot decide"):
+        _ = n > 3
