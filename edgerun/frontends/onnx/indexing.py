@@ -90,7 +90,7 @@ def _scatter(ctx: ImportContext, node: OnnxNode, rows: str, lin: str, updates: s
         # [P, M, R]: each position's matching updates, the rest replaced by the reduction's identity.
         m, r = ctx.b.shape(updates)
         big = np.inf if dtype.is_float else np.iinfo(dtype.np).max
-        ident = ctx.b.const(np.asarray(-big if reduction == "max" else big, dtype=dtype.np))
+        ident = ctx.b.const(-big if reduction == "max" else big, dtype)
         sel = ctx.emit("where", [ctx.emit("reshape", [hit], shape=[p, m, 1]),
                                  ctx.emit("reshape", [updates], shape=[1, m, r]), ident])
         best = ctx.emit(f"reduce_{reduction}", [sel], axes=[1], keepdims=False)
@@ -186,7 +186,7 @@ def cumsum(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     perm = [d for d in range(len(shape)) if d != axis] + [axis]
     xt = ctx.emit("transpose", [x], perm=perm)
     flat = ctx.emit("reshape", [xt], shape=[math.prod(shape) // max(n, 1), n])
-    y = ctx.emit("matmul", [flat, ctx.b.const(tri.astype(ctx.b.dtype(x).np))])
+    y = ctx.emit("matmul", [flat, ctx.b.const(tri, ctx.b.dtype(x))])
     y = ctx.emit("reshape", [y], shape=[shape[d] for d in perm])
     inv = [perm.index(d) for d in range(len(shape))]
     return [ctx.emit("transpose", [y], perm=inv)]
@@ -228,7 +228,7 @@ def max_unpool(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         raise node.refuse(f"output_shape {final} smaller than the unpooled shape {out_shape}")
     total = math.prod(out_shape)
     m = ctx.b.spec(x).numel
-    rows = ctx.b.const(np.zeros((total, 1), dtype=ctx.b.dtype(x).np))
+    rows = ctx.b.const(np.zeros((total, 1)), ctx.b.dtype(x))
     out = _scatter(ctx, node, rows, ctx.emit("reshape", [ctx.cast(idx, DType.int64)], shape=[m]),
                    ctx.emit("reshape", [x], shape=[m, 1]))
     out = ctx.emit("reshape", [out], shape=out_shape)

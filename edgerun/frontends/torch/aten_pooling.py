@@ -106,7 +106,7 @@ def _avg_pool(ctx: ConvertContext, node: Any) -> str:
         cnt_r = np.minimum(rows + kernel[0], h + pads[2]) - np.maximum(rows, -pads[0])
         cnt_c = np.minimum(cols + kernel[1], w + pads[3]) - np.maximum(cols, -pads[1])
         scale = (cnt_r[:, None] * cnt_c[None, :]).astype(np.float64) / float(divisor)
-        y = ctx.b.binary("mul", y, ctx.b.const(scale.astype(ctx.b.dtype(y).np)))
+        y = ctx.b.binary("mul", y, ctx.b.const(scale, ctx.b.dtype(y)))
     return ctx.b.emit("reshape", [y], shape=list(ctx.b.shape(y)[1:])) if unbatched else y
 
 
