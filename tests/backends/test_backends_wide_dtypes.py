@@ -77,3 +77,37 @@ def test_webgpu_runs_the_float32_part_and_leaves_float64_to_the_reference(tmp_pa
     got = loaded(x)
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, interpret(graph, [x])[0])
+
+
+def _f64(*shape: int, low: float = -3.0, high: float = 3.0) -> np.ndarray:
+    return np.random.default_rng(len(shape) * 7 + shape[0]).uniform(low, high, shape)
+
+
+# Every op ONNX Runtime's delegate claims in float64 (its NUMERIC and FLOATS declarations), one case each.
+ORT_FLOAT64 = [
+    *[(op, [_f64(3, 1, 4), _f64(5, 4)], {}) for op in ("add", "sub", "mul", "maximum", "minimum")],
+    *[(op, [_f64(4, 3)], {}) for op in ("neg", "abs", "sign")],
+    *[(op, [np.round(_f64(2, 6)), np.round(_f64(6))], {}) for op in ("eq", "ne", "lt", "le", "gt", "ge")],
+    *[(op, [_f64(3, 4, 5)], {"axes": [1], "keepdims": True}) for op in ("reduce_sum", "reduce_max", "reduce_min",
+                                                                         "reduce_mean")],
+    ("argmax", [_f64(4, 6)], {"axis": 1}),
+    ("where", [_f64(3, 4) > 0, _f64(3, 4), _f64(4)], {}),
+    ("matmul", [_f64(2, 1, 3, 4), _f64(5, 4, 6)], {}),
+    ("cast", [_f64(6) * 1e10], {"dtype": "float32"}),
+    ("cast", [_f64(6).astype(np.float32)], {"dtype": "float64"}),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs", ORT_FLOAT64, ids=[f"{c[0]}-{k}" for k, c in enumerate(ORT_FLOAT64)])
+def test_onnxruntime_claims_float64_ops_and_matches_the_reference(op: str, inputs: list[np.ndarray],
+                                                                   attrs: dict) -> None:
+    pytest.importorskip("onnxruntime")
+    from edgerun.backends.onnxruntime import OnnxRuntimeBackend
+    ort = OnnxRuntimeBackend(threads=1)
+    graph = one_node_graph(op, inputs, **attrs)
+    assert ort.supports(graph.nodes[0], graph), op
+    got = ort.compile(graph)(*inputs)
+    want = interpret(graph, inputs)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-14, atol=1e-15)

@@ -137,3 +137,61 @@ def test_bitwise_ops_of_16_and_32_bit_types_match_numpy(dtype: DType) -> None:
     for g, (_, fn) in zip(got, ops):
         np.testing.assert_array_equal(g, fn(a, b))
     np.testing.assert_array_equal(got[-1], np.invert(a))
+
+
+def _double_model(op: str, shape: list[int], inits=(), extra_inputs=(), out_shape=None, **attrs):
+    """One float64 node on input x (plus `extra_inputs`), output y of `out_shape` (x's shape by default)."""
+    node = helper.make_node(op, ["x", *[i.name for i in inits], *[n for n, _ in extra_inputs]], ["y"], **attrs)
+    inputs = [("x", TensorProto.DOUBLE, shape), *[(n, TensorProto.DOUBLE, s) for n, s in extra_inputs]]
+    model = _model([node], inputs, [("y", TensorProto.DOUBLE, out_shape or shape)], inits)
+    model.opset_import[0].version = 20
+    return model
+
+
+def _reference(model, *xs: np.ndarray) -> np.ndarray:
+    return load(from_onnx(model), backends=["reference"])(*xs)
+
+
+def test_float64_erf_is_double_precision() -> None:
+    """Erf's whole-array series is float32-accurate; float64 takes math.erf (ONNX's reference evaluator is
+    itself single precision here, so the check is against math.erf)."""
+    import math
+    x = np.linspace(-4, 4, 2001)
+    np.testing.assert_allclose(_reference(_double_model("Erf", [2001]), x), [math.erf(v) for v in x],
+                               rtol=1e-15, atol=1e-16)
+
+
+def test_float64_layer_norm_is_computed_in_double() -> None:
+    """stash_type float32 widens float16; float64 stays float64, as in ONNX Runtime and ONNX's reference."""
+    x = np.random.default_rng(4).standard_normal((2, 3, 5)) * 100 + 7
+    scale = np.linspace(0.5, 2.0, 5)
+    model = _double_model("LayerNormalization", [2, 3, 5], [numpy_helper.from_array(scale, "s")], axis=-1)
+    centred = x - x.mean(-1, keepdims=True)
+    exact = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + float(np.float32(1e-5))) * scale
+    np.testing.assert_allclose(_reference(model, x), exact, rtol=1e-13, atol=1e-13)  # float32 is off by 1e-7
+
+
+def test_float64_grid_sample_matches_torch_in_double() -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    x, g = rng.standard_normal((1, 2, 4, 5)), rng.uniform(-1.1, 1.1, (1, 3, 2, 2))
+    model = _double_model("GridSample", [1, 2, 4, 5], extra_inputs=[("g", list(g.shape))], out_shape=[1, 2, 3, 2],
+                          mode="linear")
+    want = torch.nn.functional.grid_sample(torch.from_numpy(x), torch.from_numpy(g), align_corners=False).numpy()
+    np.testing.assert_allclose(_reference(model, x, g), want, rtol=1e-13, atol=1e-14)
+
+
+def test_float64_activations_use_onnx_float32_attribute_defaults() -> None:
+    """ONNX stores FLOAT attributes, defaults included, as float32: LeakyRelu's 0.01 is float32(0.01), which a
+    float64 graph can tell from 0.01; HardSwish is x * HardSigmoid(alpha=float32(1/6))."""
+    x = np.array([-3.0, -1.0, 0.5, 2.0])
+    np.testing.assert_array_equal(_reference(_double_model("LeakyRelu", [4]), x),
+                                  np.where(x > 0, x, x * float(np.float32(0.01))))
+    np.testing.assert_array_equal(_reference(_double_model("HardSwish", [4]), x),
+                                  x * np.clip(x * float(np.float32(1 / 6)) + 0.5, 0, 1))
+
+
+@pytest.mark.parametrize("op", ["Atan", "Asin", "Acos"])
+def test_float64_inverse_trig_is_refused_not_single_precision(op: str) -> None:
+    with pytest.raises(UnsupportedOpError, match=f"{op} of float64"):
+        from_onnx(_double_model(op, [3]))

@@ -86,6 +86,11 @@ class OnnxNode:
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
 
+    def float_attr(self, key: str, default: float) -> float:
+        """A FLOAT attribute: ONNX stores it, and its schema default, as float32, so a default such as 0.01 is
+        rounded to float32 too (the value ONNX Runtime computes with; it shows in float64 graphs)."""
+        return float(np.float32(self.attrs.get(key, default)))
+
     def has_input(self, i: int) -> bool:
         return len(self.inputs) > i and bool(self.inputs[i])
 
