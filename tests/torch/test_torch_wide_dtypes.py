@@ -79,3 +79,22 @@ def test_unsigned_layout_and_casts_match_eager(dtype: torch.dtype) -> None:
     for g, w in zip(got, want, strict=True):
         assert str(g.dtype) == str(w.dtype).removeprefix("torch.")
         np.testing.assert_array_equal(g, w.numpy())
+
+
+class DoubleOps(nn.Module):
+    """Ops whose lowering builds constants or composites: each must stay float64 throughout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.nn.functional
+        return (f.interpolate(x, scale_factor=1.7, mode="bilinear") + f.gelu(x).sum()
+                + f.gelu(x, approximate="tanh").mean() + f.layer_norm(x, (5,)).sum() + f.avg_pool2d(x, 2).mean()
+                + f.silu(x).mean() + torch.rsqrt(x.abs() + 1).mean() + torch.softmax(x, -1).pow(2).mean())
+
+
+def test_float64_lowerings_keep_double_precision() -> None:
+    x = torch.randn(1, 2, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    got = load(export(DoubleOps(), (x,)), backends=["reference"])(x.numpy())
+    with torch.no_grad():
+        want = DoubleOps()(x).numpy()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)  # float32 weights would be off by ~1e-7
