@@ -195,3 +195,20 @@ def test_float64_activations_use_onnx_float32_attribute_defaults() -> None:
 def test_float64_inverse_trig_is_refused_not_single_precision(op: str) -> None:
     with pytest.raises(UnsupportedOpError, match=f"{op} of float64"):
         from_onnx(_double_model(op, [3]))
+
+
+@pytest.mark.parametrize("dtype", [DType.uint32, DType.int16, DType.float64], ids=lambda d: d.value)
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_matches_numpy_and_wraps_like_it(dtype: DType, exclusive: int, reverse: int) -> None:
+    x = (np.arange(1, 25).reshape(2, 12) * 37).astype(dtype.np)  # the products overflow 16 and 32 bits
+    node = helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+    model = _model([node], [("x", CODES[dtype], [2, 12])], [("y", CODES[dtype], [2, 12])],
+                   [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model.opset_import[0].version = 26
+    src = x[:, ::-1] if reverse else x
+    with np.errstate(over="ignore"):
+        want = np.cumprod(src, axis=1, dtype=dtype.np)
+        if exclusive:
+            want = np.concatenate([np.ones((2, 1), dtype.np), want[:, :-1]], axis=1)
+    want = want[:, ::-1] if reverse else want
+    np.testing.assert_array_equal(load(from_onnx(model), backends=["reference"])(x), want)
