@@ -151,7 +151,7 @@ def _linear_taps(in_size: int, out_size: int, align_corners: bool, scale: float 
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(i0, i1, w0, w1) of torch's linear resampling along one axis, in float32 as torch computes them (in
     float64 for a float64 tensor, whose accumulate type is double)."""
-    f32 = np.float64 if double else np.float32
+    f32: Any = np.float64 if double else np.float32
     dst = np.arange(out_size, dtype=f32)
     if align_corners:
         step = f32(in_size - 1) / f32(out_size - 1) if out_size > 1 else f32(0)
