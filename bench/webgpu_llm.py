@@ -6,11 +6,13 @@ fusion, and host ms per token with and without capture-replay.
     python bench/webgpu_llm.py --ablate [--rounds 2]          # device ms of the dense step per fusion stage
 
 Rows:
-- dense, unfused    the LLM package's decode program, one dispatch per atomic op / raster
-- dense, fused      the webgpu backend as it loads by default (fusion, identity rasters free, composites whole)
+- dense, unfused    the LLM package's decode program (the KV cache as state, appended with update_slice), one
+                   dispatch per atomic op / raster
+- dense, fused      the webgpu backend as it loads by default (fusion, identity rasters free, composites whole,
+                   the KV appends in place in the down projection's dispatch)
 - int4 + argmax     Q4 projections as matmul_int4 and the GPU argmax, merged dispatches up to lavapipe's 32
                    storage buffers (the Python path)
-- browser plan      the same with the browser plan's cap of 10 bindings, plus its KV append
+- browser plan      the same with the browser plan's cap of 10 bindings
 
 Host ms: the CPU time to build a call's command buffer, fresh (bind groups created, pipelines looked up)
 against replayed (the captured list re-recorded), and the whole call's wall time both ways (on lavapipe the
@@ -38,17 +40,18 @@ from tiny_llm import smollm_path
 from webgpu_ops import median_ms  # bench/ is on sys.path when a script runs
 
 from edgerun.backends.webgpu.runner import PartitionRunner, record_dispatches
-from edgerun.ir.graph import Graph
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import model_info
 from edgerun.llm.program_builder import step_graph
+from edgerun.program import Program
 from edgerun.runtime import load
 from edgerun.web.decode_plan import (
     WEB_MAX_BINDINGS,
-    decode_graph,
+    decode_program,
     dispatch_sections,
     float_weights,
     section_counts,
+    step_program,
 )
 
 ZEROTVM = {"preamble": 2, "per_layer": 10, "layers": 32, "tail": 20, "total": 342, "own_shaders": 279}
@@ -61,18 +64,17 @@ def record(runner: PartitionRunner, dispatches: list[Any]) -> None:
     enc.finish()
 
 
-def measure(name: str, graph: Graph, layers: int, fuse: bool, runs: int,
+def measure(name: str, source: Program, layers: int, fuse: bool, runs: int,
             max_bindings: int | None = None) -> dict[str, Any]:
     """Dispatch counts, and with runs > 0 host/call/device times. `max_bindings`: the cap on a merged
     dispatch's storage buffers (default: the adapter's; the browser plan's is WEB_MAX_BINDINGS)."""
-    program = load(graph, backends=["webgpu"])
+    program = load(source, backends=["webgpu"])
     assert {p.backend for p in program.partitions} == {"webgpu"}, name
     runner = program.parts.compiled[0].info["runner"]
     assert isinstance(runner, PartitionRunner)
     if not fuse or max_bindings:
         runner.set_fusion(fuse, max_bindings)
-    extra = ["tail"] if "browser" in name else []  # the browser plan's KV append
-    counts = section_counts([*dispatch_sections(runner.kernels), *extra], layers)
+    counts = section_counts(dispatch_sections(runner.kernels), layers)
     if runs == 0:
         return {"name": name, **counts, "per_layer": counts["per_layer"][0]}
     g = runner.graph
@@ -97,10 +99,10 @@ STAGES = [("all fusions", True, None, True), ("no RMSNorm prologue", True, None,
           ("no horizontal merge", True, 1, True), ("unfused", False, None, True)]
 
 
-def ablate(graph: Graph, rounds: int) -> None:
+def ablate(source: Program, rounds: int) -> None:
     """Device ms per dense decode step for each fusion stage, the stages alternated `rounds` times (a loaded
     machine drifts; alternating spreads the drift over all of them), with the costliest kernels."""
-    program = load(graph, backends=["webgpu"])
+    program = load(source, backends=["webgpu"])
     runner = program.parts.compiled[0].info["runner"]
     assert isinstance(runner, PartitionRunner)
     g = runner.graph
@@ -142,15 +144,16 @@ def main() -> None:
         warnings.simplefilter("ignore")
         weights = float_weights(checkpoint)  # the LLM package's step builder over float32 weights
 
-        def dense() -> Graph:
-            return step_graph(info.config, weights, chunk=1, context=args.context)
+        def dense() -> Program:
+            return step_program(step_graph(info.config, weights, chunk=1, context=args.context, cache="state"),
+                                info.config, args.context)
         if args.ablate:
             ablate(dense(), args.rounds)
             return
         rows = [measure("dense, unfused", dense(), layers, False, args.runs),
                 measure("dense, fused", dense(), layers, True, args.runs),
-                measure("int4 + argmax, 32 bindings", decode_graph(checkpoint, info), layers, True, args.runs),
-                measure("int4 + argmax (browser plan)", decode_graph(checkpoint, info), layers, True, args.runs,
+                measure("int4 + argmax, 32 bindings", decode_program(checkpoint, info), layers, True, args.runs),
+                measure("int4 + argmax (browser plan)", decode_program(checkpoint, info), layers, True, args.runs,
                         WEB_MAX_BINDINGS)]
     load_avg = os.getloadavg()
     print(f"SmolLM2-135M decode step, context {args.context}, {layers} layers; load average "

@@ -59,9 +59,10 @@ class ModelInfo:
 
 
 class LanguageModel:
-    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, program: LoadedProgram,
-                 checkpoint: Checkpoint | None = None) -> None:
-        self.info, self.tokenizer, self.checkpoint, self.program = info, tokenizer, checkpoint, program
+    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, program: LoadedProgram) -> None:
+        # No checkpoint is kept: the program holds the weights it runs (stacked q/k/v and gate/up are copies
+        # of the file's tensors), so a kept checkpoint would be a second copy of most weights in memory.
+        self.info, self.tokenizer, self.program = info, tokenizer, program
         self.config = info.config
         self.context = info.context
         self.runner = StepRunner(program, chunk=info.chunk, context=info.context)
@@ -178,7 +179,8 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
     checkpoint = load_checkpoint(path)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
     program = build_program(checkpoint, info, dequantize, int8_decode)
-    return LanguageModel(info, tokenizer, load_program(program, backends), checkpoint)
+    del checkpoint  # freed before the program loads: ONNX Runtime's sessions then reuse its memory
+    return LanguageModel(info, tokenizer, load_program(program, backends))
 
 
 def model_info(checkpoint: Checkpoint, context: int | None, chunk: int) -> ModelInfo:

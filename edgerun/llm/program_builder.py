@@ -210,13 +210,18 @@ class _StepBuilder:
         self.g.state_inputs.append(name)
         return name
 
-    def cache_write(self, i: int, k_new: str, v_new: str, start: str) -> list[str]:
-        """The chunk's new rows: written into the cache states at `start` (update_slice, in place: the
-        attention above read the old cache, so the write comes after its last read), or returned as outputs."""
+    def cache_write(self, rows: list[str], start: str) -> list[str]:
+        """Every layer's new rows ([k_new_0, v_new_0, k_new_1, ...]): written into the cache states at `start`
+        (update_slice, in place: attention read the old cache before), or returned as outputs.
+
+        The writes are emitted last, after the head: the placement search walks the nodes in graph order and
+        counts backend switches, so 60 update_slices (reference only) between the layers' ONNX Runtime nodes
+        would look like 120 partitions and push the whole step onto the reference backend."""
         if self.cache_form == "inputs":
-            return [k_new, v_new]
-        for name, rows, axis in ((f"k_cache_{i}", k_new, 2), (f"v_cache_{i}", v_new, 1)):
-            self.g.state_updates[name] = self.b.emit("update_slice", [name, rows, start], axis=axis)
+            return rows
+        for i, (k_new, v_new) in enumerate(zip(rows[::2], rows[1::2])):
+            for name, new, axis in ((f"k_cache_{i}", k_new, 2), (f"v_cache_{i}", v_new, 1)):
+                self.g.state_updates[name] = self.b.emit("update_slice", [name, new, start], axis=axis)
         return []
 
     def mlp(self, h: str, i: int) -> str:
@@ -245,7 +250,7 @@ class _StepBuilder:
                                                 cache_keep, causal)
             x = b.binary("add", x, attn)
             x = b.binary("add", x, self.mlp(self.rms_norm(x, f"layers.{i}.mlp_norm"), i))
-            new_rows += self.cache_write(i, k_new, v_new, start)
+            new_rows += [k_new, v_new]
         h = self.rms_norm(x, "final_norm")
         if not self.all_logits:
             h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
@@ -258,7 +263,7 @@ class _StepBuilder:
                             perm=[1, 0])
         if not self.all_logits:
             logits = b.emit("reshape", [logits], shape=[c.vocab])
-        g.outputs = [logits, *new_rows]
+        g.outputs = [logits, *self.cache_write(new_rows, start)]
         return g
 
 

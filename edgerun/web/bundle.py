@@ -24,7 +24,7 @@ from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import checkpoint_tokenizer, model_info
 from edgerun.llm.tokenizer import GPT2_PATTERN, BPETokenizer
-from edgerun.web.decode_plan import build_plan, decode_graph
+from edgerun.web.decode_plan import build_plan, decode_program
 
 STATIC = os.path.dirname(__file__)  # index.html and runtime.js ship as package data
 STATIC_FILES = ("index.html", "runtime.js")
@@ -46,7 +46,7 @@ def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *,
     if tokenizer.pattern != GPT2_PATTERN:
         raise EdgerunError("the browser tokenizer has GPT-2's split pattern only; this model's is "
                            f"{tokenizer.pattern!r}")
-    built = build_plan(decode_graph(checkpoint, info, int4=int4), info.config, info.context,
+    built = build_plan(decode_program(checkpoint, info, int4=int4), info.config, info.context,
                        align=BROWSER_ALIGN)
     output = os.fspath(output)
     if os.path.exists(output) and not os.path.isdir(output):

@@ -6,10 +6,11 @@ runtime, and its one partition's dispatch list — shader, bound ranges, workgro
 Everything lives in two device buffers: the arena (inputs, intermediates, outputs, and the KV cache, held
 across calls with `PartitionRunner.hold`) and the weights (the constants blob, as the backend stores it).
 
-The static programs pass the cache in and the new rows out (the LLM package's interface until the IR has
-state), so the plan adds one dispatch of its own, the KV append: it copies every layer's new key and value
-row into its cache range at position `start`. A token is then three 4-byte writes (token, start, last),
-the recorded dispatches plus the append, and a 4-byte read of the next token.
+The cache is the program's state, as `edgerun.llm` runs it: each layer's new key and value rows are written
+at the run-time position `start` by `update_slice`, which the backend runs in place in the cache's range,
+inside the layer's softmax and output-projection dispatches (backends/webgpu/update.py), so the plan needs
+no dispatch of its own. A token is three 4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read
+of the next token.
 
 Projection weights that the GGUF stores as Q4_0 or Q4_1 stay packed: their matmuls become `matmul_int4`
 (groups of 32, scale per group). Q4_0 (value = d*(q-8)) maps exactly; Q4_1 (value = d*q + m) becomes the
@@ -25,15 +26,16 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.webgpu.runner import PartitionRunner, pack_constants
-from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
+from edgerun.backends.webgpu.wgsl import Kernel
 from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph, Node
 from edgerun.llm.architecture import LlamaArchitecture
 from edgerun.llm.checkpoint import Checkpoint
 from edgerun.llm.model import ModelInfo
-from edgerun.llm.program_builder import PROJECTIONS, step_graph
+from edgerun.llm.program_builder import PROJECTIONS, cache_specs, step_graph
 from edgerun.llm.quant_blocks import GROUP, PackedWeight
+from edgerun.program import Program
 
 PLAN_FORMAT, PLAN_VERSION = "edgerun-web-plan", 1
 # Storage buffers one dispatch of the plan may bind: what Chromium's SwiftShader adapter offers (WebGPU's
@@ -42,17 +44,23 @@ WEB_MAX_BINDINGS = 10
 STEP_INPUTS = ("tokens", "start", "last")
 
 
-def decode_graph(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True) -> Graph:
-    """The LLM package's decode step (its step builder at one token) with a GPU argmax as its first output
-    ("next_token") instead of the logits, and (int4) the GGUF's packed 4-bit projections as matmul_int4."""
-    graph = step_graph(info.config, float_weights(checkpoint), chunk=1, context=info.context)
+def decode_program(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True) -> Program:
+    """The LLM package's decode step (its step builder at one token, the KV cache as state) with a GPU argmax
+    as its output ("next_token") instead of the logits, and (int4) the GGUF's packed 4-bit projections as
+    matmul_int4."""
+    graph = step_graph(info.config, float_weights(checkpoint), chunk=1, context=info.context, cache="state")
     if int4:
         _pack_projections(graph, checkpoint)
     logits = graph.outputs[0]
-    token = Builder(graph).emit("argmax", [logits], axis=0, keepdims=True)
-    graph.outputs = [token, *graph.outputs[1:]]
+    graph.outputs = [Builder(graph).emit("argmax", [logits], axis=0, keepdims=True)]
     graph.prune_specs()
-    return graph
+    return step_program(graph, info.config, info.context)
+
+
+def step_program(graph: Graph, config: LlamaArchitecture, context: int) -> Program:
+    """A step graph with its KV cache as state (cache="state") as a one-method program, the cache zeroed."""
+    state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(config, context).items()}
+    return Program.from_methods({"decode": graph}, default_method="decode", state=state)
 
 
 def float_weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
@@ -95,12 +103,12 @@ class WebPlan:
     weights: np.ndarray  # uint8: the constants blob the "w" bindings point into
 
 
-def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int = 256) -> WebPlan:
-    """Load `graph` (from decode_graph) on webgpu and write its dispatch list down as a plan, every bound range
-    aligned to `align` bytes."""
+def build_plan(source: Program, config: LlamaArchitecture, context: int, align: int = 256) -> WebPlan:
+    """Load `source` (from decode_program) on webgpu and write its dispatch list down as a plan, every bound
+    range aligned to `align` bytes."""
     from edgerun.runtime import load
 
-    program = load(graph, backends=["webgpu"])
+    program = load(source, backends=["webgpu"])
     parts = program.parts
     if len(parts.partitions) != 1 or parts.partitions[0].backend != "webgpu":
         placed = sorted({(n.op, p.backend) for p in parts.partitions if p.backend != "webgpu" for n in p.nodes})
@@ -111,14 +119,18 @@ def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int
     sub = runner.graph
     runner.set_fusion(True, max_bindings=WEB_MAX_BINDINGS)
     caches = [v for v in sub.inputs if v.startswith(("k_cache_", "v_cache_"))]
-    runner.hold([*caches, "start"], align=align)  # the KV append reads start after every other dispatch
+    runner.hold(caches, align=align)  # the cache lives in the arena from token to token
+    appends = [n for n in sub.nodes if n.op == "update_slice"]
+    if len(appends) != len(caches) or any(runner.value_range(n.outputs[0]) != runner.value_range(n.inputs[0])
+                                          for n in appends):
+        raise EdgerunError("the decode program's KV-cache appends do not all run in place on webgpu; the "
+                           "browser plan keeps the cache in the arena and needs them to")
     weights, const_range = pack_constants(sub, runner.constants, runner.align)
     shaders: dict[str, int] = {}
     params: list[list[int]] = []
     dispatches = []
     for kernel in runner.kernels:
         dispatches.append(_dispatch(kernel, runner, const_range, shaders, params))
-    dispatches.append(_kv_append(runner, config, context, shaders, params))
     token = program.graph.outputs[0]  # the partition lists its outputs in its own order
     _check_no_aliasing(dispatches)
     plan = {
@@ -129,7 +141,7 @@ def build_plan(graph: Graph, config: LlamaArchitecture, context: int, align: int
         "next_token": runner.value_range(token)[0],
         "max_bindings": max(len(d["bind"]) for d in dispatches),
         "max_binding_bytes": max(size for d in dispatches for _, _, size in d["bind"]),
-        "sections": section_counts([*dispatch_sections(runner.kernels), "tail"], config.layers),
+        "sections": section_counts(dispatch_sections(runner.kernels), config.layers),
     }
     return WebPlan(plan, weights)
 
@@ -152,49 +164,17 @@ def _dispatch(kernel: Kernel, runner: PartitionRunner, const_range: dict[str, tu
             "label": kernel.label}
 
 
-def _kv_append(runner: PartitionRunner, config: LlamaArchitecture, context: int, shaders: dict[str, int],
-               params: list[list[int]]) -> dict[str, Any]:
-    """One dispatch writing every layer's new K row ([kv, hd, 1] into [kv, hd, C]) and V row ([kv, 1, hd]
-    into [kv, C, hd]) at column/row `start`, read from the arena; the arena is bound whole as words."""
-    row = config.kv_heads * config.head_dim
-    table = [runner.value_range("start")[0] // 4]
-    for i in range(config.layers):
-        for kind in ("k", "v"):
-            table += [runner.value_range(f"{kind}_cache_{i}")[0] // 4, runner.value_range(f"{kind}_new_{i}")[0] // 4,
-                      int(kind == "v")]
-    entries = 2 * config.layers
-    hd, c = config.head_dim, context
-    source = f"""@group(0) @binding(0) var<storage, read_write> arena: array<u32>;
-@group(0) @binding(1) var<storage, read_write> params: array<i32>;
-@compute @workgroup_size({WORKGROUP})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
-  let idx = gid.x + gid.y * nwg.x * {WORKGROUP}u;
-  if (idx >= {entries * row}u) {{ return; }}
-  let e = i32(idx / {row}u);
-  let j = i32(idx % {row}u);
-  let start = i32(arena[params[0]]);
-  let cache = params[1 + 3 * e];
-  let fresh = params[2 + 3 * e];
-  let h = j / {hd};
-  let d = j % {hd};
-  var at = cache + (h * {hd} + d) * {c} + start;
-  if (params[3 + 3 * e] == 1) {{ at = cache + (h * {c} + start) * {hd} + d; }}
-  arena[at] = arena[fresh + j];
-}}
-"""
-    params.append(table)
-    x, y = runner.workgroups(entries * row)
-    return {"shader": shaders.setdefault(source, len(shaders)),
-            "bind": [("a", 0, runner.arena_bytes), (f"p{len(params) - 1}", 0, 4 * len(table))],
-            "groups": [x, y], "label": "kv_append"}
-
-
 def dispatch_sections(kernels: list[Kernel]) -> list[str]:
     """Each dispatch's place in the step, the way zerotvm counts dispatches per token: "preamble" (before the
     first layer: embedding, RoPE tables, masks), "layer i" (from the first dispatch reading one of layer i's
-    weights to the next layer's), "tail" (from the final norm on: logits, argmax, KV append)."""
+    weights to the next layer's; a KV append of its own counts in its cache's layer, wherever the program
+    emits it), "tail" (from the final norm on: logits, argmax)."""
     sections, current = [], "preamble"
     for kernel in kernels:
+        cache = kernel.values[0] if kernel.label == "update_slice" else ""
+        if cache.startswith(("k_cache_", "v_cache_")):  # an append of its own (unfused): its layer's
+            sections.append(f"layer {int(cache.rsplit('_', 1)[1])}")
+            continue
         for v in kernel.values:
             if v.startswith("layers."):
                 current = f"layer {int(v.split('.')[1])}"

@@ -169,6 +169,9 @@ COMPOSITE_CASES: list[tuple[str, str, list[np.ndarray], dict[str, Any], str]] = 
      "LayerNormalization"),
     ("layer_norm-2d-no-affine", "layer_norm", [f32(2, 6, 16) * 3 + 1], {"normalized_ndim": 2},
      "LayerNormalization"),
+    ("rms_norm", "rms_norm", [f32(5, 576) * 3 + 1, f32(576)], {"eps": 1e-5}, "SimplifiedLayerNormalization"),
+    ("rms_norm-2d-no-weight", "rms_norm", [f32(2, 6, 16)], {"normalized_ndim": 2},
+     "SimplifiedLayerNormalization"),
     ("resize-nearest-2x", "resize", [f32(1, 3, 5, 7)],
      {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
       "scales": [1.0, 1.0, 2.0, 2.0], "shape": [1, 3, 10, 14]}, "Resize"),
@@ -210,4 +213,10 @@ def test_every_claimed_composite_has_a_case() -> None:
 
 def test_layer_norm_with_broadcast_weights_is_not_claimed() -> None:
     graph = one_node_graph("layer_norm", [f32(2, 6, 16), f32(1)], constant=[False, True], normalized_ndim=1)
+    assert not ORT.keeps_whole(graph.nodes[0], graph)
+
+
+def test_rms_norm_with_broadcast_weight_is_not_claimed() -> None:
+    # SimplifiedLayerNormalization's scale is shaped like the normalised axes; a broadcast one stays decomposed.
+    graph = one_node_graph("rms_norm", [f32(2, 6, 16), f32(1)], constant=[False, True], normalized_ndim=1)
     assert not ORT.keeps_whole(graph.nodes[0], graph)

@@ -505,3 +505,58 @@ def test_rms_norm_read_only_by_matmuls_runs_in_their_prologue() -> None:
     unfused = WebGpuBackend(fuse=False).compile(graph)(*feeds)
     for a, b in zip(compiled(*feeds), unfused):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _decoder_tail_with_kv_append(read_after: bool) -> tuple[Graph, list[np.ndarray]]:
+    # A decode step's end of layer: the new key row (a projection, reshaped to the cache's [kv, hd, 1]), the
+    # scores against the cache (its last read), the output projection + residual, then the append
+    # update_slice(cache, row, start) along the cache's position axis. `read_after`: a reduction of the cache
+    # comes after the append, so writing in place would be wrong.
+    x, cache, start = f32(1, 8), f32(2, 4, 6), np.array([3], np.int64)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        row = b.emit("reshape", [b.emit("matmul", [n[0], b.const(f32(8, 8))])], shape=[2, 4, 1])
+        scores = b.emit("reshape", [b.emit("matmul", [b.const(f32(2, 1, 4)), n[1]])], shape=[1, 12])
+        out = b.binary("add", b.emit("matmul", [scores, b.const(f32(12, 8))]), n[0])
+        appended = b.emit("update_slice", [n[1], row, n[2]], axis=2)
+        return [out, appended, *([b.emit("reduce_sum", [n[1]], axes=[2])] if read_after else [])]
+    graph, feeds = build([x, cache, start], body)
+    return decomposed(graph), feeds
+
+
+@pytest.mark.parametrize("start", [0, 3, 5, 9, -2])  # 9 and -2: clamped so the row fits, as the reference does
+def test_kv_append_writes_in_place_and_shares_a_dispatch(start: int) -> None:
+    # The append takes no dispatch of its own: its output shares the cache's device range, one thread per new
+    # element writes it at `start`, in the first dispatch after the scores (the cache's last reader), beside
+    # the output projection (horizontal fusion: neither reads what the other writes). Bit for bit the
+    # out-of-place kernel's cache (unfused: one thread per cache element).
+    graph, feeds = _decoder_tail_with_kv_append(read_after=False)
+    feeds[2] = np.array([start], np.int64)
+    compiled = WebGpuBackend().compile(graph)
+    runner = compiled.info["runner"]
+    assert [k.label for k in runner.kernels] == ["matmul & matmul", "update_slice & matmul+add"]
+    assert runner.value_range(graph.outputs[1]) == runner.value_range(graph.inputs[1])  # in place
+    fused = compiled(*feeds)
+    unfused = UNFUSED.compile(graph)
+    assert len(unfused.info["runner"].kernels) == 7
+    for a, b in zip(fused, unfused(*feeds)):
+        assert np.array_equal(a, b)
+    assert_matches_reference(graph, feeds, fused, rtol=1e-5, atol=1e-5)
+    want = feeds[1].copy()
+    want[:, :, min(max(start, 0), 5)] = fused[1][:, :, min(max(start, 0), 5)]
+    assert np.array_equal(fused[1], want)  # every other column is the cache as it came in
+    for _ in range(3):  # replayed calls write the same rows
+        for a, b in zip(fused, compiled(*feeds)):
+            assert np.array_equal(a, b)
+    assert runner.stats.replays == 3
+
+
+def test_kv_append_read_after_stays_out_of_place() -> None:
+    # A reader of the cache after the append must see the old cache: the append gets its own out-of-place
+    # dispatch (a copy with the row in), and the reduction reads the untouched input range.
+    graph, feeds = _decoder_tail_with_kv_append(read_after=True)
+    compiled = WebGpuBackend().compile(graph)
+    runner = compiled.info["runner"]
+    assert any("update_slice" in k.label for k in runner.kernels)
+    assert runner.value_range(graph.outputs[1]) != runner.value_range(graph.inputs[1])
+    assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)

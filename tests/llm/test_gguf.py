@@ -61,8 +61,8 @@ def test_architecture_from_metadata(contents) -> None:
     assert c.head_dim == 64 and c.group == 3 and c.rope_theta == 100000.0
 
 
-def test_checkpoint_unpermutes_q_rows_without_unpacking(smollm, contents) -> None:
-    ckpt = smollm.checkpoint
+def test_checkpoint_unpermutes_q_rows_without_unpacking(gguf_path, contents) -> None:
+    ckpt = load_checkpoint(gguf_path)
     raw_q = contents.tensors["blk.3.attn_q.weight"].dequantize()
     q = ckpt.float_weight("layers.3.q")
     # head 0: llama.cpp row 2i holds HF row i, row 2i+1 holds HF row 32+i

@@ -55,6 +55,10 @@ def test_one_program_with_two_methods_and_the_cache_as_state(dense: Any) -> None
         assert method.graph.inputs == ["tokens", "start", "last"] and len(method.graph.outputs) == 1
         assert method.input_specs["tokens"].shape == (length,)
         assert [n.op for n in method.graph.nodes].count("update_slice") == 2 * LAYERS
+        # The writes come last in graph order: the placement search counts backend switches in that order,
+        # and writes between the layers pushed the whole prefill onto the reference backend under "auto".
+        ops = [n.op for n in program.program.methods[name].nodes]
+        assert ops.index("update_slice") == len(ops) - 2 * LAYERS
         # Each state's new rows are written in place into its buffer: no copy of the cache per call.
         assert sorted(method.parts.state.plan.in_place) == sorted(program.state)
         assert not method.parts.state.plan.copies

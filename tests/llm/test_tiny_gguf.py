@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import edgerun.llm
+from edgerun.llm.checkpoint import load_checkpoint
 
 DIM, HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 96, 4, 2, 2, 128
 
@@ -65,7 +66,7 @@ def test_tiny_gguf_runs_and_matches_transformers(tmp_path: Path) -> None:
         warnings.simplefilter("error")
         model = edgerun.llm.load(path, context=32, chunk=8)
         dense = edgerun.llm.load(path, dequantize=True, context=32, chunk=8)
-    assert model.tokenizer is None and sorted({type(w).__name__ for w in model.checkpoint.weights.values()}) == \
+    assert model.tokenizer is None and sorted({type(w).__name__ for w in load_checkpoint(path).weights.values()}) == \
         ["PackedWeight", "ndarray"]
     ops = model.runner.prefill.graph.op_counts()
     # 2 layers x (q, k, up: Q4_0; gate: Q4_1; v, down: Q8_0 as two nibble matmuls) + the Q8_0 head as two.

@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
+from edgerun.backends.onnxruntime import onnx_llm_ops  # noqa: F401 - registers rms_norm's fused kernel
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
@@ -52,7 +53,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
     supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
-    composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization: one ORT kernel each
+    composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization, RMSNorm: one ORT kernel each
     control_flow = CONTROL_FLOW  # If, Loop, Scan, bodies emitted like any partition (onnx_control_flow.py)
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=5e10, bytes_per_s=8e9, dispatch_s=1e-6)

@@ -8,9 +8,11 @@ readings, tried in turn (the second and third live in onnx_raster_gathers.py):
    split over the output axes they span. Its source is a Reshape of the flat source into nested blocks, a
    stepped Slice (negative strides: a reversing Slice; zero strides: Expand) and a Transpose. Boxes that tile
    the output are assembled by guillotine cuts: along some axis the regions fall into disjoint groups (boxes
-   whose intervals overlap share a group), each assembled recursively, then one Concat. A run of single rows read from one source at
-   evenly spaced offsets (how reflect and edge pads decompose) is one view of the rows it reads, then a
-   Pad (reflect/edge), a stepped Slice, or a Gather with a per-row index (a few int64, not one per element).
+   whose intervals overlap share a group), each assembled recursively, then one Concat (slabs padded with
+   the fill across the other axes where a region leaves a band unwritten). A run of single rows read from
+   one source at evenly spaced offsets, or of the three pieces a reflect or edge pad decomposes into (rows
+   read backwards or repeated, the source, rows after), is one view of the rows it reads, then a Pad
+   (reflect/edge), a stepped Slice, or a Gather with a per-row index (a few int64, not one per element).
    Whatever the boxes leave uncovered is the fill: one constant Pad. That covers transpose, reshape,
    slice with steps, flip, broadcast, concat, split, pad (constant, reflect, edge) and channel shuffles.
    The output's axes are first split wherever a region's destination stride falls inside one, so a channel

@@ -59,6 +59,8 @@ SUPPORTED: dict[str, OpSupport] = {
     "avg_pool2d": OpSupport(_F),
     "gather": OpSupport(_ALL),
     "raster": OpSupport(_ALL),
+    # a KV-cache append; in place where nothing reads the cache after it (update.py)
+    "update_slice": OpSupport(frozenset({DType.float32, DType.int32, DType.int64})),
 }
 
 

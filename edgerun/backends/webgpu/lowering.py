@@ -9,7 +9,8 @@ activation, conv + bias + ReLU, gate + up + SiLU, elementwise chains (GELU's sev
 each become one dispatch, and the intermediates never touch memory. Then neighbouring groups where the
 later reads nothing the earlier write are merged into one dispatch (horizontal fusion), within a cap on
 bindings. Rasters that copy a value whole take no dispatch (identity_rasters); rasters read by one kernel
-are computed in it (inline.py); an RMSNorm read only by matmuls is computed in their prologue (prologue.py).
+are computed in it (inline.py); an RMSNorm read only by matmuls is computed in their prologue (prologue.py);
+a KV-cache append (update_slice) writes its rows in place and shares its neighbours' dispatch (update.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
 from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
 from edgerun.backends.webgpu.raster import raster_kernels
+from edgerun.backends.webgpu.update import in_place_updates, storage_types, update_lines
 from edgerun.backends.webgpu.wgsl import (
     ELEMENTWISE,
     STORAGE_TYPE,
@@ -80,6 +82,12 @@ def identity_rasters(graph: Graph) -> dict[str, str]:
     return alias
 
 
+def value_aliases(graph: Graph) -> dict[str, str]:
+    """Value -> the value whose device range it shares: identity rasters' outputs and in-place updates'."""
+    alias = identity_rasters(graph)
+    return {**alias, **in_place_updates(graph, alias)}
+
+
 LOOK_BACK = 4  # groups an elementwise node may join behind the latest one (RoPE's q scale after RoPE k)
 
 
@@ -90,7 +98,7 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     independent neighbouring groups share one dispatch when their bindings fit in `max_bindings`.
     `int4_half`: matmul_int4 accumulates in f16 (only on adapters with shader-f16). `fold_norms`: RMSNorms
     read only by matmuls run in their prologue (one dispatch fewer each, K more loads per matmul thread)."""
-    alias = identity_rasters(graph) if fuse else {}
+    alias = value_aliases(graph) if fuse else {}
     readers: Counter[str] = Counter(alias.get(v, v) for n in graph.nodes for v in n.inputs if v)
     outputs = {alias.get(v, v) for v in graph.outputs}
     inline = inline_values(graph, alias, outputs) if fuse else {}
@@ -101,7 +109,11 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     def made_before(v: str, at: int) -> bool:
         return made_by.get(alias.get(v, v), -1) < at
 
+    floating: list[Node] = []  # in-place updates (update.py), placed in a dispatch below
     for node in graph.nodes:
+        if node.op == "update_slice" and node.outputs[0] in alias:
+            floating.append(node)
+            continue
         if node.outputs[0] in alias or node.outputs[0] in inline or node.outputs[0] in folded:
             continue
         target = _group_to_join(node, groups, graph, {**inline, **folded}, made_before) if fuse else None
@@ -113,23 +125,59 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
         else:
             groups.append(Group(node))
         made_by.update((v, len(groups) - 1) for v in node.outputs)
-    kernels: list[Kernel] = []
-    pending: list[Parts] = []
+    built: list[Parts | list[Kernel]] = []
     for g in groups:
         if isinstance(g, Node):
-            kernels += [merge(pending)] if pending else []
-            pending = []
-            for k in [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph):
+            node_kernels = [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
+            for k in node_kernels:
                 k.values = [alias.get(v, v) for v in k.values]
-                kernels.append(k)
+            built.append(node_kernels)
+        else:
+            built.append(group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half))
+    updates = [(_last_dependency(u, built, alias), _update_parts(u, graph, alias)) for u in floating]
+    kernels: list[Kernel] = []
+    pending: list[Parts] = []
+
+    def flush(done: int) -> None:
+        """Emit the pending dispatch; groups up to `done` are then all emitted, so the updates that follow
+        only them start the next dispatch."""
+        nonlocal pending
+        kernels.extend([merge(pending)] if pending else [])
+        pending = []
+        for dep, parts in [u for u in updates if u[0] <= done]:
+            updates.remove((dep, parts))
+            if pending and not _independent(pending, parts, max_bindings):
+                kernels.append(merge(pending))
+                pending = []
+            pending.append(parts)
+
+    for i, item in enumerate(built):
+        if isinstance(item, list):
+            flush(i - 1)
+            kernels.extend(item)
+            flush(i)
             continue
-        parts = group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half)
-        if pending and not (fuse and _independent(pending, parts, max_bindings)):
-            kernels.append(merge(pending))
-            pending = []
-        pending.append(parts)
-    kernels += [merge(pending)] if pending else []
+        if pending and not (fuse and _independent(pending, item, max_bindings)):
+            flush(i - 1)
+            if pending and not _independent(pending, item, max_bindings):
+                flush(i - 1)
+        pending.append(item)
+    flush(len(built))
     return kernels
+
+
+def _last_dependency(update: Node, built: list[Parts | list[Kernel]], alias: dict[str, str]) -> int:
+    """The index of the last dispatch item an in-place update must follow: the last that binds the value it
+    writes (its cache's readers) or stores its rows or start."""
+    root = alias[update.outputs[0]]
+    inputs = {alias.get(v, v) for v in update.inputs[1:3]}
+    last = -1
+    for i, item in enumerate(built):
+        touched = {v for k in item for v in k.values} if isinstance(item, list) else {*item.bound, *item.stored}
+        written = touched if isinstance(item, list) else set(item.stored)
+        if root in touched or written & inputs:
+            last = i
+    return last
 
 
 def _group_to_join(node: Node, groups: list[Group | Node], graph: Graph, computed: dict[str, Node],
@@ -157,9 +205,10 @@ def _group_to_join(node: Node, groups: list[Group | Node], graph: Graph, compute
 
 def _independent(pending: list[Parts], parts: Parts, max_bindings: int) -> bool:
     """Whether `parts` can share a dispatch with `pending` (horizontal fusion): it reads nothing they write,
-    and the merged kernel binds at most `max_bindings` buffers (the status word counts once)."""
+    and writes nothing they read (an in-place update's range), and the merged kernel binds at most
+    `max_bindings` buffers (the status word counts once)."""
     written = {v for p in pending for v in p.stored}
-    if written & set(parts.bound):
+    if written & set(parts.bound) or set(parts.stored) & {v for p in pending for v in p.bound}:
         return False
     merged = (*pending, parts)
     bound = {v for p in merged for v in p.bound}
@@ -260,6 +309,15 @@ def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[
     return Parts(bound, stored, lines, helpers, [STORAGE_TYPE[graph.specs[v].dtype] for v in bound],
                  [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), nodes, label,
                  status=group.anchor.op == "gather")
+
+
+def _update_parts(node: Node, graph: Graph, alias: dict[str, str]) -> Parts:
+    """An in-place update_slice: its rows stored into its input's range at the run-time start."""
+    lines, threads = update_lines(node, graph)
+    in_types, out_types = storage_types(node, graph)
+    bound = [alias.get(v, v) for v in node.inputs[1:3]]
+    return Parts(bound, [alias[node.outputs[0]]], lines, "", in_types, out_types, threads, [node.name],
+                 "update_slice", status=False)
 
 
 def _body(node: Node, graph: Graph, folded: dict[str, Node], int4_half: bool) -> Body:

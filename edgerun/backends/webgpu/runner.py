@@ -26,7 +26,7 @@ import numpy as np
 import wgpu
 
 from edgerun.backends.webgpu.device import GpuDevice
-from edgerun.backends.webgpu.lowering import identity_rasters, lower
+from edgerun.backends.webgpu.lowering import lower, value_aliases
 from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
 from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
@@ -145,7 +145,7 @@ class PartitionRunner:
         self.fuse = fuse
         self.kernels = lower(self.graph, fuse, max_bindings or self.gpu.limits.max_storage_buffers,
                              int4_half=self.int4_accumulate == "f16", fold_norms=fold_norms)
-        self.alias = identity_rasters(self.graph) if fuse else {}
+        self.alias = value_aliases(self.graph) if fuse else {}
         for k in self.kernels:
             self._check_limits(k)
             self.gpu.pipeline(k.source)  # a shader the adapter refuses fails the compile, not a call
@@ -192,7 +192,7 @@ class PartitionRunner:
 
     def _plan_arena(self) -> None:
         """First-fit offsets for every non-constant value over the dispatch order (inputs live from the start,
-        outputs to the end; an identity raster's output shares its source's range)."""
+        outputs to the end; an identity raster's or in-place update's output shares its source's range)."""
         g = self.graph
         last = len(self.kernels)
         birth: dict[str, int] = {v: -1 for v in g.inputs}
@@ -218,7 +218,7 @@ class PartitionRunner:
                 offset = -(-(o + s) // align) * align
             placed.append((offset, size, b, d))
             self._range[v] = (offset, size)
-        for v, root in self.alias.items():  # identity rasters: the output is its source's bytes
+        for v, root in self.alias.items():  # identity rasters, in-place updates: the output is its source's bytes
             if root in self._range:
                 self._range[v] = self._range[root]
         total = max((o + s for o, s, _, _ in placed), default=4)

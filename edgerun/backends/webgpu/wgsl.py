@@ -225,6 +225,8 @@ def node_body(node: Node, graph: Graph, int4_half: bool = False) -> Body:
         return _pool_body(node, graph, inputs)
     if op == "gather":
         return _gather_body(node, graph, inputs)
+    if op == "update_slice":
+        return _update_slice_body(node, graph, inputs)
     raise KeyError(op)
 
 
@@ -441,6 +443,21 @@ def _gather_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
               f"if (ix < -{n} || ix >= {n}) {{ status[0] = 1u; ix = 0; }}",
               f"if (ix < 0) {{ ix = ix + {n}; }}",
               f"let acc = in0[{' + '.join([*pre, f'ix * {ds[axis]}', *post])}];"]
+    return Body(inputs, lines)
+
+
+def _update_slice_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """Out of place: each output element is the update's where its row is in [start, start + rows) (start
+    clamped so the rows fit, as the reference does), else x's. The fusion pass writes only the rows, in
+    place, where it can (update.py)."""
+    x, update = graph.specs[inputs[0]], graph.specs[inputs[1]]
+    axis = int(node.attrs.get("axis", 0)) % x.rank
+    rows = update.shape[axis]
+    ustrides = row_major(update.shape)
+    at = " + ".join([f"c{a} * {s}" for a, s in enumerate(ustrides) if a != axis] + [f"r * {ustrides[axis]}"])
+    lines = [*coords(x.shape), f"let first = clamp(i32(in2[0]), 0, {x.shape[axis] - rows});",
+             f"let r = c{axis} - first;", "var acc = in0[idx];",
+             f"if (r >= 0 && r < {rows}) {{ acc = in1[{at}]; }}"]
     return Body(inputs, lines)
 
 
