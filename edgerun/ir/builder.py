@@ -30,14 +30,19 @@ class Builder:
         return self.graph.specs[value].dtype
 
     def const(self, data: Any, dtype: DType | str | None = None, hint: str = "const") -> str:
-        arr = np.asarray(data, dtype=DType(dtype).np if dtype is not None else None)
-        if arr.dtype == np.float64:
+        """A constant; without `dtype`, float64 data (Python floats, numpy's default) is stored as float32, the
+        type handlers compute in. A float64 constant needs `dtype=DType.float64`."""
+        arr = np.asarray(data)
+        if dtype is not None:
+            with np.errstate(all="ignore"):  # as numpy's astype: a Python int out of range wraps
+                arr = arr.astype(DType(dtype).np, copy=False)
+        if dtype is None and arr.dtype == np.float64:
             arr = arr.astype(np.float32)
         return self.graph.add_constant(arr, hint=hint)
 
     def scalar(self, value: float | int | bool, like: str) -> str:
         """A 0-d constant with the dtype of `like` (broadcasts against it)."""
-        return self.const(np.asarray(value, dtype=self.dtype(like).np))
+        return self.const(value, self.dtype(like))
 
     def emit_multi(self, op: str, inputs: list[str], **attrs: Any) -> list[str]:
         specs = infer_specs(op, [self.graph.specs[i] if i else _ABSENT for i in inputs], attrs,

@@ -1,4 +1,8 @@
-"""The element types a tensor may have, and their numpy equivalents (numpy is the runtime's only dependency)."""
+"""The element types a tensor may have, and their numpy equivalents (numpy is the runtime's only dependency).
+
+Every numpy-native numeric type is here. bfloat16, float8, int4 and complex types are not: numpy has no
+bfloat16/float8/int4 (ml_dtypes would be needed, a dependency the runtime does not take), and no op or backend
+computes on complex values; strings are not tensors of numbers."""
 
 from __future__ import annotations
 
@@ -11,10 +15,15 @@ import numpy as np
 class DType(StrEnum):
     float32 = "float32"
     float16 = "float16"
+    float64 = "float64"
     int8 = "int8"
     uint8 = "uint8"
+    int16 = "int16"
+    uint16 = "uint16"
     int32 = "int32"
+    uint32 = "uint32"
     int64 = "int64"
+    uint64 = "uint64"
     bool = "bool"
 
     @property
@@ -27,11 +36,19 @@ class DType(StrEnum):
 
     @property
     def is_float(self) -> builtins.bool:
-        return self in (DType.float32, DType.float16)
+        return self in (DType.float32, DType.float16, DType.float64)
 
     @property
     def is_int(self) -> builtins.bool:
-        return self in (DType.int8, DType.uint8, DType.int32, DType.int64)
+        return self.is_signed_int or self.is_unsigned_int
+
+    @property
+    def is_signed_int(self) -> builtins.bool:
+        return self in (DType.int8, DType.int16, DType.int32, DType.int64)
+
+    @property
+    def is_unsigned_int(self) -> builtins.bool:
+        return self in (DType.uint8, DType.uint16, DType.uint32, DType.uint64)
 
     @staticmethod
     def of(x: object) -> DType:

@@ -43,7 +43,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     numpy has no erf and scipy is not a runtime dependency. Abramowitz-Stegun 7.1.26 is only 1.5e-7 accurate
     (an ulp or more in float32), and math.erf element by element is 2.5x slower than these whole-array passes.
     """
-    if x.size <= _ERF_SMALL:
+    if x.size <= _ERF_SMALL or x.dtype == np.float64:  # the series below is float32-accurate only
         # ~70 whole-array passes cost ~80 us however small the array; per element math.erf is cheaper here.
         import math
 

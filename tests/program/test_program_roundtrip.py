@@ -199,3 +199,39 @@ def test_writer_refuses_graphs_it_could_not_read_back(damage, message: str) -> N
 def test_writer_refuses_non_json_metadata() -> None:
     with pytest.raises(ProgramFormatError, match="metadata"):
         Program(build_sample_graph(), {"when": object()}).to_bytes()
+
+
+def test_float64_weights_keep_the_static_format_and_run_in_double(tmp_path) -> None:
+    """A float64 weight adds no format feature: the file stays the static minor version, and the weight comes
+    back as float64 bits and computes in double precision."""
+    from edgerun.program.format import Header
+    from edgerun.runtime import load
+
+    g = Graph()
+    x = g.add_input("x", TensorSpec((3,), DType.float64))
+    w = g.add_constant(np.array([1.0, 1e-300, np.pi]), name="w")
+    g.outputs = [g.add_node("add", [x, w], [TensorSpec((3,), DType.float64)], {})[0]]
+    path = tmp_path / "double.edgr"
+    Program(g).save(path)
+    assert Header.unpack(path.read_bytes()[:HEADER_SIZE]).minor == STATIC_FORMAT_MINOR
+    loaded = Program.read(path)
+    assert loaded.graph.constants["w"].dtype == np.float64
+    assert loaded.graph.constants["w"].tobytes() == np.array([1.0, 1e-300, np.pi]).tobytes()
+    got = load(loaded, backends=["reference"])(np.array([1e-16, 1e-300, 0.0]))
+    np.testing.assert_array_equal(got, np.array([1.0 + 1e-16, 2e-300, np.pi]))  # 1e-300 is 0 in float32
+
+
+def test_a_reader_without_a_dtype_refuses_it_by_name(monkeypatch) -> None:
+    """What a reader from before float64 does with a file that has one (its dtype table lacked it): a
+    ProgramFormatError naming the dtype, never a misread."""
+    from edgerun.program import graph_codec
+
+    g = Graph()
+    g.add_constant(np.zeros(2, np.float64), name="w")
+    g.outputs = ["w"]
+    data = Program(g).to_bytes()
+    old = {d: t for d, t in graph_codec._DTYPES.items()
+           if d in ("float32", "float16", "int8", "uint8", "int32", "int64", "bool")}
+    monkeypatch.setattr(graph_codec, "_DTYPES", old)
+    with pytest.raises(ProgramFormatError, match="unknown dtype 'float64'"):
+        Program.from_bytes(data)

@@ -24,13 +24,17 @@ from edgerun.ir.ops.conv_transpose_ops import transpose_geometry
 OPSET = 20  # 20: Gelu
 
 F32 = frozenset({DType.float32})
-NUMERIC = frozenset({DType.float32, DType.int32, DType.int64})
+# The types ONNX Runtime's CPU kernels cover for every op declared with them (int16/uint16 lack Max/Min/Where,
+# the unsigned types Neg: those nodes stay on edgerun's kernels).
+NUMERIC = frozenset({DType.float32, DType.float64, DType.int32, DType.int64})
+FLOATS = frozenset({DType.float32, DType.float64})
 BOOL = frozenset({DType.bool})
 ANY = frozenset(DType)
 
 # DType -> onnx.TensorProto enum value (fixed by the ONNX spec, so no onnx import is needed here).
-ONNX_DTYPE = {DType.float32: 1, DType.uint8: 2, DType.int8: 3, DType.int32: 6, DType.int64: 7,
-              DType.bool: 9, DType.float16: 10}
+ONNX_DTYPE = {DType.float32: 1, DType.uint8: 2, DType.int8: 3, DType.uint16: 4, DType.int16: 5, DType.int32: 6,
+              DType.int64: 7, DType.bool: 9, DType.float16: 10, DType.float64: 11, DType.uint32: 12,
+              DType.uint64: 13}
 
 
 # Constants at least this large go to ORT as zero-copy OrtValues; smaller ones are serialised into the model.
@@ -260,7 +264,7 @@ def _arg(b: OnnxBuilder, node: Node) -> None:
 
 # ---- linear algebra, windows, gather -------------------------------------------------------------------
 
-@_op("matmul", F32)
+@_op("matmul", FLOATS)
 def _matmul(b: OnnxBuilder, node: Node) -> None:
     b.node("MatMul", _inputs(node), list(node.outputs))
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.dtypes import DType
 
 
 def _x(ctx: ImportContext, node: OnnxNode) -> str:
@@ -17,7 +20,7 @@ def relu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 @onnx_op("LeakyRelu")
 def leaky_relu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [ctx.emit("leaky_relu", [_x(ctx, node)], alpha=float(node.attr("alpha", 0.01)))]
+    return [ctx.emit("leaky_relu", [_x(ctx, node)], alpha=node.float_attr("alpha", 0.01))]
 
 
 @onnx_op("PRelu")
@@ -62,13 +65,18 @@ def selu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 @onnx_op("HardSigmoid")
 def hard_sigmoid(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [ctx.emit("hardsigmoid", [_x(ctx, node)], alpha=float(node.attr("alpha", 0.2)),
+    return [ctx.emit("hardsigmoid", [_x(ctx, node)], alpha=node.float_attr("alpha", 0.2),
                      beta=float(node.attr("beta", 0.5)))]
 
 
 @onnx_op("HardSwish")
 def hard_swish(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [ctx.emit("hardswish", [_x(ctx, node)])]
+    x = _x(ctx, node)
+    if ctx.b.dtype(x) is DType.float64:
+        # ONNX defines it as x * HardSigmoid(alpha=1/6 as a float32 attribute): exact 1/6 would differ by 1e-8.
+        gate = ctx.emit("hardsigmoid", [x], alpha=float(np.float32(1 / 6)), beta=0.5)
+        return [ctx.emit("mul", [x, gate])]
+    return [ctx.emit("hardswish", [x])]
 
 
 @onnx_op("Gelu")

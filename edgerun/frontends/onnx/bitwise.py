@@ -1,7 +1,8 @@
-"""Bitwise ONNX ops on 8- and 32-bit integers, from exact int64 arithmetic (there is no bitwise primitive).
+"""Bitwise ONNX ops on 8-, 16- and 32-bit integers, from exact int64 arithmetic (there is no bitwise primitive).
 
 Each operand is read as its unsigned bit pattern, split into bits with floor-division and modulo, combined
-bit by bit, and mapped back to the signed range. int64 And/Or/Xor are refused (no wider type to work in).
+bit by bit, and mapped back to the signed range. int64 and uint64 And/Or/Xor are refused (no wider type to
+work in).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.ir.dtypes import DType
 
-SIGNED = (DType.int8, DType.int32, DType.int64)
+# The types whose bit patterns fit in int64 with room for the arithmetic below.
+WIDENABLE = (DType.int8, DType.uint8, DType.int16, DType.uint16, DType.int32, DType.uint32)
 
 
 @onnx_op("BitwiseNot")
@@ -22,7 +24,7 @@ def bitwise_not(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if dtype is DType.bool or dtype.is_float:
         raise node.refuse(f"BitwiseNot of {dtype.value}")
     # ~x = -1 - x for two's complement, (2^w - 1) - x for unsigned; neither can overflow.
-    top = -1 if dtype in SIGNED else 2 ** (dtype.itemsize * 8) - 1
+    top = -1 if dtype.is_signed_int else 2 ** (dtype.itemsize * 8) - 1
     return [ctx.emit("sub", [ctx.scalar(top, x), x])]
 
 
@@ -30,7 +32,7 @@ def bitwise_not(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def bitwise_binary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     a, b = ctx.input(node, 0), ctx.input(node, 1)
     dtype = ctx.b.dtype(a)
-    if dtype not in (DType.int8, DType.uint8, DType.int32):
+    if dtype not in WIDENABLE:
         raise node.refuse(f"{node.op_type} of {dtype.value}")
     width = dtype.itemsize * 8
     modulus = 2 ** width
@@ -52,7 +54,7 @@ def bitwise_binary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
             bit = ctx.emit("sub", [either, both if node.op_type == "BitwiseOr" else ctx.emit("mul", [both, two])])
         term = ctx.emit("mul", [bit, scale])
         total = ctx.emit("add", [total, term]) if total else term
-    if dtype in SIGNED:
+    if dtype.is_signed_int:
         wrapped = ctx.emit("sub", [total, ctx.scalar(modulus, total)])
         total = ctx.emit("where", [ctx.emit("ge", [total, ctx.scalar(modulus // 2, total)]), wrapped, total])
     return [ctx.cast(total, dtype)]

@@ -19,8 +19,8 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "data-dependent-shape": "outputs whose shape depends on input values (NonZero, Unique, "
                             "NonMaxSuppression, Compress, ImageDecoder): symbolic dimensions are bound from the "
                             "input shapes before a call runs, never from values computed during it",
-    "dtype": "element types outside edgerun's seven (float64, bfloat16, float8, int4, int16, uint16/32/64, "
-             "complex): refused rather than silently cast",
+    "dtype": "element types numpy has no type for (bfloat16, float8, float4, int4/uint4, int2/uint2) or that no op "
+             "computes on (complex64/128): refused rather than silently cast",
 }
 
 # For each category: what would lift the refusal. "#12" is the dynamic shapes / state / control flow work
@@ -43,7 +43,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
                             "deciding tensor is data (scores, masks, boxes), computed during the run in real "
                             "models, and a cache keyed on data values would only serve the test cases. "
                             "ImageDecoder needs image codecs and cannot be supported",
-    "dtype": "not #12: needs more element types in the IR (float64, bfloat16, float8, int4, ...)",
+    "dtype": "cannot be supported without a new runtime dependency: numpy has no bfloat16, float8, float4, int4 or "
+             "int2 (ml_dtypes would be needed; the runtime depends on numpy only), and complex values need "
+             "complex kernels in every op. float64, int16, uint16, uint32 and uint64 are in the IR",
 }
 
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}

@@ -20,8 +20,11 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymDim
 
 # ONNX TensorProto data types we hold natively; the rest are refused (see docs/onnx.md).
-ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 3: DType.int8, 2: DType.uint8,
-                                   6: DType.int32, 7: DType.int64, 9: DType.bool}
+# Not held: bfloat16 (16), float8 (17-20), int4/uint4 (21-22), float4 (23) have no numpy type (ml_dtypes would
+# be needed); complex64/128 (14-15) no op computes on; string (8) is not numeric.
+ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 11: DType.float64, 3: DType.int8,
+                                   2: DType.uint8, 5: DType.int16, 4: DType.uint16, 6: DType.int32,
+                                   12: DType.uint32, 7: DType.int64, 13: DType.uint64, 9: DType.bool}
 DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
 
@@ -82,6 +85,11 @@ class OnnxNode:
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
+
+    def float_attr(self, key: str, default: float) -> float:
+        """A FLOAT attribute: ONNX stores it, and its schema default, as float32, so a default such as 0.01 is
+        rounded to float32 too (the value ONNX Runtime computes with; it shows in float64 graphs)."""
+        return float(np.float32(self.attrs.get(key, default)))
 
     def has_input(self, i: int) -> bool:
         return len(self.inputs) > i and bool(self.inputs[i])

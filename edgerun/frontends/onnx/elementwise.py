@@ -183,8 +183,10 @@ def bit_shift(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x, y = ctx.input(node, 0), ctx.input(node, 1)
     dtype = ctx.b.dtype(x)
     width = dtype.itemsize * 8
-    signed = dtype in (DType.int8, DType.int32, DType.int64)
+    signed = dtype.is_signed_int
     left = node.attr("direction") == "LEFT"
+    if dtype is DType.uint64:
+        raise node.refuse("shift of uint64 (its values do not fit the int64 the shift is computed in)")
     if dtype is DType.int64 and left:
         raise node.refuse("left shift of int64 (needs 64-bit wrapping arithmetic)")
     xi, yi = ctx.cast(x, DType.int64), ctx.cast(y, DType.int64)

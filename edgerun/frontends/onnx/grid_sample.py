@@ -64,6 +64,7 @@ def grid_sample(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     dtype = ctx.b.dtype(x)
     if not dtype.is_float:
         raise node.refuse(f"GridSample of {dtype.value}")
+    work = DType.float64 if dtype is DType.float64 else DType.float32  # float16 is computed in float32
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "linear"), node.attr("mode", "linear"))
     padding = node.attr("padding_mode", "zeros")
     align = bool(node.attr("align_corners", 0))
@@ -71,7 +72,7 @@ def grid_sample(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         raise node.refuse(f"mode {mode!r} with padding_mode {padding!r}")
     n, c, dims = xs[0], xs[1], list(xs[2:])
     nd, out = len(dims), list(gs[1:-1])
-    g = ctx.cast(grid, DType.float32)
+    g = ctx.cast(grid, work)
     axis_taps: list[list[tuple[str, str, str]]] = []  # per dim: (index int64, weight, in-range mask)
     for i, d in enumerate(dims):
         comp = ctx.emit("reshape", [ctx.emit("slice", [g], starts=[nd - 1 - i], ends=[nd - i], axes=[nd + 1])],
@@ -107,13 +108,13 @@ def grid_sample(ctx: ImportContext, node: OnnxNode) -> list[Out]:
             inside = ctx.emit("logical_and", [ctx.emit("ge", [idx, ctx.b.const(np.int64(0))]),
                                               ctx.emit("lt", [idx, ctx.b.const(np.int64(d))])])
             if padding == "reflection":
-                idx = ctx.emit("cast", [_reflect(ctx, ctx.cast(idx, DType.float32), lo, hi)], dtype="int64")
+                idx = ctx.emit("cast", [_reflect(ctx, ctx.cast(idx, work), lo, hi)], dtype="int64")
             idx = ctx.emit("clamp", [idx], min=0, max=d - 1)
             taps.append((idx, w, inside))
         axis_taps.append(taps)
     # Rows of the data as [N * prod(dims), C]; each tap gathers one row per output position.
     size = math.prod(dims)
-    rows = ctx.emit("reshape", [ctx.emit("transpose", [ctx.cast(x, DType.float32)],
+    rows = ctx.emit("reshape", [ctx.emit("transpose", [ctx.cast(x, work)],
                                          perm=[0, *range(2, nd + 2), 1])], shape=[n * size, c])
     batch = ctx.b.const((np.arange(n, dtype=np.int64) * size).reshape([n] + [1] * len(out)))
     strides = [math.prod(dims[i + 1:]) for i in range(nd)]

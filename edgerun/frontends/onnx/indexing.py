@@ -15,6 +15,7 @@ from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.frontends.onnx.symfold import is_symbolic
 from edgerun.ir.dtypes import DType
+from edgerun.ir.symbolic import SymDim
 
 
 @onnx_op("Gather")
@@ -90,7 +91,7 @@ def _scatter(ctx: ImportContext, node: OnnxNode, rows: str, lin: str, updates: s
         # [P, M, R]: each position's matching updates, the rest replaced by the reduction's identity.
         m, r = ctx.b.shape(updates)
         big = np.inf if dtype.is_float else np.iinfo(dtype.np).max
-        ident = ctx.b.const(np.asarray(-big if reduction == "max" else big, dtype=dtype.np))
+        ident = ctx.b.const(-big if reduction == "max" else big, dtype)
         sel = ctx.emit("where", [ctx.emit("reshape", [hit], shape=[p, m, 1]),
                                  ctx.emit("reshape", [updates], shape=[1, m, r]), ident])
         best = ctx.emit(f"reduce_{reduction}", [sel], axes=[1], keepdims=False)
@@ -186,10 +187,43 @@ def cumsum(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     perm = [d for d in range(len(shape)) if d != axis] + [axis]
     xt = ctx.emit("transpose", [x], perm=perm)
     flat = ctx.emit("reshape", [xt], shape=[math.prod(shape) // max(n, 1), n])
-    y = ctx.emit("matmul", [flat, ctx.b.const(tri.astype(ctx.b.dtype(x).np))])
+    y = ctx.emit("matmul", [flat, ctx.b.const(tri, ctx.b.dtype(x))])
     y = ctx.emit("reshape", [y], shape=[shape[d] for d in perm])
     inv = [perm.index(d) for d in range(len(shape))]
     return [ctx.emit("transpose", [y], perm=inv)]
+
+
+# A running product has no matmul form; it is unrolled into one multiply per position, so the axis is capped.
+MAX_CUMPROD_LENGTH = 256
+
+
+@onnx_op("CumProd")
+def cumprod(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # Position by position along the axis, each product one multiply of the previous one: numpy.cumprod's
+    # order, exact for integers (wrapping like them) and one rounding per step for floats.
+    x = ctx.input(node, 0)
+    shape = ctx.b.shape(x)
+    axis_arr = ctx.static(node, 1, "axis")
+    assert axis_arr is not None
+    axis = int(axis_arr.reshape(-1)[0]) % len(shape)
+    n = shape[axis]
+    if isinstance(n, SymDim) or n > MAX_CUMPROD_LENGTH:
+        raise node.refuse(f"axis of length {n} (CumProd is unrolled, up to {MAX_CUMPROD_LENGTH} positions)")
+    if n == 0:
+        return [x]
+    exclusive, reverse = bool(node.attr("exclusive", 0)), bool(node.attr("reverse", 0))
+    one = ctx.b.const(np.ones([1 if d == axis else s for d, s in enumerate(shape)]), ctx.b.dtype(x))
+    outs: dict[int, str] = {}
+    acc = ""
+    for k in (reversed(range(n)) if reverse else range(n)):
+        piece = ctx.emit("slice", [x], starts=[k], ends=[k + 1], axes=[axis])
+        if exclusive:
+            outs[k] = acc or one
+        acc = ctx.emit("mul", [acc, piece]) if acc else piece
+        if not exclusive:
+            outs[k] = acc
+    parts = [outs[k] for k in range(n)]
+    return [parts[0] if n == 1 else ctx.emit("concat", parts, axis=axis)]
 
 
 
@@ -228,7 +262,7 @@ def max_unpool(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         raise node.refuse(f"output_shape {final} smaller than the unpooled shape {out_shape}")
     total = math.prod(out_shape)
     m = ctx.b.spec(x).numel
-    rows = ctx.b.const(np.zeros((total, 1), dtype=ctx.b.dtype(x).np))
+    rows = ctx.b.const(np.zeros((total, 1)), ctx.b.dtype(x))
     out = _scatter(ctx, node, rows, ctx.emit("reshape", [ctx.cast(idx, DType.int64)], shape=[m]),
                    ctx.emit("reshape", [x], shape=[m, 1]))
     out = ctx.emit("reshape", [out], shape=out_shape)

@@ -9,6 +9,7 @@ import numpy as np
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.einsum import einsum
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.dtypes import DType
 from edgerun.ir.symbolic import SymDim
 
 
@@ -68,7 +69,7 @@ def batch_norm(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
         raise node.refuse("training mode (running statistics updates) is not supported")
     x, scale, bias, mean, var = (ctx.input(node, i) for i in range(5))
-    return [ctx.emit("batch_norm", [x, scale, bias, mean, var], eps=float(node.attr("epsilon", 1e-5)))]
+    return [ctx.emit("batch_norm", [x, scale, bias, mean, var], eps=node.float_attr("epsilon", 1e-5))]
 
 
 def _normalise(ctx: ImportContext, x: str, axes: list[int], eps: float) -> tuple[str, str, str]:
@@ -84,7 +85,7 @@ def _normalise(ctx: ImportContext, x: str, axes: list[int], eps: float) -> tuple
 def instance_norm(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     rank = len(ctx.b.shape(x))
-    y, _, _ = _normalise(ctx, x, list(range(2, rank)), float(node.attr("epsilon", 1e-5)))
+    y, _, _ = _normalise(ctx, x, list(range(2, rank)), node.float_attr("epsilon", 1e-5))
     y = ctx.emit("mul", [y, _channel(ctx, ctx.input(node, 1), rank)])
     return [ctx.emit("add", [y, _channel(ctx, ctx.input(node, 2), rank)])]
 
@@ -96,9 +97,13 @@ def layer_norm(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     axis = int(node.attr("axis", -1)) % rank
     if node.attr("stash_type", 1) != 1:
         raise node.refuse("stash_type other than float32")
-    xf = ctx.cast(x, ctx.b.dtype(x).__class__("float32"))
-    y, mean, inv = _normalise(ctx, xf, list(range(axis, rank)), float(node.attr("epsilon", 1e-5)))
-    y = ctx.cast(y, ctx.b.dtype(x))
+    # stash_type float32 widens float16; float64 is normalised in float64, as ONNX Runtime and ONNX's reference
+    # do (a float32 normalisation would give a float64 model single-precision answers).
+    dtype = ctx.b.dtype(x)
+    xf = ctx.cast(x, DType.float64 if dtype is DType.float64 else DType.float32)
+    y, mean, inv = _normalise(ctx, xf, list(range(axis, rank)), node.float_attr("epsilon", 1e-5))
+    y = ctx.cast(y, dtype)
+    mean, inv = ctx.cast(mean, DType.float32), ctx.cast(inv, DType.float32)  # their ONNX type is the stash type
     y = ctx.emit("mul", [y, ctx.input(node, 1)])
     if node.has_input(2):
         y = ctx.emit("add", [y, ctx.input(node, 2)])
@@ -148,7 +153,7 @@ def lrn(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     # Cross-channel sum of squares as a sum of channel-shifted slices of the zero-padded square.
     x = ctx.input(node, 0)
     size = int(node.attr("size"))
-    alpha, beta, bias = float(node.attr("alpha", 1e-4)), float(node.attr("beta", 0.75)), float(node.attr("bias", 1.0))
+    alpha, beta, bias = node.float_attr("alpha", 1e-4), float(node.attr("beta", 0.75)), float(node.attr("bias", 1.0))
     shape = ctx.b.shape(x)
     c = shape[1]
     before, after = (size - 1) // 2, -(-(size - 1) // 2)

@@ -111,8 +111,8 @@ def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int,
         if node.has_input(i):
             return ctx.emit("reshape", [_slice(b, ctx.input(node, i), 0, d, d + 1)], shape=[batch, hidden])
         if isinstance(batch, int):
-            return b.const(np.zeros((batch, hidden), dtype=b.dtype(xs).np))
-        return ctx.emit("expand", [b.const(np.zeros((1, hidden), dtype=b.dtype(xs).np))], shape=[batch, hidden])
+            return b.const(np.zeros((batch, hidden)), b.dtype(xs))
+        return ctx.emit("expand", [b.const(np.zeros((1, hidden)), b.dtype(xs))], shape=[batch, hidden])
 
     carried = [state(5)] + ([state(6)] if op == "LSTM" else [])
     peep = ctx.emit("reshape", [_slice(b, ctx.input(node, 7), 0, d, d + 1)], shape=[3 * hidden]) \

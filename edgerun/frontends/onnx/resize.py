@@ -140,13 +140,12 @@ def _is_composite(node: OnnxNode, mode: str, ctm: str, dtype: DType) -> bool:
 
 def _apply(ctx: ImportContext, x: str, axis: int, mat: np.ndarray, offset: np.ndarray) -> str:
     shape = ctx.b.shape(x)
-    np_dtype = ctx.b.dtype(x).np
     perm = [d for d in range(len(shape)) if d != axis] + [axis]
     xt = ctx.emit("transpose", [x], perm=perm)
     flat = ctx.emit("reshape", [xt], shape=[math.prod(shape[d] for d in perm[:-1]), shape[axis]])
-    y = ctx.emit("matmul", [flat, ctx.b.const(mat.astype(np_dtype))])
+    y = ctx.emit("matmul", [flat, ctx.b.const(mat, ctx.b.dtype(x))])
     if np.any(offset):
-        y = ctx.emit("add", [y, ctx.b.const(offset.astype(np_dtype))])
+        y = ctx.emit("add", [y, ctx.b.const(offset, ctx.b.dtype(x))])
     y = ctx.emit("reshape", [y], shape=[shape[d] for d in perm[:-1]] + [mat.shape[1]])
     return ctx.emit("transpose", [y], perm=[perm.index(d) for d in range(len(shape))])
 

@@ -20,7 +20,7 @@ def _along(ctx: ImportContext, x: str, axis: int, mat: np.ndarray) -> str:
     perm = [d for d in range(len(shape)) if d != axis] + [axis]
     xt = ctx.emit("transpose", [x], perm=perm)
     flat = ctx.emit("reshape", [xt], shape=[math.prod(shape) // max(shape[axis], 1), shape[axis]])
-    y = ctx.emit("matmul", [flat, ctx.b.const(mat.astype(ctx.b.dtype(x).np))])
+    y = ctx.emit("matmul", [flat, ctx.b.const(mat, ctx.b.dtype(x))])
     y = ctx.emit("reshape", [y], shape=[shape[d] for d in perm[:-1]] + [mat.shape[1]])
     return ctx.emit("transpose", [y], perm=[perm.index(d) for d in range(len(shape))])
 

@@ -1,7 +1,7 @@
 """Trigonometric and hyperbolic ONNX ops without an atomic counterpart, composed from exp, log, sqrt, div.
 
 atan uses the Cephes single-precision range reduction and polynomial (|error| < 2 ulp on float32); asin and
-acos follow from it. These are written for float32 and float16 inputs.
+acos follow from it. These are written for float32 and float16 inputs; float64 ones are refused.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import math
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
 from edgerun.frontends.onnx.registry import onnx_op
+from edgerun.ir.dtypes import DType
 
 
 # Inverse hyperbolic and hyperbolic functions compose exactly enough from exp, log and sqrt in fp32 for
@@ -60,6 +61,8 @@ def atan(ctx: ImportContext, x: str) -> str:
 @onnx_op("Atan", "Asin", "Acos")
 def inverse_trig(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
+    if ctx.b.dtype(x) is DType.float64:  # the polynomial is accurate to float32 only: a float32 answer is wrong
+        raise node.refuse(f"{node.op_type} of float64 (edgerun's atan is a single-precision polynomial)")
     if node.op_type == "Atan":
         return [atan(ctx, x)]
     one = ctx.scalar(1.0, x)

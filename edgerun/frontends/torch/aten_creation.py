@@ -17,9 +17,9 @@ def _filled(ctx: ConvertContext, node: Any, value: Any) -> str:
     dtype = ctx.out_dtype(node)
     shape = ctx.out_shape(node)
     if any(is_symbolic(d) for d in shape):  # a size known at run time: broadcast one element to it
-        return ctx.b.emit("expand", [ctx.b.const(np.full((1,) * len(shape), value).astype(dtype.np))],
+        return ctx.b.emit("expand", [ctx.b.const(np.full((1,) * len(shape), value), dtype)],
                           shape=list(shape))
-    return ctx.b.const(np.full(shape, value).astype(dtype.np))
+    return ctx.b.const(np.full(shape, value), dtype)
 
 
 @handles("aten.full.default", "aten.full_like.default", "aten.new_full.default", "aten.fill.Scalar")

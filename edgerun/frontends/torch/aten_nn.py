@@ -134,7 +134,7 @@ def _inference_batch_norm(ctx: ConvertContext, node: Any) -> list[str | None]:
     rest = ctx.fake(node)[1:]
     if any(v.numel() for v in rest):
         reject_extra_outputs(ctx, node, 1)
-    empties: list[str | None] = [ctx.b.const(np.zeros(tuple(v.shape), ctx.dtype_of_torch(v.dtype).np))
+    empties: list[str | None] = [ctx.b.const(np.zeros(tuple(v.shape)), ctx.dtype_of_torch(v.dtype))
                                  for v in rest]
     return [y, *empties]
 
@@ -193,7 +193,7 @@ def _layer_norm(ctx: ConvertContext, node: Any) -> list[str | None]:
     bias = ctx.operand(a["bias"], dtype) if a["bias"] is not None else ""
     ins = [x, w, bias] if bias else [x, w] if w else [x]
     if not w and bias:
-        ins = [x, ctx.b.const(np.ones(ctx.b.shape(bias), dtype.np)), bias]
+        ins = [x, ctx.b.const(np.ones(ctx.b.shape(bias)), dtype), bias]
     n = len(a["normalized_shape"])
     if n == 0:
         ctx.unsupported("layer norm over no axes")

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.frontends.torch.context import ConvertContext, handles, reads_beyond
+from edgerun.ir.dtypes import DType
 
 # ---- pooling -----------------------------------------------------------------------------------------
 
@@ -106,7 +107,7 @@ def _avg_pool(ctx: ConvertContext, node: Any) -> str:
         cnt_r = np.minimum(rows + kernel[0], h + pads[2]) - np.maximum(rows, -pads[0])
         cnt_c = np.minimum(cols + kernel[1], w + pads[3]) - np.maximum(cols, -pads[1])
         scale = (cnt_r[:, None] * cnt_c[None, :]).astype(np.float64) / float(divisor)
-        y = ctx.b.binary("mul", y, ctx.b.const(scale.astype(ctx.b.dtype(y).np)))
+        y = ctx.b.binary("mul", y, ctx.b.const(scale, ctx.b.dtype(y)))
     return ctx.b.emit("reshape", [y], shape=list(ctx.b.shape(y)[1:])) if unbatched else y
 
 
@@ -146,10 +147,11 @@ def _upsample_nearest(ctx: ConvertContext, node: Any) -> str:
     return ctx.b.emit("gather", [y, ctx.b.const(cols)], axis=rank - 1)
 
 
-def _linear_taps(in_size: int, out_size: int, align_corners: bool, scale: float | None
+def _linear_taps(in_size: int, out_size: int, align_corners: bool, scale: float | None, double: bool = False
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(i0, i1, w0, w1) of torch's linear resampling along one axis, in float32 as torch computes them."""
-    f32 = np.float32
+    """(i0, i1, w0, w1) of torch's linear resampling along one axis, in float32 as torch computes them (in
+    float64 for a float64 tensor, whose accumulate type is double)."""
+    f32: Any = np.float64 if double else np.float32
     dst = np.arange(out_size, dtype=f32)
     if align_corners:
         step = f32(in_size - 1) / f32(out_size - 1) if out_size > 1 else f32(0)
@@ -176,10 +178,12 @@ def _upsample_bilinear(ctx: ConvertContext, node: Any) -> str:
     # Width first, then height: the same weighted sums, in the same order, as torch's kernel.
     for axis, out_size, scale in ((rank - 1, out_hw[1], scales[1]), (rank - 2, out_hw[0], scales[0])):
         in_size = b.shape(x)[axis]
-        i0, i1, w0, w1 = _linear_taps(in_size, out_size, bool(a["align_corners"]), scale)
+        double = b.dtype(x) is DType.float64
+        i0, i1, w0, w1 = _linear_taps(in_size, out_size, bool(a["align_corners"]), scale, double)
+        wdt = DType.float64 if double else None  # float32 weights otherwise, as before
         view = [1] * rank
         view[axis] = out_size
-        lo = b.binary("mul", b.emit("gather", [x, b.const(i0)], axis=axis), b.const(w0.reshape(view)))
-        hi = b.binary("mul", b.emit("gather", [x, b.const(i1)], axis=axis), b.const(w1.reshape(view)))
+        lo = b.binary("mul", b.emit("gather", [x, b.const(i0)], axis=axis), b.const(w0.reshape(view), wdt))
+        hi = b.binary("mul", b.emit("gather", [x, b.const(i1)], axis=axis), b.const(w1.reshape(view), wdt))
         x = b.binary("add", lo, hi)
     return x

@@ -165,7 +165,7 @@ def _cumsum(ctx: ConvertContext, node: Any) -> str:
     moved = b.emit("transpose", [x], perm=perm)
     if rank == 1:
         moved = b.emit("reshape", [moved], shape=[1, n])
-    tri = b.const(np.triu(np.ones((n, n))).astype(dtype.np))
+    tri = b.const(np.triu(np.ones((n, n))), dtype)
     summed = b.emit("matmul", [moved, tri])
     if rank == 1:
         return b.emit("reshape", [summed], shape=[n])

@@ -148,14 +148,14 @@ class ConvertContext:
         if isinstance(arg, bool | int | float):
             if not np.isfinite(arg) and not dtype.is_float:
                 self.unsupported(f"scalar {arg} in an integer computation")
-            return self.b.const(np.asarray(arg).astype(dtype.np))
+            return self.b.const(np.asarray(arg), dtype)
         self.unsupported(f"unsupported scalar argument {arg!r}")
 
     def dim_scalar(self, value: Dim, dtype: DType) -> str:
         """A size as a 0-d value of `dtype`: a constant, or dim_value when it is symbolic."""
         if is_symbolic(value):
             return self.b.emit("dim_value", [], value=value, dtype=dtype.value)
-        return self.b.const(np.asarray(value).astype(dtype.np))
+        return self.b.const(np.asarray(value), dtype)
 
     def const_like_torch(self, data: Any) -> str:
         """A constant from a real torch tensor (parameters, buffers, lifted constants)."""

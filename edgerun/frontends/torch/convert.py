@@ -221,7 +221,7 @@ def _empty_result(ctx: ConvertContext, node: Any) -> Any:
     if not vals or not all(hasattr(v, "shape") and all(isinstance(d, int) for d in v.shape)
                            and v.numel() == 0 for v in vals):
         return None
-    consts = [ctx.b.const(np.zeros(tuple(v.shape), ctx.dtype_of_torch(v.dtype).np)) for v in vals]
+    consts = [ctx.b.const(np.zeros(tuple(v.shape)), ctx.dtype_of_torch(v.dtype)) for v in vals]
     return consts if isinstance(val, list | tuple) else consts[0]
 
 

@@ -85,7 +85,8 @@ def _flipped_kernel(b: Builder, w: str, groups: int) -> str:
     if w in b.graph.constants:
         flipped = np.asarray(b.graph.constants[w])[:, :, ::-1, ::-1]
         flipped = flipped.reshape(groups, cin_g, cout_g, kh, kw).transpose(0, 2, 1, 3, 4)
-        return b.const(np.ascontiguousarray(flipped.reshape(groups * cout_g, cin_g, kh, kw)), hint="flipped_kernel")
+        return b.const(np.ascontiguousarray(flipped.reshape(groups * cout_g, cin_g, kh, kw)), b.dtype(w),
+                       hint="flipped_kernel")
     v = b.emit("slice", [w], starts=[-1, -1], ends=[-kh - 1, -kw - 1], axes=[2, 3], steps=[-1, -1])
     v = b.emit("reshape", [v], shape=[groups, cin_g, cout_g, kh, kw])
     v = b.emit("transpose", [v], perm=[0, 2, 1, 3, 4])

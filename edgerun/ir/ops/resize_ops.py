@@ -130,7 +130,7 @@ def _linear_axis(b: Builder, x: str, axis: int, mat: np.ndarray) -> str:
     perm = [d for d in range(len(shape)) if d != axis] + [axis]
     xt = b.emit("transpose", [x], perm=perm)
     flat = b.emit("reshape", [xt], shape=[math.prod(shape[d] for d in perm[:-1]), shape[axis]])
-    y = b.emit("matmul", [flat, b.const(mat.astype(b.dtype(x).np), hint="resize_matrix")])
+    y = b.emit("matmul", [flat, b.const(mat, b.dtype(x), hint="resize_matrix")])
     y = b.emit("reshape", [y], shape=[shape[d] for d in perm[:-1]] + [mat.shape[1]])
     return b.emit("transpose", [y], perm=[perm.index(d) for d in range(len(shape))])
 

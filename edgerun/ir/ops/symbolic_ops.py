@@ -25,7 +25,7 @@ def _dim_value_rule(ins: list[TensorSpec], attrs: dict[str, Any]) -> list[Tensor
 
 def _dim_value(b: Builder, ins: list[str], attrs: dict[str, Any]) -> list[str]:
     dtype = DType(attrs.get("dtype", "int64"))
-    return [b.const(np.asarray(int(as_dim(attrs["value"]))).astype(dtype.np))]
+    return [b.const(np.asarray(int(as_dim(attrs["value"]))), dtype)]
 
 
 register(OpDef("dim_value", OpKind.COMPOSITE, _dim_value_rule, 0, 0, decompose=_dim_value,
