@@ -8,6 +8,13 @@ from torch import nn
 from edgerun.zoo.cnn_blocks import conv_bn
 
 
+# The last BatchNorm of each residual branch starts at this scale, as trained ResNets' end up small
+# (the zero-init-residual observation, Goyal et al. 2017). At full scale every random branch adds as much
+# variance as the identity path, and by the last stage the sum has the heavy tails that cost a per-tensor
+# 8-bit activation about 10 dB per bottleneck (docs/quantization.md).
+RESIDUAL_BRANCH_GAMMA = 0.25
+
+
 class BasicBlock(nn.Module):
     expansion = 1
 
@@ -16,6 +23,7 @@ class BasicBlock(nn.Module):
         self.body = nn.Sequential(conv_bn(cin, width, 3, stride), conv_bn(width, width, 3, act=None))
         self.shortcut = conv_bn(cin, width, 1, stride, act=None) if stride != 1 or cin != width else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
+        nn.init.constant_(self.body[-1][1].weight, RESIDUAL_BRANCH_GAMMA)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.body(x) + self.shortcut(x))
@@ -31,6 +39,7 @@ class Bottleneck(nn.Module):
                                   conv_bn(width, cout, 1, act=None))
         self.shortcut = conv_bn(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
+        nn.init.constant_(self.body[-1][1].weight, RESIDUAL_BRANCH_GAMMA)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.body(x) + self.shortcut(x))
