@@ -7,7 +7,6 @@ from torch import nn
 
 from edgerun.zoo.cnn_blocks import conv_bn
 
-
 # The last BatchNorm of each residual branch starts at this scale, as trained ResNets' end up small
 # (the zero-init-residual observation, Goyal et al. 2017). At full scale every random branch adds as much
 # variance as the identity path, and by the last stage the sum has the heavy tails that cost a per-tensor
