@@ -92,16 +92,23 @@ def _stats(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float]:
     return snr, cosine, float(np.max(np.abs(r - g))) if r.size else 0.0
 
 
-def compare_quantized(quantized: LoadedGraph, source: LoadedGraph, inputs: InputSet,
-                      min_snr_db: float = 20.0) -> QuantCompareReport:
-    """SQNR of every float value of `source` that `quantized` computes too (by name), in execution order."""
+def quantization_metadata(quantized: LoadedGraph, source: LoadedGraph, role: str) -> Mapping[str, Any]:
+    """`quantized`'s metadata["quantization"], once it is checked to be a quantized program of `source`'s
+    inputs (`role` names it in the error)."""
     meta = (quantized.program.metadata if quantized.program else {}).get("quantization")
     if not isinstance(meta, Mapping):
-        raise EdgerunError("the first program is not a quantized one (no metadata['quantization']: "
+        raise EdgerunError(f"{role} is not a quantized one (no metadata['quantization']: "
                            "make it with `edgerun quantize`)")
     if list(source.graph.inputs) != list(quantized.graph.inputs):
         raise EdgerunError(f"the float program's inputs {source.graph.inputs} are not the quantized program's "
                            f"{quantized.graph.inputs}: is it the source this program was quantized from?")
+    return meta
+
+
+def compare_quantized(quantized: LoadedGraph, source: LoadedGraph, inputs: InputSet,
+                      min_snr_db: float = 20.0) -> QuantCompareReport:
+    """SQNR of every float value of `source` that `quantized` computes too (by name), in execution order."""
+    meta = quantization_metadata(quantized, source, "the first program")
     uint8 = {str(name): (str(v["value"]), np.float32(v["scale"]), int(v["zero_point"]))
              for name, v in meta.get("uint8_values", {}).items()}
     by_uint8 = {q: name for name, (q, _, _) in uint8.items()}

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.devtools.programs import InputSet, LoadedGraph
+from edgerun.devtools.quant_inspect import quantization_metadata
 from edgerun.errors import EdgerunError
 from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph, Node
@@ -161,13 +162,7 @@ def migrate_against_float(quantized: LoadedGraph, source: LoadedGraph, input_set
                           min_snr_db: float = 20.0) -> QuantMigrationReport:
     """Quantize `source`'s layers one at a time in execution order, as `quantized` does; stop at the first
     step whose outputs fall below `min_snr_db` SQNR against the float program."""
-    meta = (quantized.program.metadata if quantized.program else {}).get("quantization")
-    if not isinstance(meta, Mapping):
-        raise EdgerunError("the program to migrate is not a quantized one (no metadata['quantization']: "
-                           "make it with `edgerun quantize`)")
-    if list(source.graph.inputs) != list(quantized.graph.inputs):
-        raise EdgerunError(f"the float program's inputs {source.graph.inputs} are not the quantized program's "
-                           f"{quantized.graph.inputs}: is it the source this program was quantized from?")
+    meta = quantization_metadata(quantized, source, "the program to migrate")
     if not input_sets:
         raise EdgerunError("migrate --against needs at least one input set")
     uint8 = {str(k): (str(v["value"]), np.float32(v["scale"]), int(v["zero_point"]))
