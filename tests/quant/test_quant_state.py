@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_decoder import TinyDecoder
 from torch import nn
 
 import edgerun
@@ -20,29 +21,6 @@ from edgerun.quantization import quantize_with_report
 LAYER_OPS = {"int4-weight": {"matmul_int4"}, "int8-dynamic": {"dynamic_quantize", "matmul_integer"},
              "8da4w": {"dynamic_quantize", "matmul_int4"}}
 MIN_DB = {"int4-weight": 15, "int8-dynamic": 30, "8da4w": 15}
-
-
-class TinyDecoder(nn.Module):
-    """prefill writes the first rows of a cache; decode writes row `pos` and attends over the cache."""
-
-    def __init__(self, width: int = 128, rows: int = 8) -> None:
-        super().__init__()
-        self.embed = nn.Linear(width, width)
-        self.head = nn.Linear(width, width)
-        self.rows = rows
-        self.register_buffer("cache", torch.zeros(rows, width))
-
-    def prefill(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.embed(x)
-        self.cache[: x.shape[0]] = k
-        return self.head(k)[-1:]
-
-    def decode(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        k = self.embed(x)
-        row = (torch.arange(self.rows) == pos).unsqueeze(1)
-        self.cache.copy_(torch.where(row, k, self.cache))
-        weights = torch.softmax(self.cache @ k.T / 8.0, dim=0)
-        return self.head((weights * self.cache).sum(0, keepdim=True))
 
 
 def sqnr(ref: np.ndarray, got: np.ndarray) -> float:

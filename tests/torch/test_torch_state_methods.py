@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tiny_decoder import TinyDecoder
 from torch import nn
 
 import edgerun
@@ -63,29 +64,6 @@ def test_mutated_buffers_persist_like_eager_and_reset(stats_path, backends):
         assert model.state["count"] == 4
         model.reset_state()
         assert model.state["count"] == 0 and not model.state["hidden"].any()
-
-
-class TinyDecoder(nn.Module):
-    """prefill writes the first rows of a cache; decode writes row `pos` and attends over the cache."""
-
-    def __init__(self, width: int = 128, rows: int = 8) -> None:
-        super().__init__()
-        self.embed = nn.Linear(width, width)
-        self.head = nn.Linear(width, width)
-        self.rows = rows
-        self.register_buffer("cache", torch.zeros(rows, width))
-
-    def prefill(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.embed(x)
-        self.cache[: x.shape[0]] = k
-        return self.head(k)[-1:]
-
-    def decode(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        k = self.embed(x)
-        row = (torch.arange(self.rows) == pos).unsqueeze(1)
-        self.cache.copy_(torch.where(row, k, self.cache))
-        weights = torch.softmax(self.cache @ k.T / 8.0, dim=0)
-        return self.head((weights * self.cache).sum(0, keepdim=True))
 
 
 @pytest.fixture(scope="module")

@@ -172,15 +172,20 @@ def trilu(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [ctx.emit("where", [mask, x, ctx.scalar(0, x)])]
 
 
-@onnx_op("CumSum")
-def cumsum(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    # A running sum along an axis is a matmul with a triangular 0/1 matrix (exact for integers).
+def _running_axis(ctx: ImportContext, node: OnnxNode) -> tuple[str, tuple[int, ...], int, int]:
+    """CumSum's and CumProd's operand, its shape, the (static) axis input normalised, and that axis' length."""
     x = ctx.input(node, 0)
     shape = ctx.b.shape(x)
     axis_arr = ctx.static(node, 1, "axis")
     assert axis_arr is not None
     axis = int(axis_arr.reshape(-1)[0]) % len(shape)
-    n = shape[axis]
+    return x, shape, axis, shape[axis]
+
+
+@onnx_op("CumSum")
+def cumsum(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    # A running sum along an axis is a matmul with a triangular 0/1 matrix (exact for integers).
+    x, shape, axis, n = _running_axis(ctx, node)
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     exclusive, reverse = bool(node.attr("exclusive", 0)), bool(node.attr("reverse", 0))
     tri = (i > j if exclusive else i >= j) if reverse else (i < j if exclusive else i <= j)
@@ -201,12 +206,7 @@ MAX_CUMPROD_LENGTH = 256
 def cumprod(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     # Position by position along the axis, each product one multiply of the previous one: numpy.cumprod's
     # order, exact for integers (wrapping like them) and one rounding per step for floats.
-    x = ctx.input(node, 0)
-    shape = ctx.b.shape(x)
-    axis_arr = ctx.static(node, 1, "axis")
-    assert axis_arr is not None
-    axis = int(axis_arr.reshape(-1)[0]) % len(shape)
-    n = shape[axis]
+    x, shape, axis, n = _running_axis(ctx, node)
     if isinstance(n, SymDim) or n > MAX_CUMPROD_LENGTH:
         raise node.refuse(f"axis of length {n} (CumProd is unrolled, up to {MAX_CUMPROD_LENGTH} positions)")
     if n == 0:

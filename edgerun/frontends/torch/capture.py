@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.errors import EdgerunError
+from edgerun.frontends.torch.body_state import in_place_writes
 
 # Ops the core-ATen table would decompose but that map one-to-one onto our composites; keeping them makes
 # the graph smaller and lets backends see attention, linear layers and activations whole.
@@ -81,22 +82,16 @@ def refuse_state_written_in_bodies(ep: Any) -> None:
                 continue
             body = getattr(ep.graph_module, str(arg.target))
             placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-            for inner in body.graph.nodes:
-                schema = getattr(inner.target, "_schema", None)
-                if inner.op != "call_function" or schema is None or not schema.is_mutable:
-                    continue
-                for formal, actual in zip(schema.arguments, inner.args):
-                    if formal.alias_info is None or not formal.alias_info.is_write:
-                        continue
-                    what = (f"its input {getattr(actual, 'name', actual)!r}" if actual in placeholders else
-                            f"{getattr(actual, 'name', actual)!r}, a view computed in the body")
-                    if actual in placeholders and placeholders.index(actual) < len(operands):
-                        outer = operands[placeholders.index(actual)]
-                        if getattr(outer, "name", None) in buffers:
-                            what = f"buffer {buffers[outer.name]!r}"
-                    raise ExportFailedError(
-                        f"torch.{hop} body {arg.target!r} writes {what} in place ({inner.target}): state "
-                        f"written inside a control-flow body is not supported. How to fix: {STATE_IN_BODY_FIX}")
+            for inner, actual in in_place_writes(body)[:1]:
+                what = (f"its input {getattr(actual, 'name', actual)!r}" if actual in placeholders else
+                        f"{getattr(actual, 'name', actual)!r}, a view computed in the body")
+                if actual in placeholders and placeholders.index(actual) < len(operands):
+                    outer = operands[placeholders.index(actual)]
+                    if getattr(outer, "name", None) in buffers:
+                        what = f"buffer {buffers[outer.name]!r}"
+                raise ExportFailedError(
+                    f"torch.{hop} body {arg.target!r} writes {what} in place ({inner.target}): state "
+                    f"written inside a control-flow body is not supported. How to fix: {STATE_IN_BODY_FIX}")
 
 
 def _first_lines(exc: BaseException, n: int = 6) -> str:
