@@ -244,3 +244,34 @@ def test_conversions_in_two_processes_sharing_a_directory_do_not_mix_weights(tmp
         assert child.returncode == 0, err[-2000:]
         assert "WRONG 0" in out, out
     assert list(tmp_path.iterdir()) == []  # nothing of the converter's left in the caller's directory
+
+
+def test_a_converter_process_that_dies_is_an_error_and_the_next_conversion_starts_a_new_one(tmp_path: Path) -> None:
+    from edgerun.backends.mnn import CONVERTER, convert
+    from edgerun.errors import EdgerunError
+
+    graph, (x,) = _matmul_chain()
+    with pytest.raises(EdgerunError, match="converter process ended with exit code"):
+        CONVERTER.convert(tmp_path / "no such folder", ["mnnconvert"])  # its chdir fails: the child exits
+    assert CONVERTER.child is None
+    folder = tmp_path / "good"
+    folder.mkdir()
+    assert convert(graph, folder).stat().st_size > 0
+    assert relative_error(MNN.compile(graph)(x)[0], load_reference(graph, x)) <= 1e-5
+
+
+def _matmul_chain() -> tuple[Graph, list[np.ndarray]]:
+    x = RNG.standard_normal((1, 8, 64)).astype(np.float32)
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x", TensorSpec(x.shape, DType.float32))
+    for _ in range(2):
+        v = b.emit("matmul", [v, g.add_constant(RNG.standard_normal((64, 64)).astype(np.float32) * 0.1)])
+    g.outputs = [v]
+    return g, [x]
+
+
+def load_reference(graph: Graph, x: np.ndarray) -> np.ndarray:
+    from edgerun import load
+
+    return load(graph).run([x])[0]

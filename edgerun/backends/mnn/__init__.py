@@ -5,11 +5,10 @@ CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
 - **Converter as a function, in a child process.** `_tools.mnnconvert([...])` is the converter's C++ entry
   point. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
   module that runs `pip install` and sends usage data. The converter spills weights to a scratch file with
-  a fixed name in the *current directory* (`.__convert_external_data.bin`), so two conversions sharing a
-  working directory (two pytest workers, two processes of one service) read each other's weights: CI got
-  all zeros from ViT this way. Each conversion therefore runs in a child Python (about 40 ms to start)
-  whose working directory is the partition's own temporary folder; a converter that aborts takes only the
-  child down and becomes a BackendError naming its log.
+  a fixed name in the *current directory*, so two conversions sharing a working directory (two pytest
+  workers, two processes of one service) read each other's weights: CI got all zeros from ViT this way.
+  Conversions therefore run in a child process with each partition's own folder as its working directory
+  (converter.py, convert_child.py); a converter that aborts takes only the child down.
 - **Runtime.** MNN's Interpreter/session API: one session per partition (one thread unless
   `MnnBackend(threads=)` or $EDGERUN_MNN_THREADS says otherwise), inputs copied into its tensors and
   outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the same
@@ -24,8 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
+from edgerun.backends.mnn.converter import ConverterProcess
 from edgerun.backends.onnxruntime import build_model
 from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED as ONNX_SUPPORTED
 from edgerun.errors import EdgerunError, UnsupportedOpError
@@ -65,7 +63,7 @@ try:
     _converter = importlib.util.find_spec("_tools")
     if _converter is None or _converter.origin is None:
         raise ImportError("MNN's converter module _tools is missing")
-    CONVERTER_PATH = os.path.dirname(os.path.abspath(_converter.origin))
+    CONVERTER = ConverterProcess(os.path.dirname(os.path.abspath(_converter.origin)))
 except ImportError as exc:  # the registry turns this into BackendUnavailableError naming the extra
     raise ModuleNotFoundError("MNN is not installed: pip install edgerun[mnn]", name="MNN") from exc
 
@@ -169,28 +167,17 @@ def onnx_with_weights(subgraph: Graph) -> Any:
     return model
 
 
-# The child's whole program: the converter binding from the directory this process imported it from.
-_CONVERT_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); import _tools; _tools.mnnconvert(sys.argv[2:])"
-CONVERT_TIMEOUT_S = 600.0
-
-
 def convert(subgraph: Graph, folder: Path) -> Path:
-    """ONNX -> .mnn through the converter's C++ entry point, run in a child process whose working directory
-    is `folder` (see the module docstring); BackendError with the converter's log when it fails."""
+    """ONNX -> .mnn through the converter's C++ entry point, run by the converter process with `folder` as
+    its working directory; EdgerunError with the converter's log when it fails."""
     source, target = folder / "partition.onnx", folder / "partition.mnn"
     source.write_bytes(onnx_with_weights(subgraph).SerializeToString())
-    args = ["mnnconvert", "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(target),
-            "--bizCode", "edgerun", "--keepInputFormat"]
-    try:
-        done = subprocess.run([sys.executable, "-I", "-c", _CONVERT_CHILD, CONVERTER_PATH, *args], cwd=folder,
-                              capture_output=True, text=True, errors="replace", timeout=CONVERT_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise EdgerunError(f"MNN's converter ran past {CONVERT_TIMEOUT_S:.0f} s on a partition of "
-                           f"{len(subgraph.nodes)} nodes") from exc
-    if done.returncode != 0 or not target.exists() or target.stat().st_size == 0:
-        log = (done.stdout + done.stderr).strip().splitlines()[-8:]
-        raise EdgerunError(f"MNN's converter produced no model for a partition of {len(subgraph.nodes)} nodes "
-                           f"(exit code {done.returncode}): " + " | ".join(log))
+    CONVERTER.convert(folder, ["mnnconvert", "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(target),
+                               "--bizCode", "edgerun", "--keepInputFormat"])
+    if not target.exists() or target.stat().st_size == 0:
+        log = (folder / "convert.log").read_text(errors="replace").strip().splitlines()[-8:]
+        raise EdgerunError(f"MNN's converter produced no model for a partition of {len(subgraph.nodes)} nodes: "
+                           + " | ".join(log))
     return target
 
 
