@@ -217,15 +217,28 @@ class _StepBuilder:
         q = b.binary("mul", q, b.scalar(1.0 / float(np.sqrt(hd)), q))
         q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
         neg_inf = b.const(np.float32(-np.inf))
-        s_cache = b.emit("where", [cache_keep, b.emit("matmul", [q_grouped, k_cache]), neg_inf])
+        scores = self.tagged(f"{i} scores", "matmul", [q_grouped, k_cache])
+        s_cache = self.tagged(f"{i} mask", "where", [cache_keep, scores, neg_inf])
         s_new = b.emit("where", [causal, b.emit("matmul", [q_grouped, k_new]), neg_inf])
         probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
         p_cache = b.emit("slice", [probs], starts=[0], ends=[C], axes=[2])
         p_new = b.emit("slice", [probs], starts=[C], ends=[C + T], axes=[2])
-        out = b.binary("add", b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
+        out = b.binary("add", self.tagged(f"{i} values", "matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
         out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
         out = b.emit("reshape", [out], shape=[T, c.heads * hd])
         return self.linear(out, prefix + "o"), k_new, v
+
+    def tagged(self, role: str, op: str, inputs: list[str]) -> str:
+        """A node of the cache attention, its role in node meta (`llm_cache`): ONNX Runtime's delegate makes
+        these three per layer read only the cache cells in use (onnx_llm_ops.attend_used_cells). The roles
+        promise what that relies on: `mask` is `where(keep, scores, -inf)` over the cells, and the cache
+        columns of its softmax are what `values` multiplies, so a cell where keep is false adds exactly 0."""
+        saved = self.b.meta
+        self.b.meta = {**saved, "llm_cache": role}
+        try:
+            return self.b.emit(op, inputs)
+        finally:
+            self.b.meta = saved
 
     def cache_read(self, name: str) -> str:
         """Layer cache `name` as a state read (a view of the state's buffer) or as a graph input."""

@@ -24,8 +24,8 @@ import numpy as np
 import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
-from edgerun.backends.onnxruntime import onnx_llm_ops  # noqa: F401 - registers rms_norm's fused kernel
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
+from edgerun.backends.onnxruntime.onnx_llm_ops import USED_CELLS_KEY, attend_used_cells  # + rms_norm kernel
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
     EXTERNAL_CONSTANT_BYTES,
@@ -99,6 +99,8 @@ class OnnxRuntimeBackend(Backend):
         runner = BoundSession(session, subgraph, external)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
+                                       "attentions_over_used_cells": sum(int(p.value) for p in model.metadata_props
+                                                                         if p.key == USED_CELLS_KEY),
                                        "gathered_rasters": sum(1 for n in model.graph.node
                                                                if n.op_type == "Gather"
                                                                and "raster_index" in n.input[1])})
@@ -143,6 +145,7 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
                               producer_name="edgerun")
     model.ir_version = 9
     drop_noop_reshapes(model)
+    attend_used_cells(model, subgraph)
     kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
     return model, {k: v for k, v in external.items() if k in kept}
 
