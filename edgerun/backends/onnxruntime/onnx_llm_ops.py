@@ -1,5 +1,5 @@
-"""The composites of transformer decoders as ONNX Runtime's fused kernels (one node where the IR's
-decomposition would make several).
+"""Transformer decoders on ONNX Runtime: composites as its fused kernels (one node where the IR's
+decomposition would make several), and the LLM step's cache attention over the used cells only.
 
 rms_norm -> SimplifiedLayerNormalization (ORT's RMSNorm, registered in the default ONNX domain): one kernel
 instead of the six nodes of its decomposition (Mul, ReduceMean, Add, Sqrt, Reciprocal, Mul, then the
@@ -7,6 +7,9 @@ weight's Mul). A decoder layer has two, so a 30-layer LLM step loses about 300 n
 residual Add before one not fused into SkipSimplifiedLayerNormalization on the LLM's 2-D [tokens, dim]
 activations; ORT's skip-norm fusion looks for 3-D ones.) Claimed only with a weight shaped like the normalised axes
 (ORT's `scale` input is required and not broadcast); otherwise the IR's decomposition runs.
+
+attend_used_cells: the static-shape attention over a whole KV cache, as the LLM step builder tags it, sliced
+to the run-time number of cells in use (docs/llm.md).
 """
 
 from __future__ import annotations
