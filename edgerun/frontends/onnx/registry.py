@@ -24,6 +24,7 @@ def load_handlers() -> dict[str, Handler]:
         activations,
         bitwise,
         conv_pool,
+        data_dependent,
         elementwise,
         grid_sample,
         indexing,
