@@ -12,7 +12,7 @@ from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
 
 DESIGN_CATEGORIES: dict[str, str] = {
     "training": "training ops (Gradient, Adam, Adagrad, Momentum): edgerun programs run inference only",
-    "other-domain": "ops outside the default ONNX domain (ai.onnx.ml classic ML, preview domains)",
+    "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
     "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
     "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
@@ -26,9 +26,9 @@ DESIGN_CATEGORIES: dict[str, str] = {
 # work or truly out of reach.
 DESIGN_OUTLOOK: dict[str, str] = {
     "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
-    "other-domain": "not #12: needs handlers for ai.onnx.ml (numeric ones such as Binarizer, "
-                    "ArrayFeatureExtractor, TreeEnsemble are static-shape and could be added today; string "
-                    "ones need string tensors) and for preview domains",
+    "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
+                    "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
+                    "numeric ops now import (frontends/onnx/ml.py); its string ones count as string",
     "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
                              "over sequences also need #12's control flow: not planned",
     "string": "cannot be supported: edgerun tensors are numeric",
@@ -72,7 +72,7 @@ def design_category(model: Any) -> str | None:
     kinds, elem = _value_kinds(model)
     if ops & _TRAINING or "ai.onnx.preview.training" in domains:
         return "training"
-    if domains:
+    if domains - {"ai.onnx.ml"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
         return "other-domain"
     if ops & _SEQ_OPS or kinds - {"tensor_type"}:
         return "sequence-map-optional"

@@ -28,6 +28,7 @@ def load_handlers() -> dict[str, Handler]:
         elementwise,
         grid_sample,
         indexing,
+        ml,
         nn,
         quantized,
         recurrent,
