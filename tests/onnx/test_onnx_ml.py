@@ -115,3 +115,12 @@ def test_string_categories_are_refused_by_name() -> None:
     model = _model(node, [_vi("x", [2], TensorProto.INT64)], [_vi("y", [2, 2])])
     with pytest.raises(UnsupportedOpError, match="string categories"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_linear_classifier_three_classes(post) -> None:
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], domain=ML, post_transform=post,
+                            coefficients=RNG.standard_normal(12).tolist(), intercepts=[0.1, -0.2, 0.3],
+                            classlabels_ints=[7, 3, 5])
+    model = _model(node, [_vi("x", ["N", 4])], [_vi("label", ["N"], TensorProto.INT64), _vi("scores", ["N", 3])], 1)
+    _check(model, {"x": X}, {"x": (("N", 1, 16), 4)})

@@ -3,7 +3,7 @@
 Each imports as ordinary IR ops with the semantics of ONNX's reference and ONNX Runtime, so every backend can
 run them and the verifier checks them like the rest: Binarizer, Scaler, Imputer are elementwise; Normalizer
 a reduction and a division (ONNX Runtime's MAX: max(x), not max |x|); LinearRegressor a matmul; ArrayFeatureExtractor a gather; OneHotEncoder a
-comparison against its categories. Tree ensembles (TreeEnsemble, opset 5; TreeEnsembleRegressor, opsets 1
+comparison against its categories; LinearClassifier a matmul and an argmax. Tree ensembles (TreeEnsemble, opset 5; TreeEnsembleRegressor, opsets 1
 and 3) become a node table walked in lockstep for every sample and tree: one step per level of the deepest
 tree, each a gather of the current node's feature, threshold and children, then a gather of each leaf's
 weights per target and the aggregate over trees. Ops on strings (LabelEncoder of strings, the string
@@ -111,6 +111,30 @@ def linear_regressor(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if intercepts:
         score = ctx.emit("add", [score, ctx.b.const(np.asarray(intercepts, np.float32))])
     return [_post_transform(ctx, node, score, str(node.attr("post_transform", "NONE")))]
+
+
+@onnx_op(f"{ML}:LinearClassifier")
+def linear_classifier(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    """Scores x @ coefficients^T + intercepts, the label of the first highest score (before the post
+    transform, as ONNX Runtime picks it). Integer labels and two or more classes; a one-column binary model
+    (ONNX Runtime synthesises its second column) and string labels are refused."""
+    labels = list(node.attr("classlabels_ints", []) or [])
+    if node.attr("classlabels_strings"):
+        raise node.refuse("string class labels (edgerun tensors are numeric)")
+    intercepts = _floats(node, "intercepts")
+    classes = len(intercepts)
+    if classes < 2 or len(labels) != classes:
+        raise node.refuse(f"{classes} score column(s) for {len(labels)} integer labels (two or more classes, one "
+                          "label each, are supported)")
+    x = ctx.cast(ctx.input(node, 0), DType.float32)
+    if len(ctx.b.shape(x)) == 1:
+        x = ctx.emit("reshape", [x], shape=[1, -1])
+    coefficients = np.asarray(_floats(node, "coefficients"), np.float32).reshape(classes, -1).T
+    scores = ctx.emit("add", [ctx.emit("matmul", [x, ctx.b.const(np.ascontiguousarray(coefficients))]),
+                              ctx.b.const(np.asarray(intercepts, np.float32))])
+    best = ctx.emit("argmax", [scores], axis=1, keepdims=False)
+    label = ctx.emit("gather", [ctx.b.const(np.asarray(labels, np.int64)), best], axis=0)
+    return [label, _post_transform(ctx, node, scores, str(node.attr("post_transform", "NONE")))]
 
 
 @onnx_op(f"{ML}:ArrayFeatureExtractor")
