@@ -150,3 +150,23 @@ def test_a_data_dependent_node_refuses_a_missing_extent_symbol() -> None:
     graph.add_input("x", TensorSpec((4,), DType.float32))
     with pytest.raises(ValueError, match="attr 'extent'"):
         Builder(graph).emit("nonzero", ["x"])
+
+
+CONFORMANCE_CASES = ["test_nonzero_example", "test_compress_default_axis", "test_unique_not_sorted_without_axis",
+                     "test_unique_sorted_with_axis_3d", "test_nonmaxsuppression_two_batches",
+                     "test_nonmaxsuppression_center_point_box_format", "test_ai_onnx_ml_tree_ensemble_set_membership",
+                     "test_ai_onnx_ml_array_feature_extractor"]
+
+
+def test_data_dependent_and_ml_conformance_cases_count_and_pass_static_and_symbolic() -> None:
+    from edgerun.frontends.onnx.categories import DESIGN_CATEGORIES, design_category
+    from edgerun.frontends.onnx.conformance import edgerun_runner, node_cases, run_case, symbolic_runner
+
+    assert "data-dependent-shape" not in DESIGN_CATEGORIES
+    cases = {c.name: c for c in node_cases() if c.name in CONFORMANCE_CASES}
+    assert sorted(cases) == sorted(CONFORMANCE_CASES)
+    for case in cases.values():
+        assert design_category(case.model) is None, case.name
+        for runner in (edgerun_runner, symbolic_runner):
+            result = run_case(case, runner)
+            assert result.status == "pass", (case.name, result.detail)

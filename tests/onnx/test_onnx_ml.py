@@ -124,3 +124,10 @@ def test_linear_classifier_three_classes(post) -> None:
                             classlabels_ints=[7, 3, 5])
     model = _model(node, [_vi("x", ["N", 4])], [_vi("label", ["N"], TensorProto.INT64), _vi("scores", ["N", 3])], 1)
     _check(model, {"x": X}, {"x": (("N", 1, 16), 4)})
+
+
+def test_an_unsupported_ml_op_is_refused_naming_it() -> None:
+    node = helper.make_node("SVMRegressor", ["x"], ["y"], domain=ML, coefficients=[1.0], support_vectors=[1.0] * 4,
+                            n_supports=1, rho=[0.0])
+    with pytest.raises(UnsupportedOpError, match=r"'SVMRegressor': no import handler for this ai\.onnx\.ml op"):
+        from_onnx(_model(node, [_vi("x", [6, 4])], [_vi("y", [6, 1])]))
