@@ -40,6 +40,21 @@ def _unique(args: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     return [np.ascontiguousarray(y), first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
 
 
+def _top_k(args: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """The k largest (or smallest) along the axis, sorted, ties to the lower index (ONNX TopK)."""
+    x, k = args[0], int(args[1].reshape(-1)[0])
+    axis = int(attrs.get("axis", -1)) % x.ndim
+    n = x.shape[axis]
+    if not 0 <= k <= n:
+        raise EdgerunError(f"top_k: k={k} is outside [0, {n}] (the axis length)")
+    if attrs.get("largest", True):  # a stable ascending sort of the reversed axis, reversed: ties keep index order
+        order = n - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")
+    index = np.take(order, np.arange(k), axis=axis).astype(np.int64)
+    return [np.take_along_axis(x, index, axis), index]
+
+
 def _iou_suppresses(a: np.ndarray, b: np.ndarray, center: bool, threshold: float) -> bool:
     """ONNX's suppress_by_iou: whether box `b`, already selected, suppresses box `a`."""
     if center:
@@ -98,5 +113,6 @@ def _non_max_suppression(args: list[np.ndarray], attrs: dict[str, Any]) -> list[
 DATA_DEPENDENT_KERNELS: dict[str, DataDependentKernel] = {
     "nonzero": _nonzero,
     "unique": _unique,
+    "top_k": _top_k,
     "non_max_suppression": _non_max_suppression,
 }

@@ -170,3 +170,24 @@ def test_data_dependent_and_ml_conformance_cases_count_and_pass_static_and_symbo
         for runner in (edgerun_runner, symbolic_runner):
             result = run_case(case, runner)
             assert result.status == "pass", (case.name, result.detail)
+
+
+def test_top_k_with_k_counted_from_the_data_matches_onnxruntime() -> None:
+    """k = how many scores pass a threshold: a data-dependent top_k (not a value template keyed on scores)."""
+    nodes = [
+        helper.make_node("Greater", ["scores", "t"], ["passing"]),
+        helper.make_node("Cast", ["passing"], ["ones"], to=TensorProto.INT64),
+        helper.make_node("ReduceSum", ["ones"], ["k"], keepdims=1),
+        helper.make_node("TopK", ["scores", "k"], ["values", "index"], axis=0),
+        helper.make_node("Mul", ["values", "two"], ["doubled"]),
+    ]
+    inits = [numpy_helper.from_array(np.float32(0.5), "t"), numpy_helper.from_array(np.float32(2), "two")]
+    model = _model(nodes, [_vi("scores", ["N"])], [_vi("doubled", ["K"]), _vi("index", ["K"], TensorProto.INT64)],
+                   inits)
+    program = from_onnx(model, input_shapes={"scores": (("N", 1, 500),)})
+    assert [n.op for n in program.graph.nodes if n.op == "top_k"] == ["top_k"]
+    loaded = edgerun.load(program)
+    rng = np.random.default_rng(5)
+    for n in (1, 9, 500):
+        scores = rng.integers(0, 8, n).astype(np.float32) / 8  # ties: the lower index comes first
+        _same(loaded.run({"scores": scores}), _ort(model, {"scores": scores}))

@@ -1,4 +1,4 @@
-"""Ops whose output extent depends on the values they read: nonzero, unique, non_max_suppression.
+"""Ops whose output extent depends on the values they read: nonzero, unique, top_k, non_max_suppression.
 
 Every other op's output shape follows from its inputs' shapes, so a template binds all its symbols from the
 call's input shapes before anything runs. These cannot: how many elements are non-zero is known only once
@@ -63,12 +63,24 @@ def _nms_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
     return [TensorSpec((extent(attrs), 3), DType.int64)]
 
 
+def _top_k_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
+    x, k = ins
+    if x.rank == 0 or k.dtype is not DType.int64 or k.rank > 1:
+        raise ValueError(f"top_k takes a tensor and an int64 k of one element, got {x} and {k}")
+    axis = norm_axis(int(attrs.get("axis", -1)), x.rank)
+    shape = (*x.shape[:axis], extent(attrs), *x.shape[axis + 1:])
+    return [TensorSpec(shape, x.dtype), TensorSpec(shape, DType.int64)]
+
+
 register(OpDef("nonzero", OpKind.DATA_DEPENDENT, _nonzero_rule, 1, 1,
                doc="indices of the non-zero elements, int64 [rank, extent] in row-major order (attr extent: the "
                    "count's symbol); masks, Compress, boolean indexing"))
 register(OpDef("unique", OpKind.DATA_DEPENDENT, _unique_rule, 1, 1,
                doc="distinct elements or slices along attr axis (None: flattened), sorted or in order of first "
                    "occurrence (attr sorted); outputs: values, first indices, inverse indices, counts"))
+register(OpDef("top_k", OpKind.DATA_DEPENDENT, _top_k_rule, 2, 2,
+               doc="the k largest (attr largest) values along attr axis and their indices, k a value computed at "
+                   "run time (ties: lower index first); a k known at import is TopK's static decomposition"))
 register(OpDef("non_max_suppression", OpKind.DATA_DEPENDENT, _nms_rule, 2, 5,
                doc="greedy per-class box selection by IoU (ONNX NonMaxSuppression; inputs boxes, scores, max "
                    "per class, IoU and score thresholds; attr center_point_box): [extent, 3] indices"))
