@@ -113,6 +113,6 @@ def _non_max_suppression(args: list[np.ndarray], attrs: dict[str, Any]) -> list[
 DATA_DEPENDENT_KERNELS: dict[str, DataDependentKernel] = {
     "nonzero": _nonzero,
     "unique": _unique,
-    "top_k": _top_k,
+    "top_k_dynamic": _top_k,
     "non_max_suppression": _non_max_suppression,
 }

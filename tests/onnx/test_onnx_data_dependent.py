@@ -173,7 +173,7 @@ def test_data_dependent_and_ml_conformance_cases_count_and_pass_static_and_symbo
 
 
 def test_top_k_with_k_counted_from_the_data_matches_onnxruntime() -> None:
-    """k = how many scores pass a threshold: a data-dependent top_k (not a value template keyed on scores)."""
+    """k = how many scores pass a threshold: a data-dependent top_k_dynamic (not a value template keyed on scores)."""
     nodes = [
         helper.make_node("Greater", ["scores", "t"], ["passing"]),
         helper.make_node("Cast", ["passing"], ["ones"], to=TensorProto.INT64),
@@ -185,7 +185,7 @@ def test_top_k_with_k_counted_from_the_data_matches_onnxruntime() -> None:
     model = _model(nodes, [_vi("scores", ["N"])], [_vi("doubled", ["K"]), _vi("index", ["K"], TensorProto.INT64)],
                    inits)
     program = from_onnx(model, input_shapes={"scores": (("N", 1, 500),)})
-    assert [n.op for n in program.graph.nodes if n.op == "top_k"] == ["top_k"]
+    assert [n.op for n in program.graph.nodes if n.op == "top_k_dynamic"] == ["top_k_dynamic"]
     loaded = edgerun.load(program)
     rng = np.random.default_rng(5)
     for n in (1, 9, 500):

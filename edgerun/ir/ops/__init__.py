@@ -12,4 +12,5 @@ from edgerun.ir.ops import (  # noqa: F401
     shape_ops,
     state_ops,
     symbolic_ops,
+    top_k_ops,
 )

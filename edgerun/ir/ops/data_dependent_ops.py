@@ -1,4 +1,5 @@
-"""Ops whose output extent depends on the values they read: nonzero, unique, top_k, non_max_suppression.
+"""Ops whose output extent depends on the values they read: nonzero, unique, top_k_dynamic,
+non_max_suppression.
 
 Every other op's output shape follows from its inputs' shapes, so a template binds all its symbols from the
 call's input shapes before anything runs. These cannot: how many elements are non-zero is known only once
@@ -78,7 +79,7 @@ register(OpDef("nonzero", OpKind.DATA_DEPENDENT, _nonzero_rule, 1, 1,
 register(OpDef("unique", OpKind.DATA_DEPENDENT, _unique_rule, 1, 1,
                doc="distinct elements or slices along attr axis (None: flattened), sorted or in order of first "
                    "occurrence (attr sorted); outputs: values, first indices, inverse indices, counts"))
-register(OpDef("top_k", OpKind.DATA_DEPENDENT, _top_k_rule, 2, 2,
+register(OpDef("top_k_dynamic", OpKind.DATA_DEPENDENT, _top_k_rule, 2, 2,
                doc="the k largest (attr largest) values along attr axis and their indices, k a value computed at "
                    "run time (ties: lower index first); a k known at import is TopK's static decomposition"))
 register(OpDef("non_max_suppression", OpKind.DATA_DEPENDENT, _nms_rule, 2, 5,
