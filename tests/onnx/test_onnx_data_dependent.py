@@ -191,3 +191,18 @@ def test_top_k_with_k_counted_from_the_data_matches_onnxruntime() -> None:
     for n in (1, 9, 500):
         scores = rng.integers(0, 8, n).astype(np.float32) / 8  # ties: the lower index comes first
         _same(loaded.run({"scores": scores}), _ort(model, {"scores": scores}))
+
+
+def test_a_data_dependent_op_inside_a_control_flow_body_is_refused_naming_it() -> None:
+    from edgerun.errors import UnsupportedOpError
+
+    def branch(name, op):
+        body = [helper.make_node(op, ["x"], [f"{name}_out"])]
+        return helper.make_graph(body, name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.INT64,
+                                                                                 None)])
+
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch("then", "NonZero"),
+                              else_branch=branch("else", "NonZero"))]
+    model = _model(nodes, [_vi("c", [], TensorProto.BOOL), _vi("x", [4])], [_vi("y", [1, "K"], TensorProto.INT64)])
+    with pytest.raises(UnsupportedOpError, match=r"'NonZero'.*inside a control-flow body"):
+        from_onnx(model)

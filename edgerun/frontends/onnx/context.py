@@ -114,6 +114,9 @@ class ImportContext:
         self.producers: dict[str, list[str]] = {}  # ONNX output name -> its node's ONNX inputs
         # Element types of import-time values holding symbolic dimensions (object arrays; see symfold.py).
         self.symbolic_dtypes: dict[str, DType] = {}
+        # Inside a control-flow body (control_flow.py): a body is planned once for its node, so it cannot hold
+        # a data-dependent op (data_dependent.py refuses one there).
+        self.in_body = False
 
     def inputs_behind(self, name: str) -> list[str]:
         """The graph inputs an ONNX value is computed from (for messages: which input to freeze)."""

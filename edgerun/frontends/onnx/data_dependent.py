@@ -18,14 +18,18 @@ from edgerun.ir.staging import new_extent_symbol
 from edgerun.ir.symbolic import Dim, upper_bound
 
 
-def _bound(ctx: ImportContext, size: Dim) -> int:
-    """The largest value of a size within the symbols' bounds (an input's element count)."""
-    return upper_bound(size, ctx.graph.symbols)
+def extent_symbol(ctx: ImportContext, node: OnnxNode, hint: str, most: Dim) -> str:
+    """A fresh symbol for a data-dependent size of at most `most` (its largest value within the symbols'
+    bounds). Refused inside a control-flow body, which is planned once for its node."""
+    if ctx.in_body:
+        raise node.refuse("an output size that depends on values, inside a control-flow body (a body is planned "
+                          "once for its node; the program is split into stages only at its top level)")
+    return new_extent_symbol(ctx.graph, hint, upper_bound(most, ctx.graph.symbols))
 
 
-def _nonzero_indices(ctx: ImportContext, x: str) -> str:
+def _nonzero_indices(ctx: ImportContext, node: OnnxNode, x: str) -> str:
     """int64 [rank(x), count]: the indices of x's non-zero elements, the count a fresh symbol."""
-    count = new_extent_symbol(ctx.graph, "nonzero", _bound(ctx, math.prod(ctx.b.shape(x))))
+    count = extent_symbol(ctx, node, "nonzero", math.prod(ctx.b.shape(x)))
     return ctx.emit("nonzero", [x], extent=count)
 
 
@@ -34,7 +38,7 @@ def nonzero(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     x = ctx.input(node, 0)
     if not ctx.b.shape(x):
         raise node.refuse("NonZero of a 0-d tensor")
-    return [_nonzero_indices(ctx, x)]
+    return [_nonzero_indices(ctx, node, x)]
 
 
 @onnx_op("Compress")
@@ -49,7 +53,7 @@ def compress(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     (length,) = ctx.b.shape(condition)
     if isinstance(length, int) and isinstance(ctx.b.shape(x)[axis], int) and length > ctx.b.shape(x)[axis]:
         raise node.refuse(f"condition of length {length} is longer than axis {axis} ({ctx.b.shape(x)[axis]})")
-    flat = _nonzero_indices(ctx, condition)
+    flat = _nonzero_indices(ctx, node, condition)
     index = ctx.emit("reshape", [flat], shape=[ctx.b.shape(flat)[1]])
     return [ctx.emit("gather", [x, index], axis=axis)]
 
@@ -62,7 +66,7 @@ def unique(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if axis is not None:
         axis = int(axis) % len(shape)
     most = math.prod(shape) if axis is None else shape[axis]
-    count = new_extent_symbol(ctx.graph, "unique", _bound(ctx, most))
+    count = extent_symbol(ctx, node, "unique", most)
     return list(ctx.b.emit_multi("unique", [x], axis=axis, sorted=bool(node.attr("sorted", 1)), extent=count))
 
 
@@ -77,8 +81,7 @@ def non_max_suppression(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     floor = ctx.input(node, 4) if node.has_input(4) else ctx.b.const(np.full(1, -np.inf), float_type)
     batch, boxes_n, _ = ctx.b.shape(boxes)
     classes = ctx.b.shape(scores)[1]
-    most = _bound(ctx, batch * classes * boxes_n)
-    count = new_extent_symbol(ctx.graph, "selected", most)
+    count = extent_symbol(ctx, node, "selected", batch * classes * boxes_n)
     return [ctx.emit("non_max_suppression", [boxes, scores, limit, ctx.cast(iou, float_type),
                                              ctx.cast(floor, float_type)],
                      center_point_box=int(node.attr("center_point_box", 0)), extent=count)]

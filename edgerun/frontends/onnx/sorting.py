@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
+from edgerun.frontends.onnx.data_dependent import extent_symbol
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.ir.dtypes import DType
 from edgerun.ir.ops.top_k_ops import MAX_PAIRWISE_ELEMENTS
 from edgerun.ir.specialize import MAX_VALUE_ELEMENTS
-from edgerun.ir.staging import new_extent_symbol
-from edgerun.ir.symbolic import upper_bound
 
 
 def k_from_data(ctx: ImportContext, name: str) -> bool:
@@ -33,7 +32,7 @@ def top_k_at_run_time(ctx: ImportContext, node: OnnxNode, x: str, axis: int) -> 
     """TopK with a K computed from data: the data-dependent `top_k_dynamic` op, its output extent a fresh symbol
     bounded by the axis length (ir/staging.py runs the program in stages around it)."""
     k = ctx.emit("reshape", [ctx.cast(ctx.input(node, 1), DType.int64)], shape=[1])
-    count = new_extent_symbol(ctx.graph, "topk", upper_bound(ctx.b.shape(x)[axis], ctx.graph.symbols))
+    count = extent_symbol(ctx, node, "topk", ctx.b.shape(x)[axis])
     values, index = ctx.b.emit_multi("top_k_dynamic", [x, k], axis=axis, largest=bool(node.attr("largest", 1)),
                                      extent=count)
     return [values, index]
