@@ -206,3 +206,38 @@ def test_a_data_dependent_op_inside_a_control_flow_body_is_refused_naming_it() -
     model = _model(nodes, [_vi("c", [], TensorProto.BOOL), _vi("x", [4])], [_vi("y", [1, "K"], TensorProto.INT64)])
     with pytest.raises(UnsupportedOpError, match=r"'NonZero'.*inside a control-flow body"):
         from_onnx(model)
+
+
+def test_boolean_mask_indexing_exported_by_torch_matches_eager_and_onnxruntime() -> None:
+    """`x[keep]` and `nonzero(keep)` as torch.onnx.export writes them: NonZero, Transpose, GatherND, twice."""
+    import io
+
+    import torch
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            keep = x.amax(dim=1) > 0.5
+            return torch.relu(self.linear(x[keep])), torch.nonzero(keep).squeeze(1)
+
+    torch.manual_seed(0)
+    module = Masked().eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (torch.randn(6, 8),), buffer, input_names=["x"], output_names=["y", "rows"],
+                      dynamic_axes={"x": {0: "N"}}, opset_version=17, dynamo=False)
+    import onnx
+    model = onnx.load_from_string(buffer.getvalue())
+    assert [n.op_type for n in model.graph.node].count("NonZero") == 2
+    loaded = edgerun.load(from_onnx(model, input_shapes={"x": (("N", 1, 256), 8)}))
+    rng = np.random.default_rng(6)
+    for n in (1, 6, 100, 256):
+        x = rng.standard_normal((n, 8)).astype(np.float32)
+        got = loaded.run({"x": x})
+        _same(got, _ort(model, {"x": x}))
+        with torch.no_grad():
+            eager = [t.numpy() for t in module(torch.from_numpy(x))]
+        for g, e in zip(got, eager):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

@@ -189,6 +189,10 @@ class ImportContext:
             return DType.of(self.consts[name])
         return self.graph.specs[self.value(name)].dtype
 
+    def value_of_sizes(self, arr: np.ndarray) -> str:
+        """An int64 array of sizes, some symbolic, as a run-time value (see _runtime_dims)."""
+        return self._runtime_dims(arr, DType.int64)
+
     def _runtime_dims(self, arr: np.ndarray, dtype: DType) -> str:
         """An array of sizes, some symbolic, as a run-time value (one dim_value per symbolic size, a constant
         once the program is specialised): where shape arithmetic turns into data, such as a size cast to float
