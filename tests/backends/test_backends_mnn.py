@@ -207,17 +207,20 @@ def test_layout_rasters_on_mnn_or_left_to_others(name: str) -> None:
         np.testing.assert_array_equal(got, want)
 
 
-# A child that converts the same small conv net on MNN again and again and counts wrong answers.
+# A child that converts the same small matmul chain again and again (no conversion cache: each one is a real
+# conversion) and counts wrong answers.
 _CONVERTING_CHILD = """
+import sys, tempfile
+from pathlib import Path
 import numpy as np
 from edgerun import load
-from edgerun.backends.mnn import MnnBackend
+from edgerun.backends.mnn import SessionRunner, convert
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 
-rng = np.random.default_rng(int(__import__("sys").argv[1]))
+rng = np.random.default_rng(int(sys.argv[1]))
 x = rng.standard_normal((1, 16, 256)).astype(np.float32)
 g = Graph()
 b = Builder(g)
@@ -227,7 +230,12 @@ for _ in range(3):
     v = b.emit("matmul", [v, w])
 g.outputs = [v]
 want = load(g).run([x])[0]
-wrong = sum(float(np.abs(load(g, [MnnBackend(threads=1)]).run([x])[0] - want).max()) > 1e-3 for _ in range(12))
+wrong = 0
+for _ in range(12):
+    with tempfile.TemporaryDirectory() as tmp:
+        got = np.zeros_like(want)
+        SessionRunner(convert(g, Path(tmp)), g, 1).run([x], [got])
+        wrong += float(np.abs(got - want).max()) > 1e-3
 print("WRONG", wrong)
 """
 
@@ -275,3 +283,22 @@ def load_reference(graph: Graph, x: np.ndarray) -> np.ndarray:
     from edgerun import load
 
     return load(graph).run([x])[0]
+
+
+def test_a_partition_is_converted_once_per_content_on_this_machine(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgerun.backends.conversion_cache import CACHE_ENV
+    from edgerun.backends.mnn import CONVERTER
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    graph, (x,) = _matmul_chain()
+    first = MNN.compile(graph)(x)[0]
+    assert len(list((tmp_path / "conversions" / "mnn").glob("*.mnn"))) == 1
+    CONVERTER.close()
+    again = MNN.compile(graph)(x)[0]  # read from the cache: the converter process is not started again
+    assert CONVERTER.child is None
+    np.testing.assert_array_equal(again, first)
+    other, _ = _matmul_chain()  # other weights: another key, a real conversion
+    MNN.compile(other)
+    assert CONVERTER.child is not None
+    assert len(list((tmp_path / "conversions" / "mnn").glob("*.mnn"))) == 2

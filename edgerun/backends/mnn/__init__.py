@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
+from edgerun.backends.conversion_cache import conversion_key, converted_file
 from edgerun.backends.mnn.converter import ConverterProcess
 from edgerun.backends.onnxruntime import build_model
 from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED as ONNX_SUPPORTED
@@ -144,8 +144,11 @@ class MnnBackend(Backend):
             if node.op not in self.supported:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the mnn backend")
-        with tempfile.TemporaryDirectory(prefix="edgerun-mnn-") as tmp:
-            path = convert(subgraph, Path(tmp))
+        model, external = build_model(subgraph)
+        # Converted once per content on this machine (conversion_cache): the key covers the emitted model,
+        # its weights, MNN's version and the converter's flags.
+        key = conversion_key(model, external, "mnn", MNN.version(), *CONVERT_FLAGS)
+        with converted_file("mnn", key, lambda target: convert_model(model, external, target), ".mnn") as path:
             runner = SessionRunner(path, subgraph, self.threads)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"threads": self.threads, "mnn_bytes": runner.model_bytes})
@@ -157,9 +160,12 @@ def create_backend(threads: int | None = None) -> MnnBackend:
 
 def onnx_with_weights(subgraph: Graph) -> Any:
     """The partition's ONNX model with every weight inside it (MNN's converter reads no OrtValues)."""
+    return _with_weights(*build_model(subgraph))
+
+
+def _with_weights(model: Any, external: Mapping[str, np.ndarray]) -> Any:
     from onnx import numpy_helper
 
-    model, external = build_model(subgraph)
     for tensor in model.graph.initializer:
         value = external.get(tensor.name)
         if value is not None:
@@ -167,18 +173,29 @@ def onnx_with_weights(subgraph: Graph) -> Any:
     return model
 
 
+CONVERT_FLAGS = ("--bizCode", "edgerun", "--keepInputFormat")
+
+
 def convert(subgraph: Graph, folder: Path) -> Path:
-    """ONNX -> .mnn through the converter's C++ entry point, run by the converter process with `folder` as
-    its working directory; EdgerunError with the converter's log when it fails."""
-    source, target = folder / "partition.onnx", folder / "partition.mnn"
-    source.write_bytes(onnx_with_weights(subgraph).SerializeToString())
+    """The partition converted to `folder/partition.mnn` (no cache; the benches time conversion with it)."""
+    target = folder / "partition.mnn"
+    convert_model(*build_model(subgraph), target)
+    return target
+
+
+def convert_model(model: Any, external: Mapping[str, np.ndarray], target: Path) -> None:
+    """ONNX -> `target` (.mnn) through the converter's C++ entry point, run by the converter process with
+    `target`'s folder as its working directory (the folder must be this conversion's own); EdgerunError with
+    the converter's log when it fails."""
+    folder = target.parent
+    source = folder / "partition.onnx"
+    source.write_bytes(_with_weights(model, external).SerializeToString())
     CONVERTER.convert(folder, ["mnnconvert", "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(target),
-                               "--bizCode", "edgerun", "--keepInputFormat"])
+                               *CONVERT_FLAGS])
     if not target.exists() or target.stat().st_size == 0:
         log = (folder / "convert.log").read_text(errors="replace").strip().splitlines()[-8:]
-        raise EdgerunError(f"MNN's converter produced no model for a partition of {len(subgraph.nodes)} nodes: "
-                           + " | ".join(log))
-    return target
+        raise EdgerunError("MNN's converter produced no model for a partition: " + " | ".join(log))
+    source.unlink()
 
 
 _MNN_DTYPE = {DType.float32: np.float32, DType.int32: np.int32, DType.bool: np.int32}
