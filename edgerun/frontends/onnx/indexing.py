@@ -67,7 +67,7 @@ def _nd_linear(ctx: ImportContext, node: OnnxNode, data: str, idx: str) -> tuple
     strides = _sizes(ctx, [math.prod(lead[i + 1:]) for i in range(k)])
     lin = ctx.emit("reduce_sum", [ctx.emit("mul", [idx3, strides])], axes=[2], keepdims=False)
     if nb != 1:
-        if is_symbolic(np.asarray([nb, p], dtype=object)):
+        if not (isinstance(nb, int) and isinstance(p, int)):
             raise node.refuse("batch_dims over symbolic sizes")
         lin = ctx.emit("add", [lin, ctx.b.const((np.arange(nb, dtype=np.int64) * p).reshape(nb, 1))])
     return rows, lin, [*ishape[:-1]]
