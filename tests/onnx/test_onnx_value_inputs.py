@@ -123,10 +123,21 @@ def test_a_large_value_deciding_input_is_refused_naming_it():
         from_onnx(model)
 
 
-def test_a_value_template_cannot_be_saved_and_needs_its_values(tmp_path):
+def test_a_saved_value_template_loads_and_specialises_per_value(tmp_path):
+    model = _reduce_sum_model()
+    path = tmp_path / "m.edgerun"
+    from_onnx(model).save(path)
+    m = edgerun.load(path)  # the file holds the ONNX model and the import options; load imports it again
+    assert m.value_inputs == ["axes"] and m.output_names == ["y"]
+    x = np.random.default_rng(4).standard_normal((2, 3, 4)).astype(np.float32)
+    for axes in ([1], [0], [-1]):
+        a = np.array(axes, np.int64)
+        np.testing.assert_allclose(m(x, a), _ort(model, {"x": x, "axes": a})[0], rtol=1e-5, atol=1e-6)
+    assert m.specializations_made == 3
+
+
+def test_a_value_template_needs_its_values():
     program = from_onnx(_reduce_sum_model())
-    with pytest.raises(EdgerunError, match=r"specialised per value of its inputs \['axes'\].*constant_inputs="):
-        program.save(tmp_path / "m.edgerun")
     # Its graph has no outputs of its own: tools that take it whole fail loudly, naming what to do.
     with pytest.raises(EdgerunError, match=r"exists per value of inputs \['axes'\]"):
         edgerun.quantize(program)
