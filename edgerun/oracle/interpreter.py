@@ -105,7 +105,7 @@ def interpret(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarr
 
     A graph with a data-dependent op (nonzero, unique, ...) runs in stages (run_in_stages)."""
     if has_data_dependent(graph):
-        return run_in_stages(graph, bind_inputs_by_rank(graph, inputs))
+        return run_in_stages(graph, bind_inputs_by_rank(graph, inputs), hook)
     if decompose:
         graph = decomposed(graph)
     env: dict[str, np.ndarray] = dict(graph.constants)
@@ -128,18 +128,22 @@ def bind_inputs_by_rank(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str
     return bound
 
 
-def run_in_stages(graph: Graph, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def run_in_stages(graph: Graph, inputs: Mapping[str, np.ndarray], hook: NodeHook | None = None) -> list[np.ndarray]:
     """Run a graph split at its data-dependent nodes (ir/staging.py): each stage a template specialised to
     the shapes it sees, the data-dependent node on its reference kernel, whose outputs bind its extent."""
     if not has_data_dependent(graph):
         if graph.symbols:
             graph = specialize(graph, bind_symbols(graph, {n: inputs[n].shape for n in graph.inputs}))
-        return interpret(graph, {n: inputs[n] for n in graph.inputs})
+        return interpret(graph, {n: inputs[n] for n in graph.inputs}, hook)
     stages = split_at_data_dependent(graph)
     env = dict(inputs)
     if stages.prefix.outputs:
-        env.update(zip(stages.prefix.outputs, run_in_stages(stages.prefix, inputs)))
+        env.update(zip(stages.prefix.outputs, run_in_stages(stages.prefix, inputs, hook)))
     env.update(graph.constants)
     node = stages.node
-    env.update(zip(node.outputs, DATA_DEPENDENT_KERNELS[node.op]([env[i] for i in node.inputs if i], node.attrs)))
-    return run_in_stages(stages.suffix, {n: env[n] for n in stages.suffix.inputs})
+    args = [env[i] for i in node.inputs if i]
+    outs = DATA_DEPENDENT_KERNELS[node.op](args, node.attrs)
+    if hook is not None:
+        hook(node, args, outs)
+    env.update(zip(node.outputs, outs))
+    return run_in_stages(stages.suffix, {n: env[n] for n in stages.suffix.inputs}, hook)

@@ -241,3 +241,12 @@ def test_boolean_mask_indexing_exported_by_torch_matches_eager_and_onnxruntime()
             eager = [t.numpy() for t in module(torch.from_numpy(x))]
         for g, e in zip(got, eager):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_interpret_runs_a_staged_graph_with_its_hook_seeing_every_node() -> None:
+    program = from_onnx(_select_rows_model(), input_shapes={"x": (("N", 1, 64), 8)})
+    seen: list[str] = []
+    x = np.random.default_rng(8).standard_normal((10, 8)).astype(np.float32)
+    got = interpret(program.graph, {"x": x}, hook=lambda node, args, outs: seen.append(node.op))
+    _same(got, _ort(_select_rows_model(), {"x": x}))
+    assert "nonzero" in seen and seen.index("nonzero") > 0 and len(seen) > seen.index("nonzero") + 1

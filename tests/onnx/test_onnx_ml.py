@@ -131,3 +131,21 @@ def test_an_unsupported_ml_op_is_refused_naming_it() -> None:
                             n_supports=1, rho=[0.0])
     with pytest.raises(UnsupportedOpError, match=r"'SVMRegressor': no import handler for this ai\.onnx\.ml op"):
         from_onnx(_model(node, [_vi("x", [6, 4])], [_vi("y", [6, 1])]))
+
+
+@pytest.mark.parametrize("post,base", [("NONE", []), ("SOFTMAX", [0.1, -0.2, 0.3]), ("LOGISTIC", [])])
+def test_tree_ensemble_classifier_three_classes(post, base) -> None:
+    """Two trees whose leaves weight some of three classes (negative weights: a class no leaf scores is left
+    out of the argmax, so a sample whose scored classes are all negative does not pick it)."""
+    node = helper.make_node(
+        "TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ML, classlabels_int64s=[10, 20, 30],
+        post_transform=post, **({"base_values": base} if base else {}),
+        nodes_treeids=[0, 0, 0, 0, 0, 1, 1, 1], nodes_nodeids=[0, 1, 2, 3, 4, 0, 1, 2],
+        nodes_featureids=[0, 2, 0, 0, 0, 3, 0, 0], nodes_values=[0.1, -0.3, 0, 0, 0, 0.0, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "BRANCH_GT", "LEAF", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
+        nodes_truenodeids=[1, 2, 0, 0, 0, 1, 0, 0], nodes_falsenodeids=[4, 3, 0, 0, 0, 2, 0, 0],
+        class_treeids=[0, 0, 0, 0, 1, 1, 1], class_nodeids=[2, 3, 4, 4, 1, 2, 2],
+        class_ids=[0, 1, 2, 1, 1, 0, 2], class_weights=[-0.5, 0.25, 0.25, 0.5, -0.75, 0.125, 0.375])
+    model = _model(node, [_vi("x", ["N", 4])], [_vi("label", ["N"], TensorProto.INT64), _vi("scores", ["N", 3])], 1)
+    negative = np.float32([[0, 0, 0, -1], [0, 5, 0, -2]])  # leaves scoring only classes 0 and 1, both negative
+    _check(model, {"x": np.concatenate([X, -X, negative])}, {"x": (("N", 1, 64), 4)})

@@ -1,13 +1,14 @@
 """The numeric ops of the ai.onnx.ml domain (classic ML: scikit-learn, XGBoost, LightGBM exports).
 
-Each imports as ordinary IR ops with the semantics of ONNX's reference and ONNX Runtime, so every backend can
-run them and the verifier checks them like the rest: Binarizer, Scaler, Imputer are elementwise; Normalizer
-a reduction and a division (ONNX Runtime's MAX: max(x), not max |x|); LinearRegressor a matmul; ArrayFeatureExtractor a gather; OneHotEncoder a
-comparison against its categories; LinearClassifier a matmul and an argmax. Tree ensembles (TreeEnsemble, opset 5; TreeEnsembleRegressor, opsets 1
-and 3) become a node table walked in lockstep for every sample and tree: one step per level of the deepest
-tree, each a gather of the current node's feature, threshold and children, then a gather of each leaf's
-weights per target and the aggregate over trees. Ops on strings (LabelEncoder of strings, the string
-categories of OneHotEncoder) stay refused: edgerun tensors are numeric.
+Each imports as ordinary IR ops with ONNX Runtime's semantics, so every backend can run them and the verifier
+checks them like the rest: Binarizer, Scaler, Imputer are elementwise; Normalizer a reduction and a division
+(ONNX Runtime's MAX: max(x), not max |x|); LinearRegressor a matmul; ArrayFeatureExtractor a gather;
+OneHotEncoder a comparison against its categories; LinearClassifier a matmul and an argmax. Tree ensembles
+(TreeEnsemble, opset 5; TreeEnsembleRegressor and TreeEnsembleClassifier, opsets 1 and 3) become a node
+table walked in lockstep for every sample and tree: one step per level of the deepest tree, each a gather of
+the current node's feature, threshold and children, then a gather of each leaf's weights per target and the
+aggregate over trees. Ops on strings (LabelEncoder of strings, the string categories of OneHotEncoder) stay
+refused: edgerun tensors are numeric.
 """
 
 from __future__ import annotations
@@ -349,7 +350,44 @@ def tree_ensemble_regressor(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [_post_transform(ctx, node, out, str(node.attr("post_transform", "NONE")))]
 
 
-def _regressor_forest(node: OnnxNode) -> Forest:
+@onnx_op(f"{ML}:TreeEnsembleClassifier")
+def tree_ensemble_classifier(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    """Three or more classes with integer labels: each class's score is the sum of the weights the sample's
+    leaves give it, plus its base value; the label is that of the highest score among the classes some leaf
+    (or a base value) scored, first on ties (ONNX Runtime's rule); then the post transform. The binary case
+    (ONNX Runtime's special rules for one or two score columns) and string labels are refused."""
+    labels = list(node.attr("classlabels_int64s", []) or [])
+    if node.attr("classlabels_strings"):
+        raise node.refuse("string class labels (edgerun tensors are numeric)")
+    if len(labels) < 3:
+        raise node.refuse(f"{len(labels)} classes (three or more are supported: the binary case has special rules)")
+    if node.attr("nodes_values_as_tensor") is not None or node.attr("class_weights_as_tensor") is not None:
+        raise node.refuse("double-precision tree tables (*_as_tensor)")
+    x = ctx.cast(ctx.input(node, 0), DType.float32)
+    if len(ctx.b.shape(x)) == 1:
+        x = ctx.emit("reshape", [x], shape=[1, -1])
+    forest = _regressor_forest(node, "class")
+    classes = len(labels)
+    base = _floats(node, "base_values")
+    leaves = _walk(ctx, node, x, forest)
+    scores = _aggregate(ctx, node, leaves, forest, classes, "SUM", DType.float32, base)
+    if base:
+        ranked = scores
+    else:  # a class no reached leaf scores takes no part in the argmax
+        scored = np.zeros((len(forest.leaf_weights), classes), bool)
+        for leaf, weights in enumerate(forest.leaf_weights):
+            scored[leaf, list(weights)] = True
+        hit = ctx.emit("reduce_max", [ctx.emit("gather", [ctx.b.const(scored.astype(np.float32)), leaves], axis=0)],
+                       axes=[1], keepdims=False)
+        ranked = ctx.emit("where", [ctx.emit("gt", [hit, ctx.b.const(np.float32(0))]), scores,
+                                    ctx.b.const(np.float32(-np.inf))])
+    best = ctx.emit("argmax", [ranked], axis=1, keepdims=False)
+    label = ctx.emit("gather", [ctx.b.const(np.asarray(labels, np.int64)), best], axis=0)
+    return [label, _post_transform(ctx, node, scores, str(node.attr("post_transform", "NONE")))]
+
+
+def _regressor_forest(node: OnnxNode, weights: str = "target") -> Forest:
+    """The forest of TreeEnsembleRegressor (leaf weights `target_*`) or TreeEnsembleClassifier (`class_*`)."""
     tree_ids, node_ids = list(node.attr("nodes_treeids")), list(node.attr("nodes_nodeids"))
     modes = [m.decode() if isinstance(m, bytes) else str(m) for m in node.attr("nodes_modes")]  # STRINGS
     keys = list(zip(tree_ids, node_ids))
@@ -381,8 +419,8 @@ def _regressor_forest(node: OnnxNode) -> Forest:
             raise node.refuse(f"tree {tree} has {len(roots)} roots")
         forest.roots.append(slot[roots[0]])
     forest.leaf_weights = [{} for _ in leaves]
-    for tree, nid, target, weight in zip(node.attr("target_treeids"), node.attr("target_nodeids"),
-                                         node.attr("target_ids"), node.attr("target_weights")):
+    for tree, nid, target, weight in zip(node.attr(f"{weights}_treeids"), node.attr(f"{weights}_nodeids"),
+                                         node.attr(f"{weights}_ids"), node.attr(f"{weights}_weights")):
         key = (tree, nid)
         if key not in slot or slot[key] < len(decisions):
             raise node.refuse(f"a target weight names tree {tree} node {nid}, which is not a leaf")
