@@ -187,10 +187,10 @@ def with_prefill(decode: WebPlan, prefill: WebPlan, chunk: int) -> WebPlan:
     """The decode plan with the prefill plan inside ("prefill": its dispatches, shaders, inputs, chunk, and
     the cache ranges to copy into the decode arena after a prompt); the weights are the prefill's (the
     decode blob with the prefill's own constants appended)."""
+    if any(prefill.cache_range[name][1] != size for name, (_, size) in decode.cache_range.items()):
+        raise EdgerunError("the prefill and decode plans hold KV caches of different sizes")
     copies = [[name, prefill.cache_range[name][0], offset, size] for name, (offset, size) in
               decode.cache_range.items()]
-    if any(prefill.cache_range[name][1] != size for name, _, _, size in copies):
-        raise EdgerunError("the prefill and decode plans hold KV caches of different sizes")
     inner = {k: v for k, v in prefill.plan.items() if k not in ("format", "version", "weights_bytes")}
     plan = {**decode.plan, "weights_bytes": int(prefill.weights.nbytes),
             "prefill": {**inner, "chunk": chunk, "caches": copies}}
