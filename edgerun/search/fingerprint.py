@@ -19,14 +19,12 @@ from typing import Any
 
 import numpy as np
 
-CACHE_ENV = "EDGERUN_CACHE_DIR"
+# One root for every on-disk cache (the backends' conversions live there too); re-exported for the search's users.
+from edgerun.backends.conversion_cache import CACHE_ENV as CACHE_ENV
+from edgerun.backends.conversion_cache import cache_dir as cache_dir
+
 # Libraries whose version changes a backend's speed; absent ones are recorded as absent.
 _LIBRARIES = ("onnxruntime", "MNN", "wgpu")
-
-
-def cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "edgerun"
 
 
 @functools.lru_cache(maxsize=1)

@@ -79,6 +79,8 @@ CASES += [
     ("cast-float32-float16", "cast", [f32(6)], {"dtype": "float16"}),
     ("reduce_sum-all", "reduce_sum", [f32(3, 4, 5)], {}),
     ("reduce_mean", "reduce_mean", [f32(3, 4, 5)], {"axes": [-1, 0]}),
+    ("reduce_mean-spatial-keep", "reduce_mean", [f32(2, 3, 4, 5)], {"axes": [2, 3], "keepdims": True}),
+    ("reduce_mean-spatial", "reduce_mean", [f32(2, 3, 4, 5)], {"axes": [-1, 2], "keepdims": False}),
     ("reduce_max", "reduce_max", [f32(3, 4, 5)], {"axes": [2], "keepdims": False}),
     ("reduce_min-keep", "reduce_min", [f32(3, 4, 5)], {"axes": [0, 2], "keepdims": True}),
     ("argmax-last", "argmax", [np.array([[1, 3, 3, 0], [2, 2, 1, 2]], np.float32)],
@@ -130,6 +132,20 @@ def test_weights_as_constants_are_bound_without_serialising() -> None:
     assert list(external) == [graph.nodes[0].inputs[1]]
     assert model.ByteSize() < w.nbytes / 10
     assert_matches_reference(graph, [x], compiled(x), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("axes, keepdims, emitted", [([2, 3], True, ["GlobalAveragePool"]),
+                                                      ([3, 2], False, ["GlobalAveragePool", "Reshape"]),
+                                                      ([1, 2, 3], True, ["ReduceMean"]),
+                                                      ([3], True, ["ReduceMean"])])
+def test_spatial_mean_is_global_average_pool(axes: list[int], keepdims: bool, emitted: list[str]) -> None:
+    # ORT keeps GlobalAveragePool in its blocked conv layout; a ReduceMean after the last conv costs a
+    # reorder back to NCHW first (SqueezeNet's head, docs/benchmarks.md).
+    from edgerun.backends.onnxruntime import build_model
+
+    graph = one_node_graph("reduce_mean", [f32(1, 8, 5, 5)], axes=axes, keepdims=keepdims)
+    model, _ = build_model(graph)
+    assert [n.op_type for n in model.graph.node] == emitted
 
 
 def test_unclaimed_edge_cases_stay_on_reference() -> None:

@@ -123,6 +123,29 @@ def test_exact_inputs_take_the_fast_path_and_everything_else_the_full_check() ->
         m(x[..., :-1])
 
 
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_a_call_whose_later_input_leaves_the_fast_path_still_gets_every_input(backend: str) -> None:
+    # The fast path checks and copies input by input; one that does not match (here the second) sends the
+    # call to the full check, which must copy all of them again, not run on the first alone.
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+    g = Graph()
+    b = Builder(g)
+    x, y = g.add_input("x", f32(2, 3)), g.add_input("y", f32(2, 3))
+    g.outputs = [b.binary("mul", x, b.binary("add", y, b.const(np.float32(1))))]
+    m = load(g, [backend])
+    rng = np.random.default_rng(2)
+    a, c, a2 = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(3))
+    np.testing.assert_array_equal(m(a, c), a * (c + 1))
+    np.testing.assert_array_equal(m(a2, c.astype(np.float64)), a2 * (c + 1))
+    with pytest.raises(EdgerunError, match="shape"):
+        m(a, c[:1])
+    np.testing.assert_array_equal(m([a, c][0], c), a * (c + 1))
+    first = m.run([a, c])[0]
+    first[...] = 0  # a returned array is the caller's: the next call is unaffected
+    np.testing.assert_array_equal(m.run((a, c))[0], a * (c + 1))
+
+
 def test_profiling_sink_sees_every_instruction_in_order() -> None:
     graph = small_cnn()
     m = load(graph)

@@ -1,0 +1,93 @@
+"""The first auto load's measurements (edgerun.search.tune): warm-up calls that see past a fresh session's
+slow first call, within a bounded time."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgerun.backends.registry import get_backend
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
+from edgerun.runtime import load as runtime_load
+from edgerun.search import CACHE_ENV, BackendProfile, cost_table, search_placement
+from edgerun.search.tune import WARM_UP_CALLS, WARM_UP_S, tune_placement, warm_up_seconds
+
+
+def test_warm_up_sees_past_a_slow_first_call() -> None:
+    calls = [0]
+
+    def fresh_session() -> None:  # DIN on a fresh ORT session: the first call 8 ms, then microseconds
+        calls[0] += 1
+        time.sleep(0.008 if calls[0] == 1 else 0.0005)
+
+    got = warm_up_seconds(lambda sink: fresh_session())
+    assert got < 0.004
+    assert 2 <= calls[0] <= WARM_UP_CALLS
+
+
+def test_warm_up_calls_a_slow_model_once() -> None:
+    calls = [0]
+
+    def slow() -> None:
+        calls[0] += 1
+        time.sleep(WARM_UP_S * 1.2)
+
+    assert warm_up_seconds(lambda sink: slow()) >= WARM_UP_S
+    assert calls[0] == 1
+
+
+def slow_chain(nodes: int = 40, size: int = 256) -> Graph:
+    """`nodes` dependent 256x256 matmuls: a program whose every instruction takes a while on the reference."""
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x", TensorSpec((size, size), DType.float32))
+    w = b.const((np.eye(size) * 0.5 + 0.5 / size).astype(np.float32))
+    for _ in range(nodes):
+        v = b.emit("matmul", [v, w])
+    g.outputs = [v]
+    return g
+
+
+def test_a_warm_up_past_its_limit_is_abandoned_between_instructions_and_the_program_still_runs() -> None:
+    graph = slow_chain()
+    loaded = runtime_load(graph, ["reference"])
+    x = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    t0 = time.perf_counter()
+    whole = warm_up_seconds(functools.partial(loaded.run, [x]), calls=1)
+    full_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assert warm_up_seconds(functools.partial(loaded.run, [x]), limit_s=full_s / 40) == math.inf
+    assert time.perf_counter() - t0 < full_s / 2  # stopped after a few of the 40 instructions
+    assert whole <= full_s
+    np.testing.assert_allclose(loaded(x), interpret(graph, [x])[0], rtol=1e-4)  # lock released, arena fine
+
+
+def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x", TensorSpec((1, 8, 16, 16), DType.float32))
+    for _ in range(4):  # ~20x slower on the reference than on ORT
+        w = b.const(np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1)
+        v = b.emit("tanh", [b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])])
+    g.outputs = [v]
+    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
+    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
+    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
+    table.seconds[:, ref] = table.seconds[:, ort] * 1.1  # misjudged: modelled close, so it is loaded
+    placement, report, loaded = tune_placement(g, table, search_placement(table), "abandon-test", budget_s=2.0)
+    reasons = {c["label"]: c.get("skipped", "") for c in report["candidates"]}
+    assert "abandoned" in reasons["all reference"]
+    assert report["complete"] and set(placement.values()) == {"onnxruntime"} and loaded is not None
