@@ -164,18 +164,39 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
                 pending = []
             pending.append(parts)
 
+    floating_parts = {id(parts) for _, parts in updates}
+
+    def defer_updates(i: int, item: Parts) -> None:
+        """Updates waiting for a dispatch (all of `pending`): those that fit ride with `item`, the others
+        wait for the next dispatch (nothing after their last dependency touches their range), so a binding
+        cap does not cost an update a dispatch of its own."""
+        nonlocal pending
+        if not pending or not all(id(p) in floating_parts for p in pending) \
+                or _independent(pending, item, max_bindings):
+            return
+        keep: list[Parts] = []
+        for p in pending:
+            if _independent([*keep, p], item, max_bindings):
+                keep.append(p)
+            else:
+                updates.append((i - 1, p))
+        pending = keep
+
     for i, item in enumerate(built):
         if isinstance(item, list):
             flush(i - 1)
             kernels.extend(item)
             flush(i)
             continue
+        defer_updates(i, item)
         if pending and not (fuse and _independent(pending, item, max_bindings)):
             flush(i - 1)
+            defer_updates(i, item)
             if pending and not _independent(pending, item, max_bindings):
                 flush(i - 1)
         pending.append(item)
     flush(len(built))
+    kernels.extend([merge(pending)] if pending else [])  # updates that follow the last dispatch
     return kernels
 
 
