@@ -562,10 +562,13 @@ def test_kv_append_read_after_stays_out_of_place() -> None:
     assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
 
 
-def attention_graph(probs_out: bool = False) -> tuple[Graph, list[np.ndarray]]:
+def attention_graph(probs_out: bool = False, mask_new: bool = True,
+                    cache_first: bool = True) -> tuple[Graph, list[np.ndarray]]:
     """The LLM step's attention against a cache (program_builder's form): masked scores against the cache and
     the new rows, softmax over their concat, the probability slices times the values, added. 2 kv heads,
-    6 query rows, head dim 16, a cache of 100 (more than a workgroup), 2 new rows, value dim 80."""
+    6 query rows, head dim 16, a cache of 100 (more than a workgroup), 2 new rows, value dim 80.
+    `mask_new=False`: the new rows' scores unmasked; `cache_first=False`: the add takes the new rows' product
+    first."""
     b_, r, h, c, t, d = 2, 6, 16, 100, 2, 80
     keep = np.zeros((1, 1, c), bool)
     keep[..., :37] = True  # the cache's used length
@@ -576,21 +579,25 @@ def attention_graph(probs_out: bool = False) -> tuple[Graph, list[np.ndarray]]:
         neg_inf = b.const(np.float32(-np.inf))
         causal = b.const(np.tile(np.tril(np.ones((t, t), bool)), (r // t, 1)))
         s_cache = b.emit("where", [mask, b.emit("matmul", [q, k_cache]), neg_inf])
-        s_new = b.emit("where", [causal, b.emit("matmul", [q, k_new]), neg_inf])
+        s_new = b.emit("matmul", [q, k_new])
+        if mask_new:
+            s_new = b.emit("where", [causal, s_new, neg_inf])
         probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
         p_cache = b.emit("slice", [probs], starts=[0], ends=[c], axes=[2])
         p_new = b.emit("slice", [probs], starts=[c], ends=[c + t], axes=[2])
-        out = b.binary("add", b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v_new]))
+        products = [b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v_new])]
+        out = b.binary("add", *(products if cache_first else products[::-1]))
         return [out, probs] if probs_out else [out]
     graph, feeds = build(inputs, body)
     return decomposed(graph, keep=WebGpuBackend().keeps_whole), feeds
 
 
-def test_attention_is_one_workgroup_dispatch() -> None:
+@pytest.mark.parametrize(("mask_new", "cache_first"), [(True, True), (False, False)])
+def test_attention_is_one_workgroup_dispatch(mask_new: bool, cache_first: bool) -> None:
     # Scores, masks, softmax over the concat and the weighted sum of values: one dispatch (a workgroup per
     # query row), the unfused kernels' outputs within f32 tolerance (only the softmax's sum runs in another
     # order), and the reference's.
-    graph, feeds = attention_graph()
+    graph, feeds = attention_graph(mask_new=mask_new, cache_first=cache_first)
     compiled = WebGpuBackend().compile(graph)
     assert [k.label for k in compiled.info["runner"].kernels] == ["attention:workgroup"]
     got = compiled(*feeds)
@@ -598,7 +605,7 @@ def test_attention_is_one_workgroup_dispatch() -> None:
     assert_matches_reference(decomposed(graph), feeds, got, rtol=1e-4, atol=1e-5)  # numpy's BLAS order
     # Within the binding cap only: under it, the three dispatches of before.
     runner = compiled.info["runner"]
-    runner.set_fusion(True, max_bindings=9)
+    runner.set_fusion(True, max_bindings=len(runner.kernels[0].values) - 1)
     assert len(runner.kernels) == 3 and "attention:workgroup" not in [k.label for k in runner.kernels]
     np.testing.assert_allclose(compiled(*feeds)[0], got[0], rtol=1e-5, atol=1e-6)
 

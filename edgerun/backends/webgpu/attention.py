@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgerun.backends.webgpu.wgsl import (
+    ELEMENTWISE,
     PRELUDE,
     STORAGE_TYPE,
     WORKGROUP,
@@ -107,12 +108,10 @@ def _match(softmax: Node, graph: Graph, producer: dict[str, Node], readers: dict
     widths = [s.shape[2] for s in scores]
     if not _is_concat(concat, graph, widths) or slices[0].op != "raster" or slices[1].op != "raster":
         return None
-    starts = [_slice_start(s, graph, spec.shape) for s in slices]
-    if sorted(x for x in starts if x is not None) != [0, widths[0]] or \
-            [graph.specs[s.outputs[0]].shape[2] for s in slices] != [widths[starts[0] == widths[0]],
-                                                                     widths[starts[1] == widths[0]]]:
+    by_start = {_slice_start(s, graph, spec.shape): s for s in slices}
+    if set(by_start) != {0, widths[0]} or any(graph.specs[by_start[at].outputs[0]].shape[2] != width
+                                              for at, width in zip((0, widths[0]), widths)):
         return None
-    by_start = dict(zip(starts, slices))
     halves = []
     value_matmuls = []
     for k, v in enumerate(concat.inputs):
@@ -124,7 +123,8 @@ def _match(softmax: Node, graph: Graph, producer: dict[str, Node], readers: dict
             mask = node
             inner = [u for u in node.inputs if u and producer.get(u) is not None and producer[u].op == "matmul"
                      and only_reader(u) is not None]
-            if node.op == "raster" or len(inner) != 1 or len(node.outputs) != 1 or node.inputs.count(inner[0]) != 1:
+            if node.op not in ELEMENTWISE or len(inner) != 1 or node.inputs.count(inner[0]) != 1 or any(
+                    graph.specs[u].dtype is DType.float16 for u in node.inputs if u):
                 return None
             node = producer[inner[0]]
         if node is None or node.op != "matmul" or graph.specs[node.outputs[0]].shape != (b, r, widths[k]):
