@@ -139,7 +139,7 @@ class CompiledPartition:
     # Offered by a backend with memory of its own: given the states this partition alone reads and updates
     # (ResidentState handles), it returns the names of those it keeps between calls. For those, `run` neither
     # reads the input array nor writes the update's array; the runtime pulls the value only when the host
-    # needs it (docs/design.md, "State").
+    # needs it (docs/runtime.md, "State a backend keeps in its own memory").
     keep_state: Callable[[Sequence[ResidentState]], Collection[str]] | None = None
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
