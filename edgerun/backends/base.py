@@ -55,6 +55,18 @@ class Throughput:
     dispatch_s: float = 2e-6  # fixed cost of launching one kernel
     transfer_bytes_per_s: float = math.inf  # into and out of the backend's memory (inf: host memory)
     transfer_latency_s: float = 0.0
+    # Elementary operations per second of integer products (INTEGER_OPS: int8/uint8 operands, int32 sums),
+    # which int8 kernels (VNNI, vpmaddubsw) run at up to 4x the float rate and numpy emulates at below it.
+    # None: as `flops_per_s`.
+    integer_flops_per_s: float | None = None
+
+    @property
+    def integer_rate(self) -> float:
+        return self.flops_per_s if self.integer_flops_per_s is None else self.integer_flops_per_s
+
+
+# Integer matrix products: costed at a backend's integer rate, not its float one.
+INTEGER_OPS = frozenset({"conv_integer", "matmul_integer"})
 
 
 @dataclass(frozen=True)
@@ -73,10 +85,11 @@ class OpCost:
     flops: float  # elementary operations (a multiply-add counts 2)
     bytes_moved: float  # bytes read and written
     dispatch_s: float  # fixed per-launch cost
+    integer: bool = False  # integer products (INTEGER_OPS): at the integer rate
 
     def seconds(self, throughput: Throughput) -> float:
-        return max(self.flops / throughput.flops_per_s, self.bytes_moved / throughput.bytes_per_s) \
-            + self.dispatch_s
+        rate = throughput.integer_rate if self.integer else throughput.flops_per_s
+        return max(self.flops / rate, self.bytes_moved / throughput.bytes_per_s) + self.dispatch_s
 
 
 @dataclass
@@ -149,7 +162,7 @@ class Backend(ABC):
                 return OpCost(work.flops, work.boundary_bytes, self.throughput.dispatch_s)
             return OpCost(work.flops, work.bytes_moved, self.throughput.dispatch_s * work.pieces)
         flops, moved = node_work(node, graph)
-        return OpCost(flops, moved, self.throughput.dispatch_s)
+        return OpCost(flops, moved, self.throughput.dispatch_s, integer=node.op in INTEGER_OPS)
 
     def estimate_seconds(self, node: Node, graph: Graph) -> float:
         return self.cost(node, graph).seconds(self.throughput)

@@ -41,7 +41,8 @@ _UFUNC_FLOAT_ONLY: dict[str, np.ufunc] = {"pow": np.power, "reciprocal": np.reci
 class ReferenceBackend(Backend):
     name = "reference"
     supported = {op: OpSupport() for op in KERNELS}
-    throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6)
+    # Integer products run as float64 BLAS (exact below 2^53): about half the float32 rate.
+    throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6, integer_flops_per_s=5e9)
     # numpy's OpenBLAS threads spin for about 0.1 s after a GEMM or conv: ORT's SqueezeNet ran 6.0 ms
     # instead of 4.6 for 110 ms after five 512x512 GEMMs (2-core box).
     busy_after_call_s = 0.12

@@ -12,6 +12,11 @@ Each benchmark is a tiny IR graph compiled and run through the backend exactly a
     small     4 x (1x256 @ 256x256, tanh), a tiny model -> seconds per node of real kernels: `dispatch` is
               the larger of chain's figure and small's time beyond its modelled work, per node (a numpy
               matmul on a vector costs microseconds of overhead that an add on 4 floats does not show)
+    int_gemm  a uint8 128x256 @ int8 256x512 matmul_integer, dequantized  -> operations/s of integer matrix products
+    int_conv  conv's shape as conv_integer + int32 bias + requantize (ONNX Runtime's QLinearConv form)
+                                                      -> operations/s of integer convolutions
+              (weights within +-63, so the ONNX Runtime delegate claims them; a backend that cannot run them
+              never gets integer nodes, and keeps its declared integer rate)
     algorithms (backends declaring `algorithm_choices` for conv2d: the reference): each choice on a conv
               shape it applies to, giving the ratio of its measured time to its modelled time
               (`algorithm_scale`)
@@ -56,7 +61,7 @@ from edgerun.search.fingerprint import (
     write_json,
 )
 
-FORMAT = 4  # 2: medians over interleaved rounds; 3: `settings` (was `spin`); 4: compile times
+FORMAT = 5  # 2: medians over interleaved rounds; 3: `settings` (was `spin`); 4: compile times; 5: integer rates
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class BackendProfile:
     compile_s: float = 0.0
     compile_s_per_node: float = 0.0
     compile_s_per_byte: float = 0.0
+    # Integer matrix products (base.INTEGER_OPS); 0: not measured, the float gemm / conv rate stands in.
+    integer_gemm_flops_per_s: float = 0.0
+    integer_conv_flops_per_s: float = 0.0
 
     def compile_seconds(self, nodes: int, weight_bytes: int, partitions: int = 1) -> float:
         """Estimated seconds to build `partitions` partitions holding `nodes` nodes and `weight_bytes` of
@@ -90,7 +98,8 @@ class BackendProfile:
     def from_throughput(t: Throughput, partition_s: float = 0.0, config: str = "") -> BackendProfile:
         """The backend's own declared figures, for a backend that cannot be measured."""
         return BackendProfile(t.flops_per_s, t.flops_per_s, t.flops_per_s, t.bytes_per_s, t.dispatch_s,
-                              partition_s, t.transfer_bytes_per_s, t.transfer_latency_s, config, measured=False)
+                              partition_s, t.transfer_bytes_per_s, t.transfer_latency_s, config, measured=False,
+                              integer_gemm_flops_per_s=t.integer_rate, integer_conv_flops_per_s=t.integer_rate)
 
 
 def backend_config(backend: Backend) -> str:
@@ -164,6 +173,7 @@ def measure_backend(backend: Backend) -> BackendProfile:
         algorithms = _algorithm_runs(backend)
         calls.update({name: call for name, (call, _) in algorithms.items()})
         calls["small"] = _runnable(backend, _small_mlp_graph())
+        calls.update(_integer_runs(backend))
         alternatives = {name: values[1] for name, values in backend.tunable_settings().items() if len(values) > 1}
         for setting, value in alternatives.items():
             calls.update(_runs_with_setting(backend, setting, value))
@@ -186,11 +196,14 @@ def measure_backend(backend: Backend) -> BackendProfile:
     small_work_s = SMALL_GEMM_FLOPS / rate["gemm"] + SMALL_TANH_FLOPS / rate["exp"]
     dispatch = max(dispatch, (t["small"] - partition - small_work_s) / SMALL_NODES)
     th = backend.throughput
+    integer = {name: INTEGER_WORK[name] / max(t[name] - partition, 1e-9) if name in t else th.integer_rate
+               for name in INTEGER_WORK}
     profile = BackendProfile(rate["gemm"], rate["conv"], rate["exp"], rate["add"], dispatch, partition,
                              th.transfer_bytes_per_s, th.transfer_latency_s, backend_config(backend),
                              settings=chosen, compile_s=built["single"],
                              compile_s_per_node=max(built["chain"] - built["single"], 0.0) / 31,
-                             compile_s_per_byte=max(built["gemm"] - built["single"], 0.0) / GEMM_WEIGHT_BYTES)
+                             compile_s_per_byte=max(built["gemm"] - built["single"], 0.0) / GEMM_WEIGHT_BYTES,
+                             integer_gemm_flops_per_s=integer["int_gemm"], integer_conv_flops_per_s=integer["int_conv"])
     for name, (_, shape_work) in algorithms.items():
         profile.algorithm_scale[name] = t[name] / max(shape_work.seconds(profile), 1e-12)
     return profile
@@ -206,6 +219,12 @@ def _runs_with_setting(backend: Backend, setting: str, value: object) -> dict[st
         return {f"{name}@{setting}": _runnable(backend, graph) for name, graph in graphs.items()}
     finally:
         backend.apply_settings({setting: before})
+
+
+def _integer_runs(backend: Backend) -> dict[str, Callable[[], None]]:
+    """The integer benchmarks this backend runs whole (it supports every node): none for a float-only one."""
+    graphs = {"int_gemm": _int_gemm_graph(), "int_conv": _int_conv_graph()}
+    return {name: _runnable(backend, g) for name, g in graphs.items() if all(backend.supports(n, g) for n in g.nodes)}
 
 
 def _algorithm_runs(backend: Backend) -> dict[str, tuple[Callable[[], None], Work]]:
@@ -245,8 +264,9 @@ def _runnable(backend: Backend, graph: Graph, compiled: CompiledPartition | None
     if built is not None:
         built[label] = time.perf_counter() - start
     rng = np.random.default_rng(0)
-    arrays = {v: (graph.constants[v] if v in graph.constants
-                  else rng.standard_normal(s.shape).astype(s.dtype.np)) for v, s in graph.specs.items()}
+    arrays = {v: (graph.constants[v] if v in graph.constants else
+                  rng.integers(0, 256, s.shape).astype(s.dtype.np) if s.dtype is DType.uint8 else
+                  rng.standard_normal(s.shape).astype(s.dtype.np)) for v, s in graph.specs.items()}
     if compiled.bind_node is not None:
         calls = [compiled.bind_node(n, arrays) for n in graph.nodes]
 
@@ -318,4 +338,36 @@ def _add_chain(n: int, length: int) -> Graph:
     for _ in range(length):
         v = b.emit("add", [v, y])
     g.outputs = [v]
+    return g
+
+
+INTEGER_WORK = {"int_gemm": 2.0 * 128 * 256 * 512, "int_conv": 2.0 * 32 * 28 * 28 * 32 * 9}
+
+
+def _int_weight(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    # Within +-63: 7-bit weights, as int8-static's reduce_range makes them (ONNX Runtime's u8s8 kernels are
+    # exact on AVX2 only then, so its delegate claims no others).
+    return np.random.default_rng(seed).integers(-63, 64, shape).astype(np.int8)
+
+
+def _int_gemm_graph() -> Graph:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((128, 256), DType.uint8))
+    acc = b.emit("matmul_integer", [x, b.const(_int_weight((256, 512), 1)), b.const(np.array(128, np.uint8)),
+                                    b.const(np.zeros((), np.int8))])
+    g.outputs = [b.emit("dequantize_linear", [acc, b.const(np.full(512, 1e-4, np.float32)),
+                                              b.const(np.zeros((), np.int32))])]
+    return g
+
+
+def _int_conv_graph() -> Graph:
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((1, 32, 28, 28), DType.uint8))
+    acc = b.emit("conv_integer", [x, b.const(_int_weight((32, 32, 3, 3), 2)), b.const(np.array(128, np.uint8)),
+                                  b.const(np.zeros((), np.int8))], padding=[1, 1, 1, 1], groups=1)
+    acc = b.emit("add", [acc, b.const(np.arange(32, dtype=np.int32).reshape(32, 1, 1))])
+    g.outputs = [b.emit("requantize", [acc, b.const(np.full((32, 1, 1), 1e-3, np.float32)),
+                                       b.const(np.array(128, np.uint8))], arithmetic="float32")]
     return g

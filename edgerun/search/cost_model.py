@@ -1,7 +1,9 @@
 """The cost model: seconds of each node on each backend, from counted work and measured throughput.
 
 seconds(node, backend) = max(flops / flops_per_s[class], bytes / bytes_per_s) + dispatch, where the class is
-gemm (matmul), conv (conv2d) or elementwise, and every rate comes from calibration (MNN's Q_alg / P_ba, with
+gemm (matmul), conv (conv2d), integer gemm (matmul_integer), integer conv (conv_integer: measured as ONNX
+Runtime's fused QLinearConv, so its int32 bias add and requantize count as fused into it, below) or
+elementwise, and every rate comes from calibration (MNN's Q_alg / P_ba, with
 P measured instead of derived from the clock). Where a backend offers several algorithms for an op (the
 reference backend's convolutions), the node costs its cheapest applicable one. Partitions add a fixed
 scheduling cost per call, and values crossing between backends that do not share host memory add transfer
@@ -52,9 +54,18 @@ def node_seconds(node: Node, graph: Graph, profile: BackendProfile, backend: Bac
             moved = pieces.boundary_bytes
         else:
             dispatch *= pieces.pieces
-    rate = (profile.gemm_flops_per_s if node.op == "matmul" else
-            profile.conv_flops_per_s if node.op == "conv2d" else profile.elementwise_flops_per_s)
-    return max(flops / rate, moved / profile.bytes_per_s) + dispatch
+    return max(flops / flops_rate(node.op, profile), moved / profile.bytes_per_s) + dispatch
+
+
+def flops_rate(op: str, profile: BackendProfile) -> float:
+    """The measured rate `op`'s work runs at: gemm, conv, their integer forms (at the float rate where the
+    backend's integer rate was not measured), or elementwise."""
+    if op == "matmul_integer":
+        return profile.integer_gemm_flops_per_s or profile.gemm_flops_per_s
+    if op == "conv_integer":
+        return profile.integer_conv_flops_per_s or profile.conv_flops_per_s
+    return (profile.gemm_flops_per_s if op == "matmul" else
+            profile.conv_flops_per_s if op == "conv2d" else profile.elementwise_flops_per_s)
 
 
 def cost_table(graph: Graph, backends: Mapping[str, Backend], profiles: Mapping[str, BackendProfile],
@@ -95,13 +106,15 @@ def _work(node: Node, graph: Graph) -> tuple[float, float]:
     return node_work(node, graph)
 
 
-FUSING_PRODUCERS = frozenset({"conv2d", "matmul"})
-FUSED_CONSUMERS = frozenset({"maximum", "minimum", "add", "relu", "clamp"})
+FUSING_PRODUCERS = frozenset({"conv2d", "matmul", "conv_integer"})
+# requantize after conv_integer (+ int32 bias add): ONNX Runtime's QLinearConv, one kernel when together
+FUSED_CONSUMERS = frozenset({"maximum", "minimum", "add", "relu", "clamp", "requantize"})
 
 
 def fusable_into_previous(graph: Graph) -> list[int]:
-    """Nodes an activation-fusing backend folds into the node before them: a max, min or add reading the
-    previous node's output, when that one is a conv or matmul or itself folded (relu6 is max then min)."""
+    """Nodes an activation-fusing backend folds into the node before them: a max, min, add or requantize
+    reading the previous node's output, when that one is a conv or matmul or itself folded (relu6 is max then
+    min; QLinearConv is conv_integer, bias add, requantize)."""
     found: list[int] = []
     folds = [False] * len(graph.nodes)
     for k in range(1, len(graph.nodes)):

@@ -2,9 +2,13 @@
 an .mnn model, and MNN's runtime runs it. MNN is the engine inside the Walle seed; here it is a second fast
 CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
 
-- **Converter as a function.** `_tools.mnnconvert([...])` is the converter's C++ entry point, imported
-  directly. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
-  module that runs `pip install` and sends usage data.
+- **Converter as a function, in a child process.** `_tools.mnnconvert([...])` is the converter's C++ entry
+  point. Never `MNN.tools` or the `mnnconvert` console script: their Python wrapper imports a logging
+  module that runs `pip install` and sends usage data. The converter spills weights to a scratch file with
+  a fixed name in the *current directory*, so two conversions sharing a working directory (two pytest
+  workers, two processes of one service) read each other's weights: CI got all zeros from ViT this way.
+  Conversions therefore run in a child process with each partition's own folder as its working directory
+  (converter.py, convert_child.py); a converter that aborts takes only the child down.
 - **Runtime.** MNN's Interpreter/session API: one session per partition (one thread unless
   `MnnBackend(threads=)` or $EDGERUN_MNN_THREADS says otherwise), inputs copied into its tensors and
   outputs copied back. bench/mnn_vs_ort.py measures it against `MNN.nn.load_module_from_file` on the same
@@ -17,8 +21,8 @@ CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
+from edgerun.backends.conversion_cache import conversion_key, converted_file
+from edgerun.backends.mnn.converter import ConverterProcess
 from edgerun.backends.onnxruntime import build_model
 from edgerun.backends.onnxruntime.onnx_ops import SUPPORTED as ONNX_SUPPORTED
 from edgerun.errors import EdgerunError, UnsupportedOpError
@@ -52,8 +58,12 @@ class _quiet_stdout:
 
 try:
     with _quiet_stdout():
-        import _tools as mnn_tools  # MNN's converter entry point (the C++ module, not MNN.tools)
         import MNN
+    # MNN's converter entry point (the C++ module, not MNN.tools), imported only by the conversion child.
+    _converter = importlib.util.find_spec("_tools")
+    if _converter is None or _converter.origin is None:
+        raise ImportError("MNN's converter module _tools is missing")
+    CONVERTER = ConverterProcess(os.path.dirname(os.path.abspath(_converter.origin)))
 except ImportError as exc:  # the registry turns this into BackendUnavailableError naming the extra
     raise ModuleNotFoundError("MNN is not installed: pip install edgerun[mnn]", name="MNN") from exc
 
@@ -134,8 +144,11 @@ class MnnBackend(Backend):
             if node.op not in self.supported:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the mnn backend")
-        with tempfile.TemporaryDirectory(prefix="edgerun-mnn-") as tmp:
-            path = convert(subgraph, Path(tmp))
+        model, external = build_model(subgraph)
+        # Converted once per content on this machine (conversion_cache): the key covers the emitted model,
+        # its weights, MNN's version and the converter's flags.
+        key = conversion_key(model, external, "mnn", MNN.version(), *CONVERT_FLAGS)
+        with converted_file("mnn", key, lambda target: convert_model(model, external, target), ".mnn") as path:
             runner = SessionRunner(path, subgraph, self.threads)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"threads": self.threads, "mnn_bytes": runner.model_bytes})
@@ -147,9 +160,12 @@ def create_backend(threads: int | None = None) -> MnnBackend:
 
 def onnx_with_weights(subgraph: Graph) -> Any:
     """The partition's ONNX model with every weight inside it (MNN's converter reads no OrtValues)."""
+    return _with_weights(*build_model(subgraph))
+
+
+def _with_weights(model: Any, external: Mapping[str, np.ndarray]) -> Any:
     from onnx import numpy_helper
 
-    model, external = build_model(subgraph)
     for tensor in model.graph.initializer:
         value = external.get(tensor.name)
         if value is not None:
@@ -157,17 +173,29 @@ def onnx_with_weights(subgraph: Graph) -> Any:
     return model
 
 
+CONVERT_FLAGS = ("--bizCode", "edgerun", "--keepInputFormat")
+
+
 def convert(subgraph: Graph, folder: Path) -> Path:
-    """ONNX -> .mnn through the converter's C++ entry point; BackendError with its log when it fails."""
-    source, target = folder / "partition.onnx", folder / "partition.mnn"
-    source.write_bytes(onnx_with_weights(subgraph).SerializeToString())
-    args = ["mnnconvert", "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(target),
-            "--bizCode", "edgerun", "--keepInputFormat"]
-    with _quiet_stdout():
-        mnn_tools.mnnconvert(args)
-    if not target.exists() or target.stat().st_size == 0:
-        raise EdgerunError(f"MNN's converter produced no model for a partition of {len(subgraph.nodes)} nodes")
+    """The partition converted to `folder/partition.mnn` (no cache; the benches time conversion with it)."""
+    target = folder / "partition.mnn"
+    convert_model(*build_model(subgraph), target)
     return target
+
+
+def convert_model(model: Any, external: Mapping[str, np.ndarray], target: Path) -> None:
+    """ONNX -> `target` (.mnn) through the converter's C++ entry point, run by the converter process with
+    `target`'s folder as its working directory (the folder must be this conversion's own); EdgerunError with
+    the converter's log when it fails."""
+    folder = target.parent
+    source = folder / "partition.onnx"
+    source.write_bytes(_with_weights(model, external).SerializeToString())
+    CONVERTER.convert(folder, ["mnnconvert", "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(target),
+                               *CONVERT_FLAGS])
+    if not target.exists() or target.stat().st_size == 0:
+        log = (folder / "convert.log").read_text(errors="replace").strip().splitlines()[-8:]
+        raise EdgerunError("MNN's converter produced no model for a partition: " + " | ".join(log))
+    source.unlink()
 
 
 _MNN_DTYPE = {DType.float32: np.float32, DType.int32: np.int32, DType.bool: np.int32}
@@ -200,10 +228,18 @@ class SessionRunner:
             data = np.ascontiguousarray(array, _MNN_DTYPE[spec.dtype])
             tensor.copyFrom(MNN.Tensor(list(spec.shape) or [1], _halide(spec.dtype), data,
                                        MNN.Tensor_DimensionType_Caffe))
-        self.interpreter.runSession(self.session)
+        code = self.interpreter.runSession(self.session)
+        if code != 0:  # MNN leaves the outputs as they were: never hand those back as a result
+            raise EdgerunError(f"MNN's runSession failed with error code {code} ({_MNN_ERRORS.get(code, 'unknown')})")
         for tensor, host, array in zip(self.outputs, self._out_host, outputs):
             tensor.copyToHostTensor(host)
             np.copyto(array, np.asarray(host.getNumpyData()).reshape(array.shape), casting="unsafe")
+
+
+# MNN::ErrorCode (include/MNN/ErrorCode.hpp).
+_MNN_ERRORS = {1: "out of memory", 2: "not supported", 3: "compute size error", 4: "no execution",
+               5: "invalid value", 10: "input data error", 11: "call back stop", 20: "tensor not supported",
+               21: "tensor need divide"}
 
 
 def _halide(dtype: DType) -> Any:
