@@ -185,8 +185,9 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     candidates = candidate_placements(graph, table, best, count)
     singles = sum(1 for label, _, _ in candidates if label.startswith("all "))
     inputs = synthetic_inputs(graph)
-    # Pass 1: load each candidate and time one warm-up call. The optimum and the single-engine placements
-    # always (auto must not lose to one of them); the budget bounds the rest. Clear losers are freed at once.
+    # Pass 1: load each candidate and time its warm-up (warm_up_seconds). The optimum and the single-engine
+    # placements always (auto must not lose to one of them); the budget bounds the rest. Clear losers are
+    # freed at once; on a bounded load a warm-up already past the cut is abandoned mid-call.
     warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
     hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
     abandoned: list[tuple[str, float, str]] = []  # (label, modelled, why): loaded, warm-up cut short
