@@ -26,6 +26,8 @@ def register(subparsers: Any) -> None:
                    help="int8-static activation range observer")
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit int8 weights (what ONNX Runtime needs to be exact on AVX2 machines)")
+    p.add_argument("--static-linear", action="store_true",
+                   help="int8-static: calibrate linear layers' activations too (default: quantized per call)")
     p.set_defaults(func=_quantize)
 
 
@@ -36,7 +38,8 @@ def _quantize(args: argparse.Namespace) -> int:
         raise EdgerunError(f"no program file {args.file!r}")
     program = Program.read(args.file)
     quantized, report = quantize_with_report(program, args.scheme, args.calibration, args.exclude,
-                                             args.group_size, args.observer, reduce_range=args.reduce_range)
+                                             args.group_size, args.observer, reduce_range=args.reduce_range,
+                                             static_linear=args.static_linear)
     quantized.save(args.output)
     before, after = os.path.getsize(args.file), os.path.getsize(args.output)
     print(report.table())

@@ -56,12 +56,15 @@ class LayerReport:
 @dataclass
 class QuantizeReport:
     scheme: str
-    layers: list[LayerReport] = field(default_factory=list)
+    layers: list[LayerReport] = field(default_factory=list)  # measured: only with calibration data
     skipped: list[str] = field(default_factory=list)  # excluded layers
+    quantized: list[str] = field(default_factory=list)  # every quantized layer and embedding table, measured or not
 
     def table(self) -> str:
-        lines = [f"scheme {self.scheme}: {len(self.layers)} layers quantized, {len(self.skipped)} excluded",
-                 f"{'layer':40s} {'op':8s} {'SQNR dB':>8s}"]
+        head = f"scheme {self.scheme}: {len(self.quantized)} layers quantized, {len(self.skipped)} excluded"
+        if not self.layers:
+            return head + " (no per-layer SQNR without calibration data)" if self.quantized else head
+        lines = [head, f"{'layer':40s} {'op':8s} {'SQNR dB':>8s}"]
         lines += [f"{r.name[:40]:40s} {r.op:8s} {r.sqnr_db:8.1f}" for r in self.layers]
         return "\n".join(lines)
 
@@ -193,23 +196,26 @@ def calibrate_activations(graph: Graph, values: Sequence[str], samples: list[dic
 
 def quantize(program: Program, scheme: str = "int8-dynamic", calibration: Calibration | None = None,
              exclude: Sequence[str] = (), group_size: int = 32, observer: str = "minmax",
-             reduce_range: bool = False) -> Program:
+             reduce_range: bool = False, static_linear: bool = False) -> Program:
     """A quantized copy of `program` (see docs/quantization.md).
 
     `calibration`: a mapping or .npz of one array per program input (leading sample axis optional); needed
     by int8-static, optional otherwise. `exclude`: layer names (output value, node name, or source module /
     ONNX node) or op types to keep in float. `reduce_range`: 7-bit int8 weights, which ONNX Runtime's
-    uint8 x int8 kernels need to be exact on AVX2 machines (a little accuracy for the delegate). With
+    uint8 x int8 kernels need to be exact on AVX2 machines (a little accuracy for the delegate).
+    `static_linear`: int8-static calibrates linear layers' activations too (by default they are quantized per
+    call, as int8-dynamic does: see docs/quantization.md). With
     calibration data the per-layer SQNR report is stored in `metadata["quantization"]["layers"]`;
     `quantize_with_report` also returns it.
     """
     return quantize_with_report(program, scheme, calibration, exclude, group_size, observer,
-                                reduce_range=reduce_range)[0]
+                                reduce_range=reduce_range, static_linear=static_linear)[0]
 
 
 def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibration: Calibration | None = None,
                          exclude: Sequence[str] = (), group_size: int = 32, observer: str = "minmax",
-                         report_samples: int = 8, reduce_range: bool = False) -> tuple[Program, QuantizeReport]:
+                         report_samples: int = 8, reduce_range: bool = False,
+                         static_linear: bool = False) -> tuple[Program, QuantizeReport]:
     """`quantize`, and the per-layer report (empty without calibration data)."""
     if scheme not in SCHEMES:
         raise EdgerunError(f"unknown quantization scheme {scheme!r}; known schemes: {', '.join(SCHEMES)}")
@@ -231,7 +237,7 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
     if needs_calibration and not samples:
         raise EdgerunError(f"scheme {scheme!r} needs calibration data (calibration= or --calibration data.npz)")
     graph, result, uint8_results = quantize_graph(float_graph, scheme, samples, exclude, group_size, observer,
-                                                  report_samples, reduce_range)
+                                                  report_samples, reduce_range, static_linear=static_linear)
     metadata = dict(program.metadata)
     metadata[METADATA_KEY] = _metadata(scheme, result, observer, reduce_range, group_size, uint8_results)
     return Program(graph=graph, metadata=metadata), result
@@ -239,7 +245,7 @@ def quantize_with_report(program: Program, scheme: str = "int8-dynamic", calibra
 
 def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.ndarray]], exclude: Sequence[str],
                    group_size: int, observer: str, report_samples: int, reduce_range: bool, *,
-                   check_exclude: bool = True) -> tuple[Graph, QuantizeReport, dict[str, tuple[str, np.ndarray,
+                   check_exclude: bool = True, static_linear: bool = False) -> tuple[Graph, QuantizeReport, dict[str, tuple[str, np.ndarray,
                                                                                                 np.ndarray]]]:
     """The quantized copy of one optimised graph, its report, and the uint8 values standing for float ones.
     `check_exclude=False` lets a name in `exclude` name nothing here (another method's layer)."""
@@ -255,12 +261,17 @@ def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.n
     outputs: dict[str, str] = {}
     uint8_results: dict[str, tuple[str, np.ndarray, np.ndarray]] = {}
     if scheme == "int8-static":
-        outputs = {layer.output: folded_output(float_graph, layer) for layer in layers
+        # Linear layers end in float (no requantized result) and read their activation quantized per call
+        # unless static_linear: see docs/quantization.md, "Linear layers' activations".
+        static = [layer for layer in layers if static_linear or layer.node.op != "matmul"]
+        dynamic = [layer for layer in layers if not static_linear and layer.node.op == "matmul"]
+        outputs = {layer.output: folded_output(float_graph, layer) for layer in static
                    if requantizable(float_graph, layer)}
-        observed = list(dict.fromkeys([*(layer.activation for layer in layers), *outputs.values()]))
+        observed = list(dict.fromkeys([*(layer.activation for layer in static), *outputs.values()]))
         params = calibrate_activations(float_graph, observed, samples, observer)
-        graph = rewrite_int8_static(graph, layers, params, outputs, qmax=63 if reduce_range else 127,
+        graph = rewrite_int8_static(graph, static, params, outputs, qmax=63 if reduce_range else 127,
                                     uint8_results=uint8_results)
+        graph = rewrite_int8_dynamic(graph, dynamic, qmax=63 if reduce_range else 127)
     elif scheme == "int8-dynamic":
         graph = rewrite_int8_dynamic(graph, layers, qmax=63 if reduce_range else 127)
     else:
@@ -273,6 +284,7 @@ def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.n
         result = layer_report(float_graph, graph, layers, scheme, samples[:report_samples], outputs,
                               uint8_results)
         result.skipped = skipped
+    result.quantized = [layer.output for layer in layers + embeddings]
     return graph, result, uint8_results
 
 

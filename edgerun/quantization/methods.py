@@ -43,6 +43,7 @@ def quantize_methods(program: Program, scheme: str,
     graphs: dict[str, Graph] = {}
     known: set[str] = set()
     skipped: list[str] = []
+    quantized_layers: list[str] = []
     for name, graph in program.methods.items():
         functional, signature = to_functional(graph)
         optimized, _ = optimize(functional, template_pipeline() if functional.symbols else None)
@@ -51,8 +52,9 @@ def quantize_methods(program: Program, scheme: str,
                                               check_exclude=False)
         graphs[name] = from_functional(quantized, signature)
         skipped += [s for s in report.skipped if s not in skipped]
+        quantized_layers += [f"{name}:{q}" for q in report.quantized]
     unknown = [e for e in exclude if e not in known]
     if unknown:
         raise EdgerunError(f"--exclude {unknown}: no layer or op type of that name in any method "
                            f"({', '.join(program.methods)})")
-    return graphs, QuantizeReport(scheme, skipped=skipped)
+    return graphs, QuantizeReport(scheme, skipped=skipped, quantized=quantized_layers)

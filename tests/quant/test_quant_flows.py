@@ -125,8 +125,15 @@ def test_cli_quantizes_a_file_and_reports_bad_input(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
                           "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
-    assert "SQNR" in run.stdout and out.exists()
+    assert "scheme int8-static: 4 layers quantized, 0 excluded" in run.stdout and "SQNR" in run.stdout
     assert Program.read(out).metadata["quantization"]["scheme"] == "int8-static"
+    # No calibration data: the layers are still quantized and counted, only their SQNR is not measured.
+    dynamic = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
+                              "int8-dynamic", "--exclude", "matmul"], capture_output=True, text=True, env=env)
+    assert dynamic.returncode == 0, dynamic.stderr
+    assert "scheme int8-dynamic: 2 layers quantized, 2 excluded (no per-layer SQNR without calibration data)" \
+        in dynamic.stdout, dynamic.stdout
+    assert Program.read(out).graph.op_counts()["conv_integer"] == 2
     np.savez(cal, pixels=images(2, seed=1))
     bad = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
                           "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
@@ -174,3 +181,24 @@ def test_int8_static_keeps_convs_integer_and_folds_relu6() -> None:
     assert list(folded) == [g.nodes[1].outputs[0]] and folded[g.nodes[1].outputs[0]]["zero_point"] == 0
     xs = calibration[0]  # inside the calibrated ranges: what is left is rounding, not clipping
     assert sqnr(interpret(program.graph, [xs])[0], interpret(q.graph, [xs])[0]) > 30
+
+
+def test_int8_static_quantizes_linear_inputs_per_call_so_a_new_input_range_does_not_saturate() -> None:
+    """A linear layer's input calibrated on quiet samples (std 0.1) and fed a loud one (std 1): calibrated
+    ranges saturate it (static_linear=True), a per-call range (the default: dynamic_quantize, ONNX Runtime's
+    DynamicQuantizeLinear) follows it. ResNet-18's pooled features did this on one held-out image."""
+    rng = np.random.default_rng(0)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("features", TensorSpec((4, 64), DType.float32))
+    g.outputs = [b.emit("matmul", [x, b.const((rng.standard_normal((64, 10)) / 8).astype(np.float32))])]
+    program = Program(graph=g)
+    calibration = {"features": (0.1 * rng.standard_normal((8, 4, 64))).astype(np.float32)}
+    loud = rng.standard_normal((4, 64)).astype(np.float32)
+    ref = interpret(program.graph, [loud])[0]
+    static = edgerun.quantize(program, "int8-static", calibration=calibration, static_linear=True)
+    dynamic = edgerun.quantize(program, "int8-static", calibration=calibration)
+    assert "quantize_linear" in static.graph.op_counts() and "dynamic_quantize" not in static.graph.op_counts()
+    assert dynamic.graph.op_counts()["dynamic_quantize"] == 1 and "quantize_linear" not in dynamic.graph.op_counts()
+    assert sqnr(ref, interpret(static.graph, [loud])[0]) < 10
+    assert sqnr(ref, interpret(dynamic.graph, [loud])[0]) > 35
