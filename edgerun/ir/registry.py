@@ -6,6 +6,9 @@ Three kinds (ARCHITECTURE.md):
 - COMPOSITE: written once as a decomposition into atomic ops and raster; no backend needs a kernel.
 - CONTROL_FLOW: cond, while_loop, scan: nodes that run subgraphs (ops/control_flow_ops.py); a backend takes
   one whole (Backend.control_flow) or not at all.
+- DATA_DEPENDENT: nonzero, unique, top_k_dynamic, non_max_suppression: an output extent known only once the node has run, a
+  fresh symbol bound at run time (ops/data_dependent_ops.py); the program is run in stages split at such
+  nodes (ir/staging.py), and the node itself runs on the reference kernel between them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class OpKind(StrEnum):
     RASTER = "raster"
     COMPOSITE = "composite"
     CONTROL_FLOW = "control_flow"
+    DATA_DEPENDENT = "data_dependent"
 
 
 ShapeRule = Callable[[list[TensorSpec], dict[str, Any]], list[TensorSpec]]

@@ -14,8 +14,11 @@ import numpy as np
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.decompose import decomposed
 from edgerun.ir.graph import Graph, Node
+from edgerun.ir.specialize import bind_symbols, specialize
+from edgerun.ir.staging import has_data_dependent, split_at_data_dependent
 from edgerun.ir.subgraphs import is_control_flow
 from edgerun.oracle.control_flow import run_control_flow
+from edgerun.oracle.data_dependent_kernels import DATA_DEPENDENT_KERNELS
 from edgerun.oracle.kernels import KERNELS, Kernel
 
 NodeHook = Callable[[Node, list[np.ndarray], list[np.ndarray]], None]
@@ -51,6 +54,8 @@ def bind_inputs(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.nda
 def run_node(node: Node, args: list[np.ndarray], graph: Graph, kernel: Kernel | None = None) -> list[np.ndarray]:
     """Fresh output arrays of `node` computed from `args` (by `kernel`, default the reference one)."""
     if kernel is None:
+        if node.op in DATA_DEPENDENT_KERNELS:  # its outputs' extent is what it computes: it allocates them
+            return DATA_DEPENDENT_KERNELS[node.op](args, node.attrs)
         kernel = KERNELS.get(node.op)
         if kernel is None and is_control_flow(node.op):
             return run_control_flow(node, args, graph, run_body)
@@ -96,10 +101,49 @@ def run_partition(graph: Graph, inputs: Sequence[np.ndarray], outputs: Sequence[
 
 def interpret(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
               hook: NodeHook | None = None, decompose: bool = True) -> list[np.ndarray]:
-    """Run `graph` on numpy inputs and return its outputs. Composite ops are decomposed first (on a copy)."""
+    """Run `graph` on numpy inputs and return its outputs. Composite ops are decomposed first (on a copy).
+
+    A graph with a data-dependent op (nonzero, unique, ...) runs in stages (run_in_stages)."""
+    if has_data_dependent(graph):
+        return run_in_stages(graph, bind_inputs_by_rank(graph, inputs), hook)
     if decompose:
         graph = decomposed(graph)
     env: dict[str, np.ndarray] = dict(graph.constants)
     env.update(bind_inputs(graph, inputs))
     walk(graph, env, hook=hook)
     return [np.array(env[o]) for o in graph.outputs]
+
+
+def bind_inputs_by_rank(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inputs by name, checked for count, rank and dtype only (a template's sizes are checked when bound)."""
+    values = dict(inputs) if isinstance(inputs, Mapping) else dict(zip(graph.inputs, inputs))
+    if sorted(values) != sorted(graph.inputs):
+        raise EdgerunError(f"the program takes inputs {graph.inputs}, got {sorted(values)}")
+    bound = {}
+    for name in graph.inputs:
+        spec, arr = graph.specs[name], np.asarray(values[name])
+        if arr.ndim != spec.rank or arr.dtype != spec.dtype.np:
+            raise EdgerunError(f"input {name!r} must be {spec}, got {arr.dtype}{list(arr.shape)}")
+        bound[name] = arr
+    return bound
+
+
+def run_in_stages(graph: Graph, inputs: Mapping[str, np.ndarray], hook: NodeHook | None = None) -> list[np.ndarray]:
+    """Run a graph split at its data-dependent nodes (ir/staging.py): each stage a template specialised to
+    the shapes it sees, the data-dependent node on its reference kernel, whose outputs bind its extent."""
+    if not has_data_dependent(graph):
+        if graph.symbols:
+            graph = specialize(graph, bind_symbols(graph, {n: inputs[n].shape for n in graph.inputs}))
+        return interpret(graph, {n: inputs[n] for n in graph.inputs}, hook)
+    stages = split_at_data_dependent(graph)
+    env = dict(inputs)
+    if stages.prefix.outputs:
+        env.update(zip(stages.prefix.outputs, run_in_stages(stages.prefix, inputs, hook)))
+    env.update(graph.constants)
+    node = stages.node
+    args = [env[i] for i in node.inputs if i]
+    outs = DATA_DEPENDENT_KERNELS[node.op](args, node.attrs)
+    if hook is not None:
+        hook(node, args, outs)
+    env.update(zip(node.outputs, outs))
+    return run_in_stages(stages.suffix, {n: env[n] for n in stages.suffix.inputs}, hook)

@@ -43,6 +43,7 @@ from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import (
     StateBinding,
     StateStore,
+    keep_resident,
     narrow_state_rasters,
     overwriting_steps,
     plan_state,
@@ -134,7 +135,8 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     binding = None
     if signature is not None and state_plan is not None and state is not None:
         views.update(state_views(state, state_plan))
-        binding = StateBinding(state, state_plan, views)
+        resident = keep_resident(graph, signature, state_plan, steps, compiled, state)
+        binding = StateBinding(state, state_plan, views, resident)
         graph = from_functional(graph, signature)
     instructions = build_instructions(steps, elided, partitions, compiled, views,
                                       functools.partial(_load_body, backends=backends, arena_limit=arena_limit))
@@ -147,11 +149,27 @@ def read_source(source: object, verify_weights: bool = True) -> tuple[Program | 
     if isinstance(source, Graph):
         return None, source
     if isinstance(source, Program):
-        return source, source.graph
+        program = _saved_value_template(source)
+        return program, program.graph
     if isinstance(source, (str, os.PathLike)):
-        program = Program.read(source, verify_weights=verify_weights)
+        program = _saved_value_template(Program.read(source, verify_weights=verify_weights))
         return program, program.graph
     raise EdgerunError(f"load() takes a program path, a Program or a Graph, not {type(source).__name__}")
+
+
+def _saved_value_template(program: Program) -> Program:
+    """A saved ONNX value template (frontends/onnx/value_template.py) is re-imported, to specialise per value;
+    any other program is returned as it is."""
+    if "value_template" not in program.metadata or type(program) is not Program:
+        return program
+    try:
+        from edgerun.frontends.onnx.value_template import ValueTemplate
+        return ValueTemplate.from_program(program)
+    except ImportError as exc:
+        raise EdgerunError(f"this program is an ONNX model specialised per value of its inputs "
+                           f"{program.metadata['value_template'].get('value_inputs')}: each new value re-runs the "
+                           f"ONNX import, which needs the onnx package ({exc}); install it (pip install "
+                           "'edgerun[onnx]'), or save a program with those inputs frozen (constant_inputs=)") from None
 
 
 def prepare_graph(graph: Graph, candidates: Iterable[Backend] = ()) -> Graph:

@@ -24,12 +24,14 @@ import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.specialize import ValueKey, bind_symbols, specialize
+from edgerun.ir.staging import has_data_dependent
 from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
 from edgerun.program import Program
 from edgerun.runtime.instructions import EventSink
 from edgerun.runtime.loaded_program import LoadedProgram
+from edgerun.runtime.staged import StagedRun
 
 if TYPE_CHECKING:
     from edgerun.ir.graph import Graph
@@ -90,6 +92,14 @@ class SpecializingProgram(LoadedProgram):
         self._cache_lock = threading.Lock()
         self._bound_shapes: dict[tuple[tuple[int, ...], ...], Bindings] = {}  # input shapes -> their binding
         self.specializations_made = 0  # loads done, evictions included (first-call cost is paid this often)
+        # A template holding data-dependent ops (nonzero, ...) runs in stages, each stage a template of its own.
+        self._stages = StagedRun(template, self._load_stage) if self._values is None and has_data_dependent(
+            template.graph) else None
+
+    def _load_stage(self, stage: Program) -> LoadedProgram:
+        if stage.graph.symbols:
+            return SpecializingProgram(stage, self._load_concrete, self._cache_size)
+        return self._load_concrete(stage)
 
     def __getattr__(self, name: str) -> Any:
         # Attributes LoadedProgram sets per load (parts, plan, ...) exist per specialisation only.
@@ -137,6 +147,8 @@ class SpecializingProgram(LoadedProgram):
     # -- running -----------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
             sink: EventSink | None = None) -> list[np.ndarray]:
+        if self._stages is not None:
+            return self._stages.run(self._named(inputs), sink)
         if self._values is None:
             shapes_only: CacheKey = ((), self._bindings(inputs, as_shapes=False))
             return self._specialization(shapes_only, self._template).run(inputs, sink)
@@ -161,14 +173,17 @@ class SpecializingProgram(LoadedProgram):
 
     def _specialization(self, key: CacheKey, template: Program) -> LoadedProgram:
         with self._cache_lock:
-            loaded = self._cache.get(key)
-            if loaded is not None:
+            cached = self._cache.get(key)
+            if cached is not None:
                 self._cache.move_to_end(key)
-                return loaded
+                return cached
         # Loaded outside the lock: a slow first call at one shape does not hold up calls at cached ones.
         bindings = dict(key[1])
-        concrete = specialize_program(template, bindings) if template.graph.symbols else template
-        loaded = self._load_concrete(concrete)
+        if has_data_dependent(template.graph):  # a value's program with nonzero, ...: staged, per shape inside
+            loaded: LoadedProgram = SpecializingProgram(template, self._load_concrete, self._cache_size)
+        else:
+            concrete = specialize_program(template, bindings) if template.graph.symbols else template
+            loaded = self._load_concrete(concrete)
         with self._cache_lock:
             self.specializations_made += 1
             loaded = self._cache.setdefault(key, loaded)
@@ -184,7 +199,7 @@ class SpecializingProgram(LoadedProgram):
         program, values = self._values.for_values(named)
         graph = program.graph
         bindings: Bindings = ()
-        if graph.symbols:
+        if graph.symbols and not has_data_dependent(graph):  # a staged program binds per stage
             shapes = {n: np.shape(named[n]) for n in graph.inputs}
             bindings = tuple(sorted(bind_symbols(graph, shapes).items()))
         return (values, bindings), program

@@ -28,6 +28,28 @@ def test_import_onnx_cli(tmp_path, capsys):
     np.testing.assert_allclose(interpret(program.graph, [x])[0], want[0], rtol=1e-5, atol=1e-6)
 
 
+def test_import_onnx_cli_saves_a_model_with_value_deciding_inputs(tmp_path, capsys):
+    """Reshape's target is a graph input: the file keeps the ONNX model and specialises per target at load."""
+    import edgerun
+
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6]),
+                                            helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    src, out = tmp_path / "m.onnx", tmp_path / "m.edgerun"
+    src.write_bytes(model.SerializeToString())
+    assert main(["import-onnx", str(src), "-o", str(out), "--input-shape", "x=4,6"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    loaded = edgerun.load(out)
+    assert loaded.value_inputs == ["shape"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for target in ([3, 8], [-1, 2], [24, 1]):
+        shape = np.array(target, np.int64)
+        np.testing.assert_array_equal(loaded(x, shape), sess.run(None, {"x": x, "shape": shape})[0])
+
+
 def test_import_onnx_cli_bad_file(tmp_path, capsys):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"garbage")

@@ -183,3 +183,20 @@ def test_symbolic_shape_values_are_object_arrays_of_ints_and_symdims():
     arr = dims_array([1, sym("N") * 2])
     assert arr.dtype == object and isinstance(arr[1], SymDim)
     assert dims_array([1, 2]).dtype == np.int64
+
+
+def test_top_k_over_a_symbolic_axis_ranks_once_the_shape_is_known():
+    """TopK imports as the top_k composite, decomposed per concrete shape; an axis too long for the pairwise
+    ranking is refused at the call that brings it, naming the op."""
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=0)
+    model = _model([node], [_vi("x", [2, "n"])], [_vi("v", [2, 3]), _vi("i", [2, 3], TensorProto.INT64)],
+                   [_i64("k", [3])])
+    program = from_onnx(model, input_shapes={"x": (2, ("n", 3, 5000))})
+    loaded = edgerun.load(program)
+    rng = np.random.default_rng(0)
+    for n in (3, 7, 40):
+        x = rng.integers(0, 5, (2, n)).astype(np.float32)  # ties: the lower index first
+        for got, want in zip(loaded.run({"x": x}), _ort(model, {"x": x})):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(UnsupportedOpError, match=r"top_k.*pairwise ranking"):
+        loaded.run({"x": np.zeros((2, 4000), np.float32)})

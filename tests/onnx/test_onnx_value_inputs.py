@@ -110,7 +110,23 @@ def test_reshape_with_a_shape_input_and_symbolic_dimensions():
 
 
 def test_a_large_value_deciding_input_is_refused_naming_it():
-    """TopK's k computed from a data tensor: the data would have to be the key. Refused at import."""
+    """A Reshape target computed from a data tensor: the data would have to be the key. Refused at import."""
+    nodes = [helper.make_node("ReduceMax", ["d"], ["m"], keepdims=0),
+             helper.make_node("Cast", ["m"], ["n0"], to=TensorProto.INT64),
+             helper.make_node("Reshape", ["n0", "one"], ["n"]),
+             helper.make_node("Concat", ["n", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    minus_one = helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1])
+    graph = helper.make_graph(nodes, "g", [_vi("x", [12]), _vi("d", [10, 10])], [_vi("y", ["a", "b"])],
+                              initializer=[one, minus_one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    with pytest.raises(ValueBindingError, match=rf"input 'd' \(shape 10x10\).*Reshape.*at most {MAX_VALUE_ELEMENTS}"):
+        from_onnx(model)
+
+
+def test_a_top_k_whose_k_is_computed_from_data_runs_as_a_data_dependent_op():
+    """TopK's k from a data tensor is not a value to key on: the op's output length is bound when it runs."""
     nodes = [helper.make_node("ReduceMax", ["d"], ["m"], keepdims=0),
              helper.make_node("Cast", ["m"], ["k0"], to=TensorProto.INT64),
              helper.make_node("Reshape", ["k0", "one"], ["k"]),
@@ -119,14 +135,32 @@ def test_a_large_value_deciding_input_is_refused_naming_it():
     graph = helper.make_graph(nodes, "g", [_vi("x", [10]), _vi("d", [10, 10])],
                               [_vi("v", ["k"]), _vi("i", ["k"], TensorProto.INT64)], initializer=[one])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
-    with pytest.raises(ValueBindingError, match=rf"input 'd' \(shape 10x10\).*TopK.*at most {MAX_VALUE_ELEMENTS}"):
-        from_onnx(model)
+    program = from_onnx(model)
+    assert not isinstance(program, ValueTemplate)
+    loaded = edgerun.load(program)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(10).astype(np.float32)
+    for top in (0, 3, 10):
+        d = np.full((10, 10), float(top), np.float32)
+        for got, want in zip(loaded.run({"x": x, "d": d}), _ort(model, {"x": x, "d": d})):
+            np.testing.assert_array_equal(got, want)
 
 
-def test_a_value_template_cannot_be_saved_and_needs_its_values(tmp_path):
+def test_a_saved_value_template_loads_and_specialises_per_value(tmp_path):
+    model = _reduce_sum_model()
+    path = tmp_path / "m.edgerun"
+    from_onnx(model).save(path)
+    m = edgerun.load(path)  # the file holds the ONNX model and the import options; load imports it again
+    assert m.value_inputs == ["axes"] and m.output_names == ["y"]
+    x = np.random.default_rng(4).standard_normal((2, 3, 4)).astype(np.float32)
+    for axes in ([1], [0], [-1]):
+        a = np.array(axes, np.int64)
+        np.testing.assert_allclose(m(x, a), _ort(model, {"x": x, "axes": a})[0], rtol=1e-5, atol=1e-6)
+    assert m.specializations_made == 3
+
+
+def test_a_value_template_needs_its_values():
     program = from_onnx(_reduce_sum_model())
-    with pytest.raises(EdgerunError, match=r"specialised per value of its inputs \['axes'\].*constant_inputs="):
-        program.save(tmp_path / "m.edgerun")
     # Its graph has no outputs of its own: tools that take it whole fail loudly, naming what to do.
     with pytest.raises(EdgerunError, match=r"exists per value of inputs \['axes'\]"):
         edgerun.quantize(program)

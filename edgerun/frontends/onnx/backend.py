@@ -21,6 +21,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from edgerun.frontends.onnx import from_onnx
 from edgerun.frontends.onnx.value_template import ValueTemplate
+from edgerun.ir.staging import has_data_dependent
 from edgerun.oracle import interpret
 
 
@@ -87,6 +88,8 @@ class EdgerunBackendRep(BackendRep):
         if isinstance(program, ValueTemplate):
             program, value_key = program.for_values(values)
         graph = program.graph
+        if has_data_dependent(graph):  # run in stages, each specialised to its shapes (ir/staging.py)
+            return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))
         if graph.symbols:
             graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs}, value_key)
         return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))

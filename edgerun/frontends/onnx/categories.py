@@ -12,13 +12,11 @@ from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
 
 DESIGN_CATEGORIES: dict[str, str] = {
     "training": "training ops (Gradient, Adam, Adagrad, Momentum): edgerun programs run inference only",
-    "other-domain": "ops outside the default ONNX domain (ai.onnx.ml classic ML, preview domains)",
+    "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
     "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
     "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
-    "data-dependent-shape": "outputs whose shape depends on input values (NonZero, Unique, "
-                            "NonMaxSuppression, Compress, ImageDecoder): symbolic dimensions are bound from the "
-                            "input shapes before a call runs, never from values computed during it",
+    "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
     "dtype": "element types numpy has no type for (bfloat16, float8, float4, int4/uint4, int2/uint2) or that no op "
              "computes on (complex64/128): refused rather than silently cast",
 }
@@ -28,21 +26,17 @@ DESIGN_CATEGORIES: dict[str, str] = {
 # work or truly out of reach.
 DESIGN_OUTLOOK: dict[str, str] = {
     "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
-    "other-domain": "not #12: needs handlers for ai.onnx.ml (numeric ones such as Binarizer, "
-                    "ArrayFeatureExtractor, TreeEnsemble are static-shape and could be added today; string "
-                    "ones need string tensors) and for preview domains",
+    "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
+                    "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
+                    "numeric ops now import (frontends/onnx/ml.py); its string ones count as string",
     "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
                              "over sequences also need #12's control flow: not planned",
     "string": "cannot be supported: edgerun tensors are numeric",
     "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
               "generator could run the op but never match the reference bit for bit",
-    "data-dependent-shape": "not done: #12's symbols are bound from input shapes; an output bounded by its "
-                            "input's size (NonZero, Unique, Compress, NonMaxSuppression) also needs a size "
-                            "computed during the run (planned at the upper bound, ExecuTorch's way) and ops "
-                            "that return it. Value-deciding inputs (value_template.py) do not lift it: the "
-                            "deciding tensor is data (scores, masks, boxes), computed during the run in real "
-                            "models, and a cache keyed on data values would only serve the test cases. "
-                            "ImageDecoder needs image codecs and cannot be supported",
+    "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
+                   "OpenCV) are not numeric kernels. Its data-dependent output shape is no longer the obstacle: "
+                   "NonZero, Unique, Compress and NonMaxSuppression run as data-dependent ops (ir/staging.py)",
     "dtype": "cannot be supported without a new runtime dependency: numpy has no bfloat16, float8, float4, int4 or "
              "int2 (ml_dtypes would be needed; the runtime depends on numpy only), and complex values need "
              "complex kernels in every op. float64, int16, uint16, uint32 and uint64 are in the IR",
@@ -50,7 +44,7 @@ DESIGN_OUTLOOK: dict[str, str] = {
 
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
-_DATA_SHAPE = {"NonZero", "Unique", "NonMaxSuppression", "Compress", "ImageDecoder"}
+_IMAGE_CODECS = {"ImageDecoder"}
 _STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"}
 _SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
             "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
@@ -78,7 +72,7 @@ def design_category(model: Any) -> str | None:
     kinds, elem = _value_kinds(model)
     if ops & _TRAINING or "ai.onnx.preview.training" in domains:
         return "training"
-    if domains:
+    if domains - {"ai.onnx.ml"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
         return "other-domain"
     if ops & _SEQ_OPS or kinds - {"tensor_type"}:
         return "sequence-map-optional"
@@ -86,8 +80,8 @@ def design_category(model: Any) -> str | None:
         return "string"
     if ops & _RANDOM:
         return "random"
-    if ops & _DATA_SHAPE:
-        return "data-dependent-shape"
+    if ops & _IMAGE_CODECS:
+        return "image-codec"
     if elem - set(ONNX_TO_DTYPE) - {0}:
         return "dtype"
     return None

@@ -114,6 +114,9 @@ class ImportContext:
         self.producers: dict[str, list[str]] = {}  # ONNX output name -> its node's ONNX inputs
         # Element types of import-time values holding symbolic dimensions (object arrays; see symfold.py).
         self.symbolic_dtypes: dict[str, DType] = {}
+        # Inside a control-flow body (control_flow.py): a body is planned once for its node, so it cannot hold
+        # a data-dependent op (data_dependent.py refuses one there).
+        self.in_body = False
 
     def inputs_behind(self, name: str) -> list[str]:
         """The graph inputs an ONNX value is computed from (for messages: which input to freeze)."""
@@ -185,6 +188,10 @@ class ImportContext:
                 return self.symbolic_dtypes.get(name, DType.int64)
             return DType.of(self.consts[name])
         return self.graph.specs[self.value(name)].dtype
+
+    def value_of_sizes(self, arr: np.ndarray) -> str:
+        """An int64 array of sizes, some symbolic, as a run-time value (see _runtime_dims)."""
+        return self._runtime_dims(arr, DType.int64)
 
     def _runtime_dims(self, arr: np.ndarray, dtype: DType) -> str:
         """An array of sizes, some symbolic, as a run-time value (one dim_value per symbolic size, a constant

@@ -77,6 +77,7 @@ def import_body(ctx: ImportContext, body: Any, formals: Sequence[tuple[str, Tens
     # The body sees the outer symbols' bounds, so its shape rules decide what the outer graph's would
     # (silero-vad's 16 kHz branch squeezes a frame count that the bounds make 1).
     child = ImportContext(Graph(symbols=dict(ctx.graph.symbols)))
+    child.in_body = True
     for name, spec in formals:
         child.values[name] = child.graph.add_input(name, spec)
     for name in captured:

@@ -143,9 +143,11 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
     for proto in dependency_order(nodes, set(ctx.values) | set(ctx.consts)):
         domain = proto.domain if proto.domain != "ai.onnx" else ""
         if domain not in ("",) and f"{domain}:{proto.op_type}" not in handlers:
-            raise UnsupportedOpError(proto.op_type, source=proto.name or None,
-                                     detail=f"domain {domain!r} is not supported (only the default ONNX domain, "
-                                            "and com.microsoft MatMulNBits)")
+            detail = "no import handler for this ai.onnx.ml op (string ops and SVMs are not supported; " \
+                "docs/onnx.md)" if domain == "ai.onnx.ml" else \
+                f"domain {domain!r} is not supported (only the default ONNX domain, the numeric ops of " \
+                "ai.onnx.ml, and com.microsoft MatMulNBits)"
+            raise UnsupportedOpError(proto.op_type, source=proto.name or None, detail=detail)
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
         ctx.b.meta = {"onnx_op": node.op_type, "onnx_node": node.name or node.outputs[0]}

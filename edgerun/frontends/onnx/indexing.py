@@ -8,6 +8,8 @@ exact because each output picks at most one update (or sums them, for reduction=
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,11 +63,22 @@ def _nd_linear(ctx: ImportContext, node: OnnxNode, data: str, idx: str) -> tuple
     nb, p = math.prod(batch), math.prod(lead)
     m = math.prod(ishape[bd:-1])
     rows = ctx.emit("reshape", [data], shape=[nb * p, *shape[bd + k:]])
-    idx3 = ctx.emit("reshape", [_wrap(ctx, idx, ctx.b.const(np.asarray(lead, dtype=np.int64)))], shape=[nb, m, k])
-    strides = np.asarray([math.prod(lead[i + 1:]) for i in range(k)], dtype=np.int64)
-    lin = ctx.emit("reduce_sum", [ctx.emit("mul", [idx3, ctx.b.const(strides)])], axes=[2], keepdims=False)
-    lin = ctx.emit("add", [lin, ctx.b.const((np.arange(nb, dtype=np.int64) * p).reshape(nb, 1))])
+    idx3 = ctx.emit("reshape", [_wrap(ctx, idx, _sizes(ctx, lead))], shape=[nb, m, k])
+    strides = _sizes(ctx, [math.prod(lead[i + 1:]) for i in range(k)])
+    lin = ctx.emit("reduce_sum", [ctx.emit("mul", [idx3, strides])], axes=[2], keepdims=False)
+    if nb != 1:
+        if not (isinstance(nb, int) and isinstance(p, int)):
+            raise node.refuse("batch_dims over symbolic sizes")
+        lin = ctx.emit("add", [lin, ctx.b.const((np.arange(nb, dtype=np.int64) * p).reshape(nb, 1))])
     return rows, lin, [*ishape[:-1]]
+
+
+def _sizes(ctx: ImportContext, sizes: Sequence[Any]) -> str:
+    """int64 [len(sizes)]: a constant, or computed at run time where a size is symbolic (the data's rows
+    selected by a NonZero, a symbolic batch), one dim_value per symbol."""
+    if all(isinstance(d, int) for d in sizes):
+        return ctx.b.const(np.asarray(sizes, dtype=np.int64))
+    return ctx.value_of_sizes(np.asarray(sizes, dtype=object))
 
 
 @onnx_op("GatherND")

@@ -137,7 +137,9 @@ def check_model(model: Any) -> int:
 
     versions = {o.domain or "ai.onnx": int(o.version) for o in model.opset_import}
     if "ai.onnx" not in versions:
-        raise OnnxModelError("model imports no version of the default ONNX domain (opset_import)")
+        if any((n.domain or "ai.onnx") == "ai.onnx" for n in g.node):
+            raise OnnxModelError("model imports no version of the default ONNX domain (opset_import)")
+        versions["ai.onnx"] = max_opset()  # an ai.onnx.ml-only model uses no default-domain op
     opset = versions["ai.onnx"]
     if not MIN_OPSET <= opset <= max_opset():
         raise OnnxModelError(f"ONNX opset {opset} is outside the supported range {MIN_OPSET}..{max_opset()}")

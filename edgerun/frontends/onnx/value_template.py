@@ -16,6 +16,12 @@ elements; a larger one is refused naming it.
 
 A second value-deciding input can show up only once the first is folded in (a TopK's k behind a Reshape's
 target): the template learns it on that call, and from then on keys on it too.
+
+Saved, a ValueTemplate is an ordinary program file holding what the import needs to run again: the ONNX
+model's bytes (a uint8 constant, memory-mapped like weights), the frozen `constant_inputs` (constants), and
+the import options (metadata "value_template"). Its graph has the inputs only. `edgerun.load(path)` (through
+`from_program`) imports it again and specialises per value as `from_onnx`'s result does; that needs the
+`onnx` package on the machine that loads it, as every specialisation runs the importer.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.frontends.onnx.context import DynamicInputError
 from edgerun.frontends.onnx.importer import import_onnx_graph
+from edgerun.frontends.onnx.loading import load_model
 from edgerun.frontends.onnx.symbols import InputDim
 from edgerun.frontends.program_maker import make_program
 from edgerun.ir.graph import Graph
@@ -37,6 +44,8 @@ from edgerun.ir.specialize import ValueKey, check_value_size, value_key
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.program import Program
 
+VALUE_TEMPLATE_KEY = "value_template"  # program metadata of a saved ValueTemplate (to_program, from_program)
+_MODEL_CONSTANT = "onnx_model"  # the saved ONNX model's bytes, a uint8 constant
 _PROGRAMS_KEPT = 8  # imported programs kept, one per distinct value (as many as the runtime LRU loads; each holds
 # its own optimised weights, so more would cost memory for values the runtime has already dropped)
 
@@ -50,7 +59,8 @@ class ValueTemplate(Program):
     """A Program specialised per value of its `value_inputs` (and per shape, when it has symbols).
 
     `graph` holds the inputs' specs only; `for_values(inputs)` gives the program for those values. Load it
-    with `edgerun.load` and call it like any program. It cannot be saved: its structure exists per value.
+    with `edgerun.load` and call it like any program. `save` writes the ONNX model and the import options
+    into a program file, which `edgerun.load` turns back into a ValueTemplate (needs the onnx package).
     """
 
     def __init__(self, model: Any, error: DynamicInputError, input_shapes: Mapping[str, Sequence[InputDim]] | None,
@@ -129,16 +139,47 @@ class ValueTemplate(Program):
         if not fits:
             raise EdgerunError(f"input {name!r} is {value.dtype}{list(value.shape)}, the program takes {want}")
 
+    def to_program(self) -> Program:
+        """A program file's worth: the inputs, the ONNX model's bytes and frozen inputs as constants, and the
+        import options as metadata (what from_program reads back)."""
+        graph = Graph()
+        for name in self.graph.inputs:
+            graph.add_input(name, self.graph.specs[name])
+        graph.symbols = dict(self.graph.symbols)
+        graph.add_constant(np.frombuffer(self._model.SerializeToString(), np.uint8), name=_MODEL_CONSTANT)
+        frozen = {}
+        for k, (name, value) in enumerate(sorted(self._constant_inputs.items())):
+            frozen[name] = graph.add_constant(np.ascontiguousarray(value), name=f"constant_input_{k}")
+        metadata = {**self.metadata, VALUE_TEMPLATE_KEY: {
+            "model": _MODEL_CONSTANT, "constant_inputs": frozen, "optimize": self._optimize,
+            "input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v]
+                             for k, v in self._input_shapes.items()},
+            "value_inputs": list(self.value_inputs), "output_names": list(self.output_names)}}
+        return Program(graph, metadata)
+
+    @staticmethod
+    def from_program(program: Program) -> Program:
+        """The ValueTemplate a saved one holds (the import is run again up to its first value-deciding input)."""
+        saved = program.metadata.get(VALUE_TEMPLATE_KEY)
+        if not isinstance(saved, dict) or saved.get("model") not in program.graph.constants:
+            raise EdgerunError(f"this program file does not hold a saved value template (metadata "
+                               f"{VALUE_TEMPLATE_KEY!r} and its ONNX model)")
+        model = load_model(bytes(program.graph.constants[saved["model"]]))
+        shapes = {k: tuple(tuple(d) if isinstance(d, list) else d for d in v)
+                  for k, v in saved.get("input_shapes", {}).items()}
+        frozen = {k: np.asarray(program.graph.constants[c]) for k, c in saved.get("constant_inputs", {}).items()}
+        try:
+            graph = import_onnx_graph(model, shapes or None, frozen or None)
+        except DynamicInputError as exc:
+            return ValueTemplate(model, exc, shapes or None, frozen or None, bool(saved.get("optimize", True)))
+        return make_program(graph, frontend="onnx", run_passes=bool(saved.get("optimize", True)))
+
     def save(self, path: Any) -> None:
-        raise self._unsaveable()
+        """Write a program file that `edgerun.load` specialises per value as this template does."""
+        self.to_program().save(path)
 
     def to_bytes(self) -> bytes:
-        raise self._unsaveable()
-
-    def _unsaveable(self) -> EdgerunError:
-        return EdgerunError(f"this program is specialised per value of its inputs {self.value_inputs} and has no "
-                            "single graph to save: freeze them with from_onnx(..., constant_inputs=) to save a "
-                            "program for one value")
+        return self.to_program().to_bytes()
 
     def __repr__(self) -> str:
         return (f"<ValueTemplate inputs {self.graph.inputs}, specialised per value of {self.value_inputs}; "

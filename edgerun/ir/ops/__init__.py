@@ -4,6 +4,7 @@ from edgerun.ir.ops import (  # noqa: F401
     atomic,
     control_flow_ops,
     conv_transpose_ops,
+    data_dependent_ops,
     nn_ops,
     quant_ops,
     raster,
@@ -11,4 +12,5 @@ from edgerun.ir.ops import (  # noqa: F401
     shape_ops,
     state_ops,
     symbolic_ops,
+    top_k_ops,
 )
