@@ -1,8 +1,12 @@
-"""The element types a tensor may have, and their numpy equivalents (numpy is the runtime's only dependency).
+"""The element types a tensor may have, and their numpy equivalents.
 
-Every numpy-native numeric type is here. bfloat16, float8, int4 and complex types are not: numpy has no
-bfloat16/float8/int4 (ml_dtypes would be needed, a dependency the runtime does not take), and no op or backend
-computes on complex values; strings are not tensors of numbers."""
+Every numpy-native numeric type is here, and the narrow types numpy lacks (bfloat16, float8, float4, int4/uint4,
+int2/uint2) as ml_dtypes' numpy dtypes. ml_dtypes is imported only when one of those is used, so a program
+without them runs on numpy alone. The narrow types are storage types: Cast converts to and from them (the
+reference computes through float32 and rounds to nearest even, `narrow_cast`), QuantizeLinear and
+DequantizeLinear read and write them; other ops refuse them. An int4 or int2 element takes one byte, in memory
+(as ml_dtypes holds it) and in the program file. Complex types are not here: no op or backend computes on
+complex values; strings are not tensors of numbers."""
 
 from __future__ import annotations
 
@@ -25,10 +29,34 @@ class DType(StrEnum):
     int64 = "int64"
     uint64 = "uint64"
     bool = "bool"
+    # Narrow types, ml_dtypes' names (np.dtype(ml_dtypes.x).name), so DType.of finds them.
+    bfloat16 = "bfloat16"
+    float8_e4m3fn = "float8_e4m3fn"
+    float8_e4m3fnuz = "float8_e4m3fnuz"
+    float8_e5m2 = "float8_e5m2"
+    float8_e5m2fnuz = "float8_e5m2fnuz"
+    float4_e2m1fn = "float4_e2m1fn"
+    int4 = "int4"
+    uint4 = "uint4"
+    int2 = "int2"
+    uint2 = "uint2"
 
     @property
     def np(self) -> np.dtype:
+        if self.is_narrow:
+            import ml_dtypes  # only programs that hold a narrow type need it
+
+            return np.dtype(getattr(ml_dtypes, self.value))
         return np.dtype(self.value)
+
+    @property
+    def is_narrow(self) -> builtins.bool:
+        """A type numpy lacks, held as an ml_dtypes dtype: storage only (Cast, Quantize/DequantizeLinear)."""
+        return self.value in NARROW_NAMES
+
+    @property
+    def is_float8(self) -> builtins.bool:
+        return self.value.startswith("float8_")
 
     @property
     def itemsize(self) -> int:
@@ -53,11 +81,36 @@ class DType(StrEnum):
     @staticmethod
     def of(x: object) -> DType:
         """The DType of a numpy dtype, array, or dtype name; raises ValueError for anything else."""
+        if isinstance(x, str) and x in DType.__members__:
+            return DType(x)  # by name: no np.dtype lookup, which knows the narrow names only once ml_dtypes is in
         name = np.dtype(x.dtype if hasattr(x, "dtype") else x).name  # type: ignore[arg-type, attr-defined]
         try:
             return DType(name)
         except ValueError:
             raise ValueError(f"dtype {name!r} is not one of {[d.value for d in DType]}") from None
+
+
+NARROW_NAMES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                     "float4_e2m1fn", "int4", "uint4", "int2", "uint2"})
+
+
+def narrow_cast(x: np.ndarray, to: DType, saturate: builtins.bool = True) -> np.ndarray:
+    """Convert to or from a narrow type as ONNX's Cast specifies (its reference implementation agrees).
+
+    Values pass through float32 (exact for every narrow float and for float16) and round to nearest even.
+    To float8 with `saturate`, values beyond the largest finite value, infinities included, clamp to it;
+    without, they become inf (e5m2) or NaN (types without inf), as ml_dtypes converts. To int4/uint4/int2/uint2
+    a float truncates toward zero and wraps, as ONNX's reference (and its test data) does.
+    """
+    import ml_dtypes
+
+    target = to.np
+    if to.is_float8 and saturate:
+        info = ml_dtypes.finfo(target)
+        with np.errstate(invalid="ignore"):
+            x = np.clip(x.astype(np.float32), float(info.min), float(info.max))
+    with np.errstate(all="ignore"):
+        return np.asarray(x).astype(target)
 
 
 def promote(a: DType, b: DType) -> DType:

@@ -6,7 +6,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
-from edgerun.ir.dtypes import DType
+from edgerun.ir.dtypes import NARROW_NAMES, DType, narrow_cast
 
 UNARY = {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh",
          "Sigmoid": "sigmoid", "Erf": "erf", "Sin": "sin", "Cos": "cos", "Floor": "floor", "Ceil": "ceil",
@@ -88,14 +88,20 @@ def identity(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [ctx.input(node, 0)]
 
 
-def _cast_to(ctx: ImportContext, name: str, to: DType) -> Out:
+def _cast_to(ctx: ImportContext, name: str, to: DType, saturate: bool = True) -> Out:
     c = ctx.const(name)
     if c is not None:  # CastLike(constant, x) depends only on x's type: keep it foldable
-        return _cast_const(c, to)
-    return ctx.cast(ctx.value(name), to)
+        return _cast_const(c, to, saturate)
+    x = ctx.value(name)
+    if ctx.b.dtype(x) is to:
+        return x
+    extra = {} if saturate or not to.is_float8 else {"saturate": False}
+    return ctx.emit("cast", [x], dtype=to.value, **extra)
 
 
-def _cast_const(c: np.ndarray, to: DType) -> np.ndarray:
+def _cast_const(c: np.ndarray, to: DType, saturate: bool = True) -> np.ndarray:
+    if to.is_narrow or c.dtype.name in NARROW_NAMES:
+        return narrow_cast(np.asarray(c), to, saturate)
     if c.dtype.kind == "f" and to.is_int:
         info = np.iinfo(to.np)
         with np.errstate(invalid="ignore"):
@@ -106,14 +112,15 @@ def _cast_const(c: np.ndarray, to: DType) -> np.ndarray:
 @onnx_op("Cast")
 def cast(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     to = onnx_dtype(int(node.attr("to")), "Cast target")
-    if node.attr("saturate", 1) != 1 and to.is_float:
-        raise node.refuse("saturate=0 only concerns float8 targets")
-    return [_cast_to(ctx, node.inputs[0], to)]
+    saturate = bool(node.attr("saturate", 1))  # only float8 targets read it (ONNX ignores it for the rest)
+    return [_cast_to(ctx, node.inputs[0], to, saturate)]
 
 
 @onnx_op("CastLike")
 def cast_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [_cast_to(ctx, node.inputs[0], ctx.dtype(node.inputs[1]))]
+    to = ctx.dtype(node.inputs[1])
+    saturate = bool(node.attr("saturate", 1))  # only float8 targets read it (ONNX ignores it for the rest)
+    return [_cast_to(ctx, node.inputs[0], to, saturate)]
 
 
 @onnx_op("IsNaN")
