@@ -73,7 +73,7 @@ def dequantize_linear(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         raise node.refuse(f"dequantization of {dtype.value}")
     if node.attr("output_dtype"):
         return [ctx.cast(y, onnx_dtype(int(node.attr("output_dtype")), "DequantizeLinear output_dtype"))]
-    return [ctx.cast(y, ctx.b.dtype(node.inputs[1]))]
+    return [ctx.cast(y, ctx.dtype(node.inputs[1]))]
 
 
 def _dequantize_integer(ctx: ImportContext, node: OnnxNode, q: str) -> str:
