@@ -2,18 +2,25 @@
 
 Every numpy-native numeric type is here, and the narrow types numpy lacks (bfloat16, float8, float4, int4/uint4,
 int2/uint2) as ml_dtypes' numpy dtypes. ml_dtypes is imported only when one of those is used, so a program
-without them runs on numpy alone. The narrow types are storage types: Cast converts to and from them (the
-reference computes through float32 and rounds to nearest even, `narrow_cast`), QuantizeLinear and
-DequantizeLinear read and write them; other ops refuse them. An int4 or int2 element takes one byte, in memory
-(as ml_dtypes holds it) and in the program file. Complex types are not here: no op or backend computes on
-complex values; strings are not tensors of numbers."""
+without them runs on numpy alone. The narrow types are storage types: Cast converts to and from them (through
+float32, rounding to nearest even, `narrow_cast`), and ONNX's QuantizeLinear/DequantizeLinear on them lower to
+float32 arithmetic and a Cast. Ops whose shape rules take any type (data movement, gather, compress, matmul)
+run on them on the reference in ml_dtypes' own arithmetic, as ONNX's reference does; ops that need a float
+input (exp, softmax, ...) refuse them (is_float is False for them), and no backend but the reference declares
+kernels for them. An int4 or int2 element takes one byte, in memory (as ml_dtypes holds it) and in the program
+file: ONNX packs two int4 per byte, but a byte each keeps every segment a plain numpy view (np.frombuffer),
+and these types are rare enough that the halved size is not worth an unpacking step on load. Complex types are
+not here: no op or backend computes on complex values; strings are not tensors of numbers."""
 
 from __future__ import annotations
 
 import builtins
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
+
+from edgerun.errors import EdgerunError
 
 
 class DType(StrEnum):
@@ -44,9 +51,7 @@ class DType(StrEnum):
     @property
     def np(self) -> np.dtype:
         if self.is_narrow:
-            import ml_dtypes  # only programs that hold a narrow type need it
-
-            return np.dtype(getattr(ml_dtypes, self.value))
+            return np.dtype(getattr(_ml_dtypes(), self.value))
         return np.dtype(self.value)
 
     @property
@@ -94,6 +99,16 @@ NARROW_NAMES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float
                      "float4_e2m1fn", "int4", "uint4", "int2", "uint2"})
 
 
+def _ml_dtypes() -> Any:
+    """ml_dtypes, imported only where a narrow type is used; a clear error where it is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise EdgerunError("bfloat16, float8, float4, int4 and int2 tensors need the ml_dtypes package: "
+                           "pip install 'edgerun[narrow]'") from None
+    return ml_dtypes
+
+
 def narrow_cast(x: np.ndarray, to: DType, saturate: builtins.bool = True) -> np.ndarray:
     """Convert to or from a narrow type as ONNX's Cast specifies (its reference implementation agrees).
 
@@ -102,8 +117,7 @@ def narrow_cast(x: np.ndarray, to: DType, saturate: builtins.bool = True) -> np.
     without, they become inf (e5m2) or NaN (types without inf), as ml_dtypes converts. To int4/uint4/int2/uint2
     a float truncates toward zero and wraps, as ONNX's reference (and its test data) does.
     """
-    import ml_dtypes
-
+    ml_dtypes = _ml_dtypes()
     target = to.np
     if to.is_float8 and saturate:
         info = ml_dtypes.finfo(target)

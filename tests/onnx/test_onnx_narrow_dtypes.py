@@ -150,3 +150,13 @@ def test_backends_without_narrow_kernels_decline_their_nodes_and_the_reference_r
         assert placed == {"reference"}, placed
         _bits_equal(loaded(x), want)
     _bits_equal(load(program, backends=["reference"])(x), want)
+
+
+def test_a_narrow_type_without_ml_dtypes_installed_is_a_clear_error(monkeypatch) -> None:
+    import sys
+
+    from edgerun.errors import EdgerunError
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # what `import ml_dtypes` sees where it is not installed
+    assert DType.float32.np == np.float32  # numpy's own types never need it
+    with pytest.raises(EdgerunError, match="bfloat16.*need the ml_dtypes package"):
+        _ = DType.bfloat16.np
