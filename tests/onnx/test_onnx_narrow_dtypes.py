@@ -21,7 +21,9 @@ NARROW = {DType.bfloat16: TensorProto.BFLOAT16, DType.float8_e4m3fn: TensorProto
           DType.float8_e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ, DType.float4_e2m1fn: TensorProto.FLOAT4E2M1,
           DType.int4: TensorProto.INT4, DType.uint4: TensorProto.UINT4, DType.int2: TensorProto.INT2,
           DType.uint2: TensorProto.UINT2}
-QUANTIZED = [d for d in NARROW if d is not DType.bfloat16]
+# int16/uint16 quantize through the same float32 lowering as the narrow integers.
+CODES = {**NARROW, DType.int16: TensorProto.INT16, DType.uint16: TensorProto.UINT16}
+QUANTIZED = [d for d in CODES if d is not DType.bfloat16]
 CAST_CASES = [(d, s) for d in NARROW for s in ((1, 0) if d.is_float8 else (1,))]
 
 # Every edge a narrow type has: zeros of both signs, values that round to even, the largest finite values
@@ -69,10 +71,12 @@ def test_castlike_of_a_constant_folds_at_import_like_the_reference(dtype: DType)
 
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=lambda d: d.value)
 def test_quantize_and_dequantize_per_axis_match_onnx_reference(dtype: DType) -> None:
-    code = NARROW[dtype]
+    code = CODES[dtype]
     x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32) * 20
+    if dtype in (DType.int16, DType.uint16):
+        x *= 3000  # past int16's range, so clipping shows
     scale = np.array([0.5, 2.0, 7.0], np.float32)
-    zero = np.array([1, 0, -1] if dtype in (DType.int4, DType.int2) else [1, 2, 0], np.float32)
+    zero = np.array([1, 0, -1] if dtype in (DType.int4, DType.int2, DType.int16) else [1, 2, 0], np.float32)
     if dtype.is_float8 or dtype is DType.float4_e2m1fn:
         zero[:] = 0  # ONNX requires a zero zero point for float8
     inits = [helper.make_tensor("s", TensorProto.FLOAT, [3], scale),
@@ -158,5 +162,5 @@ def test_a_narrow_type_without_ml_dtypes_installed_is_a_clear_error(monkeypatch)
     from edgerun.errors import EdgerunError
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # what `import ml_dtypes` sees where it is not installed
     assert DType.float32.np == np.float32  # numpy's own types never need it
-    with pytest.raises(EdgerunError, match="bfloat16.*need the ml_dtypes package"):
+    with pytest.raises(EdgerunError, match=r"bfloat16.*need the ml_dtypes package"):
         _ = DType.bfloat16.np

@@ -184,11 +184,11 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                                   "prove it holds for all; pin the dimensions in input_shapes=") from None
             narrow = _narrow_inputs(ctx, node)
             if narrow:
-                # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op that computes on them is
-                # refused, named, rather than reported as a bug
+                # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op whose rule needs a float
+                # input is refused, named, rather than reported as a bug
                 raise UnsupportedOpError(node.op_type, source=node.name or node.outputs[0],
-                                         detail=f"{node.op_type} on {narrow}: narrow types are storage only "
-                                                "(Cast, CastLike, QuantizeLinear, DequantizeLinear)") from None
+                                         detail=f"{node.op_type} on {narrow}: edgerun does no float arithmetic "
+                                                "in the narrow types (cast to float32 around it)") from None
             if isinstance(exc, TypeError):
                 raise
             raise OnnxImportError(f"importing {node.op_type} node {node.name or node.outputs[0]!r}: {exc}") from exc
