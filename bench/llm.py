@@ -14,7 +14,8 @@ Runtimes:
     .venv/bin/python bench/llm.py [--threads 2] [--prompt-tokens 128] [--new-tokens 128] [--repeat 3]
         [--runtimes edgerun,torch,llama.cpp,llama.cpp-fa]
 
-Writes bench/results/llm.json. Figures depend on machine load: the table prints the load average.
+Writes bench/results/llm.json. Figures depend on machine load: the table prints the load average, and the
+process CPU time per decode step (all threads; llama.cpp's spinning threads count too) beside tokens/s.
 """
 
 from __future__ import annotations
@@ -83,8 +84,13 @@ def work_edgerun(args: argparse.Namespace, ids: list[int], dequantize: bool = Fa
         prefill.append(time.perf_counter() - t)
     model.runner.reset()
     result = model.generate(ids, max_new_tokens=new + 1, ignore_eos=True)
+    # Process CPU time per decode step (all threads): steadier than tokens/s on a shared machine.
+    token = int(model.next_logits(ids).argmax())
+    cpu = time.process_time()
+    for _ in range(new):
+        token = int(model.runner.forward([token]).argmax())
     return {"load_s": load_s, "prefill_s": statistics.median(prefill),
-            "decode_tok_s": new / result.decode_seconds}
+            "decode_tok_s": new / result.decode_seconds, "decode_cpu_ms": 1e3 * (time.process_time() - cpu) / new}
 
 
 def work_edgerun_f32(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
@@ -142,11 +148,12 @@ def work_llama_cpp(args: argparse.Namespace, ids: list[int], flash_attn: bool = 
     vocab = llm.n_vocab()
     # The last token's logits (llama-cpp-python fills `scores` only with logits_all=True).
     last_logits = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))  # noqa: E731
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     for _ in range(new):
         llm.eval([int(last_logits().argmax())])
     decode_s = time.perf_counter() - t
-    return {"load_s": load_s, "prefill_s": statistics.median(prefill[1:]), "decode_tok_s": new / decode_s}
+    return {"load_s": load_s, "prefill_s": statistics.median(prefill[1:]), "decode_tok_s": new / decode_s,
+            "decode_cpu_ms": 1e3 * (time.process_time() - cpu) / new}
 
 
 def work_llama_cpp_fa(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
@@ -218,12 +225,14 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct Q4_1 GGUF, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
           f"{args.threads} threads; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'runtime':<13} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} {'load s':>7}")
+    print(f"{'runtime':<13} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode CPU ms':>14} {'peak RSS MB':>12} "
+          f"{'load s':>7}")
     for name, row in rows.items():
         if row["status"] != "ok":
             print(f"{name:<13} {row['status']}")
             continue
-        print(f"{name:<13} {row['prefill_tok_s']:>14.1f} {row['decode_tok_s']:>13.1f} {row['peak_rss_mb']:>12.0f} "
+        cpu = f"{row['decode_cpu_ms']:>14.1f}" if "decode_cpu_ms" in row else f"{'':>14}"
+        print(f"{name:<13} {row['prefill_tok_s']:>14.1f} {row['decode_tok_s']:>13.1f} {cpu} {row['peak_rss_mb']:>12.0f} "
               f"{row['load_s']:>7.1f}")
     ours = rows.get("edgerun", {})
     for peer in ("torch", "llama.cpp", "llama.cpp-fa"):

@@ -4,6 +4,7 @@ fusion, and host ms per token with and without capture-replay.
 
     python bench/webgpu_llm.py [--runs 5] [--context 128]     # --runs 0: dispatch counts only
     python bench/webgpu_llm.py --ablate [--rounds 2]          # device ms of the dense step per fusion stage
+    python bench/webgpu_llm.py --state [--runs 9] [--context 512]  # ms per token, KV cache kept on the device or not
 
 Rows:
 - dense, unfused    the LLM package's decode program (the KV cache as state, appended with update_slice), one
@@ -18,6 +19,12 @@ Host ms: the CPU time to build a call's command buffer, fresh (bind groups creat
 against replayed (the captured list re-recorded), and the whole call's wall time both ways (on lavapipe the
 GPU work runs on the same CPU, so the wall time is mostly the kernels). zerotvm's figures (Phi-3-mini, 32
 layers, seed 002): 342 dispatches per token = 2 preamble + 32 x 10 + 20 tail; 279 of them its own shaders.
+
+--state: the dense fused decode step through the runtime (`load`, a call per token), the KV cache (program
+state) kept on the device between calls (the backend's keep_state, the default) against handed over every
+call (uploaded and read back whole: `WebGpuBackend(keep_state=False)`), calls alternated between the two;
+host ms is the calling thread's CPU time per call (`time.thread_time`: lavapipe runs the kernels on threads
+of its own, so this is the host's share: uploads, command recording, read-back), wall ms the whole call.
 
 Prints tables of medians and writes bench/results/webgpu_llm.json.
 """
@@ -39,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "web")
 from tiny_llm import smollm_path
 from webgpu_ops import median_ms  # bench/ is on sys.path when a script runs
 
+from edgerun.backends.webgpu import WebGpuBackend
 from edgerun.backends.webgpu.runner import PartitionRunner, record_dispatches
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import model_info
@@ -127,12 +135,40 @@ def ablate(source: Program, rounds: int) -> None:
               f"{' '.join(f'{t:>7.0f}' for t in device[name])}   costliest (last round): {top}")
 
 
+def state_residency(source: Program, runs: int) -> None:
+    """ms per decode call through the runtime with the KV cache kept on the device and handed over each call."""
+    import time
+
+    programs = {keep: load(source, backends=[WebGpuBackend(keep_state=keep)]) for keep in (True, False)}
+    for keep, program in programs.items():
+        assert {p.backend for p in program.partitions} == {"webgpu"}
+        assert bool(program.parts.state and program.parts.state.resident) == keep
+    feeds = [np.zeros(spec.shape, spec.dtype.np) for spec in programs[True].input_specs.values()]
+    cache_bytes = sum(b.nbytes for b in programs[True].parts.state.store.buffers.values())  # type: ignore[union-attr]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    host: dict[bool, list[float]] = {True: [], False: []}
+    for keep in (True, False):
+        programs[keep].run(feeds)  # first call: encode, capture, first upload
+    for _ in range(runs):
+        for keep, program in programs.items():
+            start, cpu = time.perf_counter(), time.thread_time()
+            program.run(feeds)
+            host[keep].append((time.thread_time() - cpu) * 1e3)
+            times[keep].append((time.perf_counter() - start) * 1e3)
+    print(f"KV cache {cache_bytes / 1e6:.1f} MB; per decode call, median of {runs} (load average "
+          f"{os.getloadavg()[0]:.1f} at the end)")
+    print(f"{'':22} {'host ms':>8} {'wall ms':>8}")
+    for keep, name in ((True, "kept on the device"), (False, "handed over per call")):
+        print(f"{name:22} {np.median(host[keep]):>8.1f} {np.median(times[keep]):>8.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="timed calls per row (0: dispatch counts only)")
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--ablate", action="store_true", help="device ms per fusion stage instead of the tables")
     parser.add_argument("--rounds", type=int, default=2, help="--ablate: rounds over the stages")
+    parser.add_argument("--state", action="store_true", help="ms per call with the KV cache kept on the device or not")
     args = parser.parse_args()
     path = smollm_path()
     if path is None:
@@ -149,6 +185,9 @@ def main() -> None:
                                 info.config, args.context)
         if args.ablate:
             ablate(dense(), args.rounds)
+            return
+        if args.state:
+            state_residency(dense(), args.runs)
             return
         rows = [measure("dense, unfused", dense(), layers, False, args.runs),
                 measure("dense, fused", dense(), layers, True, args.runs),

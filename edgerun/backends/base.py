@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -35,6 +35,38 @@ PartitionRun = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 # Binds one node to fixed arrays (value name -> array, constants included) and returns a call with no
 # arguments that computes the node's outputs into those arrays.
 NodeBinder = Callable[[Node, Mapping[str, np.ndarray]], Callable[[], None]]
+
+
+class ResidentState:
+    """A program state a compiled partition may keep in its own memory from one call to the next
+    (`CompiledPartition.keep_state`): a GPU's KV cache then stays on the GPU instead of crossing to the host
+    and back every call. `read` is the partition input that reads the state, `update` the output that holds
+    its new value. The runtime's state store owns `host` and `holders` (state -> the holder with the newest
+    value and how to copy it into the host buffer), shared by every handle of the store, so a value moves
+    only when another partition (another method) or the host needs it."""
+
+    def __init__(self, name: str, read: str, update: str, host: np.ndarray,
+                 holders: dict[str, tuple[object, Callable[[np.ndarray], None]]]) -> None:
+        self.name, self.read, self.update, self.host, self.holders = name, read, update, host, holders
+
+    def acquire(self, holder: object, pull: Callable[[np.ndarray], None]) -> bool:
+        """Called by `holder` before a call that reads the state: True when it must load `host` first (it
+        does not hold the newest value; another holder's is copied into `host` then). From here on `holder`
+        holds it, and the host's copy is stale until the runtime pulls it (`pull(host)`)."""
+        current = self.holders.get(self.name)
+        if current is not None and current[0] is holder:
+            return False
+        if current is not None:
+            current[1](self.host)
+        self.holders[self.name] = (holder, pull)
+        return True
+
+    def release(self, holder: object) -> None:
+        """`holder` is about to lose its memory (reallocated): its value goes back to the host first."""
+        current = self.holders.get(self.name)
+        if current is not None and current[0] is holder:
+            current[1](self.host)
+            del self.holders[self.name]
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,11 @@ class CompiledPartition:
     # False for a delegate whose `run` does no numpy arithmetic: a program made only of such partitions
     # runs without entering np.errstate (about 1 us per call, a third of a tiny model's call).
     uses_numpy_math: bool = True
+    # Offered by a backend with memory of its own: given the states this partition alone reads and updates
+    # (ResidentState handles), it returns the names of those it keeps between calls. For those, `run` neither
+    # reads the input array nor writes the update's array; the runtime pulls the value only when the host
+    # needs it (docs/runtime.md, "State a backend keeps in its own memory").
+    keep_state: Callable[[Sequence[ResidentState]], Collection[str]] | None = None
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run standalone: allocate the outputs and return them (the runtime passes arena views instead)."""

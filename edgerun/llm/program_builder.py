@@ -87,12 +87,18 @@ class _StepBuilder:
             self.g.add_constant(np.ascontiguousarray(data, dtype=np.float32), name=name)
         return name
 
+    def constant(self, data: np.ndarray, name: str) -> str:
+        """`data` as the constant `name`, once: the embedding gather and the tied head read the same ones."""
+        if name in self.g.constants:
+            assert self.g.constants[name] is data, name
+            return name
+        return self.g.add_constant(data, name=name)
+
     def int4_matmul(self, x: str, ops: Int4Operands, name: str) -> str:
-        g = self.g
         n, groups, _ = ops.packed.shape
-        ins = [x, g.add_constant(ops.packed, name=name + ".codes"), g.add_constant(ops.scales, name=name + ".scales")]
+        ins = [x, self.constant(ops.packed, name + ".codes"), self.constant(ops.scales, name + ".scales")]
         if ops.zeros is not None:
-            ins.append(g.add_constant(ops.zeros, name=name + ".zeros"))
+            ins.append(self.constant(ops.zeros, name + ".zeros"))
         y = self.b.emit("matmul_int4", ins, k=groups * GROUP, n=n, group_size=GROUP, **self.int4_attrs)
         if ops.offsets is None:
             return y
@@ -100,7 +106,7 @@ class _StepBuilder:
         sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, GROUP])], axes=[2])
         if ops.offsets_t is None:
             ops.offsets_t = np.ascontiguousarray(ops.offsets.T)
-        offsets_t = g.add_constant(ops.offsets_t, name=name + ".offsets.T")
+        offsets_t = self.g.add_constant(ops.offsets_t, name=name + ".offsets.T")
         return b.binary("add", y, b.emit("matmul", [sums, offsets_t]))
 
     def projections(self, x: str, names: list[str]) -> list[str]:
@@ -123,16 +129,18 @@ class _StepBuilder:
     def rows(self, x: str) -> int:
         return self.b.shape(x)[0]
 
-    def packed_linear(self, x: str, name: str, w: PackedWeight | Callable[[], PackedWeight]) -> str:
-        """x @ w.T with w kept as the GGUF packed it: int4 as one matmul_int4, int8 as two (its nibbles).
-
-        The operands are made once per weight for all the programs built with the same `shared` dict (prefill
-        and decode hold the same arrays, not two copies); `w` may be a function making the weight then.
-        """
+    def packed_operands(self, name: str, w: PackedWeight | Callable[[], PackedWeight]) -> list[Int4Operands]:
+        """The matmul_int4 operands of weight `name`: int4 as one set, int8 as two (its nibbles). Made once per
+        weight for all the programs built with the same `shared` dict (prefill and decode hold the same
+        arrays, not two copies); `w` may be a function making the weight then."""
         if name not in self.shared:
             weight = w() if callable(w) else w
             self.shared[name] = [int4_operands(weight)] if weight.bits == 4 else list(int8_as_two_int4(weight))
-        ops = self.shared[name]
+        return self.shared[name]
+
+    def packed_linear(self, x: str, name: str, w: PackedWeight | Callable[[], PackedWeight]) -> str:
+        """x @ w.T with w kept as the GGUF packed it: int4 as one matmul_int4, int8 as two (its nibbles)."""
+        ops = self.packed_operands(name, w)
         if len(ops) == 1:
             return self.int4_matmul(x, ops[0], name)
         return self.b.binary("add", self.int4_matmul(x, ops[0], name + ".high"),
@@ -149,16 +157,34 @@ class _StepBuilder:
         return y
 
     def embed(self, tokens: str) -> str:
-        """The embedding rows of `tokens`; a Q8_0 table stays packed and only the gathered rows are scaled."""
+        """The embedding rows of `tokens`; a Q8_0 table stays packed and only the gathered rows are scaled.
+
+        The rows are gathered from the head's operands (`int8_as_two_int4`: the codes' high and low nibbles,
+        two per byte), not from a second int8 copy of the table: with a tied head that copy was 28 MB of
+        SmolLM2's weights. Per byte, the odd element's nibble is `floor(byte / 16)` and the even one's
+        `byte - 16 * odd` (no `mod`: ONNX Runtime does not claim it in float); code + 128 = 16 * high + low,
+        all exact in float32."""
         b, w = self.b, self.w["embed"]
         if not (isinstance(w, PackedWeight) and w.scheme == "q8_0"):
             return b.emit("gather", [self.const("embed"), tokens], axis=0)
-        codes = self.g.add_constant(w.data, name="embed.q8")
-        scales = self.g.add_constant(w.scales.reshape(w.shape[0], -1, 1), name="embed.q8_scales")
-        rows = b.emit("reshape", [b.emit("cast", [b.emit("gather", [codes, tokens], axis=0)], dtype="float32")],
-                      shape=[self.T, w.shape[1] // GROUP, GROUP])
-        rows = b.binary("mul", rows, b.emit("gather", [scales, tokens], axis=0))
-        return b.emit("reshape", [rows], shape=[self.T, w.shape[1]])
+        high, low = self.packed_operands("embed", w)
+        groups = w.shape[1] // GROUP
+
+        def nibbles(ops: Int4Operands, name: str) -> tuple[str, str]:
+            packed = b.emit("cast", [b.emit("gather", [self.constant(ops.packed, name), tokens], axis=0)],
+                            dtype="float32")  # [T, groups, GROUP / 2]
+            odd = b.unary("floor", b.binary("div", packed, b.scalar(16.0, packed)))
+            return b.binary("sub", packed, b.binary("mul", odd, b.scalar(16.0, packed))), odd
+
+        (high_even, high_odd), (low_even, low_odd) = nibbles(high, "embed.high.codes"), nibbles(low, "embed.low.codes")
+        sixteen = b.scalar(16.0, high_even)
+        pairs = [b.emit("reshape", [b.binary("add", b.binary("mul", h, sixteen), lo)], shape=[self.T, groups, GROUP // 2, 1])
+                 for h, lo in ((high_even, low_even), (high_odd, low_odd))]
+        codes = b.binary("sub", b.emit("reshape", [b.emit("concat", pairs, axis=3)], shape=[self.T, groups, GROUP]),
+                         b.scalar(128.0, high_even))
+        scales = b.emit("reshape", [b.emit("gather", [self.constant(low.scales, "embed.low.scales"), tokens], axis=0)],
+                        shape=[self.T, groups, 1])
+        return b.emit("reshape", [b.binary("mul", codes, scales)], shape=[self.T, w.shape[1]])
 
     def rms_norm(self, x: str, name: str) -> str:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
@@ -191,15 +217,28 @@ class _StepBuilder:
         q = b.binary("mul", q, b.scalar(1.0 / float(np.sqrt(hd)), q))
         q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
         neg_inf = b.const(np.float32(-np.inf))
-        s_cache = b.emit("where", [cache_keep, b.emit("matmul", [q_grouped, k_cache]), neg_inf])
+        scores = self.tagged(f"{i} scores", "matmul", [q_grouped, k_cache])
+        s_cache = self.tagged(f"{i} mask", "where", [cache_keep, scores, neg_inf])
         s_new = b.emit("where", [causal, b.emit("matmul", [q_grouped, k_new]), neg_inf])
         probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
         p_cache = b.emit("slice", [probs], starts=[0], ends=[C], axes=[2])
         p_new = b.emit("slice", [probs], starts=[C], ends=[C + T], axes=[2])
-        out = b.binary("add", b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
+        out = b.binary("add", self.tagged(f"{i} values", "matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
         out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
         out = b.emit("reshape", [out], shape=[T, c.heads * hd])
         return self.linear(out, prefix + "o"), k_new, v
+
+    def tagged(self, role: str, op: str, inputs: list[str]) -> str:
+        """A node of the cache attention, its role in node meta (`llm_cache`): ONNX Runtime's delegate makes
+        these three per layer read only the cache cells in use (onnx_llm_ops.attend_used_cells). The roles
+        promise what that relies on: `mask` is `where(keep, scores, -inf)` over the cells, and the cache
+        columns of its softmax are what `values` multiplies, so a cell where keep is false adds exactly 0."""
+        saved = self.b.meta
+        self.b.meta = {**saved, "llm_cache": role}
+        try:
+            return self.b.emit(op, inputs)
+        finally:
+            self.b.meta = saved
 
     def cache_read(self, name: str) -> str:
         """Layer cache `name` as a state read (a view of the state's buffer) or as a graph input."""

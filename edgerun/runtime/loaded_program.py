@@ -147,6 +147,8 @@ class LoadedProgram(MethodAccess):
         with self._lock:
             for view, value in zip(self._input_views, values):
                 view[...] = value
+            if self._state is not None:  # a state another partition keeps comes back to the host first
+                self._state.before_call()
             self._executor.run(sink)
             outputs = [v.copy() for v in self._output_views]
             if self._state is not None:  # after the copies: an output may be a view of a state's old value

@@ -43,6 +43,7 @@ from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import (
     StateBinding,
     StateStore,
+    keep_resident,
     narrow_state_rasters,
     overwriting_steps,
     plan_state,
@@ -134,7 +135,8 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     binding = None
     if signature is not None and state_plan is not None and state is not None:
         views.update(state_views(state, state_plan))
-        binding = StateBinding(state, state_plan, views)
+        resident = keep_resident(graph, signature, state_plan, steps, compiled, state)
+        binding = StateBinding(state, state_plan, views, resident)
         graph = from_functional(graph, signature)
     instructions = build_instructions(steps, elided, partitions, compiled, views,
                                       functools.partial(_load_body, backends=backends, arena_limit=arena_limit))

@@ -11,16 +11,22 @@ bound as a view of the state's buffer (and so are no-op reshapes of it), outside
 written into its buffer once, after the call's outputs are copied out (`StateBinding.write_back`), or, when
 the update is first written after the last read of the old value, planned straight into the state's
 buffer: the kernels write it in place and there is nothing to copy.
+
+A state that one partition alone reads and updates may stay in that backend's memory across calls
+(`keep_resident`, `CompiledPartition.keep_state`): the store records who holds the newest value
+(`holders`) and copies it into its buffer only when the host needs it (`views`, `snapshot`, another
+partition acquiring it); `reset` and `assign` overwrite the buffer and drop the holder.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from edgerun.backends.base import CompiledPartition, ResidentState
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.region import Region, regions_of
@@ -37,15 +43,27 @@ class StateStore:
         self.initial = {name: np.asarray(value) for name, value in initial.items()}
         self.buffers = {name: _aligned_copy(value) for name, value in self.initial.items()}
         self.lock = threading.Lock()
+        # state -> (the partition runner holding its newest value in its own memory, how to copy it here)
+        self.holders: dict[str, tuple[object, Callable[[np.ndarray], None]]] = {}
 
     def reset(self) -> None:
         """Every state back to its initial value."""
         with self.lock:
+            self.holders.clear()  # a holder's copy is stale now: its next call loads the buffer
             for name, buffer in self.buffers.items():
                 buffer[...] = self.initial[name]
 
+    def materialise(self) -> None:
+        """Copy every state a backend holds back into its buffer (the host's copy is current again)."""
+        for name, (_, pull) in list(self.holders.items()):
+            pull(self.buffers[name])
+            del self.holders[name]
+
     def views(self) -> dict[str, np.ndarray]:
-        """Read-only views of the buffers (they change with the next call: copy to keep a value)."""
+        """Read-only views of the buffers (they change with the next call: copy to keep a value; a state a
+        backend keeps in its own memory shows the value it had when `views` was called)."""
+        with self.lock:
+            self.materialise()
         views = {}
         for name, buffer in self.buffers.items():
             view = buffer.view()
@@ -56,6 +74,7 @@ class StateStore:
     def snapshot(self) -> dict[str, np.ndarray]:
         """A copy of every state's current value (`assign` puts it back)."""
         with self.lock:
+            self.materialise()
             return {name: buffer.copy() for name, buffer in self.buffers.items()}
 
     def assign(self, values: Mapping[str, np.ndarray]) -> None:
@@ -69,6 +88,7 @@ class StateStore:
                 if array.shape != buffer.shape or not np.can_cast(array.dtype, buffer.dtype, "same_kind"):
                     raise EdgerunError(f"state {name!r} is {buffer.dtype}{list(buffer.shape)}, got "
                                        f"{array.dtype}{list(array.shape)}")
+                self.holders.pop(name, None)
                 buffer[...] = array
 
 
@@ -146,17 +166,64 @@ def plan_state(graph: Graph, signature: StateSignature, lifetimes: dict[str, Ten
 class StateBinding:
     """A loaded method's link to the store: its state views, and the copies that end each call."""
 
-    def __init__(self, store: StateStore, plan: StatePlan, views: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, store: StateStore, plan: StatePlan, views: Mapping[str, np.ndarray],
+                 resident: Sequence[str] = ()) -> None:
         self.store = store
         self.plan = plan
+        self.resident = tuple(resident)  # states a backend keeps (keep_resident): nothing to copy for them
         # An update whose value is itself a view of some state's buffer (one state takes another's old
         # value) is snapshotted before any buffer is written.
-        self._copies = tuple((store.buffers[s], views[v], v in plan.views) for s, v in plan.copies)
+        self._copies = tuple((store.buffers[s], views[v], v in plan.views) for s, v in plan.copies
+                             if s not in self.resident)
+        # States this method reads or writes through the host buffers: a backend holding one hands it back
+        # before the call.
+        self._on_host = tuple(sorted(({s for s, _ in plan.views.values()} | {s for s, _ in plan.copies})
+                                     - set(self.resident)))
+
+    def before_call(self) -> None:
+        holders = self.store.holders
+        if holders:
+            for state in self._on_host:
+                held = holders.pop(state, None)
+                if held is not None:
+                    held[1](self.store.buffers[state])
 
     def write_back(self) -> None:
         pending = [(dst, src.copy() if snapshot else src) for dst, src, snapshot in self._copies]
         for dst, src in pending:
             dst[...] = src
+
+
+def keep_resident(graph: Graph, signature: StateSignature, plan: StatePlan, steps: Sequence[Step],
+                  compiled: Sequence[CompiledPartition], store: StateStore) -> tuple[str, ...]:
+    """Offer each state that a single whole-partition step alone reads and updates (no other step touches
+    the state's read, its views or its update, and the method returns neither) to that partition's backend
+    when it offers `keep_state`; returns the states it keeps. `graph` is the functional graph."""
+    touching: dict[str, set[int]] = {}
+    for k, step in enumerate(steps):
+        for v in (*step.reads, *step.writes):
+            touching.setdefault(v, set()).add(k)
+    offers: dict[int, list[ResidentState]] = {}
+    for state, index in signature.updates:
+        update = graph.outputs[index]
+        related = {v for v, (root, _) in plan.views.items() if root == state} | {state, update}
+        steps_touching = set().union(*(touching.get(v, set()) for v in related))
+        if state not in signature.reads or len(steps_touching) != 1:
+            continue
+        step = steps[steps_touching.pop()]
+        part = compiled[step.partition]
+        if (step.node is not None or part.keep_state is None or state not in part.graph.inputs
+                or update not in part.graph.outputs or graph.outputs.count(update) != 1
+                or any(v in graph.outputs for v in related - {update})):
+            continue
+        offers.setdefault(step.partition, []).append(
+            ResidentState(state, state, update, store.buffers[state], store.holders))
+    kept: list[str] = []
+    for index, handles in offers.items():
+        keep = compiled[index].keep_state
+        assert keep is not None
+        kept += [h.name for h in handles if h.name in set(keep(handles))]
+    return tuple(kept)
 
 
 def state_views(store: StateStore, plan: StatePlan) -> dict[str, np.ndarray]:

@@ -3,12 +3,14 @@
     DIR/
         index.html       the chat page
         runtime.js       plan replay with the browser's WebGPU, and the BPE tokenizer (no framework, no build)
-        plan.json        the decode step's dispatch plan (decode_plan.py), shaders inline
+        plan.json        the decode step's dispatch plan (decode_plan.py), shaders inline, with the prefill
+                         step's (a chunk of prompt tokens per replay) inside
         weights.bin      the constants blob the plan binds (packed int4 projections as the GGUF stores them)
         model.json       tokenizer (vocabulary, merges, specials, split pattern), chat template pieces, stop ids
 
-The page encodes the prompt, runs it through the decode step token by token (the cache fills as it goes),
-then decodes greedily with the GPU argmax; only a 4-byte token id crosses back per step.
+The page encodes the prompt, runs it through the prefill step a chunk at a time (the cache fills as it
+goes; a one-token prompt takes the decode step), copies the cache into the decode plan's arena, then
+decodes greedily with the GPU argmax; only a 4-byte token id crosses back per step.
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.model import checkpoint_tokenizer, model_info
 from edgerun.llm.tokenizer import GPT2_PATTERN, BPETokenizer
-from edgerun.web.decode_plan import build_plan, decode_program
+from edgerun.web.decode_plan import build_plan, decode_program, with_prefill
 
 STATIC = os.path.dirname(__file__)  # index.html and runtime.js ship as package data
 STATIC_FILES = ("index.html", "runtime.js")
 DEFAULT_CONTEXT = 256
+# Prompt tokens per prefill replay: a prompt of L tokens is ceil(L / 16) replays; a chunk costs 16 decode
+# steps' arithmetic however few of its rows are real, so a short chunk keeps short prompts cheap.
+DEFAULT_CHUNK = 16
 # Browsers bind storage ranges at multiples of 256 bytes (WebGPU's default minStorageBufferOffsetAlignment).
 BROWSER_ALIGN = 256
 _MARK = "\u0000message\u0000"
 
 
 def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *, context: int = DEFAULT_CONTEXT,
-               int4: bool = True) -> list[str]:
+               int4: bool = True, chunk: int = DEFAULT_CHUNK) -> list[str]:
     """Write the bundle for a GGUF file or a Hugging Face folder; returns the paths written."""
     started = time.perf_counter()
     checkpoint = load_checkpoint(model)
@@ -46,8 +51,12 @@ def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *,
     if tokenizer.pattern != GPT2_PATTERN:
         raise EdgerunError("the browser tokenizer has GPT-2's split pattern only; this model's is "
                            f"{tokenizer.pattern!r}")
-    built = build_plan(decode_program(checkpoint, info, int4=int4), info.config, info.context,
-                       align=BROWSER_ALIGN)
+    decode = build_plan(decode_program(checkpoint, info, int4=int4), info.config, info.context,
+                        align=BROWSER_ALIGN)
+    chunk = max(2, min(chunk, info.context))
+    prefill = build_plan(decode_program(checkpoint, info, int4=int4, chunk=chunk), info.config, info.context,
+                         align=BROWSER_ALIGN, shared=decode)
+    built = with_prefill(decode, prefill, chunk)
     output = os.fspath(output)
     if os.path.exists(output) and not os.path.isdir(output):
         raise EdgerunError(f"{output!r} exists and is not a folder")

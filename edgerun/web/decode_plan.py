@@ -1,4 +1,5 @@
-"""The decode step as a plan a browser replays: WGSL shaders, bindings into two buffers, and per-token writes.
+"""The decode and prefill steps as plans a browser replays: WGSL shaders, bindings into two buffers, and
+per-call writes.
 
 The plan is what the webgpu backend's capture records for one decode call, written down: the decode program
 (one token against the KV cache, then a GPU argmax over the logits) is loaded on `webgpu` through the normal
@@ -11,6 +12,12 @@ at the run-time position `start` by `update_slice`, which the backend runs in pl
 inside the layer's softmax and output-projection dispatches (backends/webgpu/update.py), so the plan needs
 no dispatch of its own. A token is three 4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read
 of the next token.
+
+The prefill plan is the same step at a chunk of tokens (`step_program(chunk=...)`), captured the same way:
+a prompt runs in ceil(L / chunk) replays instead of L. It has an arena of its own (its cache ranges differ
+from the decode plan's: the runtime copies them over after the prompt) and shares the weights blob: each of
+its constants that the decode plan holds under the same name with the same bytes binds the decode plan's
+range, the rest (its causal mask) are appended (`build_plan(shared=...)`).
 
 Projection weights that the GGUF stores as Q4_0 or Q4_1 stay packed: their matmuls become `matmul_int4`
 (groups of 32, scale per group). Q4_0 (value = d*(q-8)) maps exactly; Q4_1 (value = d*q + m) becomes the
@@ -44,11 +51,11 @@ WEB_MAX_BINDINGS = 10
 STEP_INPUTS = ("tokens", "start", "last")
 
 
-def decode_program(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True) -> Program:
-    """The LLM package's decode step (its step builder at one token, the KV cache as state) with a GPU argmax
-    as its output ("next_token") instead of the logits, and (int4) the GGUF's packed 4-bit projections as
-    matmul_int4."""
-    graph = step_graph(info.config, float_weights(checkpoint), chunk=1, context=info.context, cache="state")
+def decode_program(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True, chunk: int = 1) -> Program:
+    """The LLM package's step (its step builder at `chunk` tokens: 1 decodes, more prefill; the KV cache as
+    state) with a GPU argmax of the `last` row's logits as its output ("next_token") instead of the logits,
+    and (int4) the GGUF's packed 4-bit projections as matmul_int4."""
+    graph = step_graph(info.config, float_weights(checkpoint), chunk=chunk, context=info.context, cache="state")
     if int4:
         _pack_projections(graph, checkpoint)
     logits = graph.outputs[0]
@@ -101,11 +108,15 @@ def _pack_projections(graph: Graph, checkpoint: Checkpoint) -> None:
 class WebPlan:
     plan: dict[str, Any]  # JSON
     weights: np.ndarray  # uint8: the constants blob the "w" bindings point into
+    const_range: dict[str, tuple[int, int]]  # constant -> (offset, bytes) in `weights`
+    cache_range: dict[str, tuple[int, int]]  # KV cache -> (offset, bytes) in the arena
 
 
-def build_plan(source: Program, config: LlamaArchitecture, context: int, align: int = 256) -> WebPlan:
+def build_plan(source: Program, config: LlamaArchitecture, context: int, align: int = 256,
+               shared: WebPlan | None = None) -> WebPlan:
     """Load `source` (from decode_program) on webgpu and write its dispatch list down as a plan, every bound
-    range aligned to `align` bytes."""
+    range aligned to `align` bytes. With `shared` (the decode plan, for the prefill plan), the weights are
+    `shared`'s blob with this plan's other constants appended (see the module doc)."""
     from edgerun.runtime import load
 
     program = load(source, backends=["webgpu"])
@@ -126,6 +137,8 @@ def build_plan(source: Program, config: LlamaArchitecture, context: int, align: 
         raise EdgerunError("the decode program's KV-cache appends do not all run in place on webgpu; the "
                            "browser plan keeps the cache in the arena and needs them to")
     weights, const_range = pack_constants(sub, runner.constants, runner.align)
+    if shared is not None:
+        weights, const_range = _share_weights(weights, const_range, shared, runner.align)
     shaders: dict[str, int] = {}
     params: list[list[int]] = []
     dispatches = []
@@ -143,7 +156,47 @@ def build_plan(source: Program, config: LlamaArchitecture, context: int, align: 
         "max_binding_bytes": max(size for d in dispatches for _, _, size in d["bind"]),
         "sections": section_counts(dispatch_sections(runner.kernels), config.layers),
     }
-    return WebPlan(plan, weights)
+    return WebPlan(plan, weights, const_range, {v: runner.value_range(v) for v in caches})
+
+
+def _share_weights(weights: np.ndarray, const_range: dict[str, tuple[int, int]], base: WebPlan,
+                   align: int) -> tuple[np.ndarray, dict[str, tuple[int, int]]]:
+    """`base`'s blob, with each constant of `weights` that `base` does not hold (same name, same bytes)
+    appended; the ranges of all of `const_range` in it."""
+    ranges: dict[str, tuple[int, int]] = {}
+    extra: list[tuple[int, np.ndarray]] = []
+    end = base.weights.nbytes
+    for name, (offset, size) in const_range.items():
+        data = weights[offset:offset + size]
+        held = base.const_range.get(name)
+        if held is not None and held[1] == size and np.array_equal(base.weights[held[0]:held[0] + size], data):
+            ranges[name] = held
+            continue
+        end = -(-end // align) * align
+        extra.append((end, data))
+        ranges[name] = (end, size)
+        end += size
+    blob = np.zeros(max(end, 4), np.uint8)
+    blob[:base.weights.nbytes] = base.weights
+    for offset, data in extra:
+        blob[offset:offset + data.nbytes] = data
+    return blob, ranges
+
+
+def with_prefill(decode: WebPlan, prefill: WebPlan, chunk: int) -> WebPlan:
+    """The decode plan with the prefill plan inside ("prefill": its dispatches, shaders, inputs, chunk, and
+    the cache ranges to copy into the decode arena after a prompt); the weights are the prefill's (the
+    decode blob with the prefill's own constants appended)."""
+    if any(prefill.cache_range[name][1] != size for name, (_, size) in decode.cache_range.items()):
+        raise EdgerunError("the prefill and decode plans hold KV caches of different sizes")
+    copies = [[name, prefill.cache_range[name][0], offset, size] for name, (offset, size) in
+              decode.cache_range.items()]
+    inner = {k: v for k, v in prefill.plan.items() if k not in ("format", "version", "weights_bytes")}
+    plan = {**decode.plan, "weights_bytes": int(prefill.weights.nbytes),
+            "prefill": {**inner, "chunk": chunk, "caches": copies}}
+    plan["max_bindings"] = max(decode.plan["max_bindings"], prefill.plan["max_bindings"])
+    plan["max_binding_bytes"] = max(decode.plan["max_binding_bytes"], prefill.plan["max_binding_bytes"])
+    return WebPlan(plan, prefill.weights, prefill.const_range, decode.cache_range)
 
 
 def _dispatch(kernel: Kernel, runner: PartitionRunner, const_range: dict[str, tuple[int, int]],

@@ -1,13 +1,78 @@
-// edgerun's browser runtime: replays the decode plan `edgerun web export` wrote, with the browser's WebGPU.
+// edgerun's browser runtime: replays the decode and prefill plans `edgerun web export` wrote, with the
+// browser's WebGPU.
 //
-// The plan is the webgpu backend's captured dispatch list for one decode step: WGSL shaders, and for each
-// dispatch its shader, the ranges it binds in two buffers (the arena "a": inputs, intermediates, outputs and
-// the KV cache; the weights "w"; small parameter tables "pN"; the status word "s") and its workgroup counts.
-// Pipelines and bind groups are made once (the capture); a step writes three int32s (token, position, last
-// row), re-records the same dispatches (command buffers are single-use), and reads back the 4-byte token the
-// GPU argmax chose. No framework, no build step.
+// A plan is the webgpu backend's captured dispatch list for one step: WGSL shaders, and for each dispatch its
+// shader, the ranges it binds in two buffers (the plan's arena "a": inputs, intermediates, outputs and the
+// KV cache; the weights "w", shared by both plans; small parameter tables "pN"; the status word "s") and its
+// workgroup counts. Pipelines and bind groups are made once (the capture); a step writes its inputs (the
+// token ids, the position, the last real row), re-records the same dispatches (command buffers are
+// single-use), and reads back the 4-byte token the GPU argmax chose. A prompt runs through the prefill plan
+// a chunk of tokens at a time; its cache is then copied into the decode plan's arena. No framework, no
+// build step.
 
 const STORAGE = GPUBufferUsage.STORAGE;
+const USAGE = STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+
+// One captured step: its arena, parameter tables, pipelines and bind groups.
+class Replay {
+  constructor(device, plan, shared) {
+    this.device = device;
+    this.plan = plan;
+    this.buffers = {...shared, a: device.createBuffer({size: plan.arena_bytes, usage: USAGE})};
+    plan.params.forEach((table, i) => {
+      const buf = device.createBuffer({size: 4 * table.length, usage: USAGE});
+      device.queue.writeBuffer(buf, 0, Int32Array.from(table));
+      this.buffers[`p${i}`] = buf;
+    });
+    this.readback = device.createBuffer({size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+  }
+
+  async build() {
+    const device = this.device;
+    const modules = this.plan.shaders.map((code) => device.createShaderModule({code}));
+    for (const [i, module] of modules.entries()) {
+      const errors = (await module.getCompilationInfo()).messages.filter((m) => m.type === "error");
+      if (errors.length) {
+        const where = this.plan.dispatches.find((d) => d.shader === i)?.label;
+        throw new Error(`shader ${i} (${where}) does not compile: ` +
+                        errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join("; "));
+      }
+    }
+    const pipelines = await Promise.all(modules.map((module) => device.createComputePipelineAsync({
+      layout: "auto", compute: {module, entryPoint: "main"},
+    })));
+    this.dispatches = this.plan.dispatches.map((d) => {
+      const pipeline = pipelines[d.shader];
+      const entries = d.bind.map(([buf, offset, size], binding) => (
+        {binding, resource: {buffer: this.buffers[buf], offset, size}}));
+      const group = device.createBindGroup({layout: pipeline.getBindGroupLayout(0), entries});
+      return [pipeline, group, d.groups[0], d.groups[1]];
+    });
+  }
+
+  // One step: `tokens` (an Int32Array of the plan's length) from `position`, the argmax of row `last`.
+  async run(tokens, position, last) {
+    const {device, plan} = this;
+    const q = device.queue;
+    q.writeBuffer(this.buffers.a, plan.inputs.tokens, tokens);
+    q.writeBuffer(this.buffers.a, plan.inputs.start, Int32Array.of(position));
+    q.writeBuffer(this.buffers.a, plan.inputs.last, Int32Array.of(last));
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    for (const [pipeline, group, x, y] of this.dispatches) {
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, group);
+      pass.dispatchWorkgroups(x, y);
+    }
+    pass.end();
+    enc.copyBufferToBuffer(this.buffers.a, plan.next_token, this.readback, 0, 4);
+    q.submit([enc.finish()]);
+    await this.readback.mapAsync(GPUMapMode.READ);
+    const next = new Int32Array(this.readback.getMappedRange())[0];
+    this.readback.unmap();
+    return next;
+  }
+}
 
 export class DecodePlan {
   static async load(base = ".") {
@@ -42,67 +107,52 @@ export class DecodePlan {
     this.device = device;
     this.plan = plan;
     this.adapterInfo = adapter.info || {};
-    const usage = STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
-    this.buffers = {
-      a: device.createBuffer({size: plan.arena_bytes, usage}),
-      w: device.createBuffer({size: Math.max(plan.weights_bytes, 4), usage}),
-      s: device.createBuffer({size: 4, usage}),
+    const shared = {
+      w: device.createBuffer({size: Math.max(plan.weights_bytes, 4), usage: USAGE}),
+      s: device.createBuffer({size: 4, usage: USAGE}),
     };
-    device.queue.writeBuffer(this.buffers.w, 0, weights);
-    plan.params.forEach((table, i) => {
-      const buf = device.createBuffer({size: 4 * table.length, usage});
-      device.queue.writeBuffer(buf, 0, Int32Array.from(table));
-      this.buffers[`p${i}`] = buf;
-    });
-    this.readback = device.createBuffer({size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+    device.queue.writeBuffer(shared.w, 0, weights);
+    this.decode = new Replay(device, plan, shared);
+    this.prefill = plan.prefill ? new Replay(device, plan.prefill, shared) : null;
+    this.replays = {decode: 0, prefill: 0};  // steps run by each plan, for the page's stats and the tests
   }
 
   async build() {
-    const device = this.device;
-    device.pushErrorScope("validation");
-    const modules = this.plan.shaders.map((code) => device.createShaderModule({code}));
-    for (const [i, module] of modules.entries()) {
-      const errors = (await module.getCompilationInfo()).messages.filter((m) => m.type === "error");
-      if (errors.length) {
-        const where = this.plan.dispatches.find((d) => d.shader === i)?.label;
-        throw new Error(`shader ${i} (${where}) does not compile: ` +
-                        errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join("; "));
-      }
-    }
-    const pipelines = await Promise.all(modules.map((module) => device.createComputePipelineAsync({
-      layout: "auto", compute: {module, entryPoint: "main"},
-    })));
-    this.dispatches = this.plan.dispatches.map((d) => {
-      const pipeline = pipelines[d.shader];
-      const entries = d.bind.map(([buf, offset, size], binding) => (
-        {binding, resource: {buffer: this.buffers[buf], offset, size}}));
-      const group = device.createBindGroup({layout: pipeline.getBindGroupLayout(0), entries});
-      return [pipeline, group, d.groups[0], d.groups[1]];
-    });
-    const error = await device.popErrorScope();
+    this.device.pushErrorScope("validation");
+    await this.decode.build();
+    if (this.prefill) await this.prefill.build();
+    const error = await this.device.popErrorScope();
     if (error) throw new Error(`WebGPU refused the plan: ${error.message}`);
   }
 
   // One decode step: `token` at `position`; returns the greedy next token.
-  async step(token, position) {
-    const {device, plan} = this;
-    const q = device.queue;
-    q.writeBuffer(this.buffers.a, plan.inputs.tokens, Int32Array.of(token));
-    q.writeBuffer(this.buffers.a, plan.inputs.start, Int32Array.of(position));
-    q.writeBuffer(this.buffers.a, plan.inputs.last, Int32Array.of(0));
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    for (const [pipeline, group, x, y] of this.dispatches) {
-      pass.setPipeline(pipeline);
-      pass.setBindGroup(0, group);
-      pass.dispatchWorkgroups(x, y);
+  step(token, position) {
+    this.replays.decode++;
+    return this.decode.run(Int32Array.of(token), position, 0);
+  }
+
+  // The prompt `ids` from position 0, a chunk per prefill replay (the last padded), as edgerun.llm's
+  // StepRunner runs it: a chunk that would pass the end of the context starts earlier, at context - chunk,
+  // and runs again the tokens it then covers (update_slice would clamp it). The cache is then copied into
+  // the decode arena. Returns the greedy token after the prompt.
+  async runPrompt(ids, context) {
+    const chunk = this.plan.prefill.chunk;
+    let held = [];
+    let next = 0;
+    for (let begin = 0; begin < ids.length; begin += chunk) {
+      const start = Math.min(held.length, context - chunk);
+      const run = held.slice(start).concat(ids.slice(begin, begin + chunk));
+      held = held.slice(0, start).concat(run);
+      const tokens = new Int32Array(chunk);
+      tokens.set(run);
+      next = await this.prefill.run(tokens, start, run.length - 1);
+      this.replays.prefill++;
     }
-    pass.end();
-    enc.copyBufferToBuffer(this.buffers.a, plan.next_token, this.readback, 0, 4);
-    q.submit([enc.finish()]);
-    await this.readback.mapAsync(GPUMapMode.READ);
-    const next = new Int32Array(this.readback.getMappedRange())[0];
-    this.readback.unmap();
+    const enc = this.device.createCommandEncoder();
+    for (const [, from, to, size] of this.plan.prefill.caches) {
+      enc.copyBufferToBuffer(this.prefill.buffers.a, from, this.decode.buffers.a, to, size);
+    }
+    this.device.queue.submit([enc.finish()]);
     return next;
   }
 }
@@ -217,8 +267,9 @@ export class ChatModel {
     this.tokenizer = new Tokenizer(model.tokenizer);
   }
 
-  // Greedy continuation of `ids`: the prompt runs through the decode step token by token (filling the
-  // cache), then each step's argmax is fed back. Stops at a stop id (unless ignoreStop) or maxNew tokens.
+  // Greedy continuation of `ids`: the prompt runs through the prefill plan a chunk at a time (filling the
+  // cache; a one-token prompt, or a bundle without a prefill plan, through the decode step token by token),
+  // then each decode step's argmax is fed back. Stops at a stop id (unless ignoreStop) or maxNew tokens.
   async generate(ids, maxNew, {onToken = null, ignoreStop = false} = {}) {
     if (!ids.length) throw new Error("the prompt is empty");
     if (ids.length + maxNew > this.model.context) {
@@ -226,8 +277,10 @@ export class ChatModel {
     }
     const stops = new Set(ignoreStop ? [] : this.model.stop_ids);
     const started = performance.now();
+    const before = {...this.decoder.replays};
     let next = 0;
-    for (let p = 0; p < ids.length; p++) next = await this.decoder.step(ids[p], p);
+    if (this.decoder.prefill && ids.length > 1) next = await this.decoder.runPrompt(ids, this.model.context);
+    else for (let p = 0; p < ids.length; p++) next = await this.decoder.step(ids[p], p);
     const prefillMs = performance.now() - started;
     const out = [];
     for (let p = ids.length; out.length < maxNew; p++) {
@@ -238,7 +291,9 @@ export class ChatModel {
       next = await this.decoder.step(next, p);
     }
     const decodeMs = performance.now() - started - prefillMs;
-    return {ids: out, text: this.tokenizer.decode(out), prefillMs, decodeMs};
+    const replays = {decode: this.decoder.replays.decode - before.decode,
+                     prefill: this.decoder.replays.prefill - before.prefill};
+    return {ids: out, text: this.tokenizer.decode(out), prefillMs, decodeMs, replays};
   }
 
   chatPrompt(message) {

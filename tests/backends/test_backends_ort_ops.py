@@ -236,3 +236,29 @@ def test_rms_norm_with_broadcast_weight_is_not_claimed() -> None:
     # SimplifiedLayerNormalization's scale is shaped like the normalised axes; a broadcast one stays decomposed.
     graph = one_node_graph("rms_norm", [f32(2, 6, 16), f32(1)], constant=[False, True], normalized_ndim=1)
     assert not ORT.keeps_whole(graph.nodes[0], graph)
+
+
+def test_sessions_use_large_constants_in_place_and_copy_those_constant_folding_reads() -> None:
+    """make_session shares the program's arrays with ORT (add_initializer: no copy per session); a constant
+    only constant-folded nodes read (here a Transpose of a weight) is copied in, since ORT's folding reads its
+    bytes from the graph; the results are those of numpy either way."""
+    from onnx import TensorProto, helper
+
+    from edgerun.backends.onnxruntime import _external_placeholder, make_session
+
+    w, w2 = f32(64, 32), f32(32, 64)
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["y"]),
+         helper.make_node("MatMul", ["x", "w2"], ["y2"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64]),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, [2, 64])],
+        [_external_placeholder("w", w), _external_placeholder("w2", w2)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    session = make_session(model, {"w": w, "w2": w2}, threads=1)
+    assert session._edgerun_shared == {"w2"}
+    x = f32(2, 32)
+    y, y2 = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y2, x @ w2, rtol=1e-5, atol=1e-5)

@@ -197,26 +197,57 @@ def test_guard_method_each_method_replays_only_its_own_capture() -> None:
 
 
 def test_guard_state_layout_changed_falls_back() -> None:
-    # What the device keeps across calls (held inputs and their ranges) is part of the capture: holding the
-    # state, or holding another set, re-encodes; re-planning to the same layout is the `buffers` guard's.
+    # What the device keeps across calls (held inputs, kept states, their ranges) is part of the capture:
+    # holding another set re-encodes; re-planning to the same layout is the `buffers` guard's. The state
+    # `acc` is kept on the device from the start (keep_state), and survives every re-plan.
     model = edgerun.load(two_method_program(), ["webgpu"])
     forward = method_runner(model, "forward")
+    assert list(forward.resident) == ["acc"]
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     model(x)
     model(x)
     assert forward.stats.replays == 1
-    forward.hold(["acc"])
+    forward.hold(["x"])
     np.testing.assert_allclose(model(x), 6 * x + 0.5)
     assert forward.stats.fallbacks == {"state": 1}
-    forward.hold(["acc", "x"], align=4096)
+    forward.hold(["x"], align=4096)
     assert forward.value_range("x")[0] % 4096 == 0
     np.testing.assert_allclose(model(x), 8 * x + 0.5)
     assert forward.stats.fallbacks == {"state": 2}
-    forward.hold(["acc", "x"], align=4096)  # the same layout again: new buffers, not a new state layout
+    forward.hold(["x"], align=4096)  # the same layout again: new buffers, not a new state layout
     np.testing.assert_allclose(model(x), 10 * x + 0.5)
     assert forward.stats.fallbacks == {"state": 2, "buffers": 1}
     np.testing.assert_allclose(model(x), 12 * x + 0.5)
     assert forward.stats.replays == 2
+
+
+def test_state_stays_on_the_device_and_comes_back_when_the_host_needs_it() -> None:
+    # forward reads and updates `acc` alone, so its partition keeps it (Backend keep_state): calls move only
+    # x and the output, the store's buffer is stale until something on the host reads it (model.state, the
+    # peek method, which reads acc on the host), and set_state / reset_state reach the device.
+    model = edgerun.load(two_method_program(), ["webgpu"])
+    store = model.method("forward").parts.state.store
+    assert model.method("forward").parts.state.resident == ("acc",)
+    assert model.method("peek").parts.state.resident == ()  # read only: stays on the host
+    x, ones = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 3), np.float32)
+    for calls in range(1, 4):
+        np.testing.assert_allclose(model(x), 2 * calls * x + 0.5)
+    np.testing.assert_array_equal(store.buffers["acc"], 0)  # never read back: the device holds the value
+    np.testing.assert_allclose(model.state["acc"], 6 * x)
+    np.testing.assert_allclose(model(x), 8 * x + 0.5)  # the host's copy was current: uploaded again
+    np.testing.assert_allclose(model.peek(ones), (8 * x + 1) * 2)  # pulled before peek's call
+    model.set_state(acc=np.full((2, 3), 1, np.float32))
+    np.testing.assert_allclose(model(x), 2 * x + 1.5)
+    model.reset_state()
+    np.testing.assert_allclose(model(x), 2 * x + 0.5)
+    snap = model.method("forward").parts.state.store.snapshot()
+    np.testing.assert_allclose(snap["acc"], 2 * x)
+    # Without keep_state the state crosses every call, with the same outputs.
+    plain = edgerun.load(two_method_program(), [WebGpuBackend(keep_state=False)])
+    assert plain.method("forward").parts.state.resident == ()
+    for calls in range(1, 3):
+        np.testing.assert_allclose(plain(x), 2 * calls * x + 0.5)
+    np.testing.assert_allclose(plain.method("forward").parts.state.store.buffers["acc"], 4 * x)
 
 
 def test_op_the_backend_lacks_is_placed_elsewhere() -> None:

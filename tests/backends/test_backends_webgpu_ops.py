@@ -384,7 +384,7 @@ def test_rasters_inline_into_matmul_and_softmax_but_not_when_read_twice() -> Non
     compiled = WebGpuBackend().compile(graph)
     # The raster read twice is its own copy; then matmul, softmax and the add are independent: one dispatch.
     assert [k.label for k in compiled.info["runner"].kernels] == ["raster_1:copy", "matmul & softmax & add"]
-    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds))  # BLAS sums in another order
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-4, atol=1e-5)  # BLAS sums in another order
 
 
 def int4_graph(k: int = 512, n: int = 48, group: int = 32) -> tuple[Graph, list[np.ndarray]]:
@@ -560,3 +560,58 @@ def test_kv_append_read_after_stays_out_of_place() -> None:
     assert any("update_slice" in k.label for k in runner.kernels)
     assert runner.value_range(graph.outputs[1]) != runner.value_range(graph.inputs[1])
     assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
+
+
+def attention_graph(probs_out: bool = False, mask_new: bool = True,
+                    cache_first: bool = True) -> tuple[Graph, list[np.ndarray]]:
+    """The LLM step's attention against a cache (program_builder's form): masked scores against the cache and
+    the new rows, softmax over their concat, the probability slices times the values, added. 2 kv heads,
+    6 query rows, head dim 16, a cache of 100 (more than a workgroup), 2 new rows, value dim 80.
+    `mask_new=False`: the new rows' scores unmasked; `cache_first=False`: the add takes the new rows' product
+    first."""
+    b_, r, h, c, t, d = 2, 6, 16, 100, 2, 80
+    keep = np.zeros((1, 1, c), bool)
+    keep[..., :37] = True  # the cache's used length
+    inputs = [f32(b_, r, h), f32(b_, h, c), f32(b_, h, t), f32(b_, c, d), f32(b_, t, d), keep]
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        q, k_cache, k_new, v_cache, v_new, mask = n
+        neg_inf = b.const(np.float32(-np.inf))
+        causal = b.const(np.tile(np.tril(np.ones((t, t), bool)), (r // t, 1)))
+        s_cache = b.emit("where", [mask, b.emit("matmul", [q, k_cache]), neg_inf])
+        s_new = b.emit("matmul", [q, k_new])
+        if mask_new:
+            s_new = b.emit("where", [causal, s_new, neg_inf])
+        probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
+        p_cache = b.emit("slice", [probs], starts=[0], ends=[c], axes=[2])
+        p_new = b.emit("slice", [probs], starts=[c], ends=[c + t], axes=[2])
+        products = [b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v_new])]
+        out = b.binary("add", *(products if cache_first else products[::-1]))
+        return [out, probs] if probs_out else [out]
+    graph, feeds = build(inputs, body)
+    return decomposed(graph, keep=WebGpuBackend().keeps_whole), feeds
+
+
+@pytest.mark.parametrize(("mask_new", "cache_first"), [(True, True), (False, False)])
+def test_attention_is_one_workgroup_dispatch(mask_new: bool, cache_first: bool) -> None:
+    # Scores, masks, softmax over the concat and the weighted sum of values: one dispatch (a workgroup per
+    # query row), the unfused kernels' outputs within f32 tolerance (only the softmax's sum runs in another
+    # order), and the reference's.
+    graph, feeds = attention_graph(mask_new=mask_new, cache_first=cache_first)
+    compiled = WebGpuBackend().compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["attention:workgroup"]
+    got = compiled(*feeds)
+    np.testing.assert_allclose(got[0], UNFUSED.compile(graph)(*feeds)[0], rtol=1e-5, atol=1e-6)
+    assert_matches_reference(decomposed(graph), feeds, got, rtol=1e-4, atol=1e-5)  # numpy's BLAS order
+    # Within the binding cap only: under it, the three dispatches of before.
+    runner = compiled.info["runner"]
+    runner.set_fusion(True, max_bindings=len(runner.kernels[0].values) - 1)
+    assert len(runner.kernels) == 3 and "attention:workgroup" not in [k.label for k in runner.kernels]
+    np.testing.assert_allclose(compiled(*feeds)[0], got[0], rtol=1e-5, atol=1e-6)
+
+
+def test_attention_whose_probabilities_are_read_elsewhere_stays_three_dispatches() -> None:
+    graph, feeds = attention_graph(probs_out=True)
+    compiled = WebGpuBackend().compile(graph)
+    assert "attention:workgroup" not in [k.label for k in compiled.info["runner"].kernels]
+    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-4, atol=1e-5)

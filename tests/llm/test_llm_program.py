@@ -46,6 +46,21 @@ def step_by_step(model: Any, ids: list[int]) -> list[np.ndarray]:
     return [model.runner.forward([i]) for i in ids]
 
 
+def test_onnxruntime_attends_over_the_used_cache_cells_only(dense: Any, tiny_gguf: Path) -> None:
+    """On ONNX Runtime each layer's cache attention reads the cells before `start` only (a run-time length,
+    onnx_llm_ops.attend_used_cells); the logits stay those of the reference's whole-cache attention, from
+    an empty cache (length clamped to 1) through prefill chunks to decode steps near the end of the context."""
+    pytest.importorskip("onnxruntime")
+    fast = edgerun.llm.load(tiny_gguf, dequantize=True, context=CONTEXT, chunk=CHUNK, backends=["onnxruntime"])
+    for method in (fast.runner.prefill, fast.runner.decode):
+        infos = [c.info for c in method.parts.compiled if c.backend == "onnxruntime"]
+        assert sum(info["attentions_over_used_cells"] for info in infos) == LAYERS
+    for model in (dense, fast):
+        model.reset()
+    for step in (IDS, [4], [9], IDS[:2], *[[i] for i in IDS[:8]]):  # 19 + 1 + 1 + 2 + 8 = 31 of 32 cells
+        np.testing.assert_allclose(fast.runner.forward(step), dense.runner.forward(step), atol=1e-4, rtol=0)
+
+
 def test_one_program_with_two_methods_and_the_cache_as_state(dense: Any) -> None:
     program = dense.program
     assert program.methods == ["prefill", "decode"]

@@ -61,6 +61,17 @@ def test_cache_state_is_written_in_place_beside_the_onnxruntime_partition(packed
         assert not method.parts.state.plan.copies
 
 
+def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
+    """Both methods' ORT sessions take the program's packed operands as shared initializers (no copy per
+    session; docs/llm.md, peak RSS), and the embedding is gathered from the tied head's nibble planes: no
+    second int8 table."""
+    for method in (packed.runner.prefill, packed.runner.decode):
+        (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
+        codes = {n.inputs[1] for n in compiled.graph.nodes if n.op == "matmul_int4"}
+        assert len(codes) == 30 * 4 + 2 and codes <= compiled.run.__self__.session._edgerun_shared
+        assert not [name for name, c in method.graph.constants.items() if c.dtype == np.int8]
+
+
 def test_packed_prefill_logits_match_float32(packed: Any, smollm: Any) -> None:
     for prompt in PROMPTS:
         ids = smollm.tokenizer.encode(prompt)

@@ -3,7 +3,6 @@ slow first call, within a bounded time."""
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from pathlib import Path
@@ -18,8 +17,9 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 from edgerun.runtime import load as runtime_load
+from edgerun.runtime.instructions import EventSink, InstructionEvent
 from edgerun.search import CACHE_ENV, BackendProfile, cost_table, search_placement
-from edgerun.search.tune import WARM_UP_CALLS, WARM_UP_S, tune_placement, warm_up_seconds
+from edgerun.search.tune import BUILD_MARGIN, WARM_UP_CALLS, WARM_UP_S, tune_placement, warm_up_seconds
 
 
 def test_warm_up_sees_past_a_slow_first_call() -> None:
@@ -29,9 +29,9 @@ def test_warm_up_sees_past_a_slow_first_call() -> None:
         calls[0] += 1
         time.sleep(0.008 if calls[0] == 1 else 0.0005)
 
-    got = warm_up_seconds(lambda sink: fresh_session())
-    assert got < 0.004
-    assert 2 <= calls[0] <= WARM_UP_CALLS
+    got = warm_up_seconds(lambda sink: fresh_session(), within_s=1.0)  # a generous window: a busy box sleeps long
+    assert got < 0.006
+    assert calls[0] == WARM_UP_CALLS
 
 
 def test_warm_up_calls_a_slow_model_once() -> None:
@@ -61,13 +61,19 @@ def test_a_warm_up_past_its_limit_is_abandoned_between_instructions_and_the_prog
     graph = slow_chain()
     loaded = runtime_load(graph, ["reference"])
     x = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
-    t0 = time.perf_counter()
-    whole = warm_up_seconds(functools.partial(loaded.run, [x]), calls=1)
-    full_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    assert warm_up_seconds(functools.partial(loaded.run, [x]), limit_s=full_s / 40) == math.inf
-    assert time.perf_counter() - t0 < full_s / 2  # stopped after a few of the 40 instructions
-    assert whole <= full_s
+    executed: list[InstructionEvent] = []
+
+    def run(sink: EventSink | None) -> None:  # the sink warm_up_seconds hands in, counting what ran
+        def counting(event: InstructionEvent) -> None:
+            executed.append(event)
+            if sink is not None:
+                sink(event)
+        loaded.run([x], counting)
+
+    assert warm_up_seconds(run, calls=1) < math.inf and len(executed) == len(loaded.instructions) == 40
+    executed.clear()
+    assert warm_up_seconds(run, limit_s=1e-9) == math.inf
+    assert len(executed) == 1  # stopped at the first instruction boundary past the limit
     np.testing.assert_allclose(loaded(x), interpret(graph, [x])[0], rtol=1e-4)  # lock released, arena fine
 
 
@@ -91,3 +97,25 @@ def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost(
     reasons = {c["label"]: c.get("skipped", "") for c in report["candidates"]}
     assert "abandoned" in reasons["all reference"]
     assert report["complete"] and set(placement.values()) == {"onnxruntime"} and loaded is not None
+
+
+def test_a_build_counts_twice_its_estimate_against_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Calibration's build figures ran 2.6x low on ResNet-50's MNN conversion (1.6 s estimated, 4.0 s taken).
+    assert BUILD_MARGIN * 0.6 > 1.0
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
+    g = slow_chain(nodes=3, size=16)
+    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
+    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
+    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
+    table.seconds[:, ref] = table.seconds[:, ort] * 1.1  # within SINGLE_SLACK: measured, unless its build
+    budget = 1.0
+
+    def estimate(placement: dict[str, str]) -> float:  # the reference's build fits the budget once, not twice
+        return 0.6 * budget if set(placement.values()) == {"reference"} else 0.0
+
+    _, report, _ = tune_placement(g, table, search_placement(table), "margin-test", budget_s=budget,
+                                  build_estimate=estimate)
+    reasons = {c["label"]: c.get("skipped") for c in report["candidates"]}
+    assert reasons["all reference"] == "its build would overrun the budget"

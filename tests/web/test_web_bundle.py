@@ -120,14 +120,16 @@ def test_bundle_plan_accounts_for_every_dispatch(bundle: Path) -> None:
     assert len(sections["per_layer"]) == 2 and len(set(sections["per_layer"])) == 1  # every layer alike
     labels = [d["label"] for d in plan["dispatches"]]
     assert labels[-1] == "argmax:workgroup"
-    # each layer's k and v appends write the cache in place, riding in the softmax's and the output
-    # projection's dispatches (no KV-append dispatch of its own)
+    # each layer's k and v appends write the cache in place, both riding in the output projection's dispatch
+    # (no KV-append dispatch of its own), after the attention kernel read the cache
     assert sum(label.count("update_slice") for label in labels) == 2 * 2 and "update_slice" not in labels
+    assert labels.count("update_slice & update_slice & matmul_int4+add") == 2
     # all seven projections (q k v o gate up down) packed; k and v in one dispatch, gate and up in one, each
     # with its RMSNorm in its prologue; RoPE inline in q's and k's multiply-add, both in one dispatch with q's
-    # scale. q joins k|v where the adapter allows 11 bindings (8 per layer, tests/backends); the plan's cap
-    # of 10 keeps it apart: 9 per layer (zerotvm: 10)
-    assert sections["per_layer"] == [9, 9]
+    # scale; attention (scores, softmax, values) one workgroup kernel. q joins k|v where the adapter allows 11
+    # bindings (6 per layer, tests/backends); the plan's cap of 10 keeps it apart: 7 per layer (zerotvm: 10)
+    assert labels.count("attention:workgroup") == 2
+    assert sections["per_layer"] == [7, 7]
     assert sum(label.count("matmul_int4") for label in labels) == 2 * 7
     assert labels.count("matmul_int4") == 2 and labels.count("matmul_int4|matmul_int4") == 2
     assert labels.count("matmul_int4|matmul_int4+sigmoid+mul+mul") == 2
@@ -137,6 +139,30 @@ def test_bundle_plan_accounts_for_every_dispatch(bundle: Path) -> None:
     weights = (bundle / "weights.bin").stat().st_size
     assert weights == plan["weights_bytes"]
     assert all(off % 256 == 0 for d in plan["dispatches"] for _, off, _ in d["bind"])  # browsers' alignment
+
+
+def test_bundle_prefill_plan_shares_the_weights_and_hands_its_cache_over(bundle: Path) -> None:
+    # The prefill step (16 tokens a replay) captured the same way: attention one kernel per layer (at 16 rows
+    # the heads-first transposes are real copies: 15 dispatches per layer), its weights bound in the decode
+    # plan's ranges (only its own small constants appended), and its four KV caches (2 layers x k, v) copied
+    # into the decode arena's ranges after a prompt.
+    plan = json.loads((bundle / "plan.json").read_text())
+    prefill = plan["prefill"]
+    assert prefill["chunk"] == 16
+    assert prefill["sections"]["per_layer"] == [15, 15]
+    assert sum(d["label"] == "attention:workgroup" for d in prefill["dispatches"]) == 2
+    assert prefill["max_bindings"] <= WEB_MAX_BINDINGS
+    assert all(off % 256 == 0 for d in prefill["dispatches"] for _, off, _ in d["bind"])
+
+    def weight_ranges(dispatches: list[Any]) -> set[tuple[int, int]]:
+        return {(off, size) for d in dispatches for buf, off, size in d["bind"] if buf == "w"}
+    own = weight_ranges(prefill["dispatches"]) - weight_ranges(plan["dispatches"])
+    assert len(own) <= 2 and all(size < 4096 for _, size in own)  # the causal mask and the like
+    assert all(off + size <= plan["weights_bytes"] for off, size in weight_ranges(prefill["dispatches"]))
+    caches = prefill["caches"]
+    assert sorted(name for name, *_ in caches) == ["k_cache_0", "k_cache_1", "v_cache_0", "v_cache_1"]
+    assert all(src + size <= prefill["arena_bytes"] and dst + size <= plan["arena_bytes"]
+               for _, src, dst, size in caches)
 
 
 def test_page_tokenizer_equals_the_python_tokenizer(page: Any, python_model: Any) -> None:
@@ -157,6 +183,8 @@ def test_page_greedy_tokens_equal_the_python_path(page: Any, python_model: Any, 
     want = python_model.generate(prompt, max_new_tokens=new, ignore_eos=True)
     assert got["promptIds"] == python_model.tokenizer.encode(prompt)
     assert got["ids"] == want.token_ids and got["text"] == want.text
+    # the prompt ran through the prefill plan, 16 tokens a replay; then one decode step per new token
+    assert got["replays"] == {"prefill": -(-len(got["promptIds"]) // 16), "decode": new - 1}
 
 
 def test_page_chat_uses_the_template_and_stops_like_python(page: Any, python_model: Any) -> None:
@@ -165,6 +193,7 @@ def test_page_chat_uses_the_template_and_stops_like_python(page: Any, python_mod
     assert got["promptIds"] == python_model.tokenizer.encode(python_model.apply_chat_template(messages))
     want = python_model.chat(messages, max_new_tokens=6)
     assert got["ids"] == want.token_ids
+    assert got["replays"]["prefill"] == -(-len(got["promptIds"]) // 16) >= 2
     log = page.find_element("id", "log").text
     assert "Hi there" in log and "ms/token" in log
     assert "dispatches per token" in page.find_element("id", "status").text

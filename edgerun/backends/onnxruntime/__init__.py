@@ -25,8 +25,8 @@ import numpy as np
 import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
-from edgerun.backends.onnxruntime import onnx_llm_ops  # noqa: F401 - registers rms_norm's fused kernel
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
+from edgerun.backends.onnxruntime.onnx_llm_ops import USED_CELLS_KEY, attend_used_cells  # + rms_norm kernel
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
     EXTERNAL_CONSTANT_BYTES,
@@ -101,6 +101,8 @@ class OnnxRuntimeBackend(Backend):
         runner = BoundSession(session, subgraph, external)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
+                                       "attentions_over_used_cells": sum(int(p.value) for p in model.metadata_props
+                                                                         if p.key == USED_CELLS_KEY),
                                        "gathered_rasters": sum(1 for n in model.graph.node
                                                                if n.op_type == "Gather"
                                                                and "raster_index" in n.input[1])})
@@ -145,12 +147,17 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
                               producer_name="edgerun")
     model.ir_version = 9
     drop_noop_reshapes(model)
+    attend_used_cells(model, subgraph)
     kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
     return model, {k: v for k, v in external.items() if k in kept}
 
 
+PLACEHOLDER_FILE = "edgerun-weights"
+_PLACEHOLDER_FOLDER: str | None = None
+
+
 def _external_placeholder(name: str, value: np.ndarray) -> Any:
-    """An initializer with no bytes, marked external: add_external_initializers fills it without a copy."""
+    """An initializer with no bytes, marked external; make_session hands ORT its value as an OrtValue."""
     from onnx import TensorProto
 
     tensor = TensorProto()
@@ -159,12 +166,60 @@ def _external_placeholder(name: str, value: np.ndarray) -> Any:
     tensor.dims.extend(value.shape)
     tensor.data_location = TensorProto.EXTERNAL
     entry = tensor.external_data.add()
-    entry.key, entry.value = "location", "edgerun-weights"  # never read: the OrtValue replaces it
+    entry.key, entry.value = "location", PLACEHOLDER_FILE  # never read: the OrtValue replaces it
     return tensor
+
+
+def _placeholder_folder() -> str:
+    """A folder holding an empty file named like the placeholders' location. ORT checks that the external
+    file of every initializer exists before it looks at the shared ones; it never reads it."""
+    global _PLACEHOLDER_FOLDER
+    if _PLACEHOLDER_FOLDER is None or not os.path.exists(os.path.join(_PLACEHOLDER_FOLDER, PLACEHOLDER_FILE)):
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="edgerun-ort-")
+        open(os.path.join(folder, PLACEHOLDER_FILE), "wb").close()
+        atexit.register(shutil.rmtree, folder, True)
+        _PLACEHOLDER_FOLDER = folder
+    return _PLACEHOLDER_FOLDER
+
 
 
 def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
                  spin: bool = False) -> ort.InferenceSession:
+    """A session using the program's arrays in place: `add_initializer` shares them (no copy; ORT's kernels
+    still prepack their own layouts from them). `add_external_initializers`, the fallback if sharing fails,
+    copies every one into the session (a copy per session: +126 MB peak for SmolLM2's two methods)."""
+    values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in external.items()}
+    folded = _folded_initializers(model)
+    shared = set(values) - folded
+    try:
+        session = _session(model, values, threads, spin, shared)
+    except Exception:  # an ORT fusion that needs a shared initializer's bytes in the graph: copy them all
+        shared = set()
+        session = _session(model, values, threads, spin, shared)
+    session._edgerun_keep = values  # type: ignore[attr-defined]  # the OrtValues must outlive the session
+    session._edgerun_shared = shared  # type: ignore[attr-defined]  # what ORT uses in place (tests)
+    return session
+
+
+def _folded_initializers(model: Any) -> set[str]:
+    """Initializers read by nodes whose inputs are all constant: ORT's constant folding reads their bytes
+    from the graph, so they must be copied in (add_external_initializers), not shared."""
+    constant = {t.name for t in model.graph.initializer}
+    folded: set[str] = set()
+    for node in model.graph.node:  # in topological order: a folded node's outputs are constants too
+        ins = [i for i in node.input if i]
+        if ins and all(i in constant for i in ins):
+            folded.update(ins)
+            constant.update(node.output)
+    return folded
+
+
+def _session(model: Any, values: dict[str, Any], threads: int, spin: bool,
+             shared: set[str]) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
@@ -174,13 +229,16 @@ def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    keep = [ort.OrtValue.ortvalue_from_numpy(value) for value in external.values()]
-    if keep:
-        options.add_external_initializers(list(external), keep)
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    session._edgerun_keep = keep  # type: ignore[attr-defined]  # the OrtValues must outlive the session
-    return session
+    options.log_severity_level = 4 if shared else 3  # a failed sharing attempt is retried, not an error
+    if shared:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         _placeholder_folder())
+        for name in shared:
+            options.add_initializer(name, values[name])
+    copied = [name for name in values if name not in shared]
+    if copied:
+        options.add_external_initializers(copied, [values[name] for name in copied])
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 class BoundSession:

@@ -88,14 +88,18 @@ class WebGpuBackend(Backend):
     throughput = Throughput(flops_per_s=2e9, bytes_per_s=2e9, dispatch_s=2e-5, transfer_bytes_per_s=4e9,
                             transfer_latency_s=2e-4)
 
-    def __init__(self, fuse: bool = True, replay: bool = True, int4_accumulate: str = "f32") -> None:
+    def __init__(self, fuse: bool = True, replay: bool = True, int4_accumulate: str = "f32",
+                 keep_state: bool = True) -> None:
         """`int4_accumulate="f16"`: matmul_int4 sums in f16 within each group where the adapter has
-        shader-f16 (f32 otherwise); the default f32 is the CPU path's arithmetic (greedy tokens equal)."""
+        shader-f16 (f32 otherwise); the default f32 is the CPU path's arithmetic (greedy tokens equal).
+        `keep_state=False`: program state crosses to the host every call (the runner's `keep_state` not
+        offered; for comparisons)."""
         if int4_accumulate not in INT4_ACCUMULATE:
             raise EdgerunError(f"webgpu: int4_accumulate must be one of {INT4_ACCUMULATE}, not {int4_accumulate!r}")
         self.fuse = fuse
         self.replay = replay
         self.int4_accumulate = int4_accumulate
+        self.keep_state = keep_state
 
     @property
     def gpu(self) -> GpuDevice:
@@ -116,12 +120,14 @@ class WebGpuBackend(Backend):
         runner = PartitionRunner(gpu, subgraph, fuse=self.fuse, replay=self.replay,
                                  int4_accumulate=self.int4_accumulate)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
+                                 keep_state=runner.keep_state if self.keep_state else None,
                                  info={"dispatches": len(runner.kernels), "nodes": len(subgraph.nodes),
                                        "arena_bytes": runner.arena_bytes, "adapter": gpu.description,
                                        "shader_f16": gpu.has_f16, "int4_accumulate": runner.int4_accumulate,
                                        "runner": runner})
 
 
-def create_backend(fuse: bool = True, replay: bool = True, int4_accumulate: str = "f32") -> WebGpuBackend:
+def create_backend(fuse: bool = True, replay: bool = True, int4_accumulate: str = "f32",
+                   keep_state: bool = True) -> WebGpuBackend:
     get_device()  # no adapter: BackendUnavailableError now, naming what to install
-    return WebGpuBackend(fuse, replay, int4_accumulate)
+    return WebGpuBackend(fuse, replay, int4_accumulate, keep_state)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
+from edgerun.backends.webgpu.attention import attention_kernel, find_attention
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
 from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
 from edgerun.backends.webgpu.raster import raster_kernels
@@ -103,6 +104,9 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     outputs = {alias.get(v, v) for v in graph.outputs}
     inline = inline_values(graph, alias, outputs) if fuse else {}
     folded = foldable_norms(graph, alias, outputs) if fuse and fold_norms else {}
+    # attention (scores, softmax, values) as one workgroup kernel, placed where its final add is
+    attention = {m.add.name: m for m in find_attention(graph, alias, outputs, max_bindings)} if fuse else {}
+    in_attention = {n.name for m in attention.values() for n in m.nodes if n is not m.add}
     groups: list[Group | Node] = []
     made_by: dict[str, int] = {}  # value -> index in `groups` of what computes it
 
@@ -113,6 +117,12 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     for node in graph.nodes:
         if node.op == "update_slice" and node.outputs[0] in alias:
             floating.append(node)
+            continue
+        if node.name in in_attention:
+            continue
+        if node.name in attention:
+            groups.append(node)
+            made_by[node.outputs[0]] = len(groups) - 1
             continue
         if node.outputs[0] in alias or node.outputs[0] in inline or node.outputs[0] in folded:
             continue
@@ -128,7 +138,10 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     built: list[Parts | list[Kernel]] = []
     for g in groups:
         if isinstance(g, Node):
-            node_kernels = [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
+            if g.name in attention:
+                node_kernels = [attention_kernel(attention[g.name], graph, alias)]
+            else:
+                node_kernels = [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
             for k in node_kernels:
                 k.values = [alias.get(v, v) for v in k.values]
             built.append(node_kernels)
@@ -151,18 +164,39 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
                 pending = []
             pending.append(parts)
 
+    floating_parts = {id(parts) for _, parts in updates}
+
+    def defer_updates(i: int, item: Parts) -> None:
+        """Updates waiting for a dispatch (all of `pending`): those that fit ride with `item`, the others
+        wait for the next dispatch (nothing after their last dependency touches their range), so a binding
+        cap does not cost an update a dispatch of its own."""
+        nonlocal pending
+        if not pending or not all(id(p) in floating_parts for p in pending) \
+                or _independent(pending, item, max_bindings):
+            return
+        keep: list[Parts] = []
+        for p in pending:
+            if _independent([*keep, p], item, max_bindings):
+                keep.append(p)
+            else:
+                updates.append((i - 1, p))
+        pending = keep
+
     for i, item in enumerate(built):
         if isinstance(item, list):
             flush(i - 1)
             kernels.extend(item)
             flush(i)
             continue
+        defer_updates(i, item)
         if pending and not (fuse and _independent(pending, item, max_bindings)):
             flush(i - 1)
+            defer_updates(i, item)
             if pending and not _independent(pending, item, max_bindings):
                 flush(i - 1)
         pending.append(item)
     flush(len(built))
+    kernels.extend([merge(pending)] if pending else [])  # updates that follow the last dispatch
     return kernels
 
 

@@ -14,10 +14,16 @@ Guards decide whether a replay would be wrong, and then the call encodes afresh 
 switched), `state` (the layout of what the device keeps across calls changed: `hold`), `buffers` (the device
 buffers were reallocated, e.g. constants replaced). Another method is another partition with a runner and a
 capture of its own, so a method never replays another's dispatches.
+
+Program state kept on the device (`keep_state`, the runtime's ResidentState handles): a state the partition
+reads and updates in place (a KV cache appended by update_slice) keeps its range from call to call; a call
+uploads it only when the runtime's copy is newer (first call, reset, another method ran) and reads it back
+only when the runtime asks (`pull`), so a decode step moves its token and logits, not the cache.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 import wgpu
 
+from edgerun.backends.base import ResidentState
 from edgerun.backends.webgpu.device import GpuDevice
 from edgerun.backends.webgpu.lowering import lower, value_aliases
 from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
@@ -129,6 +136,7 @@ class PartitionRunner:
         self.replay = replay
         self.stats = RunStats()
         self.held: frozenset[str] = frozenset()
+        self.resident: dict[str, ResidentState] = {}  # partition input -> the state kept in its range
         self.align = gpu.limits.offset_alignment
         self._captured: Captured | None = None
         self._plan_version = 0
@@ -190,9 +198,39 @@ class PartitionRunner:
             self.align = max(self.align, align)
         self._plan_arena()
 
+    def keep_state(self, states: Sequence[ResidentState]) -> list[str]:
+        """Keep `states` on the device from call to call (CompiledPartition.keep_state): each read's range is
+        held, and an update the lowering does not write in place over it (update_slice in place shares the
+        range) is copied there at the end of the call. Returns the names kept."""
+        kept = [h for h in states if h.read in self.graph.inputs and h.update in self.graph.outputs]
+        self.resident = {h.read: h for h in kept}
+        self._plan_arena()
+        return [h.name for h in kept]
+
+    def _pull(self, name: str, host: np.ndarray) -> None:
+        """Copy value `name`'s device range into `host` (a state the runtime needs back)."""
+        offset, size = self._range[name]
+        spec = self.graph.specs[name]
+        device = self.gpu.device
+        with self.gpu.errors("reading a state back"):
+            readback = device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            enc = device.create_command_encoder()
+            enc.copy_buffer_to_buffer(self._arena, offset, readback, 0, size)
+            device.queue.submit([enc.finish()])
+            readback.map_sync(wgpu.MapMode.READ)
+            try:
+                raw = np.frombuffer(readback.read_mapped(copy=False), np.uint8,
+                                    count=spec.numel * device_itemsize(spec.dtype))
+                host[...] = raw.view(_STORED.get(spec.dtype, np.int32)).reshape(host.shape)
+            finally:
+                readback.unmap()
+
     def _plan_arena(self) -> None:
         """First-fit offsets for every non-constant value over the dispatch order (inputs live from the start,
         outputs to the end; an identity raster's or in-place update's output shares its source's range)."""
+        if hasattr(self, "_arena"):  # a kept state goes back to the host before its range is planned again
+            for handle in self.resident.values():
+                handle.release(self)
         g = self.graph
         last = len(self.kernels)
         birth: dict[str, int] = {v: -1 for v in g.inputs}
@@ -203,7 +241,7 @@ class PartitionRunner:
                     continue
                 birth.setdefault(v, i)
                 death[v] = i
-        for v in (*g.outputs, *self.held):
+        for v in (*g.outputs, *self.held, *self.resident):
             death[self.alias.get(v, v)] = last
         align = self.align
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, birth, death)
@@ -226,7 +264,14 @@ class PartitionRunner:
         self._check_buffer(total, "the partition's arena")
         self._arena = self.gpu.call("allocating the arena", self.gpu.device.create_buffer, size=total,
                                     usage=_STORAGE)
-        out_bytes = sum(self._range[v][1] for v in g.outputs)
+        self._read_back = [v for v in g.outputs if not any(h.update == v for h in self.resident.values())]
+        # (update range, read range) of each kept state whose update is not written in place: a buffer cannot
+        # be copied onto itself, so the update goes through a scratch buffer
+        self._carry = [(self._range[h.update], self._range[h.read]) for h in self.resident.values()
+                       if self._range[h.update] != self._range[h.read]]
+        self._scratch = self.gpu.device.create_buffer(
+            size=max((size for (_, size), _ in self._carry), default=4), usage=_STORAGE)
+        out_bytes = sum(self._range[v][1] for v in self._read_back)
         self._staging = self.gpu.call("allocating the staging buffer", self.gpu.device.create_buffer,
                                       size=max(out_bytes, 4),
                                       usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -322,7 +367,7 @@ class PartitionRunner:
 
     def _state_layout(self) -> tuple[tuple[str, tuple[int, int]], ...]:
         """What the device keeps from one call to the next: the held values and their ranges."""
-        return tuple((v, self._range[v]) for v in sorted(self.held))
+        return tuple((v, self._range[v]) for v in sorted({*self.held, *self.resident}))
 
     def _guard_miss(self, key: tuple[tuple[tuple[int, ...], str], ...]) -> str | None:
         cap = self._captured
@@ -367,14 +412,20 @@ class PartitionRunner:
         device = self.gpu.device
         queue = device.queue
         for name, a in zip(g.inputs, inputs):
+            kept = self.resident.get(name)
+            if kept is not None and not kept.acquire(self, functools.partial(self._pull, name)):
+                continue  # the device holds the state's newest value
             queue.write_buffer(self._arena, self._range[name][0], to_device(a, g.specs[name].dtype, name))
         checks_status = any(k.status for k in self.kernels)
         if checks_status:
             queue.write_buffer(self._status, 0, np.zeros(1, np.uint32))
         enc = device.create_command_encoder()
         record_dispatches(enc, dispatches)
+        for (update, size), (read, _) in self._carry:
+            enc.copy_buffer_to_buffer(self._arena, update, self._scratch, 0, size)
+            enc.copy_buffer_to_buffer(self._scratch, 0, self._arena, read, size)
         staged = 0
-        for name in g.outputs:
+        for name in self._read_back:
             offset, size = self._range[name]
             enc.copy_buffer_to_buffer(self._arena, offset, self._staging, staged, size)
             staged += size
@@ -386,6 +437,8 @@ class PartitionRunner:
             data = self._staging.read_mapped(copy=False)
             staged = 0
             for name, dst in zip(g.outputs, outputs):
+                if name not in self._read_back:
+                    continue
                 spec = g.specs[name]
                 size = self._range[name][1]
                 raw = np.frombuffer(data, np.uint8, count=spec.numel * device_itemsize(spec.dtype), offset=staged)
