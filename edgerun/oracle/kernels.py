@@ -163,7 +163,7 @@ def _cast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) 
     x = ins[0]
     to = DType(attrs["dtype"])
     if to.is_narrow or x.dtype.name in NARROW_NAMES:
-        outs[0][...] = narrow_cast(x, to, bool(attrs.get("saturate", True)))
+        outs[0][...] = narrow_cast(x, to, bool(attrs.get("saturate", True)), str(attrs.get("round_mode", "up")))
         return
     target = to.np
     if x.dtype.kind == "f" and target.kind in "iu":

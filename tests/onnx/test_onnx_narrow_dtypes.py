@@ -18,13 +18,15 @@ from edgerun.runtime import load
 
 NARROW = {DType.bfloat16: TensorProto.BFLOAT16, DType.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
           DType.float8_e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ, DType.float8_e5m2: TensorProto.FLOAT8E5M2,
-          DType.float8_e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ, DType.float4_e2m1fn: TensorProto.FLOAT4E2M1,
+          DType.float8_e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ, DType.float8_e8m0fnu: TensorProto.FLOAT8E8M0,
+          DType.float4_e2m1fn: TensorProto.FLOAT4E2M1,
           DType.int4: TensorProto.INT4, DType.uint4: TensorProto.UINT4, DType.int2: TensorProto.INT2,
           DType.uint2: TensorProto.UINT2}
 # int16/uint16 quantize through the same float32 lowering as the narrow integers.
 CODES = {**NARROW, DType.int16: TensorProto.INT16, DType.uint16: TensorProto.UINT16}
-QUANTIZED = [d for d in CODES if d is not DType.bfloat16]
-CAST_CASES = [(d, s) for d in NARROW for s in ((1, 0) if d.is_float8 else (1,))]
+QUANTIZED = [d for d in CODES if d not in (DType.bfloat16, DType.float8_e8m0fnu)]
+CAST_CASES = [(d, s, "up") for d in NARROW for s in ((1, 0) if d.is_float8 else (1,))]
+CAST_CASES += [(DType.float8_e8m0fnu, s, m) for s in (1, 0) for m in ("up", "down", "nearest")]
 
 # Every edge a narrow type has: zeros of both signs, values that round to even, the largest finite values
 # and beyond, infinities, NaN, subnormals, negative values for the unsigned types.
@@ -44,10 +46,11 @@ def _bits_equal(got: np.ndarray, want: np.ndarray) -> None:
     assert got.tobytes() == want.tobytes(), (got.astype(np.float32), want.astype(np.float32))
 
 
-@pytest.mark.parametrize("dtype,saturate", CAST_CASES, ids=[f"{d.value}-sat{s}" for d, s in CAST_CASES])
-def test_cast_to_and_from_a_narrow_type_matches_onnx_reference_bit_for_bit(dtype: DType, saturate: int) -> None:
+@pytest.mark.parametrize("dtype,saturate,mode", CAST_CASES, ids=[f"{d.value}-sat{s}-{m}" for d, s, m in CAST_CASES])
+def test_cast_to_and_from_a_narrow_type_matches_onnx_reference_bit_for_bit(dtype: DType, saturate: int,
+                                                                           mode: str) -> None:
     code = NARROW[dtype]
-    model = _model([helper.make_node("Cast", ["x"], ["q"], to=code, saturate=saturate),
+    model = _model([helper.make_node("Cast", ["x"], ["q"], to=code, saturate=saturate, round_mode=mode),
                     helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT)],
                    [("x", TensorProto.FLOAT, [EDGES.size])],
                    [("q", code, [EDGES.size]), ("y", TensorProto.FLOAT, [EDGES.size])])

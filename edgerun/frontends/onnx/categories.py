@@ -17,8 +17,8 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
-    "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values) and "
-             "float8e8m0 (a scale type whose Cast has its own round_mode): refused rather than silently cast",
+    "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values): refused "
+             "rather than silently cast",
 }
 
 # For each category: what would lift the refusal. "#12" is the dynamic shapes / state / control flow work
@@ -37,10 +37,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
                    "OpenCV) are not numeric kernels. Its data-dependent output shape is no longer the obstacle: "
                    "NonZero, Unique, Compress and NonMaxSuppression run as data-dependent ops (ir/staging.py)",
-    "dtype": "complex values need complex kernels in every op: not planned. float8e8m0 could be held like the "
-             "other narrow types (ml_dtypes.float8_e8m0fnu) with Cast's round_mode up/down/nearest: not done. "
-             "bfloat16, float8, float4, int4/uint4 and int2/uint2 are IR types backed by ml_dtypes (ir/dtypes.py), "
-             "as are float64, int16, uint16, uint32 and uint64",
+    "dtype": "complex values need complex kernels in every op: not planned. bfloat16, float8 (e8m0 included), "
+             "float4, int4/uint4 and int2/uint2 are IR types backed by ml_dtypes (ir/dtypes.py); float64, int16, "
+             "uint16, uint32 and uint64 are numpy's own",
 }
 
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}

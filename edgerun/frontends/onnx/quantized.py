@@ -93,7 +93,7 @@ _LOWERED_INT_RANGE = {DType.int4: (-8, 7), DType.uint4: (0, 15), DType.int2: (-2
 
 
 def _lowered(dtype: DType) -> bool:
-    return dtype in _LOWERED_INT_RANGE or (dtype.is_narrow and dtype is not DType.bfloat16)
+    return dtype in _LOWERED_INT_RANGE or dtype.is_float8 or dtype is DType.float4_e2m1fn
 
 
 def _precision_is_f32(node: OnnxNode) -> None:
