@@ -130,13 +130,20 @@ def _backends() -> list:
         out.append(MnnBackend(threads=1))
     except ImportError:
         pass
+    try:
+        import wgpu  # noqa: F401  (supports() needs the package, not an adapter)
+
+        from edgerun.backends.webgpu import WebGpuBackend
+        out.append(WebGpuBackend())
+    except ImportError:
+        pass
     return out
 
 
 @pytest.mark.parametrize("dtype", list(NARROW), ids=lambda d: d.value)
 def test_backends_without_narrow_kernels_decline_their_nodes_and_the_reference_runs_them(dtype: DType) -> None:
     """ONNX Runtime's Python binding has no numpy type for these outputs ("No corresponding Numpy type for
-    Tensor Type"), MNN and the NPU compute in float32/int8: each declines the casts, and placement keeps the
+    Tensor Type"), MNN, webgpu and the NPU compute in float32/int8: each declines the casts, and placement keeps the
     float32 ops around them on the backend."""
     code = NARROW[dtype]
     model = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["q"], to=code),
@@ -146,11 +153,13 @@ def test_backends_without_narrow_kernels_decline_their_nodes_and_the_reference_r
     program = from_onnx(model)
     casts = [n for n in program.graph.nodes if n.op == "cast"]
     assert len(casts) == 2
-    for backend in _backends():
+    backends = _backends()
+    assert {b.name for b in backends} >= {"npu", "onnxruntime"}
+    for backend in backends:
         assert not any(backend.supports(n, program.graph) for n in casts), (backend.name, dtype)
     x = np.linspace(-3, 30, 16, dtype=np.float32).reshape(2, 8)
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
-    if any(b.name == "onnxruntime" for b in _backends()):
+    if any(b.name == "onnxruntime" for b in backends):
         loaded = load(program, backends=["onnxruntime"])
         placed = {p.backend for p in loaded.parts.partitions
                   for n in p.subgraph(loaded.parts.graph).nodes if n.op == "cast"}
