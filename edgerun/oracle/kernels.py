@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from edgerun.errors import EdgerunError
-from edgerun.ir.dtypes import DType
+from edgerun.ir.dtypes import NARROW_NAMES, DType, narrow_cast
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.region import Region
 from edgerun.oracle.quant_kernels import QUANT_KERNELS
@@ -161,7 +161,11 @@ def _where(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray])
 @_kernel("cast")
 def _cast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     x = ins[0]
-    target = DType(attrs["dtype"]).np
+    to = DType(attrs["dtype"])
+    if to.is_narrow or x.dtype.name in NARROW_NAMES:
+        outs[0][...] = narrow_cast(x, to, bool(attrs.get("saturate", True)), str(attrs.get("round_mode", "up")))
+        return
+    target = to.np
     if x.dtype.kind == "f" and target.kind in "iu":
         outs[0][...] = float_to_int(x, target)
         return

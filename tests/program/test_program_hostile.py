@@ -60,7 +60,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     ("sha256 is not hex", lambda d: _seg(d, "w_f32").update(sha256="z" * 64), "sha256"),
     ("segment name empty", lambda d: _seg(d, "w_f32").update(name=""), "empty name"),
     # unknown or missing things
-    ("unknown dtype", lambda d: d["graph"]["values"]["x"].update(dtype="bfloat16"), "unknown dtype"),
+    ("unknown dtype", lambda d: d["graph"]["values"]["x"].update(dtype="complex128"), "unknown dtype"),
     ("unknown segment dtype", lambda d: _seg(d, "w_f32").update(dtype="complex64"), "unknown dtype"),
     ("missing key", lambda d: _node(d, "clamp").pop("outputs"), "missing 'outputs'"),
     ("unknown key", lambda d: d["graph"].update(extra=1), "unknown key"),

@@ -17,8 +17,8 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
-    "dtype": "element types numpy has no type for (bfloat16, float8, float4, int4/uint4, int2/uint2) or that no op "
-             "computes on (complex64/128): refused rather than silently cast",
+    "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values): refused "
+             "rather than silently cast",
 }
 
 # For each category: what would lift the refusal. "#12" is the dynamic shapes / state / control flow work
@@ -37,9 +37,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
                    "OpenCV) are not numeric kernels. Its data-dependent output shape is no longer the obstacle: "
                    "NonZero, Unique, Compress and NonMaxSuppression run as data-dependent ops (ir/staging.py)",
-    "dtype": "cannot be supported without a new runtime dependency: numpy has no bfloat16, float8, float4, int4 or "
-             "int2 (ml_dtypes would be needed; the runtime depends on numpy only), and complex values need "
-             "complex kernels in every op. float64, int16, uint16, uint32 and uint64 are in the IR",
+    "dtype": "complex values need complex kernels in every op: not planned. bfloat16, float8 (e8m0 included), "
+             "float4, int4/uint4 and int2/uint2 are IR types backed by ml_dtypes (ir/dtypes.py); float64, int16, "
+             "uint16, uint32 and uint64 are numpy's own",
 }
 
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}

@@ -19,12 +19,16 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymDim
 
-# ONNX TensorProto data types we hold natively; the rest are refused (see docs/onnx.md).
-# Not held: bfloat16 (16), float8 (17-20), int4/uint4 (21-22), float4 (23) have no numpy type (ml_dtypes would
-# be needed); complex64/128 (14-15) no op computes on; string (8) is not numeric.
+# ONNX TensorProto data types we hold; the rest are refused (see docs/onnx.md). The narrow ones (16-23, 25-26)
+# are ml_dtypes dtypes (ir/dtypes.py). Not held: complex64/128 (14-15) no op computes on; string (8) is not
+# numeric.
 ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 11: DType.float64, 3: DType.int8,
                                    2: DType.uint8, 5: DType.int16, 4: DType.uint16, 6: DType.int32,
-                                   12: DType.uint32, 7: DType.int64, 13: DType.uint64, 9: DType.bool}
+                                   12: DType.uint32, 7: DType.int64, 13: DType.uint64, 9: DType.bool,
+                                   16: DType.bfloat16, 17: DType.float8_e4m3fn, 18: DType.float8_e4m3fnuz,
+                                   19: DType.float8_e5m2, 20: DType.float8_e5m2fnuz, 21: DType.uint4,
+                                   22: DType.int4, 23: DType.float4_e2m1fn, 24: DType.float8_e8m0fnu,
+                                   25: DType.uint2, 26: DType.int2}
 DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
-from edgerun.ir.dtypes import DType
+from edgerun.ir.dtypes import E8M0_ROUND_MODES, NARROW_NAMES, DType, narrow_cast
 
 UNARY = {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh",
          "Sigmoid": "sigmoid", "Erf": "erf", "Sin": "sin", "Cos": "cos", "Floor": "floor", "Ceil": "ceil",
@@ -88,14 +88,24 @@ def identity(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [ctx.input(node, 0)]
 
 
-def _cast_to(ctx: ImportContext, name: str, to: DType) -> Out:
+def _cast_to(ctx: ImportContext, name: str, to: DType, saturate: bool = True, round_mode: str = "up") -> Out:
     c = ctx.const(name)
     if c is not None:  # CastLike(constant, x) depends only on x's type: keep it foldable
-        return _cast_const(c, to)
-    return ctx.cast(ctx.value(name), to)
+        return _cast_const(c, to, saturate, round_mode)
+    x = ctx.value(name)
+    if ctx.b.dtype(x) is to:
+        return x
+    extra: dict[str, object] = {}
+    if not saturate and (to.is_float8 or to is DType.float8_e8m0fnu):
+        extra["saturate"] = False
+    if to is DType.float8_e8m0fnu and round_mode != "up":
+        extra["round_mode"] = round_mode
+    return ctx.emit("cast", [x], dtype=to.value, **extra)
 
 
-def _cast_const(c: np.ndarray, to: DType) -> np.ndarray:
+def _cast_const(c: np.ndarray, to: DType, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
+    if to.is_narrow or c.dtype.name in NARROW_NAMES:
+        return narrow_cast(np.asarray(c), to, saturate, round_mode)
     if c.dtype.kind == "f" and to.is_int:
         info = np.iinfo(to.np)
         with np.errstate(invalid="ignore"):
@@ -103,17 +113,25 @@ def _cast_const(c: np.ndarray, to: DType) -> np.ndarray:
     return np.asarray(c).astype(to.np)
 
 
+def _cast_options(node: OnnxNode) -> tuple[bool, str]:
+    """Cast's `saturate` (read by float8 targets only: ONNX ignores it for the rest) and `round_mode` (read by
+    float8e8m0 only)."""
+    mode = node.attr("round_mode", "up")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in E8M0_ROUND_MODES:
+        raise node.refuse(f"round_mode {mode!r} (one of {', '.join(E8M0_ROUND_MODES)})")
+    return bool(node.attr("saturate", 1)), mode
+
+
 @onnx_op("Cast")
 def cast(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     to = onnx_dtype(int(node.attr("to")), "Cast target")
-    if node.attr("saturate", 1) != 1 and to.is_float:
-        raise node.refuse("saturate=0 only concerns float8 targets")
-    return [_cast_to(ctx, node.inputs[0], to)]
+    return [_cast_to(ctx, node.inputs[0], to, *_cast_options(node))]
 
 
 @onnx_op("CastLike")
 def cast_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [_cast_to(ctx, node.inputs[0], ctx.dtype(node.inputs[1]))]
+    return [_cast_to(ctx, node.inputs[0], ctx.dtype(node.inputs[1]), *_cast_options(node))]
 
 
 @onnx_op("IsNaN")

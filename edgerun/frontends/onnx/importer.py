@@ -182,6 +182,13 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                 # in the bounds (n6 against a split into 2 + 4), or a handler needs a number (np.arange(n)).
                 raise node.refuse_at_bounds(f"{exc}: over symbolic sizes this holds only for some shapes, or edgerun cannot "
                                   "prove it holds for all; pin the dimensions in input_shapes=") from None
+            narrow = _narrow_inputs(ctx, node)
+            if narrow:
+                # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op whose rule needs a float
+                # input is refused, named, rather than reported as a bug
+                raise UnsupportedOpError(node.op_type, source=node.name or node.outputs[0],
+                                         detail=f"{node.op_type} on {narrow}: edgerun does no float arithmetic "
+                                                "in the narrow types (cast to float32 around it)") from None
             if isinstance(exc, TypeError):
                 raise
             raise OnnxImportError(f"importing {node.op_type} node {node.name or node.outputs[0]!r}: {exc}") from exc
@@ -260,6 +267,12 @@ def _fold_symbolic(ctx: ImportContext, node: OnnxNode) -> bool:
             if is_symbolic(out):
                 ctx.symbolic_dtypes[name] = dtype
     return True
+
+
+def _narrow_inputs(ctx: ImportContext, node: OnnxNode) -> str:
+    """The narrow element types (bfloat16, float8, ...) a node reads, comma-separated; '' when none."""
+    found = {ctx.dtype(n).value for n in node.inputs if n and ctx.known(n) and ctx.dtype(n).is_narrow}
+    return ", ".join(sorted(found))
 
 
 def _symbolic_inputs(ctx: ImportContext, node: OnnxNode) -> bool:

@@ -49,8 +49,11 @@ def quantize_linear(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         dtype = onnx_dtype(int(node.attr("output_dtype")), "QuantizeLinear output_dtype")
     else:
         dtype = DType.uint8
+    if _lowered(dtype):
+        return [_quantize_lowered(ctx, node, dtype)]
     if dtype not in (DType.int8, DType.uint8):
-        raise node.refuse(f"quantization to {dtype.value} (int8 and uint8 are supported)")
+        raise node.refuse(f"quantization to {dtype.value} (int8, uint8, int16, uint16, float8, float4, int4/uint4 "
+                          "and int2/uint2 are supported)")
     x = _f32(ctx, ctx.input(node, 0))
     rank, axis = len(ctx.b.shape(x)), int(node.attr("axis", 1))
     scale = _f32(ctx, ctx.input(node, 1))
@@ -62,14 +65,70 @@ def quantize_linear(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 def dequantize_linear(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     q = ctx.input(node, 0)
     dtype = ctx.b.dtype(q)
-    if dtype not in (DType.int8, DType.uint8, DType.int32):
+    if _lowered(dtype):
+        y = _dequantize_lowered(ctx, node, q)
+    elif dtype in (DType.int8, DType.uint8, DType.int32):
+        y = _dequantize_integer(ctx, node, q)
+    else:
         raise node.refuse(f"dequantization of {dtype.value}")
+    if node.attr("output_dtype"):
+        return [ctx.cast(y, onnx_dtype(int(node.attr("output_dtype")), "DequantizeLinear output_dtype"))]
+    return [ctx.cast(y, ctx.dtype(node.inputs[1]))]
+
+
+def _dequantize_integer(ctx: ImportContext, node: OnnxNode, q: str) -> str:
+    dtype = ctx.b.dtype(q)
     rank, axis = len(ctx.b.shape(q)), int(node.attr("axis", 1))
     scale_in = ctx.input(node, 1)
     scale = _f32(ctx, scale_in)
     zp = _zero_point(ctx, node, 2, dtype, scale)
-    y = ctx.emit("dequantize_linear", [q, _along(ctx, node, scale, rank, axis), _along(ctx, node, zp, rank, axis)])
-    return [ctx.cast(y, ctx.b.dtype(scale_in))]
+    return ctx.emit("dequantize_linear", [q, _along(ctx, node, scale, rank, axis), _along(ctx, node, zp, rank, axis)])
+
+
+# The narrow types (float8, float4, int4/uint4, int2/uint2) and int16/uint16 are lowered to float32 arithmetic
+# and a Cast, as ONNX's reference computes them (exact: every such integer is a float32): the quantized IR ops
+# stay int8/uint8/int32, the kernels the backends have.
+_LOWERED_INT_RANGE = {DType.int4: (-8, 7), DType.uint4: (0, 15), DType.int2: (-2, 1), DType.uint2: (0, 3),
+                      DType.int16: (-32768, 32767), DType.uint16: (0, 65535)}
+
+
+def _lowered(dtype: DType) -> bool:
+    return dtype in _LOWERED_INT_RANGE or dtype.is_float8 or dtype is DType.float4_e2m1fn
+
+
+def _precision_is_f32(node: OnnxNode) -> None:
+    if int(node.attr("precision", 0)) not in (0, 1):
+        raise node.refuse("a precision other than float32 for a narrow type")
+
+
+def _quantize_lowered(ctx: ImportContext, node: OnnxNode, dtype: DType) -> str:
+    """int16/uint16/int4/uint4/int2/uint2: clip(round_half_even(x / scale) + zero_point); float8: x / scale cast with
+    `saturate` (a float8 zero point must be 0, and ONNX ignores it); float4: x / scale + zero_point, cast."""
+    _precision_is_f32(node)
+    x = _f32(ctx, ctx.input(node, 0))
+    rank, axis = len(ctx.b.shape(x)), int(node.attr("axis", 1))
+    scaled = ctx.emit("div", [x, _along(ctx, node, _f32(ctx, ctx.input(node, 1)), rank, axis)])
+    if dtype in _LOWERED_INT_RANGE:
+        scaled = ctx.emit("round", [scaled])
+    if node.has_input(2) and not dtype.is_float8:
+        scaled = ctx.emit("add", [scaled, _along(ctx, node, _f32(ctx, ctx.input(node, 2)), rank, axis)])
+    if dtype in _LOWERED_INT_RANGE:
+        low, high = _LOWERED_INT_RANGE[dtype]
+        scaled = ctx.emit("minimum", [ctx.emit("maximum", [scaled, ctx.scalar(low, scaled)]), ctx.scalar(high, scaled)])
+    if dtype.is_float8 and not node.attr("saturate", 1):
+        return ctx.emit("cast", [scaled], dtype=dtype.value, saturate=False)
+    return ctx.cast(scaled, dtype)
+
+
+def _dequantize_lowered(ctx: ImportContext, node: OnnxNode, q: str) -> str:
+    """(float32(q) - float32(zero_point)) * scale; a float8 or float4 zero point is not subtracted (ONNX's
+    reference ignores it; for float8 the spec requires it to be 0)."""
+    dtype = ctx.b.dtype(q)
+    rank, axis = len(ctx.b.shape(q)), int(node.attr("axis", 1))
+    x = _f32(ctx, q)
+    if node.has_input(2) and dtype in _LOWERED_INT_RANGE:
+        x = ctx.emit("sub", [x, _along(ctx, node, _f32(ctx, ctx.input(node, 2)), rank, axis)])
+    return ctx.emit("mul", [x, _along(ctx, node, _f32(ctx, ctx.input(node, 1)), rank, axis)])
 
 
 def _matmul_integer_nd(ctx: ImportContext, node: OnnxNode, a: str, b: str, a_zp: str, b_zp: str) -> str:

@@ -6,8 +6,9 @@ from typing import Any
 
 from edgerun.ir.dtypes import DType
 
-# torch names its types as numpy does; the ones outside DType (bfloat16, float8, complex) are refused.
-_NAMES = {d.value: d for d in DType}
+# torch names its types as numpy does. The narrow ones (bfloat16, float8) are storage types in the IR, which
+# the torch frontend's ops do not compute on: refused here, with complex.
+_NAMES = {d.value: d for d in DType if not d.is_narrow}
 
 
 def to_dtype(torch_dtype: Any) -> DType | None:

@@ -119,7 +119,9 @@ def _cast_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
 
 
 register(OpDef("cast", OpKind.ATOMIC, _cast_rule, 1, 1,
-               doc="convert element type (attr dtype); float->int truncates toward zero"))
+               doc="convert element type (attr dtype); float->int truncates toward zero; to float8, attr saturate "
+                   "(default true) clamps to the largest finite value; to float8e8m0, attr round_mode (up, down, "
+                   "nearest)"))
 
 # ---- reductions --------------------------------------------------------------------------------------
 
