@@ -99,6 +99,12 @@ SINGLE_SLACK = 1.25
 # whose first call takes longer than WARM_UP_S is called once, as before.
 WARM_UP_CALLS = 5
 WARM_UP_S = 0.05
+# A warm-up call is abandoned mid-call only once it is past CONTENDER_FACTOR x the best warm-up *and* this
+# long: a fresh ORT session's first call on DIN (8 ms against 0.06 ms steady) was abandoned against the
+# reference's 0.14 ms, so ORT was never measured and DIN ran on the reference at 2.8x ORT's time (the idle
+# peers run of session 5). Past 50 ms a first call still loses what it would cost: SqueezeNet's reference
+# alone took 2.1 s for its one call.
+ABANDON_FLOOR_S = WARM_UP_S
 
 
 class _Overrun(Exception):
@@ -170,6 +176,7 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
                    count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
                    loader: CandidateLoader | None = None,
                    build_estimate: Callable[[Mapping[str, str]], float] | None = None,
+                   abandon_floor_s: float = ABANDON_FLOOR_S,
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
     when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
@@ -221,8 +228,8 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             continue
         loaded = load_candidate(graph, placement, loader)
         # Bounded loads only: tune=True measures every candidate in full, for the report.
-        limit = CONTENDER_FACTOR * min((w[0] for w in warm), default=math.inf) if math.isfinite(budget_s) \
-            else math.inf
+        limit = max(CONTENDER_FACTOR * min((w[0] for w in warm), default=math.inf), abandon_floor_s) \
+            if math.isfinite(budget_s) else math.inf
         first = warm_up_seconds(functools.partial(loaded.run, inputs), limit)
         if not math.isfinite(first):  # abandoned mid-call: slower than the cut already
             abandoned.append((label, modelled, f"warm-up call abandoned after {limit * 1e3:.1f} ms"))
