@@ -146,3 +146,20 @@ def test_a_fresh_sessions_slow_first_call_is_not_abandoned_against_a_fast_warm_u
     by_label = {c["label"]: c for c in report["candidates"]}
     assert by_label["all onnxruntime"]["measured_s"] is not None, by_label["all onnxruntime"]
     assert "abandoned" not in by_label["all onnxruntime"].get("skipped", "")
+
+
+def test_under_a_mixed_optimum_the_safety_net_is_the_cheapest_build_among_close_single_engines() -> None:
+    from edgerun.search.tune import SINGLE_SLACK, _safety_net
+
+    candidates = [("search", {"a": "mnn", "b": "reference"}, 0.0207), ("all mnn", {"a": "mnn", "b": "mnn"}, 0.0213),
+                  ("all onnxruntime", {"a": "onnxruntime", "b": "onnxruntime"}, 0.0217),
+                  ("all reference", {"a": "reference", "b": "reference"}, 0.0213 * SINGLE_SLACK * 1.01)]
+    builds = {"mnn": 4.0, "onnxruntime": 0.3, "reference": 0.01}
+
+    def build(placement: dict[str, str]) -> float:
+        return builds[next(iter(placement.values()))]
+
+    assert _safety_net(candidates, build) == 2  # ORT: as close as MNN, a tenth of its build
+    assert _safety_net(candidates, None) == 1  # no build figures: the best-modelled
+    builds["onnxruntime"] = 5.0
+    assert _safety_net(candidates, build) == 1  # the reference builds cheapest but is modelled too far behind
