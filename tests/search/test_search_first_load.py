@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,11 +78,20 @@ def test_a_warm_up_past_its_limit_is_abandoned_between_instructions_and_the_prog
     np.testing.assert_allclose(loaded(x), interpret(graph, [x])[0], rtol=1e-4)  # lock released, arena fine
 
 
+def _reference_modelled_at(g: Graph, factor: float) -> Any:
+    """The cost table of `g` over ORT and the reference with the reference modelled at `factor` x ORT."""
+    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
+    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
+    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
+    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
+    table.seconds[:, ref] = table.seconds[:, ort] * factor
+    return table
+
+
 def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("onnxruntime")
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
     g = Graph()
     b = Builder(g)
     v = g.add_input("x", TensorSpec((1, 8, 16, 16), DType.float32))
@@ -89,10 +99,7 @@ def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost(
         w = b.const(np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1)
         v = b.emit("tanh", [b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])])
     g.outputs = [v]
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
-    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
-    table.seconds[:, ref] = table.seconds[:, ort] * 1.1  # misjudged: modelled close, so it is loaded
+    table = _reference_modelled_at(g, 1.1)  # misjudged: modelled close, so it is loaded
     # No floor here: this reference call takes ~1 ms, under the 50 ms a first call is always granted.
     placement, report, loaded = tune_placement(g, table, search_placement(table), "abandon-test", budget_s=2.0,
                                                abandon_floor_s=0.0)
@@ -131,17 +138,13 @@ def test_a_fresh_sessions_slow_first_call_is_not_abandoned_against_a_fast_warm_u
     # test guards the outcome; ABANDON_FLOOR_S is what makes it hold when it does.)
     pytest.importorskip("onnxruntime")
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
     g = Graph()
     b = Builder(g)
     v = g.add_input("x", TensorSpec((1, 16), DType.float32))
     for k in range(40):  # DIN-sized: many tiny ops, where per-op overhead is all there is
         v = b.emit("tanh" if k % 2 else "sigmoid", [v])
     g.outputs = [v]
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
-    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
-    table.seconds[:, ref] = table.seconds[:, ort] * 0.9  # the reference is the optimum: warmed up first
+    table = _reference_modelled_at(g, 0.9)  # the reference is the optimum: warmed up first
     _, report, _ = tune_placement(g, table, search_placement(table), "fresh-first-call", budget_s=2.0)
     by_label = {c["label"]: c for c in report["candidates"]}
     assert by_label["all onnxruntime"]["measured_s"] is not None, by_label["all onnxruntime"]
