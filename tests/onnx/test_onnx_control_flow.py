@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_graphs import make_model as _model
+from onnx_graphs import run_onnxruntime as _ort
+from onnx_graphs import value_info as _vi
 
 import edgerun
 from edgerun.errors import EdgerunError, UnsupportedOpError
@@ -21,19 +24,6 @@ from edgerun.frontends.onnx.context import DynamicInputError
 from edgerun.oracle import interpret
 
 ort = pytest.importorskip("onnxruntime")
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-
-
-def _vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
-def _ort(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _branch(name, nodes, out_shape=(2,), inits=()):

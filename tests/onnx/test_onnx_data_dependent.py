@@ -4,9 +4,11 @@ at each such node (ir/staging.py), matching ONNX Runtime on real graphs where th
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_graphs import make_model as _model
+from onnx_graphs import run_onnxruntime as _ort
+from onnx_graphs import value_info as _vi
 
 import edgerun
 from edgerun.frontends.onnx import from_onnx
@@ -18,19 +20,6 @@ from edgerun.ir.verifier import verify
 from edgerun.oracle import interpret
 
 BACKENDS = (["reference"], ["onnxruntime", "reference"])  # the stages around the node on either
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-
-
-def _vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
-def _ort(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _same(got, want):

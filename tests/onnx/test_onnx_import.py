@@ -6,19 +6,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_graphs import make_model as _model
+from onnx_graphs import value_info as _vi
 
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.onnx import OnnxModelError, from_onnx, import_onnx_graph
 from edgerun.oracle import interpret
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-
-
-def _vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def _run(model, *arrays):

@@ -4,9 +4,11 @@ and one imported program run at several shapes against ONNX Runtime."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_graphs import make_model as _model
+from onnx_graphs import run_onnxruntime as _ort
+from onnx_graphs import value_info as _vi
 
 import edgerun
 from edgerun.cli import main
@@ -16,21 +18,8 @@ from edgerun.ir.symbolic import SymDim, sym
 from edgerun.program import Program
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-
-
-def _vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
 def _i64(name, values):
     return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
-
-
-def _ort(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _flatten_batch_model():
