@@ -17,6 +17,7 @@ from edgerun.ir.dtypes import NARROW_NAMES, DType, narrow_cast
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.region import Region
 from edgerun.oracle.quant_kernels import QUANT_KERNELS
+from edgerun.oracle.string_kernels import STRING_KERNELS
 
 Kernel = Callable[[list[np.ndarray], dict[str, Any], list[np.ndarray]], None]
 KERNELS: dict[str, Kernel] = {}
@@ -356,6 +357,7 @@ def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
 
 # ---- quantized ops (exact integer kernels, edgerun/oracle/quant_kernels.py) ---------------------------
 KERNELS.update(QUANT_KERNELS)
+KERNELS.update(STRING_KERNELS)  # string ops (oracle/string_kernels.py): the reference alone runs them
 
 
 @_kernel("update_slice")

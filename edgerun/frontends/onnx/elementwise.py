@@ -24,7 +24,10 @@ def unary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 @onnx_op(*BINARY)
 def binary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [ctx.emit(BINARY[node.op_type], [ctx.input(node, 0), ctx.input(node, 1)])]
+    a, b = ctx.input(node, 0), ctx.input(node, 1)
+    if node.op_type == "Equal" and ctx.b.dtype(a) is DType.string:  # only the reference compares strings
+        return [ctx.emit("string_equal", [a, b])]
+    return [ctx.emit(BINARY[node.op_type], [a, b])]
 
 
 @onnx_op("Div")

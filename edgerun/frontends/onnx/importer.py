@@ -79,9 +79,9 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
     for name, value in (constant_inputs or {}).items():
         if name not in input_names:
             raise OnnxModelError(f"constant_inputs names {name!r}, which is not a graph input")
-        ctx.consts[name] = np.asarray(value)
+        ctx.bind_constant(name, np.asarray(value))
     for vi in g.input:
-        if vi.name not in ctx.consts:
+        if not ctx.known(vi.name):
             graph.add_input(vi.name, input_spec(vi, declared.shapes.get(vi.name)))
             ctx.values[vi.name] = vi.name
     opsets = {o.domain or "": int(o.version) for o in model.opset_import}
@@ -109,7 +109,7 @@ def _add_initializers(ctx: ImportContext, initializers: Any) -> None:
     from onnx import numpy_helper
     for t in initializers:
         try:
-            ctx.consts[t.name] = numpy_helper.to_array(t)
+            ctx.bind_constant(t.name, numpy_helper.to_array(t))
         except (ValueError, TypeError) as exc:
             raise OnnxModelError(f"initializer {t.name!r} cannot be decoded: {exc}") from None
 
@@ -143,7 +143,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
     for proto in dependency_order(nodes, set(ctx.values) | set(ctx.consts)):
         domain = proto.domain if proto.domain != "ai.onnx" else ""
         if domain not in ("",) and f"{domain}:{proto.op_type}" not in handlers:
-            detail = "no import handler for this ai.onnx.ml op (string ops and SVMs are not supported; " \
+            detail = "no import handler for this ai.onnx.ml op (SVMs and others are not supported; " \
                 "docs/onnx.md)" if domain == "ai.onnx.ml" else \
                 f"domain {domain!r} is not supported (only the default ONNX domain, the numeric ops of " \
                 "ai.onnx.ml, and com.microsoft MatMulNBits)"
@@ -200,7 +200,7 @@ def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: Ch
         if not name:
             continue
         if isinstance(out, np.ndarray):
-            ctx.consts[name] = out
+            ctx.bind_constant(name, out)
         else:
             ctx.values[name] = out
         _cross_check(ctx, node, name, types.get(name), types.bindings)
