@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.region import Region
 from edgerun.runtime.memory_plan import TensorLifetime
@@ -85,9 +86,9 @@ def value_lifetimes(steps: Sequence[Step], graph: Graph, skip: Collection[str] =
     skip = set(skip) | set(graph.constants)
     lifetimes = {}
     for v, f in first.items():
-        if v in skip:
-            continue
         spec = graph.specs[v]
+        if v in skip or spec.dtype is DType.string:  # strings hold objects, not bytes: bind_views gives each
+            continue  # its own array, outside the arena
         lifetimes[v] = TensorLifetime(v, spec.nbytes, f, last[v])
     return lifetimes
 
