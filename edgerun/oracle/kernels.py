@@ -31,6 +31,11 @@ def _kernel(*names: str) -> Callable[[Kernel], Kernel]:
     return deco
 
 
+def _floating(x: np.ndarray) -> bool:
+    """A float array, ml_dtypes' bfloat16, float8 and float4 included (numpy gives those kind 'V', not 'f')."""
+    return x.dtype.kind == "f" or x.dtype.name.startswith(("bfloat", "float"))
+
+
 # ---- elementwise -------------------------------------------------------------------------------------
 
 _ERF_SERIES_TERMS = 36  # Maclaurin terms for |x| < 2.5: the last is below 1e-16 of the sum
@@ -85,7 +90,7 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
     "tanh": np.tanh, "sigmoid": _sigmoid, "erf": _erf, "sin": np.sin, "cos": np.cos,
     "floor": np.floor, "ceil": np.ceil, "round": np.round, "neg": np.negative, "abs": np.abs,
-    "sign": np.sign, "reciprocal": lambda x: np.reciprocal(x) if x.dtype.kind == "f" else (1 // x),
+    "sign": np.sign, "reciprocal": lambda x: np.reciprocal(x) if _floating(x) else (1 // x),
     "logical_not": np.logical_not,
 }
 
@@ -105,7 +110,7 @@ for _n in UNARY:
 
 def _div(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     rounding = attrs.get("rounding", "none")
-    if a.dtype.kind == "f":
+    if _floating(a):
         q = np.true_divide(a, b)
         return np.floor(q) if rounding == "floor" else np.trunc(q) if rounding == "trunc" else q
     if np.any(b == 0):
@@ -118,13 +123,13 @@ def _div(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
 
 
 def _mod(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    if a.dtype.kind != "f" and np.any(b == 0):
+    if not _floating(a) and np.any(b == 0):
         raise EdgerunError("integer modulo by zero")
     return np.fmod(a, b) if attrs.get("fmod") else np.remainder(a, b)
 
 
 def _pow(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    if a.dtype.kind != "f" and np.any(b < 0):
+    if not _floating(a) and np.any(b < 0):
         raise EdgerunError("integer power with a negative exponent")
     return np.power(a, b)
 
@@ -302,7 +307,7 @@ def _pool_input(x: np.ndarray, attrs: dict[str, Any], out_hw: tuple[int, int], v
 @_kernel("max_pool2d")
 def _max_pool(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     x = ins[0]
-    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    fill = -np.inf if _floating(x) else np.iinfo(x.dtype).min
     win, _ = _pool_input(x, attrs, outs[0].shape[2:], fill)
     outs[0][...] = win.max(axis=(4, 5))
 

@@ -29,6 +29,7 @@ from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS, outer_re
 from edgerun.frontends.onnx.dims import describe, disagreement
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
+from edgerun.frontends.onnx.narrow_float import REDUCING_REFUSAL, import_via_float32
 from edgerun.frontends.onnx.registry import load_handlers
 from edgerun.frontends.onnx.symbols import InputDim, declare_inputs
 from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
@@ -170,7 +171,9 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                 continue
             raise node.refuse("no ONNX import handler for this op")
         try:
-            outs = handler(ctx, node)
+            outs = import_via_float32(ctx, node, handler)  # bfloat16 elementwise ops (narrow_float.py)
+            if outs is None:
+                outs = handler(ctx, node)
         except SymbolicShapeError as exc:
             raise node.refuse(f"{exc}; this op needs that size at import time: pin the dimension in "
                               "input_shapes= (an int instead of (name, min, max))") from None
@@ -186,9 +189,10 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             if narrow:
                 # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op whose rule needs a float
                 # input is refused, named, rather than reported as a bug
+                why = REDUCING_REFUSAL if narrow == "bfloat16" else \
+                    "edgerun does no float arithmetic in the narrow types (cast to float32 around it)"
                 raise UnsupportedOpError(node.op_type, source=node.name or node.outputs[0],
-                                         detail=f"{node.op_type} on {narrow}: edgerun does no float arithmetic "
-                                                "in the narrow types (cast to float32 around it)") from None
+                                         detail=f"{node.op_type} on {narrow}: {why}") from None
             if isinstance(exc, TypeError):
                 raise
             raise OnnxImportError(f"importing {node.op_type} node {node.name or node.outputs[0]!r}: {exc}") from exc
