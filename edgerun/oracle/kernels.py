@@ -164,10 +164,27 @@ def _where(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray])
     outs[0][...] = np.where(ins[0], ins[1], ins[2])
 
 
+def _string_cast(x: np.ndarray, to: DType) -> np.ndarray:
+    """Cast to or from strings as ONNX's reference does it: numpy's str of each element (float32 0.1 is
+    '0.1', True is 'True'), and numpy's parse of each string ('1.5', '-inf', '7'; narrow types through
+    float32). A string that is not a number of the type is an EdgerunError naming it."""
+    if to is DType.string:
+        return np.asarray(x).astype(np.str_).astype(object)
+    try:
+        if to.is_narrow:
+            return narrow_cast(x.astype(np.float32), to)
+        return x.astype(to.np)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise EdgerunError(f"cast of a string tensor to {to.value}: {exc}") from None
+
+
 @_kernel("cast")
 def _cast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     x = ins[0]
     to = DType(attrs["dtype"])
+    if to is DType.string or x.dtype == object:
+        outs[0][...] = _string_cast(x, to)
+        return
     if to.is_narrow or x.dtype.name in NARROW_NAMES:
         outs[0][...] = narrow_cast(x, to, bool(attrs.get("saturate", True)), str(attrs.get("round_mode", "up")))
         return

@@ -54,6 +54,8 @@ def find_aliases(steps: Sequence[Step], graph: Graph) -> tuple[dict[str, str], d
         if node is None or not is_noop_raster(node, graph):
             continue
         src, out = node.inputs[0], node.outputs[0]
+        if graph.specs[out].dtype is DType.string:  # string values are outside the arena: the raster copies
+            continue
         if src in const or (src in graph.constants and graph.constants[src].flags.c_contiguous):
             const[out] = const.get(src, src)
         elif src in graph.constants:

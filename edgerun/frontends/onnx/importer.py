@@ -253,7 +253,7 @@ def _try_fold(ctx: ImportContext, node: OnnxNode, handler: Handler) -> bool:
         return False  # the regular path imports it into the graph or reports the problem
     for name, out in zip(node.outputs, outs):
         if name:
-            ctx.consts[name] = values[out] if isinstance(out, str) else out
+            ctx.bind_constant(name, values[out] if isinstance(out, str) else out)
     return len(outs) >= len([o for o in node.outputs if o])
 
 
