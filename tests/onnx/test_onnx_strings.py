@@ -64,7 +64,8 @@ def test_regex_full_match_agrees_with_the_reference(pattern: str) -> None:
 
 @pytest.mark.parametrize("pattern, why", [(r"(a)\1", "backreference"), (r"a(?=b)", "lookaround"),
                                           (r"a\sb", r"\\s"), (r"a$\n", r"\$ before"), (r"(?i)abc", "flags"),
-                                          (r"[[:alpha:]]+", "POSIX"), (r"a\Z", r"\\Z"), (r"\pL", "RE2-only")])
+                                          (r"[[:alpha:]]+", "POSIX"), (r"a\Z", r"\\Z"), (r"\pL", "RE2-only"),
+                                          (r"a{,3}", "as text"), (r"\N{DIGIT ONE}", "names a character")])
 def test_regex_patterns_python_reads_differently_from_re2_are_refused_by_name(pattern: str, why: str) -> None:
     model = _model([helper.make_node("RegexFullMatch", ["x"], ["y"], pattern=pattern)], [("x", S, [2])],
                    [("y", TensorProto.BOOL, [2])])
@@ -269,3 +270,43 @@ def test_a_string_that_is_not_a_number_is_a_clear_error() -> None:
     model = _model([helper.make_node("Cast", ["x"], ["y"], to=F)], [("x", S, [2])], [("y", F, [2])])
     with pytest.raises(EdgerunError, match="cast of a string tensor to float32: could not convert string"):
         load(from_onnx(model), backends=["reference"]).run([np.array(["1", "one"], dtype=object)])
+
+
+def _backends() -> list:
+    """Every backend that can be built here without a device: supports() needs the packages only."""
+    from edgerun.backends.npu import NpuBackend
+    out: list = [NpuBackend()]
+    try:
+        from edgerun.backends.onnxruntime import OnnxRuntimeBackend
+        out.append(OnnxRuntimeBackend(threads=1))
+    except ImportError:
+        pass
+    try:
+        from edgerun.backends.mnn import MnnBackend
+        out.append(MnnBackend(threads=1))
+    except ImportError:
+        pass
+    try:
+        import wgpu  # noqa: F401
+
+        from edgerun.backends.webgpu import WebGpuBackend
+        out.append(WebGpuBackend())
+    except ImportError:
+        pass
+    return out
+
+
+def test_no_backend_but_the_reference_supports_a_node_that_touches_a_string() -> None:
+    from edgerun.backends.reference import ReferenceBackend
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("StringConcat", ["r", "r"], ["c"]),
+             helper.make_node("Equal", ["c", "r"], ["e"]), helper.make_node("Not", ["e"], ["y"])]
+    model = _model(nodes, [("x", S, [2, 3])], [("y", TensorProto.BOOL, [6])], inits=[helper.make_tensor("s", I64, [1], [6])])
+    graph = from_onnx(model, optimize=False).graph
+    touching = [n for n in graph.nodes if any(graph.specs[v].dtype is DType.string for v in (*n.inputs, *n.outputs) if v)]
+    assert {n.op for n in touching} >= {"string_concat", "string_equal"} and len(touching) >= 3
+    backends = _backends()
+    assert {b.name for b in backends} >= {"npu", "onnxruntime"}
+    for backend in backends:
+        assert not any(backend.supports(n, graph) for n in touching), backend.name
+    assert all(ReferenceBackend().supports(n, graph) for n in touching)
+    assert any(b.supports(n, graph) for b in backends for n in graph.nodes if n not in touching)  # Not on bool

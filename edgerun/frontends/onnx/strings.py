@@ -66,12 +66,17 @@ def unsupported_regex(pattern: str) -> str:
     """Why Python's re (with re.ASCII, as a full match) would not match as RE2 does; '' when it would.
 
     Refused: what RE2 lacks (above), \\Z, flags other than (?m) and (?s) ((?i) folds case by Unicode in RE2,
-    by ASCII here), POSSIX classes such as [[:alpha:]] (re reads them as a set of characters), \\s (RE2's
-    lacks \\v), and $ anywhere but the pattern's end (re's $ also matches before a final newline)."""
+    by ASCII here), POSIX classes such as [[:alpha:]] (re reads them as a set of characters), {,n} and \\N{..}
+    (re's own), \\s (RE2's lacks \\v), and $ anywhere but the pattern's end (re's $ also matches before a final
+    newline)."""
     import re._parser as sre_parse  # the stdlib's own parser: what `re` will run, opcode by opcode
 
     if "[:" in pattern:
         return "a POSIX class or '[:' in a set (re reads it as characters)"
+    if re.search(r"(?<!\\)\{,", pattern):
+        return "{,n} (re repeats 0 to n times, RE2 reads it as text)"
+    if "\\N{" in pattern:
+        return "\\N{name} (re names a character, RE2 has no such escape)"
     try:
         parsed: Any = sre_parse.parse(pattern)
     except re.error as exc:
