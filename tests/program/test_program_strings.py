@@ -52,6 +52,7 @@ def test_string_constants_round_trip_through_the_file(tmp_path, mmap: bool) -> N
         np.testing.assert_array_equal(got, program.graph.constants[name])
         assert all(type(s) is str for s in got.reshape(-1))
     assert loaded.program_hash() == program.program_hash()
+    assert loaded.summary().weight_bytes_by_dtype["string"] == sum(len(s.encode()) for s in TABLE.reshape(-1))
     x = np.array([["p", "", "q"], ["", "r", "s"]], dtype=object)
     f = np.arange(3, dtype=np.float32)
     joined, same, doubled, nothing = load(loaded, backends=["reference"]).run([x, f])
