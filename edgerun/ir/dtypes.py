@@ -15,10 +15,11 @@ not here: no op or backend computes on complex values.
 `string` holds text: a numpy object array whose every element is a Python `str` (`string_array` checks it).
 numpy 2's StringDType was the other choice; object arrays are what ONNX's reference implementation, ONNX
 Runtime and `onnx.numpy_helper` produce and expect, so a string tensor crosses those boundaries (and the
-conformance runner's dtype check) without conversion, and the oracle kernels (string_ops.py) work per element
-in Python anyway. A string element is a pointer, not bytes: string tensors never live in a byte arena or a
-device buffer, only the reference runs ops on them (every other backend declares kernels by numeric dtype),
-and the program file stores string constants length-prefixed (docs/program-format.md)."""
+conformance runner's dtype check) without conversion, and the oracle kernels (oracle/string_kernels.py)
+work per element in Python anyway. A string element is a reference, not bytes: string tensors never live in
+the runtime's byte arena or a device buffer, only the reference runs nodes that touch them
+(Backend.holds_strings), and the program file stores string constants length-prefixed
+(program/string_segment.py)."""
 
 from __future__ import annotations
 
@@ -70,10 +71,6 @@ class DType(StrEnum):
     def is_narrow(self) -> builtins.bool:
         """A type numpy lacks, held as an ml_dtypes dtype: storage only (Cast, Quantize/DequantizeLinear)."""
         return self.value in NARROW_NAMES
-
-    @property
-    def is_string(self) -> builtins.bool:
-        return self is DType.string
 
     @property
     def is_float8(self) -> builtins.bool:

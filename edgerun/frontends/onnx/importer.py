@@ -29,7 +29,7 @@ from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS, outer_re
 from edgerun.frontends.onnx.dims import describe, disagreement
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
-from edgerun.frontends.onnx.narrow_float import REDUCING_REFUSAL, import_via_float32
+from edgerun.frontends.onnx.narrow_float import BFLOAT16_REFUSAL, import_via_float32
 from edgerun.frontends.onnx.registry import load_handlers
 from edgerun.frontends.onnx.symbols import InputDim, declare_inputs
 from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
@@ -189,7 +189,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             if narrow:
                 # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op whose rule needs a float
                 # input is refused, named, rather than reported as a bug
-                why = REDUCING_REFUSAL if narrow == "bfloat16" else \
+                why = BFLOAT16_REFUSAL if narrow == "bfloat16" else \
                     "edgerun does no float arithmetic in the narrow types (cast to float32 around it)"
                 raise UnsupportedOpError(node.op_type, source=node.name or node.outputs[0],
                                          detail=f"{node.op_type} on {narrow}: {why}") from None

@@ -34,7 +34,7 @@ ELEMENTWISE_VIA_FLOAT32 = frozenset({
     "Sqrt", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Atanh", "Reciprocal",
 })
 
-REDUCING_REFUSAL = ("float32 arithmetic rounded once per node does not reproduce ONNX's reference, which rounds "
+BFLOAT16_REFUSAL = ("float32 arithmetic rounded once per node does not reproduce ONNX's reference, which rounds "
                     "every intermediate to bfloat16, sums included (measured: frontends/onnx/narrow_float.py); "
                     "cast to float32 around it")
 
