@@ -615,3 +615,34 @@ def test_attention_whose_probabilities_are_read_elsewhere_stays_three_dispatches
     compiled = WebGpuBackend().compile(graph)
     assert "attention:workgroup" not in [k.label for k in compiled.info["runner"].kernels]
     assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_reads_only_the_cache_cells_in_use() -> None:
+    # Each row's workgroup reads its mask on the device and stops at 1 + the last kept cell (at least 1): the
+    # cells after it score -inf and weigh exactly 0, so skipping them leaves the outputs unchanged. Shown by
+    # poisoning them: NaN keys and values past that length leave the output bit for bit the output with zeros
+    # there, where the unfused kernels (0 x NaN in the value product) give NaN. The length is a run-time value:
+    # one compiled kernel, replayed with used lengths 37, 0, 1, 99, 100 and masks that are no prefix, matches
+    # the unfused kernels each time.
+    graph, feeds = attention_graph()
+    compiled, unfused = WebGpuBackend().compile(graph), UNFUSED.compile(graph)
+    runner = compiled.info["runner"]
+    assert [k.label for k in runner.kernels] == ["attention:workgroup"]
+    c = feeds[1].shape[2]
+    cells = [range(37), range(0), range(1), range(99), range(100), [*range(10), *range(20, 37)], range(50, 61)]
+    for kept in cells:
+        keep = np.zeros((1, 1, c), bool)
+        keep[..., list(kept)] = True
+        used = max(max(kept, default=-1) + 1, 1)
+        clean, poisoned = [*feeds[:5], keep], [*feeds[:5], keep]
+        for target, fill in ((clean, 0.0), (poisoned, np.nan)):
+            target[1], target[3] = target[1].copy(), target[3].copy()  # the cache's keys [.., hd, C], values [.., C, d]
+            target[1][:, :, used:] = fill
+            target[3][:, used:, :] = fill
+        got = compiled(*clean)[0]
+        np.testing.assert_allclose(got, unfused(*clean)[0], rtol=1e-5, atol=1e-6)
+        bad = compiled(*poisoned)[0]
+        assert np.array_equal(bad.view(np.uint32), got.view(np.uint32)), list(kept)[-1:]
+        if used < c:
+            assert np.isnan(unfused(*poisoned)[0]).all()
+    assert runner.stats.replays == 2 * len(cells) - 1 and not runner.stats.fallbacks
