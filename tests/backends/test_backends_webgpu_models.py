@@ -139,6 +139,51 @@ def test_fusion_claims_matmul_bias_activation_and_chains(zoo_dir: str) -> None:
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_one_command_encoder_and_one_submit_per_call_over_an_arena_plan(zoo_dir: str) -> None:
+    # The partition's values live in one device buffer planned over the dispatch order: values alive at the
+    # same dispatch never share bytes, values that are not do (the arena is smaller than their sum), and every
+    # bound range is aligned and inside it. A call, fresh or replayed, is one command encoder and one submit.
+    runner, graph, feeds = mlp_partition(zoo_dir, fuse=False)
+    life: dict[str, list[int]] = {v: [-1, -1] for v in graph.inputs}
+    for i, k in enumerate(runner.kernels):
+        for v in k.values:
+            if v not in graph.constants:
+                life.setdefault(v, [i, i])[1] = i
+    for v in graph.outputs:
+        life[v][1] = len(runner.kernels)
+    ranges = {v: runner.value_range(v) for v in life}
+    assert all(o % runner.align == 0 and o + n <= runner.arena_bytes for o, n in ranges.values())
+    assert runner.arena_bytes < sum(n for _, n in ranges.values())
+    names = sorted(life)
+    for a_i, a in enumerate(names):
+        for b in names[a_i + 1:]:
+            (oa, na), (ob, nb) = ranges[a], ranges[b]
+            alive_together = life[a][0] <= life[b][1] and life[b][0] <= life[a][1]
+            assert not (alive_together and oa < ob + nb and ob < oa + na), (a, b)
+    device = runner.gpu.device
+    counts = {"encoders": 0, "submits": 0}
+    encoder, submit = device.create_command_encoder, device.queue.submit
+
+    def ours() -> bool:  # wgpu-py's map_async makes an encoder and submits of its own: count edgerun's only
+        return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("edgerun.")
+
+    def counted_encoder(*args: Any, **kwargs: Any) -> Any:
+        counts["encoders"] += ours()
+        return encoder(*args, **kwargs)
+
+    def counted_submit(*args: Any, **kwargs: Any) -> Any:
+        counts["submits"] += ours()
+        return submit(*args, **kwargs)
+    device.create_command_encoder, device.queue.submit = counted_encoder, counted_submit
+    try:
+        for calls in range(1, 4):
+            call(runner, graph, feeds)
+            assert counts == {"encoders": calls, "submits": calls}
+    finally:
+        del device.create_command_encoder, device.queue.submit
+    assert (runner.stats.fresh, runner.stats.replays) == (1, 2)
+
+
 def test_replay_equals_fresh_encode_bit_for_bit_over_100_calls(zoo_dir: str) -> None:
     replayed, graph, feeds = mlp_partition(zoo_dir, replay=True)
     fresh, _, _ = mlp_partition(zoo_dir, replay=False)

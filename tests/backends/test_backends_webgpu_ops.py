@@ -233,6 +233,12 @@ def test_adapter_limits_are_clear_errors() -> None:
     small.limits = replace(real, max_workgroups=2)
     with pytest.raises(EdgerunError, match="workgroups"):
         PartitionRunner(small, graph)
+    small.limits = replace(real, max_workgroup_size=32)
+    with pytest.raises(EdgerunError, match="maxComputeWorkgroupSizeX"):
+        PartitionRunner(small, graph)
+    small.limits = replace(real, max_buffer_bytes=4096)
+    with pytest.raises(EdgerunError, match="maxBufferSize"):
+        PartitionRunner(small, graph)
 
 
 def test_kernel_seconds_from_timestamp_queries() -> None:
