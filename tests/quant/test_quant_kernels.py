@@ -142,6 +142,22 @@ def test_matmul_int4_matches_onnxruntime_matmulnbits(group: int, with_zp: bool) 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_matmul_int4_minimum_form_dequantizes_each_group_with_its_float_zero_point(group: int) -> None:
+    """float32 zero points (GGUF Q4_1's minimum form, `w = (q - zp) * scale`): every group's own, against the
+    whole dequantized weight built here in float64."""
+    rng = np.random.default_rng(group)
+    k, n = 3 * group - 8, 5  # K padded in the last group
+    blocks = -(-k // group)
+    q = rng.integers(0, 16, size=(n, blocks, group)).astype(np.uint8)
+    scales = (rng.random((n, blocks)) * 0.1 + 0.01).astype(np.float32)
+    zp = (rng.standard_normal((n, blocks)) * 4).astype(np.float32)  # not integers: a minimum, not a code
+    a = rng.standard_normal((2, k)).astype(np.float32)
+    got = _run("matmul_int4", [a, pack_int4(q), scales, zp], [((2, n), np.float32)], k=k, n=n, group_size=group)[0]
+    w = ((q.astype(np.float64) - zp[:, :, None]) * scales[:, :, None]).reshape(n, -1)[:, :k]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
+
+
 # ---- properties --------------------------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
