@@ -199,3 +199,20 @@ def test_int4_pack_roundtrip() -> None:
     packed = pack_int4(v)
     assert packed.shape == (2, 8) and packed[0, 0] == 0x10
     np.testing.assert_array_equal(unpack_int4(packed), v)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 24), st.booleans(), st.integers(0, 2 ** 31))
+def test_per_token_dynamic_quantize_is_each_row_quantized_alone(rows: int, width: int, signed: bool, seed: int) -> None:
+    """per_token: one (scale, zero point) per row of the last axis, the same as quantizing that row by itself, so
+    a loud token does not coarsen a quiet one."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, width)) * 10.0 ** rng.integers(-3, 4, size=(rows, 1))).astype(np.float32)
+    dtype = np.dtype(np.int8 if signed else np.uint8)
+    outs = _run("dynamic_quantize", [x], [((rows, width), dtype), ((rows, 1), np.float32), ((rows, 1), dtype)],
+                per_token=True)
+    for i in range(rows):
+        scale, zp = dynamic_qparams(x[i], dtype, per_token=False)
+        assert outs[1][i, 0] == scale and outs[2][i, 0] == zp
+        np.testing.assert_array_equal(outs[0][i], quantize_values(x[i], scale, zp))
+
