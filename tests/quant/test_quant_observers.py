@@ -49,13 +49,13 @@ def test_mse_trades_clipping_for_step_size() -> None:
     assert _roundtrip_mse(values, mse_lo, mse_hi) < 0.95 * _roundtrip_mse(values, lo, hi)
 
 
-@pytest.mark.parametrize("observer,at_most", [("percentile", 0.5), ("mse", 0.95)])
-def test_int8_static_uses_the_observer_asked_for(observer: str, at_most: float) -> None:
-    """Heavy-tailed calibration images with one outlier pixel: the graph input's scale follows the observer."""
+@pytest.mark.parametrize("observer", ["percentile", "mse"])
+def test_int8_static_uses_the_observer_asked_for(observer: str) -> None:
+    """Heavy-tailed calibration images (Student's t): the graph input's scale is the observer's range over them,
+    narrower than min/max's."""
     program = small_cnn()
     rng = np.random.default_rng(1)
-    images = rng.standard_t(2, (4, *program.graph.specs["image"].shape)).astype(np.float32)
-    images[0].flat[5] = 300.0
+    images = rng.standard_t(2, (16, *program.graph.specs["image"].shape)).astype(np.float32)
 
     def input_scale(q: edgerun.Program) -> float:
         node = next(n for n in q.graph.nodes if n.op == "quantize_linear" and n.inputs[0] == "image")
@@ -63,4 +63,4 @@ def test_int8_static_uses_the_observer_asked_for(observer: str, at_most: float) 
     minmax = input_scale(edgerun.quantize(program, "int8-static", calibration={"image": images}))
     clipped = edgerun.quantize(program, "int8-static", calibration={"image": images}, observer=observer)
     assert clipped.metadata["quantization"]["observer"] == observer
-    assert input_scale(clipped) < at_most * minmax
+    assert input_scale(clipped) == float(uint8_params(*_range(observer, list(images)))[0]) < minmax
