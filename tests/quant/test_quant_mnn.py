@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("MNN", reason="MNN is not installed (pip install edgerun[mnn])")
 onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime", reason="the MNN backend emits ONNX with the onnxruntime package's emitter")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from small_cnn import small_cnn  # noqa: E402
