@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("MNN", reason="MNN is not installed (pip install edgerun[mnn])")
 pytest.importorskip("onnxruntime", reason="the MNN backend emits ONNX with the onnxruntime package's emitter")
@@ -20,6 +22,7 @@ from backends_testkit import assert_matches_reference, one_node_graph, relative_
 
 from edgerun.backends.mnn import INT64_OPS, UNSUPPORTED, MnnBackend
 from edgerun.backends.registry import get_backend
+from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -30,9 +33,13 @@ RNG = np.random.default_rng(3)
 
 
 def _op_cases() -> list[tuple[str, str, list[np.ndarray], dict[str, Any]]]:
-    from test_backends_ort_ops import CASES
+    from test_backends_ort_ops import CASES, boolean, f32, ints
 
-    return CASES
+    # `where` with operands of the output's shape or one element (the shared cases broadcast a row, which
+    # MNN's Where reads past its end: not claimed).
+    return [*CASES, ("where-full", "where", [boolean(3, 4), f32(3, 4), f32(3, 4)], {}),
+            ("where-scalar", "where", [boolean(2, 3, 4), f32(), f32(2, 3, 4)], {}),
+            ("where-int32-one", "where", [boolean(3, 4), ints(np.int32, 3, 4), ints(np.int32, 1, 1)], {})]
 
 
 OP_CASES = _op_cases()
@@ -73,6 +80,55 @@ def test_int32_raster_runs_on_mnn() -> None:
     assert_matches_reference(graph, [x], MNN.compile(graph)(x), rtol=0, atol=0)
 
 
+def _embedding_graph(rows: int, computed_indices: bool = False) -> Graph:
+    # DIN's pattern: int64 ids gather rows of a table, and the same ids, compared with 0, mask the result.
+    g = Graph()
+    b = Builder(g)
+    ids = g.add_input("ids", TensorSpec((2, 5), DType.int64))
+    table = g.add_constant(RNG.standard_normal((rows, 3)).astype(np.float32))
+    index = ids
+    if computed_indices:
+        index = b.emit("where", [b.emit("lt", [ids, b.scalar(0, ids)]), b.scalar(0, ids), ids])
+    rows_out = b.emit("gather", [table, index], axis=0)
+    summed = b.emit("reduce_sum", [rows_out], axes=[2], keepdims=False)
+    mask = b.emit("eq", [ids, b.const(np.zeros((), np.int64))])
+    g.outputs = [b.emit("where", [mask, b.const(np.array(-np.inf, np.float32)), summed])]
+    return g
+
+
+def test_int64_gather_and_mask_run_on_mnn_and_bad_indices_raise() -> None:
+    from edgerun import load
+
+    g = _embedding_graph(rows=7)
+    assert all(MNN.supports(n, g) for n in g.nodes)
+    loaded = load(g, [MNN])
+    assert [p.backend for p in loaded.partitions] == ["mnn"]
+    ids = np.array([[0, 3, 6, -1, -7], [2, 0, 0, 5, 1]], np.int64)
+    np.testing.assert_array_equal(loaded.run([ids])[0], load(g).run([ids])[0])
+    # MNN would read some row (or wrap the int64 to int32) where the reference raises: checked before the run.
+    for bad in (7, -8, 2**32 + 3):
+        wrong = ids.copy()
+        wrong[1, 2] = bad
+        with pytest.raises(EdgerunError, match=f"gather index {bad} in input 'ids' is outside \\[-7, 7\\)"):
+            loaded.run([wrong])
+
+
+def test_int64_values_mnn_cannot_bound_stay_elsewhere() -> None:
+    g = _embedding_graph(rows=7, computed_indices=True)  # the gather's indices are computed in the graph
+    claimed = {n.op for n in g.nodes if MNN.supports(n, g)}
+    assert not claimed & {"gather", "lt", "eq"} and "reduce_sum" in claimed, claimed  # ids reach no gather
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((4,), DType.int64))  # compared, never a gather's index: unbounded
+    g.outputs = [b.emit("eq", [x, b.const(np.zeros((), np.int64))])]
+    assert not MNN.supports(g.nodes[0], g)
+    g = Graph()
+    b = Builder(g)
+    big = b.const(np.array([2**40], np.int64))  # a constant past int32
+    g.outputs = [b.emit("eq", [big, b.const(np.zeros((), np.int64))])]
+    assert not MNN.supports(g.nodes[0], g)
+
+
 # ---- whole models -----------------------------------------------------------------------------------------
 
 torch_needed = pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="torch not installed")
@@ -101,6 +157,8 @@ def test_zoo_model_whole_on_mnn_matches_reference(name: str) -> None:
     on_mnn = sum(len(p.nodes) for p in loaded.partitions if p.backend == "mnn")
     claimed = sum(MNN.supports(n, loaded.graph) for n in loaded.graph.nodes)
     assert on_mnn == claimed > 0.6 * len(loaded.graph.nodes), (on_mnn, claimed, len(loaded.graph.nodes))
+    if name in ("mlp", "din"):  # DIN's int64 gathers, masks and feature concats included: one MNN call
+        assert [p.backend for p in loaded.partitions] == ["mnn"]
     for got, ref in zip(loaded.run(args), want):
         assert got.shape == ref.shape and got.dtype == ref.dtype
         assert relative_error(got, ref) <= tolerance, relative_error(got, ref)
@@ -201,10 +259,60 @@ def test_layout_rasters_on_mnn_or_left_to_others(name: str) -> None:
     for node in graph.nodes:
         regions, fill = node.attrs["regions"], node.attrs.get("fill")
         simple = len(regions) == 1 and min(regions[0][2:5]) >= 0 and fill in (None, 0)
-        assert MNN.supports(node, graph) == simple, name
+        assert MNN.supports(node, graph) == (simple or _concat_of_whole_inputs(node, graph)), name
     loaded = load(graph, [MNN])
     for got, want in zip(loaded.run(inputs), load(graph).run(inputs)):
         np.testing.assert_array_equal(got, want)
+
+
+def _concat_of_whole_inputs(node: Any, graph: Graph) -> bool:
+    # Worked out element by element: each region reads every element of its input (broadcast axes aside)
+    # from offset 0 in order, and the regions write every output element exactly once.
+    from edgerun.ir.region import regions_of
+
+    regions = regions_of(node.attrs)
+    if len(regions) < 2:
+        return False
+    written = np.zeros(graph.specs[node.outputs[0]].numel, np.int64)
+    for r in regions:
+        dst, src = r.index_grids()
+        kept = [k for k in range(3) if r.src_strides[k] != 0 and r.size[k] != 1]
+        order = src.reshape(r.size)[tuple(slice(None) if k in kept else 0 for k in range(3))].reshape(-1)
+        if not np.array_equal(order, np.arange(graph.specs[node.inputs[r.src]].numel)):
+            return False
+        np.add.at(written, dst, 1)
+    return bool((written == 1).all())
+
+
+@given(st.data())
+@settings(max_examples=30, deadline=None)
+def test_random_concats_of_broadcast_inputs_on_mnn_match_reference(data: st.DataObject) -> None:
+    # The many-region rasters MNN claims (DIN's feature rows): a concat of inputs, some broadcast first,
+    # merged by the pipeline into one raster; run on MNN element-exact.
+    from edgerun import load
+    from edgerun.passes.pipeline import optimize
+
+    rank = data.draw(st.integers(1, 4))
+    shape = data.draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank))
+    axis = data.draw(st.integers(0, rank - 1))
+    g = Graph()
+    b = Builder(g)
+    pieces, inputs = [], []
+    for k in range(data.draw(st.integers(2, 4))):
+        full = list(shape)
+        full[axis] = data.draw(st.integers(1, 4))
+        small = [n if n == 1 or not data.draw(st.booleans()) else 1 for n in full]  # broadcast some axes
+        x = RNG.standard_normal(small).astype(np.float32)
+        v = g.add_input(f"x{k}", TensorSpec(x.shape, DType.float32))
+        pieces.append(b.emit("expand", [v], shape=full) if small != full else v)
+        inputs.append(x)
+    g.outputs = [b.emit("concat", pieces, axis=axis)]
+    graph, _ = optimize(g)
+    for node in graph.nodes:  # (a piece read as two interleaved regions is not claimed: still right)
+        regions = node.attrs["regions"]
+        simple = len(regions) == 1 and min(regions[0][2:5]) >= 0
+        assert MNN.supports(node, graph) == (simple or _concat_of_whole_inputs(node, graph)), node.attrs
+    np.testing.assert_array_equal(load(graph, [MNN]).run(inputs)[0], load(graph).run(inputs)[0])
 
 
 # A child that converts the same small matmul chain again and again (no conversion cache: each one is a real
