@@ -66,6 +66,47 @@ def test_every_op_mnn_claims_has_a_case_it_runs() -> None:
     assert set(MNN.supported) - {"raster"} - ran == set()
 
 
+def _composite_cases() -> list[tuple[str, str, list[np.ndarray], dict[str, Any], str]]:
+    from test_backends_ort_ops import COMPOSITE_CASES
+
+    return COMPOSITE_CASES
+
+
+COMPOSITE_CASES = _composite_cases()
+
+
+@pytest.mark.parametrize("case", COMPOSITE_CASES, ids=[c[0] for c in COMPOSITE_CASES])
+def test_composites_run_whole_or_as_their_pieces_on_mnn(case: tuple[str, str, list[np.ndarray], dict[str, Any],
+                                                                    str]) -> None:
+    # Kept whole exactly when in WHOLE_COMPOSITES (GELU is approximated by MNN, rms_norm does not convert);
+    # otherwise MNN still takes the composite when it runs every piece, and the runtime lowers it there.
+    from edgerun import load
+    from edgerun.backends.mnn import WHOLE_COMPOSITES
+
+    _, op, inputs, attrs, _ = case
+    graph = one_node_graph(op, inputs, constant=[False] + [True] * (len(inputs) - 1), **attrs)
+    node = graph.nodes[0]
+    ort_keeps = get_backend("onnxruntime").keeps_whole(node, graph)  # the emitter's own conditions
+    assert MNN.keeps_whole(node, graph) == (op in WHOLE_COMPOSITES and ort_keeps)
+    if not MNN.supports(node, graph):
+        return
+    loaded = load(graph, [MNN])
+    assert {p.backend for p in loaded.partitions} == {"mnn"}, [(p.backend, [n.op for n in p.nodes])
+                                                               for p in loaded.partitions]
+    np.testing.assert_allclose(loaded.run(inputs[:1])[0], load(graph).run(inputs[:1])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_gelu_runs_on_mnn_as_its_pieces() -> None:
+    from edgerun import load
+
+    x = np.linspace(-6, 6, 56, dtype=np.float32).reshape(8, 7)
+    graph = one_node_graph("gelu", [x])
+    assert not MNN.keeps_whole(graph.nodes[0], graph) and MNN.supports(graph.nodes[0], graph)
+    loaded = load(graph, [MNN])
+    assert [p.backend for p in loaded.partitions] == ["mnn"] and "erf" in {n.op for n in loaded.graph.nodes}
+    np.testing.assert_allclose(loaded.run([x])[0], load(graph).run([x])[0], rtol=2e-6, atol=2e-6)
+
+
 def test_int32_raster_runs_on_mnn() -> None:
     x = RNG.integers(-50, 50, (6, 5, 4)).astype(np.int32)
     g = Graph()
