@@ -170,6 +170,20 @@ def test_int64_values_mnn_cannot_bound_stay_elsewhere() -> None:
     assert not MNN.supports(g.nodes[0], g)
 
 
+def test_small_partitions_run_on_one_thread_unless_the_user_fixed_the_count() -> None:
+    # MNN's busy-waiting pool costs more than a second thread gains on a tiny partition (DIN: 17 us on one
+    # thread, 33-39 on two); calibration's choice of two still holds for real work.
+    from edgerun.search.calibrate import _gemm_graph
+
+    tuned = MnnBackend()
+    tuned.apply_settings({"threads": 2})
+    tiny = _embedding_graph(rows=7)
+    assert tuned.partition_threads(tiny) == 1 and tuned.partition_threads(_gemm_graph()) == 2
+    assert MnnBackend(threads=2).partition_threads(tiny) == 2  # fixed by the user: kept
+    compiled = tuned.compile(tiny)
+    assert compiled.info["threads"] == 1
+
+
 # ---- whole models -----------------------------------------------------------------------------------------
 
 torch_needed = pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="torch not installed")

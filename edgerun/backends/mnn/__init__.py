@@ -73,6 +73,10 @@ except ImportError as exc:  # the registry turns this into BackendUnavailableErr
 # 128x256x512 ran in 1.6 ms on one thread and 7.8 ms on two (ORT's non-spinning pool gains from two).
 DEFAULT_THREADS = 1
 TUNED_THREADS = 2  # the alternative calibration times (bench/peers.py runs MNN on 2 threads)
+# Below this much work (flops plus bytes moved, summed over a partition's nodes) a partition runs on one
+# thread whatever calibration chose (`MnnBackend.partition_threads`): the calibration's GEMM, conv and exp
+# (35, 15 and 4.2 million) are above it; its tiny MLP (1.6 million), the zoo's MLP (1.7) and DIN (1.2) below.
+SMALL_PARTITION_WORK = 3e6
 F32 = frozenset({DType.float32})
 # Ops whose ONNX form MNN does not run as the reference does.
 # Found by the op-by-op tests: MNN's Round rounds halves away from zero (the IR: to even), its Mod is not
@@ -271,10 +275,21 @@ class MnnBackend(Backend):
         # Converted once per content on this machine (conversion_cache): the key covers the emitted model,
         # its weights, MNN's version and the converter's flags.
         key = conversion_key(model, external, "mnn", MNN.version(), *CONVERT_FLAGS)
+        threads = self.partition_threads(subgraph)
         with converted_file("mnn", key, lambda target: convert_model(model, external, target), ".mnn") as path:
-            runner = SessionRunner(path, subgraph, self.threads)
+            runner = SessionRunner(path, subgraph, threads)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False, takes_any_arrays=True,
-                                 info={"threads": self.threads, "mnn_bytes": runner.model_bytes})
+                                 info={"threads": threads, "mnn_bytes": runner.model_bytes})
+
+    def partition_threads(self, subgraph: Graph) -> int:
+        """The thread count for one partition: a small one runs on one thread unless the user fixed the
+        count. MNN's pool waits busily and wakes per op: DIN (0.25 MFLOP, 37 ops) took 17 us on one thread
+        and 33-39 on two on an idle machine (the peers benchmark's MNN), 52 against 206 us at load 8; the MLP
+        (0.54 MFLOP) 52 against 145."""
+        if self.threads_setting is not None or self.threads == 1:
+            return self.threads
+        work = sum(c.flops + c.bytes_moved for c in (self.cost(n, subgraph) for n in subgraph.nodes))
+        return self.threads if work >= SMALL_PARTITION_WORK else 1
 
 
 def create_backend(threads: int | None = None) -> MnnBackend:
