@@ -37,7 +37,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
     reads,
 )
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
-from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes
+from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -147,6 +147,7 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
                               producer_name="edgerun")
     model.ir_version = 9
     drop_noop_reshapes(model)
+    fold_expand_reshapes(model)
     attend_used_cells(model, subgraph)
     kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
     return model, {k: v for k, v in external.items() if k in kept}
