@@ -91,6 +91,13 @@ MODELLED_CUTOFF = 10.0
 # within this factor of the optimum: the model put the reference 1.3-3x behind ORT on real OCR, audio and
 # detection models where it measured 8-13x behind, after 2-5 s of first load spent running it once.
 SINGLE_SLACK = 1.25
+# A single engine this cheap to build (estimated seconds, from calibration's compile figures) and modelled
+# within CHEAP_SINGLE_SLACK of the optimum is always measured, before any dearer build: with MNN's memory rate
+# corrected the model put ResNet-18 at 26 ms on MNN and 41 on ORT (load 12), where at idle the two were within
+# 5% and ORT sometimes ahead, so ORT fell outside SINGLE_SLACK, or MNN's conversions (1-4 s) spent the budget
+# before ORT's session (estimated 5 ms; a fraction of a second) was reached, and auto could keep the slower one.
+CHEAP_BUILD_S = 0.1
+CHEAP_SINGLE_SLACK = 2.0
 
 
 # A candidate's warm-up is its fastest of up to WARM_UP_CALLS calls made within WARM_UP_S: a fresh ORT
@@ -172,6 +179,14 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
     return arrays
 
 
+def measuring_order(builds: Sequence[float], cheap: Sequence[bool]) -> list[int]:
+    """Indices into the candidates (model order) in the order pass 1 builds them: the cheap builds first,
+    in model order (the optimum's warm-up, usually first, sets the cut the others are abandoned at), then
+    the rest cheapest build first, so a dear conversion cannot spend the budget a cheap candidate needed."""
+    return [k for k in range(len(builds)) if cheap[k]] + \
+        sorted((k for k in range(len(builds)) if not cheap[k]), key=lambda k: builds[k])
+
+
 def _safety_net(candidates: Sequence[tuple[str, Mapping[str, str], float]],
                 build_estimate: Callable[[Mapping[str, str]], float] | None) -> int:
     """Under a mixed optimum, the single engine built whatever its build costs: of those modelled within
@@ -214,28 +229,38 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
     abandoned: list[tuple[str, float, str]] = []  # (label, modelled, why): loaded, warm-up cut short
     optimum_is_single = len(set(candidates[0][1].values())) == 1
-    safety_net = 0 if optimum_is_single else _safety_net(candidates, build_estimate)
-    for k, (label, placement, modelled) in enumerate(candidates):
-        if k > singles and time.perf_counter() >= deadline:
+    bounded = math.isfinite(budget_s) and build_estimate is not None
+    builds = [build_estimate(p) if build_estimate is not None else 0.0 for _, p, _ in candidates]
+    cheap = [bounded and b <= CHEAP_BUILD_S for b in builds]
+    # Cheap single engines modelled close enough to the optimum: measured whatever the budget and the other
+    # rules say (they cost a fraction of a second); they are also the net under a mixed optimum.
+    always = {k for k, (label, _, modelled) in enumerate(candidates)
+              if k and label.startswith("all ") and cheap[k] and modelled <= CHEAP_SINGLE_SLACK * candidates[0][2]}
+    safety_net = 0 if optimum_is_single or always else _safety_net(candidates, build_estimate)
+    for k in measuring_order(builds, cheap) if bounded else range(len(candidates)):
+        label, placement, modelled = candidates[k]
+        if k in always:
+            pass
+        elif k > singles and time.perf_counter() >= deadline:
             # A variant of the optimum, past the budget: left out on purpose, so the winner is still cached
             # (ResNet-50 at load 6 ran out before "fewer partitions" and measured everything again next load).
             hopeless.append((label, modelled, "budget spent before it was loaded"))
             continue
-        if k and modelled > MODELLED_CUTOFF * candidates[0][2]:
+        elif k and modelled > MODELLED_CUTOFF * candidates[0][2]:
             hopeless.append((label, modelled, "modelled beyond the cutoff"))
             continue  # beyond any error the model was seen to make: loading and running it would only cost
-        if k and optimum_is_single and modelled > SINGLE_SLACK * candidates[0][2]:
+        elif k and optimum_is_single and modelled > SINGLE_SLACK * candidates[0][2]:
             # Single engines are measured against the model misjudging a mix; an optimum on one engine
             # already is that safety net (the reference alone on an OCR detector: 3.5 s for one call).
             hopeless.append((label, modelled, "the optimum is one engine; modelled slower than it"))
             continue
-        if k and k != safety_net and build_estimate is not None \
-                and time.perf_counter() + BUILD_MARGIN * build_estimate(placement) > deadline:
+        elif k and k != safety_net and build_estimate is not None \
+                and time.perf_counter() + BUILD_MARGIN * builds[k] > deadline:
             # Building it alone would overrun the budget (MNN converts a large model in seconds); the
             # optimum and the best single engine, the net under a mix the model misjudged, are built anyway.
             hopeless.append((label, modelled, "its build would overrun the budget"))
             continue
-        if k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
+        elif k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
             # The model says it loses and the budget is spent: on an OCR detector one warm-up call of the
             # reference alone took 7 s of a 15 s load.
             hopeless.append((label, modelled, "budget spent, modelled slower than the optimum"))
