@@ -6,11 +6,14 @@ measured choice among the model's best few candidates, which include every backe
 than the best single-engine placement it measured. Once the budget is spent, a single engine the model
 ranks slower than its optimum is left out (one warm-up call of the reference alone on an OCR detector took
 7 s), and so is any candidate modelled MODELLED_CUTOFF times slower; when the optimum itself runs on one
-engine, other single engines are measured only within SINGLE_SLACK of it. `tune=True` measures without the bound.
+engine, other single engines are measured only within SINGLE_SLACK of it. A single engine cheap to build
+(CHEAP_BUILD_S) and modelled within CHEAP_SINGLE_SLACK of the optimum is measured whatever those rules say,
+and cheap builds go first, so a mis-modelled dear engine (MNN's conversion: 1-4 s) can neither hide nor
+starve it. `tune=True` measures without the bound.
 
 Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
 partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
-latency. Each is loaded and timed on synthetic inputs (zeros for integers, which are always valid indices;
+latency (and built in measuring_order's). Each is loaded and timed on synthetic inputs (zeros for integers, which are always valid indices;
 normal noise for floats). The winner is cached under (device fingerprint, program hash), so the next load
 of the same program on the same machine skips the measurement.
 """
@@ -209,7 +212,8 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
                    abandon_floor_s: float = ABANDON_FLOOR_S,
                    ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
-    when it came from the cache). Candidates are measured in candidate_placements' order; past `budget_s`
+    when it came from the cache). Candidates are measured in measuring_order (candidate_placements' order
+    when the load is unbounded or builds are not estimated); past `budget_s`
     no candidate beyond the optimum and the single engines is loaded, and a single engine only when the
     model ranks it no slower than the optimum, and no candidate but the optimum whose `build_estimate`
     (seconds to compile its partitions) would overrun the budget. The winner is cached when every candidate
