@@ -6,10 +6,10 @@ measured choice among the model's best few candidates, which include every backe
 than the best single-engine placement it measured. Once the budget is spent, a single engine the model
 ranks slower than its optimum is left out (one warm-up call of the reference alone on an OCR detector took
 7 s), and so is any candidate modelled MODELLED_CUTOFF times slower; when the optimum itself runs on one
-engine, other single engines are measured only within SINGLE_SLACK of it. A single engine cheap to build
-(CHEAP_BUILD_S) and modelled within CHEAP_SINGLE_SLACK of the optimum is measured whatever those rules say,
-and cheap builds go first, so a mis-modelled dear engine (MNN's conversion: 1-4 s) can neither hide nor
-starve it. `tune=True` measures without the bound.
+engine, other single engines are measured only within SINGLE_SLACK of it. The single engine cheapest to
+build among those modelled within CHEAP_SINGLE_SLACK of the optimum is measured whatever those rules say,
+first, and the rest are built cheapest first, so a mis-modelled dear engine (MNN's conversion: 1-4 s) can
+neither hide nor starve it. `tune=True` measures without the bound.
 
 Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
 partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
@@ -94,12 +94,11 @@ MODELLED_CUTOFF = 10.0
 # within this factor of the optimum: the model put the reference 1.3-3x behind ORT on real OCR, audio and
 # detection models where it measured 8-13x behind, after 2-5 s of first load spent running it once.
 SINGLE_SLACK = 1.25
-# A single engine this cheap to build (estimated seconds, from calibration's compile figures) and modelled
-# within CHEAP_SINGLE_SLACK of the optimum is always measured, before any dearer build: with MNN's memory rate
-# corrected the model put ResNet-18 at 26 ms on MNN and 41 on ORT (load 12), where at idle the two were within
-# 5% and ORT sometimes ahead, so ORT fell outside SINGLE_SLACK, or MNN's conversions (1-4 s) spent the budget
-# before ORT's session (estimated 5 ms; a fraction of a second) was reached, and auto could keep the slower one.
-CHEAP_BUILD_S = 0.1
+# Of the single engines modelled within CHEAP_SINGLE_SLACK of the optimum, the cheapest to build (by
+# calibration's estimate) is always measured, first, when its estimate fits the budget: with MNN's memory
+# rate corrected the model put ResNet-18 at 26-28 ms on MNN and 41-55 on ORT (load 7-12), where at idle the
+# two ran within 5% and ORT sometimes ahead, so ORT fell outside SINGLE_SLACK, or MNN's conversions (1-4 s)
+# spent the budget before ORT's session (0.3-0.4 s; estimated 0.6 s at load 7) was reached.
 CHEAP_SINGLE_SLACK = 2.0
 
 
@@ -182,12 +181,26 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
     return arrays
 
 
-def measuring_order(builds: Sequence[float], cheap: Sequence[bool]) -> list[int]:
-    """Indices into the candidates (model order) in the order pass 1 builds them: the cheap builds first,
-    in model order (the optimum's warm-up, usually first, sets the cut the others are abandoned at), then
-    the rest cheapest build first, so a dear conversion cannot spend the budget a cheap candidate needed."""
-    return [k for k in range(len(builds)) if cheap[k]] + \
-        sorted((k for k in range(len(builds)) if not cheap[k]), key=lambda k: builds[k])
+def measuring_order(builds: Sequence[float], first: int | None) -> list[int]:
+    """Indices into the candidates (model order) in the order pass 1 builds them: the cheap single engine
+    that is always measured (`first`), the optimum (its warm-up sets the cut the others are abandoned at),
+    then the rest cheapest build first, so a dear conversion cannot spend the budget a cheaper one needed."""
+    head = [k for k in (first, 0) if k is not None]
+    return list(dict.fromkeys(head)) + sorted((k for k in range(len(builds)) if k not in head),
+                                              key=lambda k: builds[k])
+
+
+def _cheap_single(candidates: Sequence[tuple[str, Mapping[str, str], float]], builds: Sequence[float],
+                  budget_s: float) -> int | None:
+    """The single engine always measured: of those modelled within CHEAP_SINGLE_SLACK of the optimum, the
+    cheapest to build, if its estimated build fits the budget and it is not the optimum itself."""
+    close = [k for k, (label, placement, modelled) in enumerate(candidates)
+             if (label.startswith("all ") or (not k and len(set(placement.values())) == 1))
+             and modelled <= CHEAP_SINGLE_SLACK * candidates[0][2]]
+    if not close:
+        return None
+    k = min(close, key=lambda k: builds[k])
+    return k if k and builds[k] <= budget_s else None
 
 
 def _safety_net(candidates: Sequence[tuple[str, Mapping[str, str], float]],
@@ -235,15 +248,12 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     optimum_is_single = len(set(candidates[0][1].values())) == 1
     bounded = math.isfinite(budget_s) and build_estimate is not None
     builds = [build_estimate(p) if build_estimate is not None else 0.0 for _, p, _ in candidates]
-    cheap = [bounded and b <= CHEAP_BUILD_S for b in builds]
-    # Cheap single engines modelled close enough to the optimum: measured whatever the budget and the other
-    # rules say (they cost a fraction of a second); they are also the net under a mixed optimum.
-    always = {k for k, (label, _, modelled) in enumerate(candidates)
-              if k and label.startswith("all ") and cheap[k] and modelled <= CHEAP_SINGLE_SLACK * candidates[0][2]}
-    safety_net = 0 if optimum_is_single or always else _safety_net(candidates, build_estimate)
-    for k in measuring_order(builds, cheap) if bounded else range(len(candidates)):
+    # Measured whatever the budget and the rules below say; it is also the net under a mixed optimum.
+    always = _cheap_single(candidates, builds, budget_s) if bounded else None
+    safety_net = 0 if optimum_is_single else always if always is not None else _safety_net(candidates, build_estimate)
+    for k in measuring_order(builds, always) if bounded else range(len(candidates)):
         label, placement, modelled = candidates[k]
-        if k in always:
+        if k == always:
             pass
         elif k > singles and time.perf_counter() >= deadline:
             # A variant of the optimum, past the budget: left out on purpose, so the winner is still cached

@@ -274,7 +274,9 @@ def test_first_auto_load_measures_candidates_within_its_budget_and_caches_the_wi
     report = first.search.tuning
     assert report["source"] == "measured" and report["complete"]
     measured = [c for c in report["candidates"] if c["measured_s"] is not None]
-    assert measured[0]["label"] == "search"
+    # The optimum is measured; the cheapest-built single engine close to it may go first (tune.measuring_order).
+    assert "search" in [c["label"] for c in measured[:2]] and measured[0]["label"] in ("search", *(
+        c["label"] for c in measured if c["label"].startswith("all ")))
     assert all(c.get("skipped") for c in report["candidates"] if c["measured_s"] is None)
     # The fastest wins, a placement over more backends only by MIXED_MARGIN per extra backend.
     assert report["winner"] == min(measured, key=lambda c: c["measured_s"] * MIXED_MARGIN ** (

@@ -202,7 +202,7 @@ def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_fas
     # budget first, and was never timed.
     pytest.importorskip("onnxruntime")
     pytest.importorskip("MNN")
-    from edgerun.search.tune import CHEAP_BUILD_S, CHEAP_SINGLE_SLACK, SINGLE_SLACK, candidate_placements
+    from edgerun.search.tune import CHEAP_SINGLE_SLACK, SINGLE_SLACK, candidate_placements
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     g = _small_conv_net()
@@ -212,7 +212,7 @@ def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_fas
     modelled = {lb: m for lb, _, m in candidate_placements(g, table, best)}
     # ORT modelled ~1.8x behind: outside SINGLE_SLACK, within CHEAP_SINGLE_SLACK
     assert SINGLE_SLACK < modelled["all onnxruntime"] / modelled["search"] < CHEAP_SINGLE_SLACK
-    builds = {"mnn": mnn_build_s, "onnxruntime": CHEAP_BUILD_S / 10, "reference": CHEAP_BUILD_S / 10}
+    builds = {"mnn": mnn_build_s, "onnxruntime": 0.1, "reference": 0.001}
 
     def estimate(placement: dict[str, str]) -> float:
         return sum(builds[b] for b in set(placement.values()))
@@ -222,7 +222,8 @@ def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_fas
     by_label = {c["label"]: c for c in report["candidates"]}
     measured = {lb: c["measured_s"] for lb, c in by_label.items() if c["measured_s"] is not None}
     assert set(measured) == {"search", "all onnxruntime"}, by_label
-    # ORT's session is built and warmed up before MNN's conversion: the report lists them in that order.
+    # ORT's session (the cheapest build within CHEAP_SINGLE_SLACK) is built and warmed up before MNN's
+    # conversion: the report lists them in that order.
     assert list(measured) == ["all onnxruntime", "search"]
     assert report["winner"] == min(measured, key=lambda lb: measured[lb])
     assert set(placement.values()) == ({"onnxruntime"} if report["winner"] == "all onnxruntime" else {"mnn"})
@@ -231,10 +232,17 @@ def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_fas
     np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-3, atol=1e-4)
 
 
-def test_cheap_builds_are_measured_first_in_model_order_then_the_rest_cheapest_first() -> None:
-    from edgerun.search.tune import measuring_order
+def test_the_cheap_single_engine_is_built_first_then_the_optimum_then_the_rest_cheapest_first() -> None:
+    from edgerun.search.tune import CHEAP_SINGLE_SLACK, _cheap_single, measuring_order
 
-    #        optimum (MNN) all mnn  all ort  all reference  fewer partitions
-    builds = [1.5, 4.0, 0.005, 0.001, 0.9]
-    cheap = [b <= 0.1 for b in builds]
-    assert measuring_order(builds, cheap) == [2, 3, 4, 0, 1]
+    candidates = [("search", {"a": "mnn", "b": "onnxruntime"}, 0.026), ("all mnn", {"a": "mnn", "b": "mnn"}, 0.028),
+                  ("all onnxruntime", {"a": "onnxruntime", "b": "onnxruntime"}, 0.041),
+                  ("all reference", {"a": "reference", "b": "reference"}, 2.8),
+                  ("search, fewer partitions", {"a": "mnn", "b": "mnn"}, 0.027)]
+    builds = [0.8, 0.85, 0.6, 0.001, 0.9]  # session 6's estimates for ResNet-18 at load 7
+    assert _cheap_single(candidates, builds, 2.0) == 2  # the reference builds cheaper but is modelled 100x behind
+    assert measuring_order(builds, 2) == [2, 0, 3, 1, 4]
+    assert measuring_order(builds, None) == [0, 3, 2, 1, 4]
+    assert _cheap_single(candidates, builds, 0.5) is None  # its build alone would not fit the budget
+    candidates[2] = (*candidates[2][:2], 0.026 * CHEAP_SINGLE_SLACK * 1.01)
+    assert _cheap_single(candidates, builds, 2.0) == 1  # ORT modelled too far behind: MNN alone is the cheapest
