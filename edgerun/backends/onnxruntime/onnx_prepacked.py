@@ -93,6 +93,7 @@ def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
     session = make(model, {"codes": shared})
     if "codes" not in session._edgerun_shared:  # ORT copied it in: the probe would prove nothing
         return False
+    del session._edgerun_keep["codes"]  # as compile does for a released constant: ORT keeps no OrtValue of ours
     a = rng.standard_normal((1, k)).astype(np.float32)
     before = session.run(None, {"a": a})[0]
     shared[...] = 255 - shared  # other codes: a session reading the array would now answer differently
