@@ -83,3 +83,16 @@ def test_only_a_prepacked_input_slot_is_released() -> None:
     session = make_session(model, external, 1)
     assert session._edgerun_shared == {codes, scales}
     assert released_initializers(model, session._edgerun_shared, _probe_session) == {codes}
+
+
+@pytest.mark.parametrize("zero_points, released", [(np.uint8, {"codes"}), (np.float32, set())])
+def test_float_zero_points_keep_the_codes(zero_points: type, released: set[str]) -> None:
+    """ORT does not prepack MatMulNBits with float zero points, so its codes are read at run time."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("MatMulNBits", ["a", "codes", "scales", "zp"], ["y"], domain="com.microsoft", K=64, N=8,
+                            bits=4, block_size=32, accuracy_level=4)
+    zp = numpy_helper.from_array(np.full(8 if zero_points is np.uint8 else 16, 8, zero_points), "zp")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [zp])
+    assert released_initializers(helper.make_model(graph), {"codes"}, _probe_session) == released

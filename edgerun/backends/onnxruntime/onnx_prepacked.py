@@ -39,21 +39,25 @@ def released_initializers(model: Any, shared: set[str], make: SessionMaker) -> s
             if name in shared:
                 slots.setdefault(name, []).append((node, k))
     graph_outputs = {o.name for o in model.graph.output}
+    dtypes = {t.name: t.data_type for t in model.graph.initializer}
     released = set()
     for name, uses in slots.items():
         if name in graph_outputs:
             continue
-        if all(PREPACKED_INPUTS.get((n.op_type, n.domain)) == k and _probe(_signature(n), make) for n, k in uses):
+        if all(PREPACKED_INPUTS.get((n.op_type, n.domain)) == k and _probe(_signature(n, dtypes), make)
+               for n, k in uses):
             released.add(name)
     return released
 
 
-def _signature(node: Any) -> tuple[Any, ...]:
-    """What decides whether MatMulNBits prepacks: bits, block size, accuracy level, and its inputs present."""
+def _signature(node: Any, dtypes: dict[str, int]) -> tuple[Any, ...]:
+    """What decides whether MatMulNBits prepacks: bits, block size, accuracy level, its inputs present and
+    its zero points' type (float zero points turn prepacking off)."""
     attrs = {a.name: a.i for a in node.attribute if a.name in ("bits", "block_size", "accuracy_level")}
     present = tuple(bool(i) for i in node.input)
+    zero_points = dtypes.get(node.input[3], -1) if len(node.input) > 3 and node.input[3] else None
     return (node.op_type, node.domain, attrs.get("bits", 4), attrs.get("block_size", 32),
-            attrs.get("accuracy_level", 0), present)
+            attrs.get("accuracy_level", 0), present, zero_points)
 
 
 @functools.cache
@@ -71,8 +75,8 @@ def _probe(signature: tuple[Any, ...], make: SessionMaker) -> bool:
 def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
     from onnx import TensorProto, helper, numpy_helper
 
-    _, domain, bits, block, level, present = signature
-    if bits != 4 or len(present) > 4 or any(present[4:]):
+    _, domain, bits, block, level, present, zero_points = signature
+    if bits != 4 or len(present) > 4 or any(present[4:]) or zero_points not in (None, TensorProto.UINT8):
         return False
     k, n = 2 * block, 16
     blocks = k // block
