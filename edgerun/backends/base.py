@@ -182,8 +182,16 @@ class Backend(ABC):
     # (at any depth), so a body never needs a second backend. The partitioner hands it the node with its
     # bodies (the partition graph's `subgraphs`).
     control_flow: ClassVar[Mapping[str, OpSupport]] = {}
+    # Whether this backend takes nodes that read or write string tensors (DType.string: object arrays of str).
+    # Only the reference does: a string element is a Python object, not bytes a device buffer or a delegate's
+    # tensor could hold, so every other backend declines such a node whatever its tables say (a raster or a
+    # reshape is declared for any dtype).
+    holds_strings: ClassVar[bool] = False
 
     def supports(self, node: Node, graph: Graph) -> bool:
+        if not self.holds_strings and any(graph.specs[v].dtype is DType.string for v in (*node.inputs, *node.outputs)
+                                          if v):
+            return False
         if is_control_flow(node.op):
             return _fits(self.control_flow.get(node.op), node, graph) and all(
                 self.supports(inner, body) for body in bodies_of(node, graph)

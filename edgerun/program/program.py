@@ -201,7 +201,7 @@ class Program:
             state_weights = prepare_weights(Graph(
                 specs={n: TensorSpec(np.shape(a), DType.of(np.asarray(a))) for n, a in self.state.items()},
                 constants=dict(self.state)))
-            document["state"] = sorted([w.name, w.dtype.value, list(w.array.shape), w.sha256]
+            document["state"] = sorted([w.name, w.dtype.value, list(w.shape), w.sha256]
                                        for w in state_weights)
         content = canonical_json_bytes(document)
         return hashlib.sha256(_HASH_DOMAIN + content).hexdigest()

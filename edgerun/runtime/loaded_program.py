@@ -11,6 +11,7 @@ import numpy as np
 
 from edgerun.backends.base import Backend, CompiledPartition
 from edgerun.errors import EdgerunError
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import bind_inputs
@@ -23,6 +24,8 @@ from edgerun.runtime.state import StateBinding
 
 if TYPE_CHECKING:
     from edgerun.program import Program
+
+_NEVER = np.dtype([("string input: always checked", "V1")])
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,10 @@ class LoadedProgram(MethodAccess):
                                                       for i in parts.instructions))
         self._input_views = [parts.views[n] for n in self.graph.inputs]
         self._output_views = [parts.views[n] for n in self.graph.outputs]
-        # (shape, dtype) per input, for the fast path: arrays that match exactly skip bind_inputs.
-        self._input_types = tuple((self.graph.specs[n].shape, self.graph.specs[n].dtype.np)
-                                  for n in self.graph.inputs)
+        # (shape, dtype) per input, for the fast path: arrays that match exactly skip bind_inputs. A string
+        # input's is a dtype no array has, so it always takes bind_inputs, which checks that its elements are str.
+        self._input_types = tuple((self.graph.specs[n].shape, _NEVER if self.graph.specs[n].dtype is DType.string
+                                   else self.graph.specs[n].dtype.np) for n in self.graph.inputs)
         # The fast path's table: (arena view, shape, dtype) per input, and the unprofiled run.
         self._input_slots = tuple((view, shape, dtype) for view, (shape, dtype)
                                   in zip(self._input_views, self._input_types))
