@@ -60,7 +60,7 @@ SUPPORTED: dict[str, OpSupport] = {
     "conv2d": OpSupport(_F),
     "max_pool2d": OpSupport(_F),
     "avg_pool2d": OpSupport(_F),
-    "gather": OpSupport(_ALL),
+    "gather": OpSupport(_ALL | _Q),  # int8/uint8 data: a quantized embedding table (int8.py)
     # the quantized ops (int8.py), int8/uint8 packed 4 to a word
     "quantize_linear": OpSupport(frozenset({*_Q, DType.float32})),
     "dequantize_linear": OpSupport(frozenset({*_Q, DType.int32, DType.float32}), check=dequantize_claimable),

@@ -175,11 +175,36 @@ def int8_kernels(node: Node, graph: Graph) -> list[Kernel]:
         return [kernel(ins, [out], _packed(spec[acc].numel, head + body), _words(spec[acc].numel))]
     if node.op == "dynamic_quantize":
         return _dynamic_quantize(node, graph, kernel)
+    if node.op == "gather":
+        return [kernel(ins, [out], _packed(spec[out].numel, _gather_element(node, graph)), _words(spec[out].numel),
+                       status=True)]
     if node.op == "matmul_integer":
         return [kernel(ins, [out], _matmul_integer_lines(node, graph), spec[out].numel)]
     if node.op == "conv_integer":
         return [kernel(ins, [out], _conv_integer_lines(node, graph), spec[out].numel)]
     raise ValueError(f"{node.op} is not an int8 op")
+
+
+def is_int8_node(node: Node, graph: Graph) -> bool:
+    """A node int8.py computes: a quantized op, or a gather of 8-bit data (a quantized embedding table)."""
+    return node.op in INT8_OPS or (node.op == "gather" and graph.specs[node.inputs[0]].dtype in BYTES)
+
+
+def _gather_element(node: Node, graph: Graph) -> list[str]:
+    """v = data[..., indices[...], ...] at flat output index e; an index out of range sets the status word
+    (as wgsl's float gather: the reference raises)."""
+    data, idx = graph.specs[node.inputs[0]], graph.specs[node.inputs[1]]
+    axis = int(node.attrs.get("axis", 0)) % max(data.rank, 1)
+    n = data.shape[axis]
+    ds, ist = row_major(data.shape), row_major(idx.shape)
+    ioff = " + ".join(f"c{axis + i} * {ist[i]}" for i in range(idx.rank)) or "0"
+    pre = [f"c{a} * {ds[a]}" for a in range(axis)]
+    post = [f"c{idx.rank + a - 1} * {ds[a]}" for a in range(axis + 1, data.rank)]
+    return [*coords(graph.specs[node.outputs[0]].shape, var="e"),
+            f"var ix = in1[{ioff}];",
+            f"if (ix < -{n} || ix >= {n}) {{ status[0] = 1u; ix = 0; }}",
+            f"if (ix < 0) {{ ix = ix + {n}; }}",
+            f"let v = ld0({' + '.join([*pre, f'ix * {ds[axis]}', *post])});"]
 
 
 def _dynamic_quantize(node: Node, graph: Graph, kernel: object) -> list[Kernel]:
