@@ -14,7 +14,6 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "training": "training ops (Gradient, Adam, Adagrad, Momentum): edgerun programs run inference only",
     "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
     "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
-    "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
     "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values): refused "
@@ -28,10 +27,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
     "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
                     "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
-                    "numeric ops now import (frontends/onnx/ml.py); its string ones count as string",
+                    "numeric ops (frontends/onnx/ml.py) and LabelEncoder on strings (strings.py) import",
     "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
                              "over sequences also need #12's control flow: not planned",
-    "string": "cannot be supported: edgerun tensors are numeric",
     "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
               "generator could run the op but never match the reference bit for bit",
     "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
@@ -45,11 +43,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
 _TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 _IMAGE_CODECS = {"ImageDecoder"}
-_STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"}
 _SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
             "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
             "OptionalGetElement", "OptionalHasElement"}
-_STRING_TYPE = 8
 
 
 def _value_kinds(model: Any) -> tuple[set[str], set[int]]:
@@ -72,12 +68,10 @@ def design_category(model: Any) -> str | None:
     kinds, elem = _value_kinds(model)
     if ops & _TRAINING or "ai.onnx.preview.training" in domains:
         return "training"
-    if domains - {"ai.onnx.ml"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
+    if domains - {"ai.onnx.ml"}:  # ai.onnx.ml's numeric ops import (ml.py), LabelEncoder (strings.py)
         return "other-domain"
     if ops & _SEQ_OPS or kinds - {"tensor_type"}:
         return "sequence-map-optional"
-    if ops & _STRING_OPS or _STRING_TYPE in elem:
-        return "string"
     if ops & _RANDOM:
         return "random"
     if ops & _IMAGE_CODECS:
