@@ -1,5 +1,5 @@
 """int8/uint8 storage and the quantized ops' kernels (quantize, dequantize, dynamic quantize, requantize,
-integer matmul and conv), bit for bit the oracle's (edgerun/oracle/quant_kernels.py).
+integer matmul and conv, and gather of 8-bit data), bit for bit the oracle's (edgerun/oracle/quant_kernels.py).
 
 WGSL has no 8-bit types, so an int8 or uint8 value is an array<u32> of little-endian bytes, 4 elements a word
 (the host packs and unpacks them as raw bytes: runner.to_device). A kernel reads element i with
@@ -21,6 +21,8 @@ is correctly rounded (lavapipe's is, which the tests check against the oracle).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from edgerun.backends.webgpu.wgsl import Kernel, broadcast_strides, coords, row_major, shader_source
@@ -33,6 +35,8 @@ INT8_OPS = frozenset({"quantize_linear", "dequantize_linear", "dynamic_quantize"
 BYTES = frozenset({DType.int8, DType.uint8})
 STATUS_DYNAMIC_NONFINITE = 2  # the status word's value when dynamic_quantize meets NaN or infinity
 
+# (bound inputs, outputs, lines, threads, status) -> the node's Kernel
+MakeKernel = Callable[[list[str], list[str], list[str], int, bool], Kernel]
 _RANGE = {DType.int8: (-128, 127), DType.uint8: (0, 255)}
 
 # 64-bit products from 16-bit limbs and requantize's exact rounding (see the module doc).
@@ -207,7 +211,7 @@ def _gather_element(node: Node, graph: Graph) -> list[str]:
             f"let v = ld0({' + '.join([*pre, f'ix * {ds[axis]}', *post])});"]
 
 
-def _dynamic_quantize(node: Node, graph: Graph, kernel: object) -> list[Kernel]:
+def _dynamic_quantize(node: Node, graph: Graph, kernel: MakeKernel) -> list[Kernel]:
     """Two dispatches: one thread per 4 rows finds each row's range (including 0) and writes its scale and
     zero point (ONNX DynamicQuantizeLinear's formulas in float32); then quantize_linear's kernel with them."""
     spec = graph.specs
@@ -238,11 +242,9 @@ def _dynamic_quantize(node: Node, graph: Graph, kernel: object) -> list[Kernel]:
         "  word = word | ((bitcast<u32>(v) & 255u) << (j * 8u));",
         "}",
         "out1[idx] = word;"]
-    make = kernel  # type: ignore[assignment]
-    first: Kernel = make([x], [scale, zp], params, _words(rows), True)  # type: ignore[operator]
+    first = kernel([x], [scale, zp], params, _words(rows), True)
     codes = _packed(spec[x].numel, _quantize_element(shape, spec[scale].shape, spec[zp].shape, dtype))
-    second: Kernel = make([x, scale, zp], [q], codes, _words(spec[x].numel))  # type: ignore[operator]
-    return [first, second]
+    return [first, kernel([x, scale, zp], [q], codes, _words(spec[x].numel), False)]
 
 
 def _zero_strides(shape: tuple[int, ...]) -> list[int]:
