@@ -264,6 +264,8 @@ def test_quantized_small_cnn_runs_whole_on_webgpu(scheme: str) -> None:
         for got, ref in zip(loaded.run([x]), want.run([x])):
             assert got.dtype == ref.dtype
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    runners = [c.info["runner"] for c in loaded.parts.compiled]
+    assert all(r.stats.replays == 1 for r in runners)  # the second call replayed the captured dispatches
 
 
 def check_quantized_zoo_model(name: str, scheme: str, tmp_path: Path) -> tuple[float, int]:
