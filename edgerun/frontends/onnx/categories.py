@@ -11,7 +11,7 @@ from typing import Any
 from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
 
 DESIGN_CATEGORIES: dict[str, str] = {
-    "training": "training ops (Gradient, Adam, Adagrad, Momentum): edgerun programs run inference only",
+    "training": "Gradient: the gradient of a graph needs automatic differentiation, which edgerun does not have",
     "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
     "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
     "string": "string tensors and string ops",
@@ -25,7 +25,8 @@ DESIGN_CATEGORIES: dict[str, str] = {
 # (symbolic dimensions with bounds, persistent state, cond/while subgraph ops); the rest is either other
 # work or truly out of reach.
 DESIGN_OUTLOOK: dict[str, str] = {
-    "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
+    "training": "an autodiff pass over the IR (not planned). Adagrad, Adam and Momentum import as arithmetic "
+                "(frontends/onnx/training.py)",
     "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
                     "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
                     "numeric ops now import (frontends/onnx/ml.py); its string ones count as string",
@@ -42,7 +43,7 @@ DESIGN_OUTLOOK: dict[str, str] = {
              "uint16, uint32 and uint64 are numpy's own",
 }
 
-_TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
+_TRAINING = {"Gradient"}  # Adam, Adagrad and Momentum import (training.py)
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 _IMAGE_CODECS = {"ImageDecoder"}
 _STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"}
@@ -70,9 +71,9 @@ def design_category(model: Any) -> str | None:
     ops = {n.op_type for n in model.graph.node}
     domains = {n.domain for n in model.graph.node} - {"", "ai.onnx"}
     kinds, elem = _value_kinds(model)
-    if ops & _TRAINING or "ai.onnx.preview.training" in domains:
+    if ops & _TRAINING:
         return "training"
-    if domains - {"ai.onnx.ml"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
+    if domains - {"ai.onnx.ml", "ai.onnx.preview.training"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
         return "other-domain"
     if ops & _SEQ_OPS or kinds - {"tensor_type"}:
         return "sequence-map-optional"
