@@ -13,7 +13,7 @@ from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
 DESIGN_CATEGORIES: dict[str, str] = {
     "training": "Gradient: the gradient of a graph needs automatic differentiation, which edgerun does not have",
     "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
-    "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
+    "map": "map values (ONNX maps from string or integer keys)",
     "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
     "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
@@ -30,8 +30,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
                     "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
                     "numeric ops now import (frontends/onnx/ml.py); its string ones count as string",
-    "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
-                             "over sequences also need #12's control flow: not planned",
+    "map": "no node case uses one. Sequences and optionals resolve at import into tensors "
+           "(frontends/onnx/sequences.py); a map's keys could too, but its ops (ai.onnx.ml ZipMap, "
+           "DictVectorizer, CastMap) take string keys",
     "string": "cannot be supported: edgerun tensors are numeric",
     "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
               "generator could run the op but never match the reference bit for bit",
@@ -47,9 +48,6 @@ _TRAINING = {"Gradient"}  # Adam, Adagrad and Momentum import (training.py)
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 _IMAGE_CODECS = {"ImageDecoder"}
 _STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"}
-_SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
-            "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
-            "OptionalGetElement", "OptionalHasElement"}
 _STRING_TYPE = 8
 
 
@@ -73,10 +71,10 @@ def design_category(model: Any) -> str | None:
     kinds, elem = _value_kinds(model)
     if ops & _TRAINING:
         return "training"
-    if domains - {"ai.onnx.ml", "ai.onnx.preview.training"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
+    if domains - {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
         return "other-domain"
-    if ops & _SEQ_OPS or kinds - {"tensor_type"}:
-        return "sequence-map-optional"
+    if kinds - {"tensor_type", "sequence_type", "optional_type"}:  # sequences and optionals: sequences.py
+        return "map"
     if ops & _STRING_OPS or _STRING_TYPE in elem:
         return "string"
     if ops & _RANDOM:
