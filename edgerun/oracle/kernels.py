@@ -158,6 +158,11 @@ def _where(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray])
     outs[0][...] = np.where(ins[0], ins[1], ins[2])
 
 
+@_kernel("bitcast")
+def _bitcast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
+    outs[0][...] = np.ascontiguousarray(ins[0]).view(DType(attrs["dtype"]).np)
+
+
 @_kernel("cast")
 def _cast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     x = ins[0]
