@@ -63,3 +63,23 @@ def test_gradient_is_refused_by_name():
                               ir_version=8)
     with pytest.raises(UnsupportedOpError, match="Gradient"):
         from_onnx(model)
+
+
+def test_batch_norm_in_training_mode_uses_the_batch_statistics():
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "m_out", "v_out"],
+                            training_mode=1, momentum=0.8, epsilon=1e-3)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 5])]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in "sbmv"]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3, 5]),
+               helper.make_tensor_value_info("m_out", TensorProto.FLOAT, [3]),
+               helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [3])]
+    model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+    feeds = {"x": RNG.standard_normal((4, 3, 5)).astype(np.float32)}
+    feeds.update({n: RNG.random(3, dtype=np.float32) + 0.5 for n in "sbmv"})
+    want = ReferenceEvaluator(model).run(None, feeds)
+    graph = from_onnx(model).graph
+    got = interpret(graph, [feeds[n] for n in graph.inputs])
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

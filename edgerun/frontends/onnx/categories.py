@@ -15,7 +15,8 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
     "map": "map values (ONNX maps from string or integer keys)",
     "string": "string tensors and string ops",
-    "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
+    "random": "random generators (RandomNormal, Bernoulli, ...): the expected outputs are one draw of numpy's "
+              "generator",
     "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
     "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values): refused "
              "rather than silently cast",
@@ -34,8 +35,9 @@ DESIGN_OUTLOOK: dict[str, str] = {
            "(frontends/onnx/sequences.py); a map's keys could too, but its ops (ai.onnx.ml ZipMap, "
            "DictVectorizer, CastMap) take string keys",
     "string": "cannot be supported: edgerun tensors are numeric",
-    "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
-              "generator could run the op but never match the reference bit for bit",
+    "random": "cannot be checked: every Bernoulli case draws its probabilities from (0, 1) and its expected "
+              "output from numpy's global generator (onnx/backend/test/case/node/bernoulli.py, which says "
+              "implementations differ even with a seed); no case has probabilities of only 0 and 1",
     "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
                    "OpenCV) are not numeric kernels. Its data-dependent output shape is no longer the obstacle: "
                    "NonZero, Unique, Compress and NonMaxSuppression run as data-dependent ops (ir/staging.py)",

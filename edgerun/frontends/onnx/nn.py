@@ -66,10 +66,27 @@ def _channel(ctx: ImportContext, v: str, rank: int) -> str:
 
 @onnx_op("BatchNormalization")
 def batch_norm(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
-        raise node.refuse("training mode (running statistics updates) is not supported")
     x, scale, bias, mean, var = (ctx.input(node, i) for i in range(5))
-    return [ctx.emit("batch_norm", [x, scale, bias, mean, var], eps=node.float_attr("epsilon", 1e-5))]
+    eps = node.float_attr("epsilon", 1e-5)
+    if not node.attr("training_mode", 0):
+        if len([o for o in node.outputs if o]) > 1:
+            raise node.refuse("the statistics outputs of the opset-9 training form")
+        return [ctx.emit("batch_norm", [x, scale, bias, mean, var], eps=eps)]
+    if node.version < 14:
+        raise node.refuse("training mode before opset 14")
+    # Training mode (opset 14+) is deterministic: normalise with the batch's own statistics (population
+    # variance, over every axis but the channel's), and return the running statistics blended by momentum.
+    axes = [a for a in range(len(ctx.b.shape(x))) if a != 1]
+    batch_mean = ctx.emit("reduce_mean", [x], axes=axes, keepdims=False)
+    centered = ctx.emit("sub", [x, _channel(ctx, batch_mean, len(ctx.b.shape(x)))])
+    batch_var = ctx.emit("reduce_mean", [ctx.emit("mul", [centered, centered])], axes=axes, keepdims=False)
+    y = ctx.emit("batch_norm", [x, scale, bias, batch_mean, batch_var], eps=eps)
+    momentum = node.float_attr("momentum", 0.9)
+
+    def blend(running: str, batch: str) -> str:
+        return ctx.emit("add", [ctx.emit("mul", [running, ctx.scalar(momentum, running)]),
+                                ctx.emit("mul", [batch, ctx.scalar(1.0 - momentum, batch)])])
+    return [y, blend(mean, batch_mean), blend(var, batch_var)]
 
 
 def _normalise(ctx: ImportContext, x: str, axes: list[int], eps: float) -> tuple[str, str, str]:
