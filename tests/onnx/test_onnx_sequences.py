@@ -125,6 +125,34 @@ def test_loop_growing_a_sequence_unrolls_for_a_known_trip_count():
     assert rep.value_inputs == ("trips",)
 
 
+def test_loop_whose_body_slices_by_its_counter_is_unrolled():
+    """A Slice start computed from the trip counter cannot be an IR loop body's static attribute: unrolled."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]),
+         helper.make_node("Add", ["i", "one"], ["end"]),
+         helper.make_node("Unsqueeze", ["i", "zero"], ["start1"]),
+         helper.make_node("Unsqueeze", ["end", "zero"], ["end1"]),
+         helper.make_node("Slice", ["table", "start1", "end1"], ["row"]),
+         helper.make_node("Add", ["acc", "row"], ["acc_out"]),
+         helper.make_node("Identity", ["acc_out"], ["seen"])],
+        "body", [value_info("i", [], TensorProto.INT64), value_info("c", [], TensorProto.BOOL),
+                 value_info("acc", [1])],
+        [value_info("c_out", [], TensorProto.BOOL), value_info("acc_out", [1]), value_info("seen", [1])],
+        initializer=[helper.make_tensor("one", TensorProto.INT64, [], [1]),
+                     helper.make_tensor("zero", TensorProto.INT64, [1], [0])])
+    model = make_model([helper.make_node("Loop", ["trips", "go", "a"], ["total", "partial"], body=body)],
+                       [value_info("a", [1])], [value_info("total", [1]), value_info("partial", [4, 1])],
+                       [helper.make_tensor("trips", TensorProto.INT64, [], [4]),
+                        helper.make_tensor("go", TensorProto.BOOL, [], [True]),
+                        helper.make_tensor("table", TensorProto.FLOAT, [5], [1, 2, 3, 4, 5])])
+    feeds = {"a": np.array([0.5], np.float32)}
+    program = from_onnx(model)
+    assert not any(n.op in ("scan", "while_loop") for n in program.graph.nodes)
+    got = interpret(program.graph, [feeds["a"]])
+    for g, w in zip(got, run_onnxruntime(model, feeds)):
+        _same(g, w)
+
+
 def test_a_position_computed_at_run_time_is_refused_naming_the_node():
     nodes = [helper.make_node("ReduceMax", ["p"], ["pos"], keepdims=0),
              helper.make_node("SequenceConstruct", ["a", "a"], ["s"]),

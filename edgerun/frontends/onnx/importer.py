@@ -183,7 +183,15 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             STRUCTURED_IMPORTERS[node.op_type](ctx, node, import_into)
             continue
         if key in BODY_IMPORTERS:
-            BODY_IMPORTERS[key](ctx, node, import_into)
+            try:
+                BODY_IMPORTERS[key](ctx, node, import_into)
+            except DynamicInputError as exc:
+                if key != "Loop" or ctx.known(exc.value_name):
+                    raise
+                # The body needs, at import time, a value computed from the trip counter (a Slice start):
+                # unrolled, each trip's counter is a constant; its trip count must then be known at import
+                # (a graph input behind it makes a value template).
+                STRUCTURED_IMPORTERS["Loop"](ctx, node, import_into)
             continue
         handler = handlers.get(f"{domain}:{node.op_type}" if domain else node.op_type)
         if handler is not None and _try_fold(ctx, node, handler):

@@ -14,7 +14,9 @@ Anything that would make a length depend on run-time data needs the value at imp
 Insert / Erase position, SplitToSequence's split, a Loop's trip count, an If's condition when its branches
 give different structures. Each is read with `ctx.static`, so a graph input behind it makes the model a
 value template (specialised per value at call time, value_template.py), and a value computed at run time is
-refused naming the node. Loops carrying a sequence or optional are unrolled at import time.
+refused naming the node. Loops carrying a sequence or optional are unrolled at import time, and so is a Loop
+whose body needs a value at import time that it computes from its trip counter (a Slice start; importer.py
+falls back to unrolling when the IR loop cannot hold it).
 """
 
 from __future__ import annotations
@@ -325,8 +327,9 @@ def structured_if(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -
 
 
 def structured_loop(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> None:
-    """A Loop carrying a sequence or optional, unrolled at import time: its trip count and condition must be
-    known at import, and the condition must fold in every trip."""
+    """A Loop unrolled at import time (it carries a sequence or optional, or its body needs its trip counter
+    as a constant): its trip count and condition must be known at import, and the condition must fold in
+    every trip."""
     body = node.attr("body")
     trips = ctx.static(node, 0, "trip count")
     limit = int(np.asarray(trips).reshape(-1)[0]) if trips is not None else None
@@ -339,16 +342,17 @@ def structured_loop(ctx: ImportContext, node: OnnxNode, import_into: ImportInto)
     trip = 0
     while going and (limit is None or trip < limit):
         if trip >= MAX_UNROLLED_TRIPS:
-            raise node.refuse(f"a Loop carrying a sequence runs more than {MAX_UNROLLED_TRIPS} trips (unrolled "
-                              "at import time)")
+            raise node.refuse(f"a Loop unrolled at import time (it carries a sequence, or its body needs its "
+                              f"counter as a constant) runs more than {MAX_UNROLLED_TRIPS} trips")
         counter, cond_in = f"{prefix}/trip{trip}/iter", f"{prefix}/trip{trip}/cond"
         ctx.consts[counter] = np.array(trip, dtype=np.int64)
         ctx.consts[cond_in] = np.array(True)
         outs = inline_graph(ctx, body, f"{prefix}/trip{trip}", import_into, inputs=[counter, cond_in, *carried])
         cond_out = ctx.const(outs[0])
         if cond_out is None:
-            raise node.refuse("a Loop carrying a sequence or optional whose condition is computed at run time "
-                              "(the sequence's length would depend on data)")
+            raise node.refuse("a Loop unrolled at import time (it carries a sequence, or its body needs its "
+                              "counter as a constant) whose condition is computed at run time (the number of "
+                              "trips would depend on data)")
         going = bool(np.asarray(cond_out).reshape(-1)[0])
         carried = outs[1:1 + k]
         for column, out in zip(scans, outs[1 + k:]):
