@@ -101,8 +101,10 @@ class EdgerunBackendRep(BackendRep):
         structures = {n: structure_of(values[n]) for n in _structured_inputs(self.model)}
         # Beside a sequence (an import per structure anyway), a tensor input's undeclared dims take the call's
         # sizes, as the elements' do.
-        structures.update({n: tuple(np.shape(values[n])) for n in _dynamic_tensor_inputs(self.model)
-                           if n not in self._input_shapes and n in values})
+        for n in _dynamic_tensor_inputs(self.model):
+            if n in values:
+                declared = self._input_shapes.get(n) or (None,) * np.ndim(values[n])
+                structures[n] = tuple(size if d is None else d for d, size in zip(declared, np.shape(values[n])))
         key = repr(sorted(structures.items()))
         if key not in self._per_structure:
             self._per_structure[key] = from_onnx(self.model, optimize=False,

@@ -12,7 +12,7 @@ from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
 
 DESIGN_CATEGORIES: dict[str, str] = {
     "training": "Gradient: the gradient of a graph needs automatic differentiation, which edgerun does not have",
-    "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
+    "other-domain": "ops outside the default ONNX domain, ai.onnx.ml and the preview domains",
     "map": "map values (ONNX maps from string or integer keys)",
     "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): the expected outputs are one draw of numpy's "
@@ -28,9 +28,9 @@ DESIGN_CATEGORIES: dict[str, str] = {
 DESIGN_OUTLOOK: dict[str, str] = {
     "training": "an autodiff pass over the IR (not planned). Adagrad, Adam and Momentum import as arithmetic "
                 "(frontends/onnx/training.py)",
-    "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
-                    "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
-                    "numeric ops now import (frontends/onnx/ml.py); its string ones count as string",
+    "other-domain": "no node case uses one. FlexAttention (ai.onnx.preview) imports with its score_mod / "
+                    "prob_mod graphs inlined (frontends/onnx/flex_attention.py); ai.onnx.ml's numeric ops "
+                    "import (frontends/onnx/ml.py), its string ones count as string",
     "map": "no node case uses one. Sequences and optionals resolve at import into tensors "
            "(frontends/onnx/sequences.py); a map's keys could too, but its ops (ai.onnx.ml ZipMap, "
            "DictVectorizer, CastMap) take string keys",
@@ -38,9 +38,11 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "random": "cannot be checked: every Bernoulli case draws its probabilities from (0, 1) and its expected "
               "output from numpy's global generator (onnx/backend/test/case/node/bernoulli.py, which says "
               "implementations differ even with a seed); no case has probabilities of only 0 and 1",
-    "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
-                   "OpenCV) are not numeric kernels. Its data-dependent output shape is no longer the obstacle: "
-                   "NonZero, Unique, Compress and NonMaxSuppression run as data-dependent ops (ir/staging.py)",
+    "image-codec": "not without a codec library: decoding is deterministic, but it is libjpeg / libpng / libwebp "
+                   "/ libtiff code, not numeric kernels, and the runtime depends on numpy alone. ONNX's expected "
+                   "outputs are Pillow's decodes (onnx/backend/test/case/node/image_decoder.py), and JPEG "
+                   "decoders differ in IDCT rounding, so the way to pass is an optional Pillow dependency, not "
+                   "kernels. Its data-dependent output shape is no longer the obstacle (ir/staging.py)",
     "dtype": "complex values need complex kernels in every op: not planned. bfloat16, float8 (e8m0 included), "
              "float4, int4/uint4 and int2/uint2 are IR types backed by ml_dtypes (ir/dtypes.py); float64, int16, "
              "uint16, uint32 and uint64 are numpy's own",

@@ -50,15 +50,21 @@ def import_flex_attention(ctx: ImportContext, node: OnnxNode, import_into: Impor
     if not dtype.is_float or dtype.is_narrow:
         raise node.refuse(f"FlexAttention on {dtype.value}")
     (_, hq, _, e), (_, hkv, s, ek), (_, hv, sv, _) = shapes
-    if not all(isinstance(d, int) for d in (hq, hkv, e)):
-        raise node.refuse("FlexAttention with a symbolic head count or head size")
-    if hkv != hv or s != sv or e != ek or hq % hkv:
+    if hkv != hv or s != sv or e != ek:
         raise node.refuse(f"FlexAttention shapes do not fit: Q {shapes[0]}, K {shapes[1]}, V {shapes[2]}")
     if hq != hkv:
+        if not isinstance(hq, int) or not isinstance(hkv, int) or hq % hkv:
+            raise node.refuse(f"FlexAttention with {hq} query heads over {hkv} key/value heads (grouping needs "
+                              "static head counts, the first a multiple of the second)")
         k, v = _repeat_heads(ctx, k, hq // hkv), _repeat_heads(ctx, v, hq // hkv)
     scale = node.attr("scale")
-    scale = 1.0 / np.sqrt(e) if scale is None else float(scale)
-    root = ctx.b.const(np.sqrt(np.float32(scale)), dtype)
+    if scale is None and not isinstance(e, int):
+        # 1/sqrt(E) from the head size at run time (a constant once the program is specialised to its shapes)
+        size = ctx.cast(ctx.value_of_sizes(np.array(e, dtype=object)), DType.float32)
+        root = ctx.cast(ctx.emit("sqrt", [ctx.emit("rsqrt", [size])]), dtype)
+    else:
+        scale = 1.0 / np.sqrt(e) if scale is None else float(scale)
+        root = ctx.b.const(np.sqrt(np.float32(scale)), dtype)
     kt = ctx.emit("transpose", [ctx.emit("mul", [k, root])], perm=[0, 1, 3, 2])
     scores = ctx.emit("matmul", [ctx.emit("mul", [q, root]), kt])
     precision = node.attr("softmax_precision")
