@@ -1,0 +1,62 @@
+"""ONNX STFT (framed, windowed forward DFTs) and MelWeightMatrix (a constant filter bank) match onnx.reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from edgerun.errors import UnsupportedOpError
+from edgerun.frontends.onnx import from_onnx
+from edgerun.oracle import interpret
+from tests.onnx.onnx_graphs import make_model, value_info
+
+RNG = np.random.default_rng(2)
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+@pytest.mark.parametrize("with_window", [False, True])
+def test_stft_matches_onnx_reference(onesided, with_window):
+    inputs = ["signal", "step", "window" if with_window else "", "" if with_window else "length"]
+    node = helper.make_node("STFT", inputs, ["y"], onesided=onesided)
+    inits = [helper.make_tensor("step", TensorProto.INT64, [], [5])]
+    if with_window:
+        inits.append(helper.make_tensor("window", TensorProto.FLOAT, [12], np.hanning(12).astype(np.float32)))
+    else:
+        inits.append(helper.make_tensor("length", TensorProto.INT64, [], [12]))
+    model = make_model([node], [value_info("signal", [2, 64, 1])], [value_info("y", [2, 11, 7 if onesided else 12, 2])], inits,
+                       opset=17)
+    x = RNG.standard_normal((2, 64, 1)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"signal": x})[0]
+    got = interpret(from_onnx(model).graph, [x])[0]
+    assert got.shape == want.shape == (2, 11, 7 if onesided else 12, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_mel_weight_matrix_is_a_constant_as_onnx_computes_it():
+    names = ["bins", "dft", "rate", "low", "high"]
+    inits = [helper.make_tensor("bins", TensorProto.INT32, [], [10]),
+             helper.make_tensor("dft", TensorProto.INT32, [], [64]),
+             helper.make_tensor("rate", TensorProto.INT32, [], [16000]),
+             helper.make_tensor("low", TensorProto.FLOAT, [], [20.0]),
+             helper.make_tensor("high", TensorProto.FLOAT, [], [7600.0])]
+    model = make_model([helper.make_node("MelWeightMatrix", names, ["w"])], [], [value_info("w", [33, 10])], inits)
+    want = ReferenceEvaluator(model).run(None, {})[0]
+    program = from_onnx(model)
+    assert not program.graph.nodes  # folded at import
+    got = interpret(program.graph, [])[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_mel_edges_beyond_the_spectrum_are_refused():
+    inits = [helper.make_tensor("bins", TensorProto.INT32, [], [10]),
+             helper.make_tensor("dft", TensorProto.INT32, [], [16]),
+             helper.make_tensor("rate", TensorProto.INT32, [], [8000]),
+             helper.make_tensor("low", TensorProto.FLOAT, [], [20.0]),
+             helper.make_tensor("high", TensorProto.FLOAT, [], [30000.0])]
+    model = make_model([helper.make_node("MelWeightMatrix", ["bins", "dft", "rate", "low", "high"], ["w"])], [],
+                       [value_info("w", [9, 10])], inits)
+    with pytest.raises(UnsupportedOpError, match="MelWeightMatrix"):
+        from_onnx(model)
