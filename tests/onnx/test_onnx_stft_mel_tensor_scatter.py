@@ -1,4 +1,5 @@
-"""ONNX STFT (framed, windowed forward DFTs) and MelWeightMatrix (a constant filter bank) match onnx.reference."""
+"""ONNX STFT (framed, windowed forward DFTs), MelWeightMatrix (a constant filter bank) and TensorScatter (a
+KV-cache write at run-time indices) match onnx.reference."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ def test_mel_edges_beyond_the_spectrum_are_refused():
                        [value_info("w", [9, 10])], inits)
     with pytest.raises(UnsupportedOpError, match="MelWeightMatrix"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.INT64])
+def test_tensor_scatter_writes_each_row_at_its_run_time_index(mode, elem):
+    node = helper.make_node("TensorScatter", ["past", "update", "where"], ["present"], mode=mode, axis=2)
+    model = make_model([node], [value_info("past", [3, 2, 6, 4], elem), value_info("update", [3, 2, 3, 4], elem),
+                                value_info("where", [3], TensorProto.INT64)],
+                       [value_info("present", [3, 2, 6, 4], elem)], opset=24)
+    model.ir_version = 10
+    dtype = np.float32 if elem == TensorProto.FLOAT else np.int64
+    feeds = {"past": (RNG.standard_normal((3, 2, 6, 4)) * 1e6).astype(dtype),
+             "update": (RNG.standard_normal((3, 2, 3, 4)) * 1e6).astype(dtype),
+             "where": np.array([0, 3, 5 if mode == "circular" else 2], np.int64)}
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    graph = from_onnx(model).graph
+    got = interpret(graph, [feeds[n] for n in graph.inputs])[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
