@@ -1,5 +1,5 @@
-"""ONNX STFT (framed, windowed forward DFTs), MelWeightMatrix (a constant filter bank) and TensorScatter (a
-KV-cache write at run-time indices) match onnx.reference."""
+"""ONNX STFT (framed, windowed forward DFTs), MelWeightMatrix (a constant filter bank), TensorScatter (a
+KV-cache write at run-time indices) and scatter with reduction='mul' match onnx.reference."""
 
 from __future__ import annotations
 
@@ -80,3 +80,16 @@ def test_tensor_scatter_writes_each_row_at_its_run_time_index(mode, elem):
     got = interpret(graph, [feeds[n] for n in graph.inputs])[0]
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+def test_scatter_elements_multiplies_repeated_indices_in_order():
+    node = helper.make_node("ScatterElements", ["data", "idx", "upd"], ["y"], axis=1, reduction="mul")
+    model = make_model([node], [value_info("data", [2, 5]), value_info("idx", [2, 4], TensorProto.INT64),
+                                value_info("upd", [2, 4])], [value_info("y", [2, 5])], opset=18)
+    feeds = {"data": RNG.standard_normal((2, 5)).astype(np.float32),
+             "idx": np.array([[1, 1, 3, 1], [0, 4, 4, 2]], np.int64),  # repeated positions multiply together
+             "upd": RNG.standard_normal((2, 4)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    graph = from_onnx(model).graph
+    got = interpret(graph, [feeds[n] for n in graph.inputs])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)

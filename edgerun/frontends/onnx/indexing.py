@@ -91,15 +91,30 @@ def gather_nd(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [ctx.emit("reshape", [y], shape=[*prefix, *shape[bd + k:]])]
 
 
+MAX_MUL_UPDATES = 1024  # a multiplying scatter emits one multiply per update
+
+
 def _scatter(ctx: ImportContext, node: OnnxNode, rows: str, lin: str, updates: str) -> str:
     """rows [P, R] with updates [M, R] written at flat row indices lin [M]."""
     reduction = node.attr("reduction", "none")
-    if reduction not in ("none", "add", "max", "min"):
+    if reduction not in ("none", "add", "max", "min", "mul"):
         raise node.refuse(f"reduction={reduction!r}")
     p = ctx.b.shape(rows)[0]
     dtype = ctx.b.dtype(rows)
     hit = ctx.emit("eq", [ctx.b.const(np.arange(p, dtype=np.int64).reshape(p, 1)),
                           ctx.emit("reshape", [lin], shape=[1, ctx.b.spec(lin).numel])])
+    if reduction == "mul":
+        # No product primitive: each update multiplies in turn, in index order as ONNX's reference applies
+        # them (the rounding of a float product depends on the order), 1 where it does not land.
+        m, r = ctx.b.shape(updates)
+        if m > MAX_MUL_UPDATES:
+            raise node.refuse(f"reduction='mul' with {m} updates (each is one multiply; at most {MAX_MUL_UPDATES})")
+        out = rows
+        for i in range(m):
+            lands = ctx.emit("slice", [hit], starts=[i], ends=[i + 1], axes=[1])
+            row = ctx.emit("slice", [updates], starts=[i], ends=[i + 1], axes=[0])
+            out = ctx.emit("mul", [out, ctx.emit("where", [lands, row, ctx.scalar(1, row)])])
+        return out
     if reduction in ("max", "min"):
         # [P, M, R]: each position's matching updates, the rest replaced by the reduction's identity.
         m, r = ctx.b.shape(updates)
