@@ -93,3 +93,19 @@ def test_scatter_elements_multiplies_repeated_indices_in_order():
     graph = from_onnx(model).graph
     got = interpret(graph, [feeds[n] for n in graph.inputs])[0]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("length", [None, 8, 9])
+def test_one_sided_inverse_dft_matches_numpy_irfft(length):
+    inputs = ["x", "n" if length else "", "axis"]
+    inits = [helper.make_tensor("axis", TensorProto.INT64, [], [1])]
+    if length:
+        inits.append(helper.make_tensor("n", TensorProto.INT64, [], [length]))
+    n = length or 8
+    model = make_model([helper.make_node("DFT", inputs, ["y"], inverse=1, onesided=1)], [value_info("x", [2, 5, 2])],
+                       [value_info("y", [2, n, 1])], inits, opset=20)
+    x = RNG.standard_normal((2, 5, 2)).astype(np.float32)
+    want = np.fft.irfft(x[..., 0].astype(np.float64) + 1j * x[..., 1], n=n, axis=1)[..., None]
+    got = interpret(from_onnx(model).graph, [x])[0]
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
