@@ -1,4 +1,4 @@
-"""ONNX Det by Leibniz's formula matches numpy's determinant (up to 5x5), and refuses larger matrices by name."""
+"""ONNX Det by Leibniz's formula (up to 5x5; larger refused by name) and Einsum diagonals match numpy."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def test_det_of_a_large_matrix_is_refused():
     model = make_model([helper.make_node("Det", ["x"], ["y"])], [value_info("x", [6, 6])], [value_info("y", [])])
     with pytest.raises(UnsupportedOpError, match="Det of 6x6"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("equation,shapes", [("ii->i", [(4, 4)]), ("ii", [(3, 3)]), ("bii,bi->b", [(2, 3, 3), (2, 3)]),
+                                             ("iji->j", [(3, 2, 3)])])
+def test_einsum_diagonals_match_numpy(equation, shapes):
+    names = [f"x{i}" for i in range(len(shapes))]
+    xs = [np.random.default_rng(1).standard_normal(s).astype(np.float32) for s in shapes]
+    want = np.einsum(equation, *xs)
+    model = make_model([helper.make_node("Einsum", names, ["y"], equation=equation)],
+                       [value_info(n, list(s)) for n, s in zip(names, shapes)], [value_info("y", list(want.shape))])
+    got = interpret(from_onnx(model).graph, xs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
