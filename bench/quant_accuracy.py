@@ -8,7 +8,8 @@ Per model: edgerun's int8-static (reduce_range, as the ONNX Runtime delegate run
 --calibration natural images, output SQNR against float on --test other images, for each observer; also
 the SQNR of the input-dependent part alone (the output minus its mean over the test images: the zoo's
 random-init networks give nearly the same logits for every image), and the worst single test image's SQNR
-(one image beyond the calibrated ranges decides the pooled figure). --static-linear calibrates the linear
+with its output's and its error's norms beside the medians (a large error: a range that misses the image; a
+small output under the usual error: a weak response, as ResNet-50's low images are). --static-linear calibrates the linear
 layers' inputs too (the default quantizes them per call). Beside it, two float-only measurements of
 the model's own sensitivity, with no int8 arithmetic at all: the output SQNR after adding noise of 40 dB
 SQNR to the input (8-bit activations inject about that much at every layer), and after rounding the
@@ -77,9 +78,18 @@ def measure(name: str, size: int, n_cal: int, n_test: int, observers: list[str],
         got = np.stack([interpret(quantized.graph, [t_[None]])[0] for t_ in test])
         mean = ref.mean(axis=0)
         per_image = [sqnr(r, g) for r, g in zip(ref, got)]
+        # A low single image is either a large error (a range that misses it) or a small output under the same
+        # error as the rest: the norms tell which.
+        ref_norm = np.linalg.norm(ref.reshape(len(ref), -1), axis=1)
+        noise_norm = np.linalg.norm((ref - got).reshape(len(ref), -1), axis=1)
+        worst = int(np.argmin(per_image))
         row[observer] = {"sqnr_db": sqnr(ref, got), "input_dependent_sqnr_db": sqnr(ref - mean, got - mean),
-                         "worst_image_sqnr_db": min(per_image), "worst_image": int(np.argmin(per_image)),
-                         "seconds": time.perf_counter() - t}
+                         "worst_image_sqnr_db": min(per_image), "worst_image": worst,
+                         "per_image_sqnr_db": per_image, "output_norm": ref_norm.tolist(),
+                         "error_norm": noise_norm.tolist(), "seconds": time.perf_counter() - t}
+        print(f"{name} {observer}: worst image {worst}: {per_image[worst]:.1f} dB, its output norm "
+              f"{ref_norm[worst]:.3g} (median {np.median(ref_norm):.3g}), error norm {noise_norm[worst]:.3g} "
+              f"(median {np.median(noise_norm):.3g})", file=sys.stderr, flush=True)
         print(f"{name} {observer}: {row[observer]['sqnr_db']:.1f} dB", file=sys.stderr, flush=True)
     return row
 

@@ -15,8 +15,13 @@ For `minilm`: int8-dynamic against ONNX Runtime's quantize_dynamic.
 
 Each runtime times in its own process (`--worker`). With --rounds R every runtime is run once per round,
 interleaved, and the ratios are the medians of each round's ratios (side by side, so a busy machine slows
-both sides alike). Prints medians, peak RSS, file sizes, each int8 output's SQNR against the float module on a
-held-out image, and ratios; writes bench/results/quant_speed.json (--out).
+both sides alike). Prints one table, a row per model x runtime x precision: median latency, the row's time
+over edgerun's int8 time, the worker's peak RSS, the program file's size and the same runtime's float file
+over it, and each int8 output's SQNR against the float module on a held-out image; then, per model, edgerun
+int8 against the fastest float peer (a runtime other than edgerun), edgerun float, the fastest int8 peer,
+ONNX Runtime's and ExecuTorch's int8, with the issue's targets (>= 2x the fastest float peer on ResNet-50,
+<= 1.05x the fastest int8 peer everywhere) marked met or not, and MiniLM's embedding cosine. Writes all of
+it to bench/results/quant_speed.json (--out).
 """
 
 from __future__ import annotations
@@ -202,12 +207,9 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path, observer: str = "mi
     ref = interpret(program.graph, [test])[0]
     np.save(workdir / f"{name}.ref.npy", ref)
     ort_int8 = ort.InferenceSession(str(workdir / f"{name}-int8.onnx"), providers=["CPUExecutionProvider"])
-    sizes = {k: os.path.getsize(workdir / f) / 1e6 for k, f in
-             (("float", f"{name}.edgerun"), ("int8", f"{name}-int8.edgerun"), ("onnx_int8", f"{name}-int8.onnx"),
-              ("pte_int8", f"{name}-int8.pte")) if (workdir / f).exists()}
     return {"sqnr_db_edgerun_int8": _sqnr(ref, interpret(quantized.graph, [test])[0]),
             "sqnr_db_ort_int8": _sqnr(ref, ort_int8.run(None, {"x": test})[0]),
-            "file_mb": sizes, "quantize_s": quantize_s, "mnn_int8_error": mnn_error}
+            "quantize_s": quantize_s, "mnn_int8_error": mnn_error}
 
 
 def prepare_minilm(workdir: Path) -> dict[str, Any]:
@@ -238,10 +240,7 @@ def prepare_minilm(workdir: Path) -> dict[str, Any]:
     peer = ort.InferenceSession(str(workdir / "minilm-int8.onnx"), providers=["CPUExecutionProvider"]).run(
         None, dict(zip(names, arrays)))[0].ravel()
     cos = {k: float(v @ ref / np.linalg.norm(v) / np.linalg.norm(ref)) for k, v in (("ours", ours), ("ort", peer))}
-    sizes = {k: os.path.getsize(workdir / f) / 1e6 for k, f in
-             (("float", "minilm.edgerun"), ("int8", "minilm-int8.edgerun"), ("onnx_int8", "minilm-int8.onnx"))}
-    return {"sqnr_db_edgerun_int8": _sqnr(ref, ours), "sqnr_db_ort_int8": _sqnr(ref, peer), "cosine": cos,
-            "file_mb": sizes}
+    return {"sqnr_db_edgerun_int8": _sqnr(ref, ours), "sqnr_db_ort_int8": _sqnr(ref, peer), "cosine": cos}
 
 
 CNN_RUNS = (("edgerun", "float", "{m}.edgerun"), ("edgerun", "int8", "{m}-int8.edgerun"),
@@ -252,14 +251,85 @@ MINILM_RUNS = CNN_RUNS[:5]
 
 
 def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """One round of one model: edgerun's faster int8 row against the fastest float and the fastest int8 peer."""
+    """One round of one model: edgerun's faster int8 row (ours) against the others. A peer is a runtime other
+    than edgerun; `over_ours` holds each row's latency over ours (above 1: edgerun's int8 is faster)."""
     ok = [r for r in rows if "latency_ms" in r]
     ours = min((r["latency_ms"] for r in ok if r["runtime"].startswith("edgerun") and r["precision"] == "int8"),
                default=np.nan)
-    floats = [r["latency_ms"] for r in ok if r["precision"] == "float"]
-    peers = [r["latency_ms"] for r in ok if not r["runtime"].startswith("edgerun") and r["precision"] == "int8"]
-    return {"fastest_float_over_int8": min(floats, default=np.nan) / ours,
-            "int8_over_fastest_int8_peer": ours / min(peers, default=np.nan)}
+
+    def fastest(precision: str, peers_only: bool = True, runtime: str | None = None) -> float:
+        return min((r["latency_ms"] for r in ok if r["precision"] == precision
+                    and (runtime is None or r["runtime"] == runtime)
+                    and not (peers_only and r["runtime"].startswith("edgerun"))), default=np.nan)
+    return {"fastest_float_peer_over_int8": fastest("float") / ours,
+            "edgerun_float_over_int8": fastest("float", False, "edgerun") / ours,
+            "int8_over_fastest_int8_peer": ours / fastest("int8"),
+            "int8_over_onnxruntime_int8": ours / fastest("int8", runtime="onnxruntime"),
+            "int8_over_executorch_int8": ours / fastest("int8", runtime="executorch"),
+            **{f"over_ours:{r['runtime']}:{r['precision']}": r["latency_ms"] / ours for r in ok}}
+
+
+# The issue's targets: edgerun int8 at least 2x faster than the fastest float peer on ResNet-50, and at most
+# 1.05x the fastest int8 peer's time on every model.
+FLOAT_PEER_TARGET = {"resnet50": 2.0}
+INT8_PEER_TARGET = 1.05
+
+
+def _median(ratios: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in ratios if key in r and np.isfinite(r[key])]
+    return float(np.median(values)) if values else float("nan")
+
+
+def _verdict(value: float, target: float | None, at_least: bool) -> str:
+    if target is None:
+        return ""
+    if not np.isfinite(value):
+        return " (target: not measured)"
+    met = value >= target if at_least else value <= target
+    return f" (target {'>=' if at_least else '<='} {target:g}x: {'met' if met else 'NOT met'})"
+
+
+def print_table(rows: list[dict[str, Any]], rounds: dict[str, list[dict[str, float]]], models: list[str]) -> dict[str, Any]:
+    """The one table (a row per model x runtime x precision) and each model's ratios against the targets."""
+    head = (f"{'model':13s} {'runtime':12s} {'prec':5s} {'median ms':>9s} {'it/ours':>8s} {'peak RSS MB':>11s} "
+            f"{'file MB':>8s} {'float/file':>10s} {'SQNR dB':>8s}")
+    print(head)
+    print("-" * len(head))
+    summary: dict[str, Any] = {}
+    for name in models:
+        ratios = rounds.get(name, [])
+        mine = [r for r in rows if r["model"] == name]
+        float_mb = {r["runtime"]: r["file_mb"] for r in mine if r["precision"] == "float" and "file_mb" in r}
+        for r in mine:
+            ms = f"{r['latency_ms']:9.1f}" if "latency_ms" in r else f"{'-':>9s}"
+            rel = _median(ratios, f"over_ours:{r['runtime']}:{r['precision']}")
+            source = float_mb.get("edgerun" if r["runtime"].startswith("edgerun") else r["runtime"])
+            shrink = f"{source / r['file_mb']:9.1f}x" if source and r.get("file_mb") else f"{'':10s}"
+            mb = f"{r['file_mb']:8.1f}" if "file_mb" in r else f"{'':8s}"
+            rss = f"{r['peak_rss_mb']:11.0f}" if "peak_rss_mb" in r else f"{'':11s}"
+            sq = f"{r['sqnr_db']:8.1f}" if r.get("sqnr_db") is not None else f"{'':8s}"
+            rel_s = f"{rel:7.2f}x" if np.isfinite(rel) else f"{'':8s}"
+            print(f"{name:13s} {r['runtime']:12s} {r['precision']:5s} {ms} {rel_s} {rss} {mb} {shrink} {sq}"
+                  + (f"  {r['error']}" if "error" in r else ""))
+        keys = ("fastest_float_peer_over_int8", "edgerun_float_over_int8", "int8_over_fastest_int8_peer",
+                "int8_over_onnxruntime_int8", "int8_over_executorch_int8")
+        summary[name] = {**{k: _median(ratios, k) for k in keys}, "rounds": ratios}
+    print("\nit/ours: the row's latency over edgerun's faster int8 row (auto search or ONNX Runtime first), median"
+          " of\nthe per-round ratios; float/file: the same runtime's float file over this one; SQNR against float")
+    for name in models:
+        m = {k: (f"{v:.2f}x" if isinstance(v, float) and np.isfinite(v) else "n/a") for k, v in summary[name].items()}
+        v = summary[name]
+        print(f"{name}: int8 {m['fastest_float_peer_over_int8']} faster than the fastest float peer"
+              f"{_verdict(v['fastest_float_peer_over_int8'], FLOAT_PEER_TARGET.get(name), True)}, "
+              f"{m['edgerun_float_over_int8']} than edgerun float; "
+              f"{m['int8_over_fastest_int8_peer']} the fastest int8 peer's time"
+              f"{_verdict(v['int8_over_fastest_int8_peer'], INT8_PEER_TARGET, False)} "
+              f"(ONNX Runtime int8 {m['int8_over_onnxruntime_int8']}, ExecuTorch int8 {m['int8_over_executorch_int8']})")
+        cosine = next((r["cosine"] for r in rows if r["model"] == name and "cosine" in r), None)
+        if cosine:  # MiniLM: the embedding's cosine to float, edgerun's int8-dynamic and ONNX Runtime's
+            print(f"{name}: embedding cosine to float: edgerun int8 {cosine['ours']:.5f}, ONNX Runtime int8 "
+                  f"{cosine['ort']:.5f}")
+    return summary
 
 
 def main() -> int:
@@ -296,6 +366,7 @@ def main() -> int:
                         r: dict[str, Any] = {"error": info.get("mnn_int8_error") or f"no {file.name}"}
                     else:
                         r = _spawn(runtime, file, inputs, args.runs, args.threads)
+                        r["file_mb"] = file.stat().st_size / 1e6
                         out = Path(f"{file}.{runtime}.out.npy")
                         if out.exists():
                             r["sqnr_db"] = _sqnr(ref.ravel(), np.load(out).ravel()) if precision == "int8" else None
@@ -310,22 +381,7 @@ def main() -> int:
                     merged["latency_ms"] = statistics.median(r["latency_ms"] for r in ok)
                     merged["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
                 rows.append({"model": name, **merged, **{k: v for k, v in info.items() if k != "mnn_int8_error"}})
-    print(f"{'model':14s} {'runtime':12s} {'prec':5s} {'median ms':>10s} {'RSS MB':>8s} {'SQNR dB':>8s}")
-    for r in rows:
-        ms = f"{r['latency_ms']:10.1f}" if "latency_ms" in r else f"{'error':>10s}"
-        sq = f"{r['sqnr_db']:8.1f}" if r.get("sqnr_db") is not None else f"{'':8s}"
-        print(f"{r['model']:14s} {r['runtime']:12s} {r['precision']:5s} {ms} {r.get('peak_rss_mb', 0):8.0f} {sq}"
-              + (f"  {r['error']}" if "error" in r else ""))
-    print("\nratios: edgerun's faster int8 row (auto search or ONNX Runtime first), medians of the per-round ratios")
-    print(f"{'model':14s} {'fastest float/int8':>19s} {'int8/fastest int8 peer':>23s} {'float MB':>9s} {'int8 MB':>8s}")
-    summary = {}
-    for name in args.models:
-        ratios = rounds.get(name, [])
-        a = float(np.nanmedian([r["fastest_float_over_int8"] for r in ratios])) if ratios else np.nan
-        b = float(np.nanmedian([r["int8_over_fastest_int8_peer"] for r in ratios])) if ratios else np.nan
-        sizes = next(r["file_mb"] for r in rows if r["model"] == name)
-        summary[name] = {"fastest_float_over_int8": a, "int8_over_fastest_int8_peer": b, "rounds": ratios}
-        print(f"{name:14s} {a:18.2f}x {b:22.2f}x {sizes['float']:9.1f} {sizes['int8']:8.1f}")
+    summary = print_table(rows, rounds, args.models)
     load = os.getloadavg()
     results = RESULTS_DIR / args.out
     results.parent.mkdir(exist_ok=True)

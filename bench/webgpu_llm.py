@@ -5,6 +5,7 @@ fusion, and host ms per token with and without capture-replay.
     python bench/webgpu_llm.py [--runs 5] [--context 128]     # --runs 0: dispatch counts only
     python bench/webgpu_llm.py --ablate [--rounds 2]          # device ms of the dense step per fusion stage
     python bench/webgpu_llm.py --state [--runs 9] [--context 512]  # ms per token, KV cache kept on the device or not
+    python bench/webgpu_llm.py --positions 1,128,511 [--rounds 2] [--context 512]  # device ms against the position
 
 Rows:
 - dense, unfused    the LLM package's decode program (the KV cache as state, appended with update_slice), one
@@ -25,6 +26,10 @@ state) kept on the device between calls (the backend's keep_state, the default) 
 call (uploaded and read back whole: `WebGpuBackend(keep_state=False)`), calls alternated between the two;
 host ms is the calling thread's CPU time per call (`time.thread_time`: lavapipe runs the kernels on threads
 of its own, so this is the host's share: uploads, command recording, read-back), wall ms the whole call.
+
+--positions: device ms of the dense fused decode step and of its 30 attention kernels at each position of
+a fixed context (positions alternated `--rounds` times): the attention kernel reads the cache cells in use
+(1 + the last cell its mask keeps), so its time follows the position, not the context.
 
 Prints tables of medians and writes bench/results/webgpu_llm.json.
 """
@@ -162,6 +167,31 @@ def state_residency(source: Program, runs: int) -> None:
         print(f"{name:22} {np.median(host[keep]):>8.1f} {np.median(times[keep]):>8.0f}")
 
 
+def attention_by_position(source: Program, positions: list[int], rounds: int) -> None:
+    """Device ms of the decode step and of its attention kernels at each position (the `start` input)."""
+    program = load(source, backends=["webgpu"])
+    runner = program.parts.compiled[0].info["runner"]
+    assert isinstance(runner, PartitionRunner)
+    g = runner.graph
+    inputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.inputs]
+    start = g.inputs.index("start")
+    attention = [k.label == "attention:workgroup" for k in runner.kernels]
+    step: dict[int, list[float]] = {p: [] for p in positions}
+    attn: dict[int, list[float]] = {p: [] for p in positions}
+    runner.kernel_seconds(inputs)  # warm-up: the first pass pays for lavapipe's pipeline set-up
+    for _ in range(rounds):
+        for p in positions:
+            inputs[start] = np.array([p], np.int64)
+            seconds = runner.kernel_seconds(inputs)
+            step[p].append(sum(seconds) * 1e3)
+            attn[p].append(sum(t for t, a in zip(seconds, attention) if a) * 1e3)
+    print(f"dense fused decode step, {sum(attention)} attention kernels, device ms, median of {rounds} (load "
+          f"average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"{'position':>8} {'attention ms':>13} {'step ms':>8}")
+    for p in positions:
+        print(f"{p:>8} {np.median(attn[p]):>13.1f} {np.median(step[p]):>8.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="timed calls per row (0: dispatch counts only)")
@@ -169,6 +199,7 @@ def main() -> None:
     parser.add_argument("--ablate", action="store_true", help="device ms per fusion stage instead of the tables")
     parser.add_argument("--rounds", type=int, default=2, help="--ablate: rounds over the stages")
     parser.add_argument("--state", action="store_true", help="ms per call with the KV cache kept on the device or not")
+    parser.add_argument("--positions", help="comma-separated decode positions: device ms of the step and its attention")
     args = parser.parse_args()
     path = smollm_path()
     if path is None:
@@ -188,6 +219,9 @@ def main() -> None:
             return
         if args.state:
             state_residency(dense(), args.runs)
+            return
+        if args.positions:
+            attention_by_position(dense(), [int(p) for p in args.positions.split(",")], args.rounds)
             return
         rows = [measure("dense, unfused", dense(), layers, False, args.runs),
                 measure("dense, fused", dense(), layers, True, args.runs),

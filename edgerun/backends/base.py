@@ -141,6 +141,15 @@ class CompiledPartition:
     # reads the input array nor writes the update's array; the runtime pulls the value only when the host
     # needs it (docs/runtime.md, "State a backend keeps in its own memory").
     keep_state: Callable[[Sequence[ResidentState]], Collection[str]] | None = None
+    # True when `run` reads the input arrays and writes the output arrays it is handed on each call and
+    # keeps no reference to either between calls (a delegate that copies in and out of memory of its own).
+    # A program that is this one partition then hands it the caller's inputs and fresh output arrays
+    # instead of copying both through the arena (LoadedProgram.run).
+    takes_any_arrays: bool = False
+    # Constants of `graph` this partition never reads from the host's arrays again once compiled (the backend
+    # made its own layout of them, e.g. ONNX Runtime's prepacked weights). The runtime may drop the host's
+    # copy of those that no other partition or method reads (runtime/constant_release.py).
+    released_constants: frozenset[str] = frozenset()
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run standalone: allocate the outputs and return them (the runtime passes arena views instead)."""
@@ -178,8 +187,16 @@ class Backend(ABC):
     # (at any depth), so a body never needs a second backend. The partitioner hands it the node with its
     # bodies (the partition graph's `subgraphs`).
     control_flow: ClassVar[Mapping[str, OpSupport]] = {}
+    # Whether this backend takes nodes that read or write string tensors (DType.string: object arrays of str).
+    # Only the reference does: a string element is a Python object, not bytes a device buffer or a delegate's
+    # tensor could hold, so every other backend declines such a node whatever its tables say (a raster or a
+    # reshape is declared for any dtype).
+    holds_strings: ClassVar[bool] = False
 
     def supports(self, node: Node, graph: Graph) -> bool:
+        if not self.holds_strings and any(graph.specs[v].dtype is DType.string for v in (*node.inputs, *node.outputs)
+                                          if v):
+            return False
         if is_control_flow(node.op):
             return _fits(self.control_flow.get(node.op), node, graph) and all(
                 self.supports(inner, body) for body in bodies_of(node, graph)

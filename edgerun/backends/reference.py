@@ -41,6 +41,7 @@ _UFUNC_FLOAT_ONLY: dict[str, np.ufunc] = {"pow": np.power, "reciprocal": np.reci
 class ReferenceBackend(Backend):
     name = "reference"
     supported = {op: OpSupport() for op in KERNELS}
+    holds_strings = True  # string ops' kernels are the reference's alone (oracle/string_kernels.py)
     # Integer products run as float64 BLAS (exact below 2^53): about half the float32 rate.
     throughput = Throughput(flops_per_s=1e10, bytes_per_s=4e9, dispatch_s=1.5e-6, integer_flops_per_s=5e9)
     # numpy's OpenBLAS threads spin for about 0.1 s after a GEMM or conv: ORT's SqueezeNet ran 6.0 ms

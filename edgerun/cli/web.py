@@ -15,6 +15,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", required=True, help="bundle folder to write")
     p.add_argument("--context", type=int, default=256, help="KV cache positions (default 256)")
     p.add_argument("--dense", action="store_true", help="dequantize int4 projections instead of keeping them packed")
+    p.add_argument("--chunk", type=int, default=16,
+                   help="prompt tokens per prefill replay (default 16; 2 up to the context)")
     p.set_defaults(func=_export)
     p = sub.add_parser("serve", help="serve a bundle with its chat page")
     p.add_argument("folder")
@@ -27,7 +29,8 @@ def _export(args: argparse.Namespace) -> int:
     from edgerun.web.bundle import export_web
 
     start = time.perf_counter()
-    for path in export_web(args.model, args.output, context=args.context, int4=not args.dense):
+    for path in export_web(args.model, args.output, context=args.context, int4=not args.dense,
+                          chunk=args.chunk):
         print(path)
     print(f"[exported in {time.perf_counter() - start:.1f} s]")
     return 0

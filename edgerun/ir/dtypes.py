@@ -10,7 +10,16 @@ input (exp, softmax, ...) refuse them (is_float is False for them), and no backe
 kernels for them. An int4 or int2 element takes one byte, in memory (as ml_dtypes holds it) and in the program
 file: ONNX packs two int4 per byte, but a byte each keeps every segment a plain numpy view (np.frombuffer),
 and these types are rare enough that the halved size is not worth an unpacking step on load. Complex types are
-not here: no op or backend computes on complex values; strings are not tensors of numbers."""
+not here: no op or backend computes on complex values.
+
+`string` holds text: a numpy object array whose every element is a Python `str` (`string_array` checks it).
+numpy 2's StringDType was the other choice; object arrays are what ONNX's reference implementation, ONNX
+Runtime and `onnx.numpy_helper` produce and expect, so a string tensor crosses those boundaries (and the
+conformance runner's dtype check) without conversion, and the oracle kernels (oracle/string_kernels.py)
+work per element in Python anyway. A string element is a reference, not bytes: string tensors never live in
+the runtime's byte arena or a device buffer, only the reference runs nodes that touch them
+(Backend.holds_strings), and the program file stores string constants length-prefixed
+(program/string_segment.py)."""
 
 from __future__ import annotations
 
@@ -48,9 +57,12 @@ class DType(StrEnum):
     uint4 = "uint4"
     int2 = "int2"
     uint2 = "uint2"
+    string = "string"  # an object array of Python str (string_array)
 
     @property
     def np(self) -> np.dtype:
+        if self is DType.string:
+            return np.dtype(object)
         if self.is_narrow:
             return np.dtype(getattr(_ml_dtypes(), self.value))
         return np.dtype(self.value)
@@ -91,6 +103,8 @@ class DType(StrEnum):
         if isinstance(x, str) and x in DType.__members__:
             return DType(x)  # by name: no np.dtype lookup, which knows the narrow names only once ml_dtypes is in
         name = np.dtype(x.dtype if hasattr(x, "dtype") else x).name  # type: ignore[arg-type, attr-defined]
+        if name == "object":
+            return DType.string  # object arrays hold strings (string_array checks the elements)
         try:
             return DType(name)
         except ValueError:
@@ -153,6 +167,20 @@ def _to_e8m0(x: np.ndarray, saturate: builtins.bool, round_mode: str) -> np.ndar
     if saturate:
         up &= exponent != 0xFE
     return np.where(special, 0xFF, exponent + up).astype(np.uint8)
+
+
+def string_array(x: object, what: str) -> np.ndarray:
+    """`x` as a string tensor: an object array of Python str (a numpy unicode array is converted). Anything
+    else, numbers or an object array holding a non-str, is an EdgerunError naming `what`."""
+    arr = np.asarray(x)
+    if arr.dtype.kind == "U":
+        return arr.astype(object)
+    if arr.dtype != object:
+        raise EdgerunError(f"{what} must be a string tensor (an object array of str), got {arr.dtype}")
+    for element in arr.reshape(-1):
+        if type(element) is not str:
+            raise EdgerunError(f"{what} must hold only str elements, got {type(element).__name__} {element!r:.40}")
+    return arr
 
 
 def promote(a: DType, b: DType) -> DType:

@@ -19,6 +19,8 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
         return True
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
+    if a.dtype == object:  # strings: their elements are objects, not bytes
+        return bool(np.array_equal(a, b))
     return bool(np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
                                np.ascontiguousarray(b).reshape(-1).view(np.uint8)))
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
+from edgerun.oracle.string_kernels import STRING_DATA_DEPENDENT_KERNELS
 
 DataDependentKernel = Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
 
@@ -115,4 +116,5 @@ DATA_DEPENDENT_KERNELS: dict[str, DataDependentKernel] = {
     "unique": _unique,
     "top_k_dynamic": _top_k,
     "non_max_suppression": _non_max_suppression,
+    **STRING_DATA_DEPENDENT_KERNELS,  # string_split, string_normalize (oracle/string_kernels.py)
 }

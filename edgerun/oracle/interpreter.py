@@ -13,6 +13,7 @@ import numpy as np
 
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.decompose import decomposed
+from edgerun.ir.dtypes import DType, string_array
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.specialize import bind_symbols, specialize
 from edgerun.ir.staging import has_data_dependent, split_at_data_dependent
@@ -43,7 +44,9 @@ def bind_inputs(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.nda
         arr = np.asarray(value)
         if tuple(arr.shape) != spec.shape:
             raise EdgerunError(f"input {name!r} must have shape {spec.shape}, got {tuple(arr.shape)}")
-        if arr.dtype != spec.dtype.np:
+        if spec.dtype is DType.string:
+            arr = string_array(arr, f"input {name!r}")
+        elif arr.dtype != spec.dtype.np:
             if not np.can_cast(arr.dtype, spec.dtype.np, casting="same_kind"):
                 raise EdgerunError(f"input {name!r} must be {spec.dtype.value}, got {arr.dtype}")
             arr = arr.astype(spec.dtype.np)
@@ -122,6 +125,8 @@ def bind_inputs_by_rank(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str
     bound = {}
     for name in graph.inputs:
         spec, arr = graph.specs[name], np.asarray(values[name])
+        if spec.dtype is DType.string:
+            arr = string_array(arr, f"input {name!r}")
         if arr.ndim != spec.rank or arr.dtype != spec.dtype.np:
             raise EdgerunError(f"input {name!r} must be {spec}, got {arr.dtype}{list(arr.shape)}")
         bound[name] = arr

@@ -17,6 +17,7 @@ from edgerun.ir.dtypes import NARROW_NAMES, DType, narrow_cast
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.region import Region
 from edgerun.oracle.quant_kernels import QUANT_KERNELS
+from edgerun.oracle.string_kernels import STRING_KERNELS
 
 Kernel = Callable[[list[np.ndarray], dict[str, Any], list[np.ndarray]], None]
 KERNELS: dict[str, Kernel] = {}
@@ -28,6 +29,11 @@ def _kernel(*names: str) -> Callable[[Kernel], Kernel]:
             KERNELS[n] = fn
         return fn
     return deco
+
+
+def _floating(x: np.ndarray) -> bool:
+    """A float array, ml_dtypes' bfloat16, float8 and float4 included (numpy gives those kind 'V', not 'f')."""
+    return x.dtype.kind == "f" or x.dtype.name.startswith(("bfloat", "float"))
 
 
 # ---- elementwise -------------------------------------------------------------------------------------
@@ -84,7 +90,7 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
     "tanh": np.tanh, "sigmoid": _sigmoid, "erf": _erf, "sin": np.sin, "cos": np.cos,
     "floor": np.floor, "ceil": np.ceil, "round": np.round, "neg": np.negative, "abs": np.abs,
-    "sign": np.sign, "reciprocal": lambda x: np.reciprocal(x) if x.dtype.kind == "f" else (1 // x),
+    "sign": np.sign, "reciprocal": lambda x: np.reciprocal(x) if _floating(x) else (1 // x),
     "logical_not": np.logical_not,
 }
 
@@ -104,7 +110,7 @@ for _n in UNARY:
 
 def _div(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     rounding = attrs.get("rounding", "none")
-    if a.dtype.kind == "f":
+    if _floating(a):
         q = np.true_divide(a, b)
         return np.floor(q) if rounding == "floor" else np.trunc(q) if rounding == "trunc" else q
     if np.any(b == 0):
@@ -117,13 +123,13 @@ def _div(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
 
 
 def _mod(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    if a.dtype.kind != "f" and np.any(b == 0):
+    if not _floating(a) and np.any(b == 0):
         raise EdgerunError("integer modulo by zero")
     return np.fmod(a, b) if attrs.get("fmod") else np.remainder(a, b)
 
 
 def _pow(a: np.ndarray, b: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    if a.dtype.kind != "f" and np.any(b < 0):
+    if not _floating(a) and np.any(b < 0):
         raise EdgerunError("integer power with a negative exponent")
     return np.power(a, b)
 
@@ -163,10 +169,27 @@ def _bitcast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray
     outs[0][...] = np.ascontiguousarray(ins[0]).view(DType(attrs["dtype"]).np)
 
 
+def _string_cast(x: np.ndarray, to: DType) -> np.ndarray:
+    """Cast to or from strings as ONNX's reference does it: numpy's str of each element (float32 0.1 is
+    '0.1', True is 'True'), and numpy's parse of each string ('1.5', '-inf', '7'; narrow types through
+    float32). A string that is not a number of the type is an EdgerunError naming it."""
+    if to is DType.string:
+        return np.asarray(x).astype(np.str_).astype(object)
+    try:
+        if to.is_narrow:
+            return narrow_cast(x.astype(np.float32), to)
+        return x.astype(to.np)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise EdgerunError(f"cast of a string tensor to {to.value}: {exc}") from None
+
+
 @_kernel("cast")
 def _cast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     x = ins[0]
     to = DType(attrs["dtype"])
+    if to is DType.string or x.dtype == object:
+        outs[0][...] = _string_cast(x, to)
+        return
     if to.is_narrow or x.dtype.name in NARROW_NAMES:
         outs[0][...] = narrow_cast(x, to, bool(attrs.get("saturate", True)), str(attrs.get("round_mode", "up")))
         return
@@ -306,7 +329,7 @@ def _pool_input(x: np.ndarray, attrs: dict[str, Any], out_hw: tuple[int, int], v
 @_kernel("max_pool2d")
 def _max_pool(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
     x = ins[0]
-    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    fill = -np.inf if _floating(x) else np.iinfo(x.dtype).min
     win, _ = _pool_input(x, attrs, outs[0].shape[2:], fill)
     outs[0][...] = win.max(axis=(4, 5))
 
@@ -361,6 +384,7 @@ def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
 
 # ---- quantized ops (exact integer kernels, edgerun/oracle/quant_kernels.py) ---------------------------
 KERNELS.update(QUANT_KERNELS)
+KERNELS.update(STRING_KERNELS)  # string ops (oracle/string_kernels.py): the reference alone runs them
 
 
 @_kernel("update_slice")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgerun.errors import ProgramFormatError
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.subgraphs import constant_home
 from edgerun.program.canonical_json import parse_json_section
@@ -31,6 +32,7 @@ from edgerun.program.format import (
     align_up,
 )
 from edgerun.program.segment_table import SegmentEntry, verify_data_region
+from edgerun.program.string_segment import decode_strings
 
 Buffer = bytes | mmap.mmap
 KNOWN_FLAGS = 0  # no flags are defined in 1.x; a set bit would change meaning, so it is refused
@@ -114,7 +116,10 @@ def decode_program(buffer: Buffer, verify_weights: bool = True) -> DecodedProgra
         verify_data_region(region, entries)
     arrays = {}
     for e in entries:
-        array = np.frombuffer(buffer, e.dtype.np.newbyteorder("<"), e.numel, header.data_offset + e.offset)
+        if e.dtype is DType.string:  # length-prefixed UTF-8, decoded into Python str (string_segment.py)
+            array = decode_strings(region, e.offset, e.nbytes, e.shape, f"segment {e.name[:80]!r}")
+        else:
+            array = np.frombuffer(buffer, e.dtype.np.newbyteorder("<"), e.numel, header.data_offset + e.offset)
         array = array.reshape(e.shape)
         array.flags.writeable = False
         arrays[e.name] = array

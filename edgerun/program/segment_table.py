@@ -1,7 +1,7 @@
 """The weight segment table: where each constant's bytes lie in the data region, and how to check them.
 
 Offsets are relative to the start of the data region. Every segment starts on an ALIGNMENT boundary, its
-length is exactly shape × itemsize, and segments never partially overlap. Two entries may point at the very
+length is exactly shape × itemsize (a string segment's is its encoding's, string_segment.py), and segments never partially overlap. Two entries may point at the very
 same bytes (same offset and length): the writer stores identical weights once, e.g. tied embeddings.
 """
 
@@ -58,7 +58,7 @@ def _decode_entry(obj: object, index: int, data_length: int, allow_unknown: bool
     if offset % ALIGNMENT:
         raise ProgramFormatError(f"{what} offset {offset} is not a multiple of {ALIGNMENT}")
     entry = SegmentEntry(name, dtype, shape, offset, nbytes, "")
-    if entry.numel * dtype.itemsize != nbytes:
+    if dtype is not DType.string and entry.numel * dtype.itemsize != nbytes:  # strings: string_segment.py
         raise ProgramFormatError(f"{what}: shape {list(shape)} of {dtype.value} needs "
                                  f"{entry.numel * dtype.itemsize} bytes, the segment has {nbytes}")
     digest = e["sha256"]

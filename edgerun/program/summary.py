@@ -65,7 +65,10 @@ def summarize(graph: Graph, metadata: dict[str, Any], format_version: tuple[int,
     for a program that has them."""
     by_dtype: dict[str, int] = {}
     for array in graph.constants.values():
-        by_dtype[array.dtype.name] = by_dtype.get(array.dtype.name, 0) + int(array.nbytes)
+        # A string constant counts its UTF-8 bytes (its array holds references), without the length prefixes.
+        name, size = ("string", sum(len(s.encode()) for s in array.reshape(-1).tolist())) if array.dtype == object \
+            else (array.dtype.name, int(array.nbytes))
+        by_dtype[name] = by_dtype.get(name, 0) + size
     return ProgramSummary(
         nodes=len(graph.nodes),
         op_counts=graph.op_counts(),

@@ -37,6 +37,7 @@ from edgerun.program.format import (
 )
 from edgerun.program.program_parts import DEFAULT_METHOD, ProgramParts, state_segment_name
 from edgerun.program.segment_table import SegmentEntry
+from edgerun.program.string_segment import encode_strings
 
 _ZEROS = bytes(4096)
 
@@ -46,9 +47,10 @@ class PreparedWeight:
     """A constant ready to write: contiguous, little-endian, with its digest."""
 
     name: str
-    array: np.ndarray
+    array: np.ndarray  # what the segment holds: the values, or a string constant's encoded bytes
     dtype: DType
     sha256: str
+    shape: tuple[int, ...]  # the constant's shape (a string constant's `array` is its flat bytes)
 
 
 def prepare_weights(graph: Graph) -> list[PreparedWeight]:
@@ -63,10 +65,13 @@ def prepare_weights(graph: Graph) -> list[PreparedWeight]:
         spec = specs.get(name)
         if spec != TensorSpec(array.shape, dtype):
             raise ProgramFormatError(f"constant {name!r} is {dtype.value}{list(array.shape)} but its spec is {spec}")
-        # astype rather than ascontiguousarray: the latter turns 0-d arrays into shape (1,).
-        array = array.astype(dtype.np.newbyteorder("<"), order="C", copy=False)
+        shape = tuple(array.shape)
+        if dtype is DType.string:  # length-prefixed UTF-8 (string_segment.py)
+            array = encode_strings(array, f"constant {name!r}")
+        else:  # astype rather than ascontiguousarray: the latter turns 0-d arrays into shape (1,).
+            array = array.astype(dtype.np.newbyteorder("<"), order="C", copy=False)
         digest = hashlib.sha256(_raw_bytes(array)).hexdigest()
-        prepared.append(PreparedWeight(name, array, dtype, digest))
+        prepared.append(PreparedWeight(name, array, dtype, digest, shape))
     return prepared
 
 
@@ -85,7 +90,7 @@ def plan_segments(weights: list[PreparedWeight]) -> tuple[list[SegmentEntry], in
         if key not in placed:
             placed[key] = align_up(end)
             end = placed[key] + w.array.nbytes
-        entries.append(SegmentEntry(w.name, w.dtype, w.array.shape, placed[key], w.array.nbytes, w.sha256))
+        entries.append(SegmentEntry(w.name, w.dtype, w.shape, placed[key], w.array.nbytes, w.sha256))
     return entries, align_up(end)
 
 
@@ -149,8 +154,8 @@ def prepare_method_weights(methods: Mapping[str, Graph], state: Mapping[str, np.
         fresh = {n: a for n, a in flat_constants(graph).items() if source.get(n) is not a}
         source.update(fresh)
         for w in prepare_weights(Graph(specs=flat_constant_specs(graph), constants=fresh)):
-            if w.name in weights and (w.sha256, w.dtype, w.array.shape) != (
-                    weights[w.name].sha256, weights[w.name].dtype, weights[w.name].array.shape):
+            if w.name in weights and (w.sha256, w.dtype, w.shape) != (
+                    weights[w.name].sha256, weights[w.name].dtype, weights[w.name].shape):
                 raise ProgramFormatError(f"methods {owner[w.name]!r} and {method!r} both have a constant "
                                          f"{w.name!r}, with different values: rename one")
             weights.setdefault(w.name, w)

@@ -50,7 +50,8 @@ def tensor_header(arr: np.ndarray) -> dict[str, Any]:
 def to_wire(arr: np.ndarray) -> np.ndarray:
     """The array as it travels: contiguous, little-endian, one of our dtypes."""
     arr = np.asarray(arr)
-    DType.of(arr)  # raises for dtypes the IR does not have
+    if DType.of(arr) is DType.string:  # DType.of raises for dtypes the IR does not have
+        raise ValueError("string tensors do not travel to a remote backend (only the reference runs string ops)")
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
@@ -97,6 +98,8 @@ def decode_tensors(header: dict[str, Any], frames: list[Any], limits: Limits) ->
             dtype = DType(str(spec.get("dtype")))
         except ValueError:
             raise WireError(f"tensor {i}: unknown dtype {spec.get('dtype')!r}") from None
+        if dtype is DType.string:  # elements are Python objects, never bytes from a peer
+            raise WireError(f"tensor {i}: string tensors do not travel on the wire")
         shape = spec.get("shape")
         if not isinstance(shape, list) or len(shape) > MAX_RANK or \
                 not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):

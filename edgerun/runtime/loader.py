@@ -24,6 +24,7 @@ import numpy as np
 from edgerun.backends.base import Backend, CompiledPartition
 from edgerun.errors import EdgerunError
 from edgerun.ir.decompose import decomposed
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.state import from_functional, has_state, on_functional, to_functional
 from edgerun.ir.subgraphs import is_control_flow
@@ -220,6 +221,9 @@ def bind_views(graph: Graph, plan: ArenaPlan, arena: np.ndarray,
     offsets = {v: plan.offset_of(v) for v in plan.values}
     views: dict[str, np.ndarray] = dict(graph.constants)
     views.update(arena_views(arena, graph, offsets))
+    for name, spec in graph.specs.items():  # a string tensor's elements are references: never arena bytes
+        if spec.dtype is DType.string and name not in views:
+            views[name] = np.full(spec.shape, "", dtype=object)
     for value, const in const_aliases.items():
         views[value] = graph.constants[const].reshape(graph.specs[value].shape)
     return views

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.region import Region
 from edgerun.runtime.memory_plan import TensorLifetime
@@ -53,6 +54,8 @@ def find_aliases(steps: Sequence[Step], graph: Graph) -> tuple[dict[str, str], d
         if node is None or not is_noop_raster(node, graph):
             continue
         src, out = node.inputs[0], node.outputs[0]
+        if graph.specs[out].dtype is DType.string:  # string values are outside the arena: the raster copies
+            continue
         if src in const or (src in graph.constants and graph.constants[src].flags.c_contiguous):
             const[out] = const.get(src, src)
         elif src in graph.constants:
@@ -85,9 +88,9 @@ def value_lifetimes(steps: Sequence[Step], graph: Graph, skip: Collection[str] =
     skip = set(skip) | set(graph.constants)
     lifetimes = {}
     for v, f in first.items():
-        if v in skip:
-            continue
         spec = graph.specs[v]
+        if v in skip or spec.dtype is DType.string:  # strings hold objects, not bytes: bind_views gives each
+            continue  # its own array, outside the arena
         lifetimes[v] = TensorLifetime(v, spec.nbytes, f, last[v])
     return lifetimes
 

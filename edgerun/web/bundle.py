@@ -51,9 +51,10 @@ def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *,
     if tokenizer.pattern != GPT2_PATTERN:
         raise EdgerunError("the browser tokenizer has GPT-2's split pattern only; this model's is "
                            f"{tokenizer.pattern!r}")
+    if not 2 <= chunk <= info.context:  # a chunk of 1 is the decode step, which a one-token prompt takes
+        raise EdgerunError(f"prefill chunk {chunk} is outside 2..{info.context} (the context)")
     decode = build_plan(decode_program(checkpoint, info, int4=int4), info.config, info.context,
                         align=BROWSER_ALIGN)
-    chunk = max(2, min(chunk, info.context))
     prefill = build_plan(decode_program(checkpoint, info, int4=int4, chunk=chunk), info.config, info.context,
                          align=BROWSER_ALIGN, shared=decode)
     built = with_prefill(decode, prefill, chunk)

@@ -205,6 +205,36 @@ def test_float16_where_the_adapter_has_shader_f16() -> None:
     check(graph, feeds, rtol=2e-3, atol=2e-3)  # half precision: the checker's float16 tolerance
 
 
+def test_float16_is_not_claimed_on_an_adapter_without_shader_f16() -> None:
+    # f32 otherwise: a real device requested from this adapter without the feature claims no float16 node,
+    # so the runtime places them on the next backend; float32 nodes stay on webgpu.
+    from edgerun.backends.webgpu.device import GpuDevice
+
+    plain = GpuDevice(get_device().adapter, without={"shader-f16"})
+    assert not plain.has_f16
+
+    class WithoutF16(WebGpuBackend):
+        @property
+        def gpu(self) -> GpuDevice:
+            return plain
+
+    x = f32(2, 3)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        half = b.emit("cast", [b.emit("exp", [n[0]])], dtype="float16")
+        return [b.emit("tanh", [b.emit("cast", [b.emit("add", [half, half])], dtype="float32")])]
+    graph, feeds = build([x], body)
+    backend = WithoutF16()
+    claimed = {node.op: backend.supports(node, graph) for node in graph.nodes}
+    assert claimed == {"exp": True, "cast": False, "add": False, "tanh": True}
+    import edgerun
+
+    loaded = edgerun.load(graph, [backend, "reference"])
+    assert [p.backend for p in loaded.parts.partitions] == ["webgpu", "reference", "webgpu"]
+    np.testing.assert_allclose(loaded.run(feeds)[0], np.tanh(2 * np.exp(x).astype(np.float16).astype(np.float32)),
+                               rtol=2e-3)
+
+
 def test_unclaimed_dtypes_and_ops() -> None:
     i8 = np.ones((2, 3), np.int8)
     i = np.ones((2, 3), np.int32)
@@ -232,6 +262,12 @@ def test_adapter_limits_are_clear_errors() -> None:
         PartitionRunner(small, cat)
     small.limits = replace(real, max_workgroups=2)
     with pytest.raises(EdgerunError, match="workgroups"):
+        PartitionRunner(small, graph)
+    small.limits = replace(real, max_workgroup_size=32)
+    with pytest.raises(EdgerunError, match="maxComputeWorkgroupSizeX"):
+        PartitionRunner(small, graph)
+    small.limits = replace(real, max_buffer_bytes=4096)
+    with pytest.raises(EdgerunError, match="maxBufferSize"):
         PartitionRunner(small, graph)
 
 
@@ -323,6 +359,28 @@ def test_softmax_and_rms_norm_run_whole_in_one_dispatch_each() -> None:
     graph2, _ = build([f32(2, 3, 4), f32(3, 4)], lambda b, n: [b.emit("rms_norm", n, normalized_ndim=2)],
                       constant=[False, True])
     assert not backend.keeps_whole(graph2.nodes[0], graph2)  # two normalized axes: decomposed
+
+
+def test_layer_norm_runs_whole_in_one_dispatch() -> None:
+    # LayerNorm (MiniLM's, ViT's) whole: one thread per element recomputing its row's mean and variance in the
+    # decomposition's order, against the 2-3 dispatches of its decomposition; weight and bias optional, as
+    # constants or inputs. Not over two axes (normalized_ndim 2): that one is decomposed.
+    x, w, bias = f32(4, 3, 24), f32(24), f32(24)
+
+    def body(b: Builder, n: list[str]) -> list[str]:
+        return [b.emit("layer_norm", [n[0], n[1], n[2]], eps=1e-5), b.emit("layer_norm", [n[0]], eps=1e-6),
+                b.emit("layer_norm", [n[0], "", n[3]], eps=1e-5), b.emit("layer_norm", [n[0], n[3]], eps=1e-12)]
+    graph, feeds = build([x, w, bias, f32(24)], body, constant=[False, True, True, False])
+    backend = WebGpuBackend()
+    assert all(backend.keeps_whole(node, graph) for node in graph.nodes)
+    compiled = backend.compile(graph)
+    assert [k.label for k in compiled.info["runner"].kernels] == ["layer_norm & layer_norm & layer_norm & layer_norm"]
+    got = compiled(*feeds)
+    assert_matches_reference(decomposed(graph), feeds, got, rtol=1e-5, atol=1e-6)
+    unfused = WebGpuBackend(fuse=False).compile(decomposed(graph))
+    assert len(unfused.info["runner"].kernels) > 4 * 2
+    two_axes, _ = build([x], lambda b, n: [b.emit("layer_norm", [n[0]], normalized_ndim=2)])
+    assert not backend.keeps_whole(two_axes.nodes[0], two_axes)
 
 
 @pytest.mark.parametrize("int4", [False, True])
@@ -615,3 +673,34 @@ def test_attention_whose_probabilities_are_read_elsewhere_stays_three_dispatches
     compiled = WebGpuBackend().compile(graph)
     assert "attention:workgroup" not in [k.label for k in compiled.info["runner"].kernels]
     assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_reads_only_the_cache_cells_in_use() -> None:
+    # Each row's workgroup reads its mask on the device and stops at 1 + the last kept cell (at least 1): the
+    # cells after it score -inf and weigh exactly 0, so skipping them leaves the outputs unchanged. Shown by
+    # poisoning them: NaN keys and values past that length leave the output bit for bit the output with zeros
+    # there, where the unfused kernels (0 x NaN in the value product) give NaN. The length is a run-time value:
+    # one compiled kernel, replayed with used lengths 37, 0, 1, 99, 100 and masks that are no prefix, matches
+    # the unfused kernels each time.
+    graph, feeds = attention_graph()
+    compiled, unfused = WebGpuBackend().compile(graph), UNFUSED.compile(graph)
+    runner = compiled.info["runner"]
+    assert [k.label for k in runner.kernels] == ["attention:workgroup"]
+    c = feeds[1].shape[2]
+    cells = [range(37), range(0), range(1), range(99), range(100), [*range(10), *range(20, 37)], range(50, 61)]
+    for kept in cells:
+        keep = np.zeros((1, 1, c), bool)
+        keep[..., list(kept)] = True
+        used = max(max(kept, default=-1) + 1, 1)
+        clean, poisoned = [*feeds[:5], keep], [*feeds[:5], keep]
+        for target, fill in ((clean, 0.0), (poisoned, np.nan)):
+            target[1], target[3] = target[1].copy(), target[3].copy()  # the cache's keys [.., hd, C], values [.., C, d]
+            target[1][:, :, used:] = fill
+            target[3][:, used:, :] = fill
+        got = compiled(*clean)[0]
+        np.testing.assert_allclose(got, unfused(*clean)[0], rtol=1e-5, atol=1e-6)
+        bad = compiled(*poisoned)[0]
+        assert np.array_equal(bad.view(np.uint32), got.view(np.uint32)), list(kept)[-1:]
+        if used < c:
+            assert np.isnan(unfused(*poisoned)[0]).all()
+    assert runner.stats.replays == 2 * len(cells) - 1 and not runner.stats.fallbacks

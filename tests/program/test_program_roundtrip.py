@@ -37,7 +37,7 @@ def test_round_trip_preserves_graph_weights_and_metadata(program: Program, tmp_p
     assert loaded.file_info.path == (None if how == "bytes" else str(tmp_path / "m.edgr"))
 
 
-@pytest.mark.parametrize("dtype", list(DType))
+@pytest.mark.parametrize("dtype", [d for d in DType if d is not DType.string])  # strings: test_program_strings.py
 def test_every_dtype_round_trips_bit_exactly(dtype: DType) -> None:
     rng = np.random.default_rng(int.from_bytes(dtype.value.encode(), "little") % 2**32)
     raw = rng.integers(0, 256, size=7 * 5 * dtype.itemsize, dtype=np.uint8)

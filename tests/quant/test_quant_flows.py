@@ -83,6 +83,31 @@ def test_bad_input_gets_an_error_naming_it() -> None:
         edgerun.quantize(program, "int4-weight", group_size=48)
 
 
+def two_inputs() -> Program:
+    """ids (int64) -> embedding rows, plus a float input through a linear layer: calibration files with two
+    arrays, one of them not float."""
+    rng = np.random.default_rng(3)
+    g = Graph()
+    b = Builder(g)
+    ids = g.add_input("ids", TensorSpec((1, 4), DType.int64))
+    x = g.add_input("x", TensorSpec((1, 4, 16), DType.float32))
+    rows = b.emit("gather", [b.const(rng.standard_normal((300, 16)).astype(np.float32)), ids], axis=0)
+    g.outputs = [b.emit("add", [rows, b.emit("matmul", [x, b.const(rng.standard_normal((16, 16)).astype(np.float32))])])]
+    return Program(graph=g)
+
+
+def test_calibration_arrays_of_the_wrong_dtype_or_sample_count_are_named() -> None:
+    program = two_inputs()
+    ids, x = np.zeros((3, 1, 4), np.int64), np.zeros((3, 1, 4, 16), np.float32)
+    assert len(edgerun.quantize(program, "int8-static", calibration={"ids": ids, "x": x}).graph.nodes)
+    with pytest.raises(EdgerunError, match=r"calibration array 'ids' is float32; input 'ids' is int64"):
+        edgerun.quantize(program, "int8-static", calibration={"ids": ids.astype(np.float32), "x": x})
+    with pytest.raises(EdgerunError, match=r"different numbers of samples: \[2, 3\]"):
+        edgerun.quantize(program, "int8-static", calibration={"ids": ids, "x": x[:2]})
+    with pytest.raises(EdgerunError, match=r"calibration arrays \['x'\].*missing \['ids'\]"):
+        edgerun.quantize(program, "int8-static", calibration={"x": x})
+
+
 def mlp(width: int = 512, seed: int = 0) -> Program:
     """Two width x width linear layers: a weight-dominated program, as LLM blocks are."""
     rng = np.random.default_rng(seed)
@@ -138,6 +163,16 @@ def test_cli_quantizes_a_file_and_reports_bad_input(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
                           "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and "['pixels']" in bad.stderr and "Traceback" not in bad.stderr
+    for args, named in ((["--scheme", "int3"], "unknown quantization scheme 'int3'"),
+                        (["--scheme", "int8-dynamic", "--exclude", "conv9"], "--exclude ['conv9']: no layer or op type"),
+                        (["--scheme", "int8-static"], "'int8-static' needs calibration data")):
+        bad = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), *args],
+                             capture_output=True, text=True, env=env)
+        assert bad.returncode == 1 and named in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
+    np.savez(cal, image=images(2, seed=1)[:, :, :, :8, :8])
+    bad = subprocess.run([sys.executable, "-m", "edgerun", "quantize", str(src), "-o", str(out), "--scheme",
+                          "int8-static", "--calibration", str(cal)], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "calibration array 'image' has shape (2, 4, 3, 8, 8)" in bad.stderr, bad.stderr
 
 
 def test_embedding_tables_become_int8_rows_with_a_scale_each() -> None:

@@ -142,6 +142,22 @@ def test_matmul_int4_matches_onnxruntime_matmulnbits(group: int, with_zp: bool) 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_matmul_int4_minimum_form_dequantizes_each_group_with_its_float_zero_point(group: int) -> None:
+    """float32 zero points (GGUF Q4_1's minimum form, `w = (q - zp) * scale`): every group's own, against the
+    whole dequantized weight built here in float64."""
+    rng = np.random.default_rng(group)
+    k, n = 3 * group - 8, 5  # K padded in the last group
+    blocks = -(-k // group)
+    q = rng.integers(0, 16, size=(n, blocks, group)).astype(np.uint8)
+    scales = (rng.random((n, blocks)) * 0.1 + 0.01).astype(np.float32)
+    zp = (rng.standard_normal((n, blocks)) * 4).astype(np.float32)  # not integers: a minimum, not a code
+    a = rng.standard_normal((2, k)).astype(np.float32)
+    got = _run("matmul_int4", [a, pack_int4(q), scales, zp], [((2, n), np.float32)], k=k, n=n, group_size=group)[0]
+    w = ((q.astype(np.float64) - zp[:, :, None]) * scales[:, :, None]).reshape(n, -1)[:, :k]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
+
+
 # ---- properties --------------------------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
@@ -183,3 +199,20 @@ def test_int4_pack_roundtrip() -> None:
     packed = pack_int4(v)
     assert packed.shape == (2, 8) and packed[0, 0] == 0x10
     np.testing.assert_array_equal(unpack_int4(packed), v)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 24), st.booleans(), st.integers(0, 2 ** 31))
+def test_per_token_dynamic_quantize_is_each_row_quantized_alone(rows: int, width: int, signed: bool, seed: int) -> None:
+    """per_token: one (scale, zero point) per row of the last axis, the same as quantizing that row by itself, so
+    a loud token does not coarsen a quiet one."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, width)) * 10.0 ** rng.integers(-3, 4, size=(rows, 1))).astype(np.float32)
+    dtype = np.dtype(np.int8 if signed else np.uint8)
+    outs = _run("dynamic_quantize", [x], [((rows, width), dtype), ((rows, 1), np.float32), ((rows, 1), dtype)],
+                per_token=True)
+    for i in range(rows):
+        scale, zp = dynamic_qparams(x[i], dtype, per_token=False)
+        assert outs[1][i, 0] == scale and outs[2][i, 0] == zp
+        np.testing.assert_array_equal(outs[0][i], quantize_values(x[i], scale, zp))
+

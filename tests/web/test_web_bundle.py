@@ -7,6 +7,7 @@ SmolLM2 itself is too slow on SwiftShader for a test (docs/webgpu.md has the one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -69,9 +70,9 @@ def python_model(tiny_gguf: Path) -> Any:
         return edgerun.llm.load(tiny_gguf, dequantize=True, context=CONTEXT, chunk=8)
 
 
-@pytest.fixture(scope="module")
-def page(bundle: Path) -> Iterator[Any]:
-    """The chat page served by `edgerun web serve`'s server, open in headless Chromium with WebGPU."""
+@contextlib.contextmanager
+def open_page(bundle: Path) -> Iterator[Any]:
+    """`bundle`'s chat page served by `edgerun web serve`'s server, open in headless Chromium with WebGPU."""
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.skip("Debian's chromium and chromium-driver are not installed")
     from selenium import webdriver
@@ -98,6 +99,12 @@ def page(bundle: Path) -> Iterator[Any]:
         driver.quit()
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="module")
+def page(bundle: Path) -> Iterator[Any]:
+    with open_page(bundle) as driver:
+        yield driver
 
 
 def call_page(driver: Any, script: str, *args: Any) -> Any:
@@ -257,3 +264,26 @@ def test_decode_replay_equals_fresh_encode_bit_for_bit_over_100_steps(tiny_gguf:
         assert np.all(rows != 0) and not np.any(cache[:, :, steps:] if name.startswith("k_") else cache[:, steps:])
     assert (runners[0].stats.fresh, runners[0].stats.replays) == (1, steps - 1) and not runners[0].stats.fallbacks
     assert (runners[1].stats.fresh, runners[1].stats.replays) == (steps, 0)
+
+
+def test_export_chunk_flag_sets_the_prefill_chunk_the_page_replays(tiny_gguf: Path, python_model: Any) -> None:
+    # `edgerun web export --chunk 5`: the prefill plan takes 5 prompt tokens a replay, the page runs a prompt in
+    # ceil(L / 5) replays and still gives the Python path's greedy tokens; a chunk outside 2..context is refused.
+    out = tiny_gguf.parent / "bundle-chunk5"
+    run = subprocess.run([sys.executable, "-m", "edgerun", "web", "export", str(tiny_gguf), "-o", str(out),
+                          "--context", str(CONTEXT), "--chunk", "5"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["prefill"]["chunk"] == 5
+    prompt, new = PROMPTS[0], 4
+    with open_page(out) as driver:
+        got = call_page(driver, "return await window.edgerunChat.run(args[0], args[1], "
+                                "{raw: true, ignoreStop: true});", prompt, new)
+    want = python_model.generate(prompt, max_new_tokens=new, ignore_eos=True)
+    assert got["ids"] == want.token_ids
+    assert got["replays"] == {"prefill": -(-len(got["promptIds"]) // 5), "decode": new - 1}
+    for bad in ("1", str(CONTEXT + 1)):
+        run = subprocess.run([sys.executable, "-m", "edgerun", "web", "export", str(tiny_gguf), "-o",
+                              str(tiny_gguf.parent / "bundle-bad"), "--context", str(CONTEXT), "--chunk", bad],
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 1 and f"prefill chunk {bad} is outside 2..{CONTEXT}" in run.stderr, run.stderr

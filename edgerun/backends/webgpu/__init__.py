@@ -65,17 +65,18 @@ SUPPORTED: dict[str, OpSupport] = {
 
 
 def _last_axis_norm(node: Node, graph: Graph) -> bool:
+    """A norm over the last axis whose weight and bias (when there) are that axis's length."""
     x = graph.specs[node.inputs[0]]
-    weight = node.inputs[1] if len(node.inputs) > 1 else ""
-    return (int(node.attrs.get("normalized_ndim", 1)) == 1 and not (len(node.inputs) > 2 and node.inputs[2])
-            and (not weight or graph.specs[weight].shape == x.shape[-1:]))
+    return int(node.attrs.get("normalized_ndim", 1)) == 1 and all(
+        graph.specs[v].shape == x.shape[-1:] for v in node.inputs[1:] if v)
 
 
-# Composites run whole, one dispatch each (the decoder's RMSNorm, attention's softmax) instead of the
-# 3-4 dispatches of their decomposition.
+# Composites run whole, one dispatch each (the decoder's RMSNorm, attention's softmax, the encoders'
+# LayerNorm) instead of the 2-4 dispatches of their decomposition.
 COMPOSITES: dict[str, OpSupport] = {
     "softmax": OpSupport(_F),
     "rms_norm": OpSupport(_F, check=_last_axis_norm),
+    "layer_norm": OpSupport(_F, check=_last_axis_norm),
 }
 
 

@@ -15,6 +15,15 @@ computes it (exp(score - max) / total), and after a barrier each thread sums pro
 share of the output columns, in the value matmuls' order. The only arithmetic that differs from the
 unfused kernels is the order of the softmax's sum (a tree over 64 partial sums instead of one running sum).
 
+Only the cells in use: where a half's mask is `where(keep, scores, -inf)` with a constant -inf, the workgroup
+first reads its row of `keep` (one load per cell, on the device, every call: the LLM step computes it from the
+position) and stops every loop of that half at used = 1 + the last kept cell (at least 1). The cells after
+it score -inf whatever their keys, so their probabilities are exactly 0 and their value terms 0 x v = 0:
+a decode step at position 10 of a 512-cell cache reads 11 cells of keys and values, not 512. The loops keep
+the whole-width loop's thread for each cell, so the outputs are bit for bit those of reading every cell,
+wherever the skipped value rows are finite (a NaN or inf left in an unused cache cell made the whole-width
+output NaN; here it is never read). Nothing is assumed about what the mask means: it is read, not inferred.
+
 Matched only where every intermediate has no reader outside the pattern and is no partition output, all
 float32, rank 3 with one batch size, the concat and slices exactly that (checked on the regions), and
 within the dispatch's binding cap.
@@ -198,6 +207,34 @@ def _slice_start(node: Node, graph: Graph, shape: tuple[int, ...]) -> int | None
     return start if 0 <= start <= n - width and (copies[1] == rows.reshape(-1)).all() else None
 
 
+def _broadcast_index(graph: Graph, value: str, shape: tuple[int, int, int]) -> str:
+    """The flat index of `value` broadcast to `shape` at (bb, rr, jj)."""
+    strides = broadcast_strides(graph.specs[value].shape, shape)
+    return f"bb * {strides[0]} + rr * {strides[1]} + jj * {strides[2]}"
+
+
+def _first_of_thread(offset: int) -> str:
+    """The first j >= offset that thread `tid` takes in the strided share j = tid, tid + 64, ...: each cell is
+    summed by the thread that summed it when the loop ran over all the cells, so the partial sums are those of
+    the whole-width loop, less terms that are exactly 0."""
+    if offset == 0:
+        return "tid"
+    return f"tid + ((max({offset} - tid, 0) + {WORKGROUP - 1}) / {WORKGROUP}) * {WORKGROUP}"
+
+
+def _masked_to_minus_inf(half: ScoreHalf, graph: Graph, alias: Mapping[str, str]) -> str | None:
+    """The condition of `half`'s mask when it is `where(keep, scores, -inf)` with a constant -inf, else None."""
+    mask = half.mask
+    if mask is None or mask.op != "where" or len(mask.inputs) != 3 or mask.inputs[1] != half.matmul.outputs[0]:
+        return None
+    keep, other = mask.inputs[0], mask.inputs[2]
+    minus_inf = graph.constants.get(alias.get(other, other))
+    if keep == mask.inputs[1] or minus_inf is None or graph.specs[keep].dtype is not DType.bool:
+        return None
+    values = np.asarray(minus_inf, np.float64)
+    return keep if values.size and bool(np.all(np.isneginf(values))) else None
+
+
 def _bindings(match: Attention, alias: Mapping[str, str]) -> list[str]:
     """The values the kernel reads, each once, in binding order."""
     read: list[str] = []
@@ -221,11 +258,13 @@ def attention_kernel(match: Attention, graph: Graph, alias: Mapping[str, str]) -
     softmax_out, out = match.softmax.outputs[0], match.add.outputs[0]
     b, r, n = graph.specs[softmax_out].shape
     d = graph.specs[out].shape[2]
-    lines_scores = []
-    offset = 0
+    widths = [graph.specs[h.matmul.outputs[0]].shape[2] for h in match.halves]
+    offsets = [0, widths[0]]
+    used_lines: list[str] = []  # each half's cell count in use, `used{k}`: a bound from its mask, or its width
+    score_loops: list[str] = []
     for k, h in enumerate(match.halves):
         q, key = h.matmul.inputs
-        width = graph.specs[h.matmul.outputs[0]].shape[2]
+        width, offset = widths[k], offsets[k]
         depth = graph.specs[q].shape[2]
         qrows = graph.specs[q].shape[1]
         qbase = f"bb * {qrows * depth} + rr * {depth}"
@@ -237,41 +276,61 @@ def attention_kernel(match: Attention, graph: Graph, alias: Mapping[str, str]) -
                 if u == h.matmul.outputs[0]:
                     args.append("acc_r")
                 else:
-                    strides = broadcast_strides(graph.specs[u].shape, (b, r, width))
-                    args.append(load(u)(f"bb * {strides[0]} + rr * {strides[1]} + jj * {strides[2]}"))
+                    args.append(load(u)(_broadcast_index(graph, u, (b, r, width))))
             expr = elementwise_expr(h.mask, graph, args)
-        lines_scores += [
-            f"{'if' if k == 0 else 'else'} {f'(j < {offset + width})' if k == 0 else ''} {{",
+        keep = _masked_to_minus_inf(h, graph, alias)
+        if keep is None:
+            used_lines.append(f"let used{k}: i32 = {width};")
+        else:  # 1 + the row's last kept cell (at least 1): the cells after it score -inf and weigh exactly 0
+            used_lines += [
+                f"var last{k}: i32 = 0;",
+                f"if (live) {{ for (var jj: i32 = tid; jj < {width}; jj = jj + {WORKGROUP}) {{ "
+                f"if ({load(keep)(_broadcast_index(graph, keep, (b, r, width)))} != 0u) {{ last{k} = jj + 1; }} }} }}",
+                f"redi[tid] = last{k};",
+                "workgroupBarrier();",
+                f"for (var half: i32 = {WORKGROUP // 2}; half > 0; half = half / 2) {{",
+                "  if (tid < half) { redi[tid] = max(redi[tid], redi[tid + half]); }",
+                "  workgroupBarrier();",
+                "}",
+                f"let used{k} = max(redi[0], 1);",
+                "workgroupBarrier();",
+            ]
+        score_loops += [
+            f"for (var j: i32 = {_first_of_thread(offset)}; j < {offset} + used{k}; j = j + {WORKGROUP}) {{",
             f"  let jj = j - {offset};",
             "  var acc_r: f32 = 0.0;",
             f"  for (var h: i32 = 0; h < {depth}; h = h + 1) {{ acc_r = acc_r + {load(q)(f'{qbase} + h')} * "
             f"{load(key)(f'{kbase} + h * {width}')}; }}",
-            f"  score = {expr};",
+            f"  let score = {expr};",
+            "  out0[row + j] = score;",
+            "  m = e_max(m, score);",
             "}",
         ]
-        offset += width
+    cells = [f"for (var j: i32 = {_first_of_thread(offsets[k])}; j < {offsets[k]} + used{k}; "
+             f"j = j + {WORKGROUP}) {{ BODY }}" for k in range(2)]
     sums = []
-    offset = 0
     for k, h in enumerate(match.halves):
-        width = graph.specs[h.matmul.outputs[0]].shape[2]
         value = h.values.inputs[1]
         sums += [f"var a{k}: f32 = 0.0;",
-                 f"for (var j: i32 = 0; j < {width}; j = j + 1) {{ a{k} = a{k} + out0[row + {offset} + j] * "
-                 f"{load(value)(f'bb * {width * d} + j * {d} + dd')}; }}"]
-        offset += width
+                 f"for (var j: i32 = 0; j < used{k}; j = j + 1) {{ a{k} = a{k} + out0[row + {offsets[k]} + j] * "
+                 f"{load(value)(f'bb * {widths[k] * d} + j * {d} + dd')}; }}"]
     first = 0 if match.add.inputs[0] == match.halves[0].values.outputs[0] else 1
     total_expr = f"(a{first} + a{1 - first})"
     in_decls = [f"@group(0) @binding({k}) var<storage, read_write> in{k}: array<{STORAGE_TYPE[graph.specs[v].dtype]}>;"
                 for k, v in enumerate(bound)]
     nb = len(bound)
     rows = b * r
-    score_lines = "\n      ".join(lines_scores)
+    used_block = "\n  ".join(used_lines)
+    score_lines = "\n    ".join(score_loops)
     sum_lines = "\n      ".join(sums)
+    exp_loops = "\n    ".join(c.replace("BODY", "part = part + exp(out0[row + j] - mx);") for c in cells)
+    prob_loops = "\n    ".join(c.replace("BODY", "out0[row + j] = exp(out0[row + j] - mx) / total;") for c in cells)
     source = f"""{PRELUDE}
 {chr(10).join(in_decls)}
 @group(0) @binding({nb}) var<storage, read_write> out0: array<f32>;
 @group(0) @binding({nb + 1}) var<storage, read_write> out1: array<f32>;
 var<workgroup> red: array<f32, {WORKGROUP}>;
+var<workgroup> redi: array<i32, {WORKGROUP}>;
 @compute @workgroup_size({WORKGROUP})
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {{
@@ -281,14 +340,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let bb = i32(o / {r}u);
   let rr = i32(o % {r}u);
   let row = i32(o) * {n};
+  {used_block}
   var m = e_bits(0xff800000u);
   if (live) {{
-    for (var j: i32 = tid; j < {n}; j = j + {WORKGROUP}) {{
-      var score: f32;
-      {score_lines}
-      out0[row + j] = score;
-      m = e_max(m, score);
-    }}
+    {score_lines}
   }}
   red[tid] = m;
   workgroupBarrier();
@@ -300,7 +355,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   workgroupBarrier();
   var part: f32 = 0.0;
   if (live) {{
-    for (var j: i32 = tid; j < {n}; j = j + {WORKGROUP}) {{ part = part + exp(out0[row + j] - mx); }}
+    {exp_loops}
   }}
   red[tid] = part;
   workgroupBarrier();
@@ -310,7 +365,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   }}
   let total = red[0];
   if (live) {{
-    for (var j: i32 = tid; j < {n}; j = j + {WORKGROUP}) {{ out0[row + j] = exp(out0[row + j] - mx) / total; }}
+    {prob_loops}
   }}
   storageBarrier();
   workgroupBarrier();

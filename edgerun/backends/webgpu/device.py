@@ -32,13 +32,16 @@ class Limits:
     max_workgroups: int  # per dimension
     max_storage_buffers: int  # per shader stage
     offset_alignment: int  # minStorageBufferOffsetAlignment
+    max_workgroup_size: int  # threads of a 1-D workgroup: maxComputeWorkgroupSizeX, maxComputeInvocationsPerWorkgroup
 
     @classmethod
     def of(cls, limits: Any) -> Limits:
         return cls(int(limits["max-storage-buffer-binding-size"]), int(limits["max-buffer-size"]),
                    int(limits["max-compute-workgroups-per-dimension"]),
                    int(limits["max-storage-buffers-per-shader-stage"]),
-                   int(limits["min-storage-buffer-offset-alignment"]))
+                   int(limits["min-storage-buffer-offset-alignment"]),
+                   min(int(limits["max-compute-workgroup-size-x"]),
+                       int(limits["max-compute-invocations-per-workgroup"])))
 
 
 class GpuDevice:

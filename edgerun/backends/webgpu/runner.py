@@ -292,6 +292,9 @@ class PartitionRunner:
 
     def _check_limits(self, k: Kernel) -> None:
         lim = self.gpu.limits
+        if lim.max_workgroup_size < WORKGROUP:  # WebGPU guarantees 256; every kernel is 64 threads a workgroup
+            raise EdgerunError(f"the kernels' workgroups of {WORKGROUP} threads are over the adapter's "
+                               f"maxComputeWorkgroupSizeX / maxComputeInvocationsPerWorkgroup {lim.max_workgroup_size}")
         nbind = len(k.values) + (k.params is not None) + k.status
         if nbind > lim.max_storage_buffers:
             raise EdgerunError(f"dispatch {k.label} ({k.nodes[0]}) binds {nbind} storage buffers, over the "

@@ -219,6 +219,8 @@ def node_body(node: Node, graph: Graph, int4_half: bool = False) -> Body:
         return _softmax_body(node, graph, inputs)
     if op == "rms_norm":
         return _rms_norm_body(node, graph, inputs)
+    if op == "layer_norm":
+        return _layer_norm_body(node, graph, inputs)
     if op == "conv2d":
         return _conv_body(node, graph, inputs)
     if op in ("max_pool2d", "avg_pool2d"):
@@ -329,6 +331,28 @@ def _rms_norm_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
               f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ let v = in0[base + r]; total = total + v * v; }}",
               f"let inv = inverseSqrt(total / {float(n)!r} + f32({eps!r}));",
               f"let acc = (in0[idx] * inv){weight};"]
+    return Body(inputs, lines)
+
+
+def _layer_norm_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """The composite whole over the last axis, one thread per element, in the decomposition's order: the row's
+    mean, then the mean of (x - mean)^2, then (x - mean) * rsqrt(var + eps), times the weight, plus the bias
+    (either may be absent)."""
+    x = graph.specs[inputs[0]]
+    lines, n, _ = _row(x.shape, x.rank - 1)
+    eps = float(node.attrs.get("eps", 1e-5))
+    last = f"c{x.rank - 1}"
+    slots = {v: k for k, v in enumerate(inputs)}
+    weight = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] else ""
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    affine = (f" * in{slots[weight]}[{last}]" if weight else "") + (f" + in{slots[bias]}[{last}]" if bias else "")
+    lines += ["var total: f32 = 0.0;",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ total = total + in0[base + r]; }}",
+              f"let mean = total / {float(n)!r};",
+              "var spread: f32 = 0.0;",
+              f"for (var r: i32 = 0; r < {n}; r = r + 1) {{ let c = in0[base + r] - mean; spread = spread + c * c; }}",
+              f"let inv = inverseSqrt(spread / {float(n)!r} + f32({eps!r}));",
+              f"let acc = ((in0[idx] - mean) * inv){affine};"]
     return Body(inputs, lines)
 
 

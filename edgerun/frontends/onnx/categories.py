@@ -14,7 +14,6 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "training": "Gradient: the gradient of a graph needs automatic differentiation, which edgerun does not have",
     "other-domain": "ops outside the default ONNX domain, ai.onnx.ml and the preview domains",
     "map": "map values (ONNX maps from string or integer keys)",
-    "string": "string tensors and string ops",
     "random": "random generators (RandomNormal, Bernoulli, ...): the expected outputs are one draw of numpy's "
               "generator",
     "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
@@ -30,11 +29,10 @@ DESIGN_OUTLOOK: dict[str, str] = {
                 "(frontends/onnx/training.py)",
     "other-domain": "no node case uses one. FlexAttention (ai.onnx.preview) imports with its score_mod / "
                     "prob_mod graphs inlined (frontends/onnx/flex_attention.py); ai.onnx.ml's numeric ops "
-                    "import (frontends/onnx/ml.py), its string ones count as string",
+                    "(frontends/onnx/ml.py) and LabelEncoder on strings (strings.py) import",
     "map": "no node case uses one. Sequences and optionals resolve at import into tensors "
            "(frontends/onnx/sequences.py); a map's keys could too, but its ops (ai.onnx.ml ZipMap, "
            "DictVectorizer, CastMap) take string keys",
-    "string": "cannot be supported: edgerun tensors are numeric",
     "random": "cannot be checked: every Bernoulli case draws its probabilities from (0, 1) and its expected "
               "output from numpy's global generator (onnx/backend/test/case/node/bernoulli.py, which says "
               "implementations differ even with a seed); no case has probabilities of only 0 and 1",
@@ -51,8 +49,6 @@ DESIGN_OUTLOOK: dict[str, str] = {
 _TRAINING = {"Gradient"}  # Adam, Adagrad and Momentum import (training.py)
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 _IMAGE_CODECS = {"ImageDecoder"}
-_STRING_OPS = {"StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"}
-_STRING_TYPE = 8
 
 
 def _value_kinds(model: Any) -> tuple[set[str], set[int]]:
@@ -75,12 +71,10 @@ def design_category(model: Any) -> str | None:
     kinds, elem = _value_kinds(model)
     if ops & _TRAINING:
         return "training"
-    if domains - {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}:  # ai.onnx.ml's numeric ops import (ml.py); its string ones fall under string
+    if domains - {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}:  # ml.py, strings.py, training.py
         return "other-domain"
     if kinds - {"tensor_type", "sequence_type", "optional_type"}:  # sequences and optionals: sequences.py
         return "map"
-    if ops & _STRING_OPS or _STRING_TYPE in elem:
-        return "string"
     if ops & _RANDOM:
         return "random"
     if ops & _IMAGE_CODECS:

@@ -20,16 +20,21 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymDim
 
 # ONNX TensorProto data types we hold; the rest are refused (see docs/onnx.md). The narrow ones (16-23, 25-26)
-# are ml_dtypes dtypes (ir/dtypes.py). Not held: complex64/128 (14-15) no op computes on; string (8) is not
-# numeric.
+# are ml_dtypes dtypes (ir/dtypes.py); string (8) is an object array of str (strings.py). Not held:
+# complex64/128 (14-15), which no op computes on.
 ONNX_TO_DTYPE: dict[int, DType] = {1: DType.float32, 10: DType.float16, 11: DType.float64, 3: DType.int8,
                                    2: DType.uint8, 5: DType.int16, 4: DType.uint16, 6: DType.int32,
                                    12: DType.uint32, 7: DType.int64, 13: DType.uint64, 9: DType.bool,
                                    16: DType.bfloat16, 17: DType.float8_e4m3fn, 18: DType.float8_e4m3fnuz,
                                    19: DType.float8_e5m2, 20: DType.float8_e5m2fnuz, 21: DType.uint4,
                                    22: DType.int4, 23: DType.float4_e2m1fn, 24: DType.float8_e8m0fnu,
-                                   25: DType.uint2, 26: DType.int2}
+                                   25: DType.uint2, 26: DType.int2, 8: DType.string}
 DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
+
+
+def is_string_constant(arr: np.ndarray) -> bool:
+    """An object array of str (a string tensor), not one of symbolic sizes (symfold.py; never empty)."""
+    return arr.dtype == object and all(type(e) is str for e in arr.reshape(-1))
 
 
 class OnnxModelError(EdgerunError):
@@ -138,6 +143,14 @@ class ImportContext:
                 found.add(n)
             todo.extend(self.producers.get(n, []))
         return sorted(found)
+
+    def bind_constant(self, name: str, arr: np.ndarray) -> None:
+        """An ONNX value known at import time. A string tensor becomes a graph constant at once: `consts`
+        holds numbers (and symbolic sizes, as object arrays) that import-time folding computes with."""
+        if is_string_constant(arr):
+            self.values[name] = self.graph.add_constant(np.require(arr, requirements="C"), hint="onnx_const")
+        else:
+            self.consts[name] = arr
 
     # -- reading inputs ------------------------------------------------------------------------------
     def known(self, name: str) -> bool:

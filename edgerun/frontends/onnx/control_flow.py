@@ -86,7 +86,7 @@ def import_body(ctx: ImportContext, body: Any, formals: Sequence[tuple[str, Tens
         if name in ctx.consts and name not in child.values:
             child.consts[name] = ctx.consts[name]
     for t in body.initializer:
-        child.consts[t.name] = numpy_helper.to_array(t)
+        child.bind_constant(t.name, numpy_helper.to_array(t))
     import_into(child, list(body.node))
     return child, [child.value(o.name) for o in body.output]
 
@@ -113,7 +113,7 @@ def inline_graph(ctx: ImportContext, body: Any, prefix: str, import_into: Import
     for vi, outer in zip(body.input, inputs):
         alias(ctx, rename[vi.name], outer)
     for t in body.initializer:
-        ctx.consts[rename[t.name]] = numpy_helper.to_array(t)
+        ctx.bind_constant(rename[t.name], numpy_helper.to_array(t))
     nodes = []
     for inner in body.node:
         n = onnx.NodeProto()

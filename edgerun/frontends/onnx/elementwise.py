@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgerun.errors import UnsupportedOpError
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.ir.dtypes import E8M0_ROUND_MODES, NARROW_NAMES, DType, narrow_cast
@@ -24,7 +25,10 @@ def unary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 @onnx_op(*BINARY)
 def binary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    return [ctx.emit(BINARY[node.op_type], [ctx.input(node, 0), ctx.input(node, 1)])]
+    a, b = ctx.input(node, 0), ctx.input(node, 1)
+    if node.op_type == "Equal" and ctx.b.dtype(a) is DType.string:  # only the reference compares strings
+        return [ctx.emit("string_equal", [a, b])]
+    return [ctx.emit(BINARY[node.op_type], [a, b])]
 
 
 @onnx_op("Div")
@@ -89,6 +93,9 @@ def identity(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 
 def _cast_to(ctx: ImportContext, name: str, to: DType, saturate: bool = True, round_mode: str = "up") -> Out:
+    if to is DType.string and ctx.dtype(name).is_narrow:
+        raise UnsupportedOpError("Cast", detail=f"{ctx.dtype(name).value} to string (ONNX's reference has no such "
+                                 "cast: numpy has no str of an ml_dtypes value)")
     c = ctx.const(name)
     if c is not None:  # CastLike(constant, x) depends only on x's type: keep it foldable
         return _cast_const(c, to, saturate, round_mode)
@@ -104,6 +111,8 @@ def _cast_to(ctx: ImportContext, name: str, to: DType, saturate: bool = True, ro
 
 
 def _cast_const(c: np.ndarray, to: DType, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
+    if to is DType.string:  # numpy's str of each element, as ONNX's reference casts (oracle kernels: _string_cast)
+        return np.asarray(c).astype(np.str_).astype(object)
     if to.is_narrow or c.dtype.name in NARROW_NAMES:
         return narrow_cast(np.asarray(c), to, saturate, round_mode)
     if c.dtype.kind == "f" and to.is_int:

@@ -30,6 +30,7 @@ from edgerun.frontends.onnx.dims import describe, disagreement
 from edgerun.frontends.onnx.flex_attention import import_flex_attention
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
+from edgerun.frontends.onnx.narrow_float import BFLOAT16_REFUSAL, import_via_float32
 from edgerun.frontends.onnx.registry import load_handlers
 from edgerun.frontends.onnx.sequences import (
     STRUCTURED_IMPORTERS,
@@ -95,11 +96,11 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
     for name, value in (constant_inputs or {}).items():
         if name not in input_names:
             raise OnnxModelError(f"constant_inputs names {name!r}, which is not a graph input")
-        ctx.consts[name] = np.asarray(value)
+        ctx.bind_constant(name, np.asarray(value))
     for vi in g.input:
-        if vi.name not in ctx.consts and is_structured_type(vi.type):
+        if not ctx.known(vi.name) and is_structured_type(vi.type):
             bind_structured_input(ctx, vi, input_shapes or {})
-        elif vi.name not in ctx.consts:
+        elif not ctx.known(vi.name):
             graph.add_input(vi.name, input_spec(vi, declared.shapes.get(vi.name)))
             ctx.values[vi.name] = vi.name
     opsets = {o.domain or "": int(o.version) for o in model.opset_import}
@@ -130,7 +131,7 @@ def _add_initializers(ctx: ImportContext, initializers: Any) -> None:
     from onnx import numpy_helper
     for t in initializers:
         try:
-            ctx.consts[t.name] = numpy_helper.to_array(t)
+            ctx.bind_constant(t.name, numpy_helper.to_array(t))
         except (ValueError, TypeError) as exc:
             raise OnnxModelError(f"initializer {t.name!r} cannot be decoded: {exc}") from None
 
@@ -165,7 +166,7 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         domain = proto.domain if proto.domain != "ai.onnx" else ""
         key = f"{domain}:{proto.op_type}" if domain else proto.op_type
         if domain not in ("",) and key not in handlers and key not in BODY_IMPORTERS:
-            detail = "no import handler for this ai.onnx.ml op (string ops and SVMs are not supported; " \
+            detail = "no import handler for this ai.onnx.ml op (SVMs and others are not supported; " \
                 "docs/onnx.md)" if domain == "ai.onnx.ml" else \
                 f"domain {domain!r} is not supported (only the default ONNX domain, the numeric ops of " \
                 "ai.onnx.ml, and com.microsoft MatMulNBits)"
@@ -203,7 +204,9 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
                 continue
             raise node.refuse("no ONNX import handler for this op")
         try:
-            outs = handler(ctx, node)
+            outs = import_via_float32(ctx, node, handler)  # bfloat16 elementwise ops (narrow_float.py)
+            if outs is None:
+                outs = handler(ctx, node)
         except SymbolicShapeError as exc:
             raise node.refuse(f"{exc}; this op needs that size at import time: pin the dimension in "
                               "input_shapes= (an int instead of (name, min, max))") from None
@@ -219,9 +222,10 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             if narrow:
                 # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op whose rule needs a float
                 # input is refused, named, rather than reported as a bug
+                why = BFLOAT16_REFUSAL if narrow == "bfloat16" else \
+                    "edgerun does no float arithmetic in the narrow types (cast to float32 around it)"
                 raise UnsupportedOpError(node.op_type, source=node.name or node.outputs[0],
-                                         detail=f"{node.op_type} on {narrow}: edgerun does no float arithmetic "
-                                                "in the narrow types (cast to float32 around it)") from None
+                                         detail=f"{node.op_type} on {narrow}: {why}") from None
             if isinstance(exc, TypeError):
                 raise
             raise OnnxImportError(f"importing {node.op_type} node {node.name or node.outputs[0]!r}: {exc}") from exc
@@ -233,7 +237,7 @@ def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: Ch
         if not name:
             continue
         if isinstance(out, np.ndarray):
-            ctx.consts[name] = out
+            ctx.bind_constant(name, out)
         else:
             ctx.values[name] = out
         _cross_check(ctx, node, name, types.get(name), types.bindings)
@@ -282,7 +286,7 @@ def _try_fold(ctx: ImportContext, node: OnnxNode, handler: Handler) -> bool:
         return False  # the regular path imports it into the graph or reports the problem
     for name, out in zip(node.outputs, outs):
         if name:
-            ctx.consts[name] = values[out] if isinstance(out, str) else out
+            ctx.bind_constant(name, values[out] if isinstance(out, str) else out)
     return len(outs) >= len([o for o in node.outputs if o])
 
 

@@ -7,8 +7,8 @@ OneHotEncoder a comparison against its categories; LinearClassifier a matmul and
 (TreeEnsemble, opset 5; TreeEnsembleRegressor and TreeEnsembleClassifier, opsets 1 and 3) become a node
 table walked in lockstep for every sample and tree: one step per level of the deepest tree, each a gather of
 the current node's feature, threshold and children, then a gather of each leaf's weights per target and the
-aggregate over trees. Ops on strings (LabelEncoder of strings, the string categories of OneHotEncoder) stay
-refused: edgerun tensors are numeric.
+aggregate over trees. LabelEncoder (strings or numbers) is strings.py's; string class labels and OneHotEncoder's
+string categories are refused by name (not imported yet: they would map onto label_encode).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def linear_classifier(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     (ONNX Runtime synthesises its second column) and string labels are refused."""
     labels = list(node.attr("classlabels_ints", []) or [])
     if node.attr("classlabels_strings"):
-        raise node.refuse("string class labels (edgerun tensors are numeric)")
+        raise node.refuse("string class labels (not imported)")
     intercepts = _floats(node, "intercepts")
     classes = len(intercepts)
     if classes < 2 or len(labels) != classes:
@@ -154,7 +154,7 @@ def one_hot_encoder(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     """float32 [..., categories]: 1 where the value is the category. Unknown values give a zero row."""
     cats = list(node.attr("cats_int64s", []) or [])
     if not cats:
-        raise node.refuse("OneHotEncoder of string categories (edgerun tensors are numeric)")
+        raise node.refuse("OneHotEncoder of string categories (not imported)")
     if not int(node.attr("zeros", 1)):
         raise node.refuse("zeros=0 (fail on an unknown category) is a run-time error, not a value")
     x = ctx.input(node, 0)
@@ -358,7 +358,7 @@ def tree_ensemble_classifier(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     (ONNX Runtime's special rules for one or two score columns) and string labels are refused."""
     labels = list(node.attr("classlabels_int64s", []) or [])
     if node.attr("classlabels_strings"):
-        raise node.refuse("string class labels (edgerun tensors are numeric)")
+        raise node.refuse("string class labels (not imported)")
     if len(labels) < 3:
         raise node.refuse(f"{len(labels)} classes (three or more are supported: the binary case has special rules)")
     if node.attr("nodes_values_as_tensor") is not None or node.attr("class_weights_as_tensor") is not None:

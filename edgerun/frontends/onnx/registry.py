@@ -37,6 +37,7 @@ def load_handlers() -> dict[str, Handler]:
         shape,
         signal,
         sorting,
+        strings,
         training,
         trig,
     )

@@ -41,7 +41,11 @@ def constant(ctx: ImportContext, node: OnnxNode) -> list[Out]:
                 return [numpy_helper.to_array(v)]
             dtype = np.float32 if "float" in key else np.int64
             return [np.asarray(v, dtype=dtype)]
-    raise node.refuse(f"Constant with attributes {sorted(node.attrs)} (sparse or string values)")
+    for key in ("value_string", "value_strings"):  # a string tensor (strings.py)
+        if key in node.attrs:
+            from edgerun.frontends.onnx.strings import decoded
+            return [np.asarray(decoded(node.attrs[key]), dtype=object)]
+    raise node.refuse(f"Constant with attributes {sorted(node.attrs)} (sparse values)")
 
 
 @onnx_op("Shape")

@@ -8,7 +8,7 @@ from edgerun.ir.dtypes import DType
 
 # torch names its types as numpy does. The narrow ones (bfloat16, float8) are storage types in the IR, which
 # the torch frontend's ops do not compute on: refused here, with complex.
-_NAMES = {d.value: d for d in DType if not d.is_narrow}
+_NAMES = {d.value: d for d in DType if not d.is_narrow and d is not DType.string}  # torch has no strings
 
 
 def to_dtype(torch_dtype: Any) -> DType | None:

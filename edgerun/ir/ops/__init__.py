@@ -11,6 +11,7 @@ from edgerun.ir.ops import (  # noqa: F401
     resize_ops,
     shape_ops,
     state_ops,
+    string_ops,
     symbolic_ops,
     top_k_ops,
 )
