@@ -115,8 +115,8 @@ DESIGN_SHRINK_NOTE = (
     "(`flex_attention.py`). All 52 pass. What stays by design: ImageDecoder (9; decoding JPEG/PNG/WebP needs an "
     "image codec library in the runtime) and Bernoulli (6; its expected outputs are one draw of numpy's "
     "generator, so no implementation can be checked against them); Gradient (autodiff), maps and complex types "
-    "have no node case left. In the denominator, 29 more refusals pass: BitCast (10, the IR's bitcast), "
-    "TensorScatter (3), block-wise Quantize/DequantizeLinear (3), STFT and MelWeightMatrix (3), "
+    "have no node case left. In the denominator, 32 more refusals pass: BitCast (10, the IR's bitcast), "
+    "TensorScatter (3), block-wise Quantize/DequantizeLinear (3), STFT and MelWeightMatrix (3), opset-1 Not (3), "
     "BatchNormalization in training mode (2), scatter reduction='mul' (2), Det (2), one-sided inverse DFT (2), "
     "an Einsum diagonal and a Loop slicing by its counter (unrolled).")
 
