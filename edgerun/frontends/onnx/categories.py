@@ -16,7 +16,6 @@ DESIGN_CATEGORIES: dict[str, str] = {
     "map": "map values (ONNX maps from string or integer keys)",
     "random": "random generators (RandomNormal, Bernoulli, ...): the expected outputs are one draw of numpy's "
               "generator",
-    "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
     "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values): refused "
              "rather than silently cast",
 }
@@ -36,11 +35,6 @@ DESIGN_OUTLOOK: dict[str, str] = {
     "random": "cannot be checked: every Bernoulli case draws its probabilities from (0, 1) and its expected "
               "output from numpy's global generator (onnx/backend/test/case/node/bernoulli.py, which says "
               "implementations differ even with a seed); no case has probabilities of only 0 and 1",
-    "image-codec": "not without a codec library: decoding is deterministic, but it is libjpeg / libpng / libwebp "
-                   "/ libtiff code, not numeric kernels, and the runtime depends on numpy alone. ONNX's expected "
-                   "outputs are Pillow's decodes (onnx/backend/test/case/node/image_decoder.py), and JPEG "
-                   "decoders differ in IDCT rounding, so the way to pass is an optional Pillow dependency, not "
-                   "kernels. Its data-dependent output shape is no longer the obstacle (ir/staging.py)",
     "dtype": "complex values need complex kernels in every op: not planned. bfloat16, float8 (e8m0 included), "
              "float4, int4/uint4 and int2/uint2 are IR types backed by ml_dtypes (ir/dtypes.py); float64, int16, "
              "uint16, uint32 and uint64 are numpy's own",
@@ -48,7 +42,6 @@ DESIGN_OUTLOOK: dict[str, str] = {
 
 _TRAINING = {"Gradient"}  # Adam, Adagrad and Momentum import (training.py)
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
-_IMAGE_CODECS = {"ImageDecoder"}
 
 
 def _value_kinds(model: Any) -> tuple[set[str], set[int]]:
@@ -77,8 +70,6 @@ def design_category(model: Any) -> str | None:
         return "map"
     if ops & _RANDOM:
         return "random"
-    if ops & _IMAGE_CODECS:
-        return "image-codec"
     if elem - set(ONNX_TO_DTYPE) - {0}:
         return "dtype"
     return None

@@ -27,6 +27,7 @@ def load_handlers() -> dict[str, Handler]:
         data_dependent,
         elementwise,
         grid_sample,
+        image,
         indexing,
         ml,
         nn,
