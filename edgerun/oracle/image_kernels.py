@@ -31,8 +31,7 @@ def _image_decode(args: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndar
     fmt = attrs.get("pixel_format", "RGB")
     try:
         with PIL.Image.open(io.BytesIO(data)) as img:
-            img = img.convert("L" if fmt == "Grayscale" else "RGB")
-            pixels = np.array(img, dtype=np.uint8)
+            pixels = np.array(img.convert("L" if fmt == "Grayscale" else "RGB"), dtype=np.uint8)
     except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as e:
         # Pillow raises UnidentifiedImageError (an OSError) for unknown bytes, OSError / SyntaxError /
         # ValueError for truncated or corrupt ones, depending on the codec.
