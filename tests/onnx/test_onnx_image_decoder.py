@@ -120,3 +120,11 @@ def test_what_imagedecoder_cannot_take_is_refused_by_name(dtype: int, shape: lis
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
     with pytest.raises(EdgerunError, match=why):
         from_onnx(model, input_shapes={"data": (*((2,) if len(shape) == 2 else ()), ("N", 0, 1 << 20))})
+
+
+def test_an_image_wider_than_the_bound_is_a_clear_error_naming_the_symbol() -> None:
+    """Height and width are symbols bounded by 65535 (JPEG's own limit); a wider PNG is refused at run time."""
+    buf = io.BytesIO()
+    PIL_Image.fromarray(np.zeros((1, 70000, 3), np.uint8)).save(buf, format="PNG")
+    with pytest.raises(EdgerunError, match=r"dimension 1 is 70000: symbol 'width0' must be within \[0, 65535\]"):
+        _loaded(_model()).run([np.frombuffer(buf.getvalue(), np.uint8)])
