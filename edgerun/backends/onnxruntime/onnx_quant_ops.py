@@ -184,26 +184,52 @@ def _fusable_conv(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
     return src, bias
 
 
+def _fusable_matmul(b: OnnxBuilder, node: Node) -> Node | None:
+    """The matmul_integer node when `node` requantizes its result directly (QLinearMatMul has no bias input):
+    a constant 2-D weight, per-tensor zero points, a multiplier with one value or one per column, uint8 in
+    and out (ORT's QLinearMatMul takes uint8 x int8/uint8 -> uint8 at opset 20)."""
+    src = b.graph.producers().get(node.inputs[0])
+    if src is None or src.op != "matmul_integer" or src.inputs[1] not in b.graph.constants:
+        return None
+    x, w, x_zp, w_zp = (b.graph.specs[v] for v in src.inputs)
+    if w.rank != 2 or x_zp.numel != 1 or w_zp.numel != 1 or x.dtype is not DType.uint8 \
+            or b.graph.specs[node.outputs[0]].dtype is not DType.uint8:
+        return None
+    scale = b.graph.specs[node.inputs[1]]
+    return src if scale.numel == 1 or scale.shape in ((w.shape[1],), (1, w.shape[1])) else None
+
+
+def _scalar(b: OnnxBuilder, v: str) -> str:
+    return b.node("Reshape", [v, b.ints([])]) if b.graph.specs[v].shape else v
+
+
 @_claim("requantize", _requantize_ok)
 def _requantize(b: OnnxBuilder, node: Node) -> None:
     acc, scale, zp = node.inputs
-    zp_name = b.node("Reshape", [zp, b.ints([])]) if b.graph.specs[zp].shape else zp
+    zp_name = _scalar(b, zp)
+    one = b.const(np.array(1.0, np.float32), "one")
+    matmul = _fusable_matmul(b, node)
+    if matmul is not None:  # a_scale = y_scale = 1, b_scale = the multiplier: as QLinearConv below
+        x, w, x_zp, w_zp = matmul.inputs
+        multiplier = b.graph.constants[scale]
+        multiplier = b.const(np.ascontiguousarray(multiplier.reshape(-1) if multiplier.size > 1
+                                                  else multiplier.reshape(())), "multiplier")
+        b.node("QLinearMatMul", [x, one, _scalar(b, x_zp), w, multiplier, _scalar(b, w_zp), one, zp_name],
+               list(node.outputs))
+        return
     fused = _fusable_conv(b, node)
     if fused is None:
         x = b.node("Mul", [b.node("Cast", [acc], to=1), scale])  # float32(acc) * scale: one rounding each
-        one = b.const(np.array(1.0, np.float32), "one")
         b.node("QuantizeLinear", [x, one, zp_name], list(node.outputs))
         return
     conv, bias = fused
     stride, pads, dil, groups = conv_geometry(conv.attrs)
     x, w, x_zp, w_zp = conv.inputs
     w_shape = b.graph.specs[w].shape
-    one = b.const(np.array(1.0, np.float32), "one")
     multiplier = b.const(np.ascontiguousarray(b.graph.constants[scale].reshape(-1)), "multiplier")
     w_zp_spec = b.graph.specs[w_zp]
     w_zp_name = w_zp if not w_zp_spec.shape else b.node("Reshape", [w_zp, b.ints([] if w_zp_spec.numel == 1 else [-1])])
-    x_zp_name = b.node("Reshape", [x_zp, b.ints([])]) if b.graph.specs[x_zp].shape else x_zp
-    ins = [x, one, x_zp_name, w, multiplier, w_zp_name, one, zp_name]
+    ins = [x, one, _scalar(b, x_zp), w, multiplier, w_zp_name, one, zp_name]
     if bias:
         ins.append(b.const(np.ascontiguousarray(b.graph.constants[bias].reshape(-1)), "bias"))
     b.node("QLinearConv", ins, list(node.outputs), kernel_shape=[w_shape[2], w_shape[3]], strides=list(stride),
