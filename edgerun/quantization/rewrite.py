@@ -150,8 +150,8 @@ def requantizable(graph: Graph, layer: Layer) -> bool:
     conv's bias a constant or none (a linear layer's bias is a separate add: folded when linear_bias finds it)."""
     node = layer.node
     if node.op == "matmul":
-        bias = linear_bias(graph, layer)
-        return (bias[0] if bias else layer.output) not in graph.outputs
+        folded = linear_bias(graph, layer)
+        return (folded[0] if folded else layer.output) not in graph.outputs
     bias = node.inputs[2] if len(node.inputs) > 2 else ""
     return node.op == "conv2d" and (not bias or bias in graph.constants) and layer.output not in graph.outputs
 

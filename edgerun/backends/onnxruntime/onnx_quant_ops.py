@@ -211,10 +211,9 @@ def _requantize(b: OnnxBuilder, node: Node) -> None:
     matmul = _fusable_matmul(b, node)
     if matmul is not None:  # a_scale = y_scale = 1, b_scale = the multiplier: as QLinearConv below
         x, w, x_zp, w_zp = matmul.inputs
-        multiplier = b.graph.constants[scale]
-        multiplier = b.const(np.ascontiguousarray(multiplier.reshape(-1) if multiplier.size > 1
-                                                  else multiplier.reshape(())), "multiplier")
-        b.node("QLinearMatMul", [x, one, _scalar(b, x_zp), w, multiplier, _scalar(b, w_zp), one, zp_name],
+        value = b.graph.constants[scale]
+        b_scale = b.const(np.ascontiguousarray(value.reshape(-1) if value.size > 1 else value.reshape(())), "multiplier")
+        b.node("QLinearMatMul", [x, one, _scalar(b, x_zp), w, b_scale, _scalar(b, w_zp), one, zp_name],
                list(node.outputs))
         return
     fused = _fusable_conv(b, node)
