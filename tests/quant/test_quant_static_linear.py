@@ -98,9 +98,10 @@ def _q(dtype: type, *shape: int, lo: int | None = None, hi: int | None = None) -
     return RNG.integers(info.min if lo is None else lo, (info.max if hi is None else hi) + 1, shape).astype(dtype)
 
 
-def _qlinear_matmul_graph(x_shape: tuple[int, ...], n: int, w_dtype: type, per_column: bool
+def _qlinear_matmul_graph(x_shape: tuple[int, ...], n: int, w_dtype: type, per_column: bool, bias: bool
                           ) -> tuple[Graph, np.ndarray]:
-    """uint8 x -> matmul_integer (7-bit int8 or full-range uint8 weights) -> requantize(float32): one QLinearMatMul."""
+    """uint8 x -> matmul_integer (7-bit int8 or full-range uint8 weights) [+ int32 bias] -> requantize(float32):
+    one QLinearMatMul, or with the bias one QGemm."""
     g = Graph()
     b = Builder(g)
     k = x_shape[-1]
@@ -111,22 +112,28 @@ def _qlinear_matmul_graph(x_shape: tuple[int, ...], n: int, w_dtype: type, per_c
         w, w_zp = _q(np.uint8, k, n), np.array(119, np.uint8)
     acc = b.emit("matmul_integer", [x, b.const(w), b.const(np.array(121, np.uint8)), b.const(w_zp)])
     xs = _q(np.uint8, *x_shape)
-    spread = np.std((xs.astype(np.int64) - 121) @ (w.astype(np.int64) - w_zp))  # outputs over ~+-100, some saturating
+    exact = (xs.astype(np.int64) - 121) @ (w.astype(np.int64) - w_zp)
+    if bias:
+        acc = b.emit("add", [acc, b.const(_q(np.int32, n, lo=-int(exact.std()), hi=int(exact.std())))])
+    spread = np.std(exact)  # outputs over ~+-100, some saturating
     scale = (60 / spread * (RNG.random(n if per_column else ()) + 0.5)).astype(F)
     g.outputs = [b.emit("requantize", [acc, b.const(scale), b.const(np.array(97, np.uint8))], arithmetic="float32")]
     return g, xs
 
 
-@pytest.mark.parametrize("x_shape,n,w_dtype,per_column", [
-    ((6, 64), 5, np.int8, True), ((1, 33), 17, np.int8, False), ((2, 7, 48), 24, np.int8, True),
-    ((3, 4, 40), 9, np.uint8, True), ((2, 2, 5, 32), 16, np.uint8, False)],
-    ids=["2d-per-column", "one-row-per-tensor", "batched-3d", "u8-weights-3d", "batched-4d-per-tensor"])
+SHAPES = [((6, 64), 5, np.int8, True), ((1, 33), 17, np.int8, False), ((2, 7, 48), 24, np.int8, True),
+          ((3, 4, 40), 9, np.uint8, True), ((2, 2, 5, 32), 16, np.uint8, False)]
+SHAPE_IDS = ["2d-per-column", "one-row-per-tensor", "batched-3d", "u8-weights-3d", "batched-4d-per-tensor"]
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["qlinearmatmul", "bias-qgemm"])
+@pytest.mark.parametrize("x_shape,n,w_dtype,per_column", SHAPES, ids=SHAPE_IDS)
 def test_matmul_requantize_chain_runs_as_one_bit_exact_qlinearmatmul(x_shape: tuple[int, ...], n: int, w_dtype: type,
-                                                                     per_column: bool) -> None:
-    graph, x = _qlinear_matmul_graph(x_shape, n, w_dtype, per_column)
+                                                                     per_column: bool, bias: bool) -> None:
+    graph, x = _qlinear_matmul_graph(x_shape, n, w_dtype, per_column, bias)
     assert all(ORT.supports(node, graph) for node in graph.nodes)
     model, _ = build_model(graph)
-    assert [node.op_type for node in model.graph.node if node.op_type != "Reshape"] == ["QLinearMatMul"]
+    assert [node.op_type for node in model.graph.node if node.op_type != "Reshape"] == ["QGemm" if bias else "QLinearMatMul"]
     got, want = ORT.compile(graph)(x)[0], interpret(graph, [x], decompose=False)[0]
     assert got.dtype == np.uint8 and len(np.unique(want)) > 10 and np.array_equal(got, want)
 
@@ -144,13 +151,13 @@ def test_static_linear_mlp_runs_as_qlinearmatmuls_wholly_on_ort_and_bit_exactly(
     assert np.array_equal(loaded.run([x])[0], interpret(q.graph, [x])[0])
 
 
-def test_a_linear_layer_with_a_bias_runs_exactly_as_matmulinteger_add_and_the_epilogue() -> None:
-    """QLinearMatMul has no bias input: with one, the delegate keeps MatMulInteger + the int32 Add + ORT's
-    float32 requantize (Cast, Mul, QuantizeLinear), still one partition and bit-exact."""
+def test_linear_layers_with_a_bias_run_as_qgemms_wholly_on_ort_and_bit_exactly() -> None:
+    """QLinearMatMul has no bias input: a linear layer with one (nn.Linear's default) is one com.microsoft
+    QGemm, the int32 bias as its C."""
     q = edgerun.quantize(_mlp(bias=True), "int8-static", calibration=_calibration(8, seed=1), static_linear=True,
                          reduce_range=True)
     ops = [node.op_type for node in build_model(q.graph)[0].graph.node]
-    assert "QLinearMatMul" not in ops and ops.count("MatMulInteger") == 3
+    assert ops.count("QGemm") == 2 and ops.count("MatMulInteger") == 1 and "QLinearMatMul" not in ops
     loaded = load(q, backends=["onnxruntime", "reference"])
     assert [p.backend for p in loaded.partitions] == ["onnxruntime"]
     x = _calibration(1, seed=5)["x"][0]
