@@ -6,7 +6,8 @@ conv_integer -> ConvInteger (per-tensor weight zero point: ORT refuses per-chann
 com.microsoft MatMulNBits (accuracy_level 4 for int8 activations). requantize is claimed in its float32 arithmetic only (ORT's; the exact one can be
 a step away): alone it is Cast -> Mul -> QuantizeLinear(scale 1), and after conv_integer (+ an int32 bias
 add) the three become one QLinearConv, ORT's fast integer convolution, with x_scale = y_scale = 1 and the
-multiplier as w_scale, so ORT's x_scale * w_scale / y_scale is the multiplier itself, bit for bit.
+multiplier as w_scale, so ORT's x_scale * w_scale / y_scale is the multiplier itself, bit for bit. After
+matmul_integer the same way one QLinearMatMul, or with an int32 bias add one com.microsoft QGemm (bias as C).
 
 ORT's x86 AVX2 kernel for uint8 x int8 adds pairs of products into int16 with saturation (vpmaddubsw), so
 uint8 x int8 is claimed only for constant weights within [-64, 64] (7-bit weights: `reduce_range=True` in
