@@ -202,3 +202,15 @@ def test_concat_reaches_ort_without_reshapes_to_its_own_shape() -> None:
     graph = raster_graph([a, b], [1, 20, 24], regions)
     assert onnx_op_types(graph) == ["Concat"]
     assert_matches_reference(graph, [a, b], ORT.compile(graph)(a, b), rtol=0, atol=0)
+
+
+def test_broadcast_pieces_of_a_concat_expand_straight_to_their_shape() -> None:
+    # DIN's feature rows: two [1, 16] rows broadcast over 20 positions and concatenated. Each piece is read
+    # as Expand then Reshape to [1, 20, 16]; the Expand now writes that shape itself (no Reshape after it).
+    a = RNG.standard_normal((1, 16)).astype(np.float32)
+    b = RNG.standard_normal((1, 16)).astype(np.float32)
+    regions = [[0, 0, 0, 0, 1, 0, 0, 32, 1, 1, 20, 16], [1, 0, 0, 0, 1, 16, 0, 32, 1, 1, 20, 16]]
+    graph = raster_graph([a, b], [1, 20, 32], regions)
+    types = onnx_op_types(graph)
+    assert types.count("Expand") == 2 and "Reshape" not in types and "Concat" in types, types
+    assert_matches_reference(graph, [a, b], ORT.compile(graph)(a, b), rtol=0, atol=0)

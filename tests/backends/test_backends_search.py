@@ -375,9 +375,11 @@ def test_first_load_timing_ranks_squeezenets_mixed_head_as_steady_state_does(cac
 
     placement, report, loaded = tune_placement(graph, table, best, "squeezenet-mixed-head", budget_s=2.0,
                                                loader=loader)
-    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {"onnxruntime"}
+    # A single fast engine wins (ORT, or MNN now that its modelled memory rate leaves out its boundary copies).
+    engine = report["winner"].removeprefix("all ")
+    assert engine in ("onnxruntime", "mnn") and set(placement.values()) == {engine}, report["winner"]
     times = {c["label"]: c["measured_s"] for c in report["candidates"] if c["measured_s"] is not None}
-    assert times["search"] > times["all onnxruntime"]
+    assert times["search"] > times[report["winner"]]
     # Building the optimum and its safety net is never skipped, so a loaded box can overrun the 2 s a little.
     assert loaded is not None and report["spent_s"] < 10.0
 

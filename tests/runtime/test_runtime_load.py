@@ -123,12 +123,15 @@ def test_exact_inputs_take_the_fast_path_and_everything_else_the_full_check() ->
         m(x[..., :-1])
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime", "mnn"])
 def test_a_call_whose_later_input_leaves_the_fast_path_still_gets_every_input(backend: str) -> None:
     # The fast path checks and copies input by input; one that does not match (here the second) sends the
-    # call to the full check, which must copy all of them again, not run on the first alone.
+    # call to the full check, which must copy all of them again, not run on the first alone. On MNN the
+    # program is one partition that takes the caller's arrays: the fast path hands them over uncopied.
     if backend == "onnxruntime":
         pytest.importorskip("onnxruntime")
+    if backend == "mnn":
+        pytest.importorskip("MNN")
     g = Graph()
     b = Builder(g)
     x, y = g.add_input("x", f32(2, 3)), g.add_input("y", f32(2, 3))
@@ -144,6 +147,12 @@ def test_a_call_whose_later_input_leaves_the_fast_path_still_gets_every_input(ba
     first = m.run([a, c])[0]
     first[...] = 0  # a returned array is the caller's: the next call is unaffected
     np.testing.assert_array_equal(m.run((a, c))[0], a * (c + 1))
+    assert (m._direct is not None) == (backend == "mnn")
+    a[...] = 5  # nor does the caller's input array stay tied to the program
+    np.testing.assert_array_equal(first, 0)
+    recorder = EventRecorder()  # a profiled call takes the arena path: the same answer
+    np.testing.assert_array_equal(m.run([a, c], sink=recorder)[0], m.run([a, c])[0])
+    assert len(recorder.events) == 1 if backend != "reference" else recorder.events
 
 
 def test_profiling_sink_sees_every_instruction_in_order() -> None:

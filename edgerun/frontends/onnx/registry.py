@@ -38,6 +38,7 @@ def load_handlers() -> dict[str, Handler]:
         signal,
         sorting,
         strings,
+        training,
         trig,
     )
     return HANDLERS
