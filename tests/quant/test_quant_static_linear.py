@@ -173,3 +173,19 @@ def test_full_range_int8_weights_do_not_fuse_and_stay_exact() -> None:
     loaded = load(q, backends=["onnxruntime", "reference"])
     x = _calibration(1, seed=5)["x"][0]
     assert np.array_equal(loaded.run([x])[0], interpret(q.graph, [x])[0])
+
+
+def test_a_per_row_multiplier_is_not_fused_and_stays_exact() -> None:
+    """QLinearMatMul's b_scale is per tensor or per column: a multiplier per row runs as MatMulInteger + ORT's
+    float32 epilogue (Cast, Mul, QuantizeLinear), still bit-exact."""
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((6, 32), DType.uint8))
+    acc = b.emit("matmul_integer", [x, b.const(_q(np.int8, 32, 5, lo=-63, hi=63)), b.const(np.array(121, np.uint8)),
+                                    b.const(np.zeros((), np.int8))])
+    scale = (RNG.random((6, 1)) * 5e-3 + 1e-3).astype(F)
+    g.outputs = [b.emit("requantize", [acc, b.const(scale), b.const(np.array(97, np.uint8))], arithmetic="float32")]
+    ops = [node.op_type for node in build_model(g)[0].graph.node]
+    assert "QLinearMatMul" not in ops and "QGemm" not in ops and ops.count("MatMulInteger") == 1
+    xs = _q(np.uint8, 6, 32)
+    assert np.array_equal(ORT.compile(g)(xs)[0], interpret(g, [xs], decompose=False)[0])
