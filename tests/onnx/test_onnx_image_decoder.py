@@ -128,3 +128,27 @@ def test_an_image_wider_than_the_bound_is_a_clear_error_naming_the_symbol() -> N
     PIL_Image.fromarray(np.zeros((1, 70000, 3), np.uint8)).save(buf, format="PNG")
     with pytest.raises(EdgerunError, match=r"dimension 1 is 70000: symbol 'width0' must be within \[0, 65535\]"):
         _loaded(_model()).run([np.frombuffer(buf.getvalue(), np.uint8)])
+
+
+def test_a_program_that_decodes_survives_the_program_file() -> None:
+    """attr extent holds two symbol names: written and read back, the program still decodes."""
+    from edgerun.program.program import Program
+
+    program = from_onnx(_model("Grayscale"), input_shapes={"data": (("N", 0, 1 << 20),)})
+    again = Program.from_bytes(program.to_bytes())
+    data = _encoded("JPEG", 12, 7, seed=3)
+    (want,) = ReferenceEvaluator(_model("Grayscale")).run(None, {"data": data})
+    (got,) = load(again, backends=["reference"]).run([data])
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("backends", [["onnxruntime", "reference"], ["mnn", "reference"]])
+def test_other_backends_decline_the_decode_and_run_what_follows(backends: list[str]) -> None:
+    """No backend but the reference has image_decode; the ops after it still place wherever they would."""
+    after = [helper.make_node("Cast", ["image"], ["f"], to=TensorProto.FLOAT), helper.make_node("Relu", ["f"], ["y"])]
+    model = _model("RGB", after, ("y", TensorProto.FLOAT, ["H", "W", "C"]))
+    loaded = load(from_onnx(model, input_shapes={"data": (("N", 0, 1 << 20),)}), backends=backends)
+    data = _encoded("PNG", 5, 11, seed=4)
+    (want,) = ReferenceEvaluator(model).run(None, {"data": data})
+    (got,) = loaded.run([data])
+    np.testing.assert_array_equal(got, want)
