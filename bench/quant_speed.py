@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/quant_speed.py [--models resnet18 resnet50 mobilenet_v2 minilm] [--size 224]
                                            [--calibration 32] [--runs 10] [--rounds 1] [--threads 2]
-                                           [--observer minmax] [--out NAME.json]
+                                           [--observer minmax] [--out NAME.json] [--workdir DIR [--reuse]]
 
 Per CNN, from one torch module and the same --calibration natural images:
 - edgerun: the float program (edgerun.export) and its int8-static quantization (reduce_range, so the ONNX
@@ -12,6 +12,10 @@ Per CNN, from one torch module and the same --calibration natural images:
 - MNN: the ONNX file converted, and its offline int8 quantization (`_tools.mnnquant`, KL, MAX_ABS weights)
   when the tool completes (it runs in a child process: it aborts on some setups).
 For `minilm`: int8-dynamic against ONNX Runtime's quantize_dynamic.
+
+Preparing (exporting, calibrating, quantizing with every tool, converting) takes most of the run's time and
+measures nothing: `--workdir DIR --reuse` keeps the prepared files in DIR and skips preparing a model whose
+files are already there, so the timing rounds can run alone on an idle machine after preparing elsewhere.
 
 Each runtime times in its own process (`--worker`). With --rounds R every runtime is run once per round,
 interleaved, and the ratios are the medians of each round's ratios (side by side, so a busy machine slows
@@ -332,6 +336,21 @@ def print_table(rows: list[dict[str, Any]], rounds: dict[str, list[dict[str, flo
     return summary
 
 
+def _prepared(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Prepare one model's files in `work`, or with --reuse read back what an earlier run prepared there (the
+    settings that shape the files are part of the record, so a different --size or --calibration prepares again)."""
+    record = work / f"{name}.prepared.json"
+    settings = {"size": args.size, "calibration": args.calibration, "observer": args.observer}
+    if args.reuse and record.exists():
+        saved = json.loads(record.read_text())
+        if saved.get("settings") == settings:
+            return dict(saved["info"])
+    info = prepare_minilm(work) if name == "minilm" else prepare(name, args.size, args.calibration, work,
+                                                                  args.observer)
+    record.write_text(json.dumps({"settings": settings, "info": info}))
+    return info
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs=3, metavar=("RUNTIME", "PATH", "INPUTS"))
@@ -344,17 +363,24 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of every runtime")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="quant_speed.json", help="file name under bench/results/")
+    parser.add_argument("--workdir", type=Path, help="where prepared files go (default: a temporary folder)")
+    parser.add_argument("--reuse", action="store_true", help="skip preparing models already prepared in --workdir")
+    parser.add_argument("--prepare-only", action="store_true", help="prepare into --workdir and time nothing")
     args = parser.parse_args()
+    if (args.reuse or args.prepare_only) and args.workdir is None:
+        parser.error("--reuse and --prepare-only need --workdir")
     if args.worker:
         print("QUANT_RESULT " + json.dumps(worker(*args.worker, args.runs, args.threads)), flush=True)
         return 0
     rows: list[dict[str, Any]] = []
     rounds: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for name in args.models:
-            info = prepare_minilm(work) if name == "minilm" else prepare(name, args.size, args.calibration, work,
-                                                                          args.observer)
+            info = _prepared(name, work, args)
+            if args.prepare_only:
+                continue
             inputs = work / f"{name}.inputs.npz"
             ref = np.load(work / f"{name}.ref.npy")
             per_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -381,6 +407,9 @@ def main() -> int:
                     merged["latency_ms"] = statistics.median(r["latency_ms"] for r in ok)
                     merged["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
                 rows.append({"model": name, **merged, **{k: v for k, v in info.items() if k != "mnn_int8_error"}})
+    if args.prepare_only:
+        print(f"prepared {', '.join(args.models)} in {work}")
+        return 0
     summary = print_table(rows, rounds, args.models)
     load = os.getloadavg()
     results = RESULTS_DIR / args.out

@@ -146,6 +146,10 @@ class CompiledPartition:
     # A program that is this one partition then hands it the caller's inputs and fresh output arrays
     # instead of copying both through the arena (LoadedProgram.run).
     takes_any_arrays: bool = False
+    # Constants of `graph` this partition never reads from the host's arrays again once compiled (the backend
+    # made its own layout of them, e.g. ONNX Runtime's prepacked weights). The runtime may drop the host's
+    # copy of those that no other partition or method reads (runtime/constant_release.py).
+    released_constants: frozenset[str] = frozenset()
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run standalone: allocate the outputs and return them (the runtime passes arena views instead)."""

@@ -16,7 +16,7 @@ def ops_markdown() -> str:
         OpKind.COMPOSITE: "Written once as a decomposition into atomic ops and raster; no backend needs a kernel.",
         OpKind.CONTROL_FLOW: "Nodes that run closed subgraphs (`Graph.subgraphs`, named by attrs): a backend "
                              "takes one whole, bodies included (`Backend.control_flow`), or not at all.",
-        OpKind.DATA_DEPENDENT: "An output extent known only once the node has run (attr `extent` names its symbol): "
+        OpKind.DATA_DEPENDENT: "An output extent known only once the node has run (attr `extent` names its symbol, or its symbols): "
                                "the program runs in stages split at the node, which runs on the reference kernel "
                                "between them (`ir/staging.py`); no backend implements these.",
     }

@@ -27,7 +27,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit int8 weights (what ONNX Runtime needs to be exact on AVX2 machines)")
     p.add_argument("--static-linear", action="store_true",
-                   help="int8-static: calibrate linear layers' activations too (default: quantized per call)")
+                   help="int8-static: calibrate linear layers' activations too and keep them integer to a uint8 "
+                        "output, ONNX Runtime's QLinearMatMul (default: quantized per call)")
     p.set_defaults(func=_quantize)
 
 

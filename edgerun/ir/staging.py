@@ -33,8 +33,14 @@ def has_data_dependent(graph: Graph) -> bool:
 
 
 def runtime_symbols(graph: Graph) -> set[str]:
-    """The symbols bound by data-dependent nodes at run time, not by input shapes."""
-    return {str(n.attrs["extent"]) for n in graph.nodes if is_data_dependent(n.op)}
+    """The symbols bound by data-dependent nodes at run time, not by input shapes. Attr `extent` names one
+    symbol, or a list of them where a node has several run-time sizes (image_decode: height and width)."""
+    names: set[str] = set()
+    for n in graph.nodes:
+        if is_data_dependent(n.op):
+            extent = n.attrs["extent"]
+            names.update(str(e) for e in (extent if isinstance(extent, list) else [extent]))
+    return names
 
 
 def new_extent_symbol(graph: Graph, hint: str, upper: int) -> str:

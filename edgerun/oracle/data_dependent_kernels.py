@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
+from edgerun.oracle.image_kernels import IMAGE_DATA_DEPENDENT_KERNELS
 from edgerun.oracle.string_kernels import STRING_DATA_DEPENDENT_KERNELS
 
 DataDependentKernel = Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
@@ -117,4 +118,5 @@ DATA_DEPENDENT_KERNELS: dict[str, DataDependentKernel] = {
     "top_k_dynamic": _top_k,
     "non_max_suppression": _non_max_suppression,
     **STRING_DATA_DEPENDENT_KERNELS,  # string_split, string_normalize (oracle/string_kernels.py)
+    **IMAGE_DATA_DEPENDENT_KERNELS,  # image_decode (oracle/image_kernels.py)
 }

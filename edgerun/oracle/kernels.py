@@ -164,6 +164,11 @@ def _where(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray])
     outs[0][...] = np.where(ins[0], ins[1], ins[2])
 
 
+@_kernel("bitcast")
+def _bitcast(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
+    outs[0][...] = np.ascontiguousarray(ins[0]).view(DType(attrs["dtype"]).np)
+
+
 def _string_cast(x: np.ndarray, to: DType) -> np.ndarray:
     """Cast to or from strings as ONNX's reference does it: numpy's str of each element (float32 0.1 is
     '0.1', True is 'True'), and numpy's parse of each string ('1.5', '-inf', '7'; narrow types through

@@ -59,6 +59,8 @@ class Program:
     methods: dict[str, Graph] = field(default_factory=dict)
     state: dict[str, np.ndarray] = field(default_factory=dict)
     default_method: str = DEFAULT_METHOD
+    # Constants released to a backend after loading (release_constants): their arrays are placeholders.
+    released: set[str] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -81,6 +83,29 @@ class Program:
         program.check_state()
         return program
 
+    def release_constants(self, names: set[str]) -> int:
+        """Replace the constants `names` by read-only zeros of their shape and dtype, in one element's memory
+        (the runtime does this for constants a backend keeps in its own form: runtime/constant_release.py);
+        returns the bytes the arrays held. Such a program runs where it was loaded but can no longer be saved
+        or hashed."""
+        freed: dict[str, int] = {}  # methods share constants by name: count each once
+        for graph in self._all_methods().values():
+            for name in names & graph.constants.keys():
+                array = graph.constants[name]
+                if name not in self.released:
+                    freed[name] = array.nbytes
+                graph.constants[name] = np.broadcast_to(np.zeros((), array.dtype), array.shape)
+        for name in names:
+            self._digests.pop(name, None)
+        self.released |= names
+        return sum(freed.values())
+
+    def _check_not_released(self, action: str) -> None:
+        if self.released:
+            raise EdgerunError(f"cannot {action} this program: its constants {sorted(self.released)[:3]} (and "
+                               f"{max(len(self.released) - 3, 0)} more) were released to a backend after "
+                               "loading; save or hash it before releasing them")
+
     def check_state(self) -> None:
         """Every method reads and writes only the program's states, with their specs (VerificationError)."""
         specs = {n: TensorSpec(np.shape(a), DType.of(np.asarray(a))) for n, a in self.state.items()}
@@ -93,10 +118,12 @@ class Program:
     # -- writing -----------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the program file atomically (temporary file + rename)."""
+        self._check_not_released("save")
         save_program(self.graph, self.metadata, path, methods=self._all_methods(),
                      default_method=self.default_method, state=self.state)
 
     def to_bytes(self) -> bytes:
+        self._check_not_released("serialise")
         return program_to_bytes(self.graph, self.metadata, methods=self._all_methods(),
                                 default_method=self.default_method, state=self.state)
 
@@ -138,6 +165,7 @@ class Program:
     # -- inspection --------------------------------------------------------------------------------------
     def weight_digests(self) -> dict[str, str]:
         """SHA-256 of each constant's little-endian bytes; taken from the file's table when loaded."""
+        self._check_not_released("hash")
         digests = {}
         to_hash = {}
         constants = {n: a for g in self._all_methods().values() for n, a in flat_constants(g).items()}

@@ -203,8 +203,9 @@ def quantize(program: Program, scheme: str = "int8-dynamic", calibration: Calibr
     by int8-static, optional otherwise. `exclude`: layer names (output value, node name, or source module /
     ONNX node) or op types to keep in float. `reduce_range`: 7-bit int8 weights, which ONNX Runtime's
     uint8 x int8 kernels need to be exact on AVX2 machines (a little accuracy for the delegate).
-    `static_linear`: int8-static calibrates linear layers' activations too (by default they are quantized per
-    call, as int8-dynamic does: see docs/quantization.md). With
+    `static_linear`: int8-static calibrates linear layers' activations too and requantizes their results to
+    uint8 as it does convs' (QLinearMatMul's form; by default they are quantized per call, as int8-dynamic
+    does: see docs/quantization.md). With
     calibration data the per-layer SQNR report is stored in `metadata["quantization"]["layers"]`;
     `quantize_with_report` also returns it.
     """

@@ -3,11 +3,12 @@
 Keeping the name means the layer's consumers are untouched and the per-layer report can compare the same
 value in the float and the quantized graph. The forms (ONNX Runtime's, so a delegate maps them 1:1):
 
-- int8 static:  quantize_linear(x) -> conv_integer (int32) + int32 bias -> requantize(float32) -> uint8,
-  dequantized for float readers (ReLU/ReLU6 folded in: the uint8 result stands for the activation's
-  output); a following layer reads the uint8 value directly. Linear layers and layers producing a graph
-  output end in dequantize_linear(acc, s_x * s_w) (+ float bias) instead. One quantize_linear per float
-  activation value, shared by every layer that reads it.
+- int8 static:  quantize_linear(x) -> conv_integer / matmul_integer (int32) + int32 bias -> requantize(float32)
+  -> uint8, dequantized for float readers (ReLU/ReLU6 folded in: the uint8 result stands for the
+  activation's output; a linear layer's following bias add folded into the int32 bias); a following layer
+  reads the uint8 value directly. Layers producing a graph output end in dequantize_linear(acc, s_x * s_w)
+  (+ float bias) instead. One quantize_linear per float activation value, shared by every layer that
+  reads it. (Linear layers come here only with static_linear; else int8 dynamic's form.)
 - int8 dynamic: dynamic_quantize(x) -> matmul_integer / conv_integer -> dequantize_linear(acc, s_x * s_w).
 - int4 weight:  matmul_int4(x, packed, scales, zero points).
 - 8da4w:        dynamic_quantize(x, int8, per token) -> dequantize_linear -> matmul_int4 (symmetric weights).
@@ -105,28 +106,52 @@ def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, 
     return graph
 
 
+def linear_bias(graph: Graph, layer: Layer) -> tuple[str, str] | None:
+    """(the add's output, the bias constant) when a linear layer's only reader adds a constant float32 bias
+    along its output features (an exported nn.Linear: matmul -> add): folded into the int32 accumulator."""
+    if layer.node.op != "matmul" or layer.output in graph.outputs:
+        return None
+    readers = [n for n in graph.nodes if layer.output in n.inputs]
+    if len(readers) != 1 or readers[0].op != "add" or len(readers[0].inputs) != 2:
+        return None
+    add = readers[0]
+    bias = next((v for v in add.inputs if v != layer.output), "")
+    value = graph.constants.get(bias)
+    n = layer.weight.shape[1]
+    if value is None or value.dtype != np.float32 or value.size != n or value.shape[-1:] != (n,) \
+            or value.ndim > graph.specs[layer.output].rank:
+        return None
+    return add.outputs[0], bias
+
+
 def folded_output(graph: Graph, layer: Layer) -> str:
     """The value a requantized layer's uint8 output stands for: its ReLU's (or clamp(0, hi)'s) output when
-    that is the layer's only reader, else the layer's own output.
+    that is the only reader of the layer's result (a linear layer's after its folded bias), else that result.
 
     Exact to fold: the activation's output is calibrated from 0 (zero point 0), and requantization
     saturates at 0 and at the calibrated top, which is at most the clamp's.
     """
-    readers = [n for n in graph.nodes if layer.output in n.inputs]
-    if layer.output in graph.outputs or len(readers) != 1:
-        return layer.output
+    bias = linear_bias(graph, layer)
+    end = bias[0] if bias else layer.output
+    readers = [n for n in graph.nodes if end in n.inputs]
+    if end in graph.outputs or len(readers) != 1:
+        return end
     act = readers[0]
     if act.op == "relu" or (act.op == "clamp" and act.attrs.get("min") == 0 and (act.attrs.get("max") or 1) > 0):
         return act.outputs[0]
-    zero = [graph.constants.get(v) for v in act.inputs if v != layer.output]
+    zero = [graph.constants.get(v) for v in act.inputs if v != end]
     if act.op == "maximum" and len(zero) == 1 and zero[0] is not None and zero[0].size == 1 and not zero[0].any():
         return act.outputs[0]
-    return layer.output
+    return end
 
 
 def requantizable(graph: Graph, layer: Layer) -> bool:
-    """A conv whose result can stay uint8 (QLinearConv's form): a constant bias or none, not a graph output."""
+    """A layer whose result can stay uint8 (QLinearConv's or QLinearMatMul's form): not a graph output, and a
+    conv's bias a constant or none (a linear layer's bias is a separate add: folded when linear_bias finds it)."""
     node = layer.node
+    if node.op == "matmul":
+        folded = linear_bias(graph, layer)
+        return (folded[0] if folded else layer.output) not in graph.outputs
     bias = node.inputs[2] if len(node.inputs) > 2 else ""
     return node.op == "conv2d" and (not bias or bias in graph.constants) and layer.output not in graph.outputs
 
@@ -144,6 +169,9 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
     (the float value itself is gone when only integer layers read it).
     """
     quantized: dict[str, tuple[str, str, np.ndarray]] = {}  # float value -> (uint8 value, zero point, scale)
+    # linear layers' folded bias adds: layer output -> (the add's output, its float bias constant)
+    biases = {layer.output: bias for layer in layers if layer.output in outputs
+              for bias in [linear_bias(graph, layer)] if bias is not None}
 
     def uint8_input(b: Builder, layer: Layer) -> tuple[str, str, np.ndarray]:
         x = layer.activation
@@ -162,7 +190,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
             _finish(b, layer, acc, b.const(acc_scale))
             return
         node = layer.node
-        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        bias = biases[layer.output][1] if layer.output in biases else node.inputs[2] if len(node.inputs) > 2 else ""
         if bias:  # to the accumulator's scale, rounded: ONNX Runtime's quantizer does the same
             bq = np.rint(b.graph.constants[bias].astype(np.float64).reshape(acc_scale.shape) / acc_scale)
             acc = b.emit("add", [acc, b.const(np.clip(bq, -2 ** 31, 2 ** 31 - 1).astype(np.int32))])
@@ -175,7 +203,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
             uint8_results[out] = (yq, s_y, zp_y)
         _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
 
-    drop = frozenset(out for name, out in outputs.items() if out != name)
+    drop = frozenset([*(out for name, out in outputs.items() if out != name), *(a for a, _ in biases.values())])
     return _replace_layers(graph, layers, emit, drop)
 
 

@@ -106,15 +106,16 @@ def _work(node: Node, graph: Graph) -> tuple[float, float]:
     return node_work(node, graph)
 
 
-FUSING_PRODUCERS = frozenset({"conv2d", "matmul", "conv_integer"})
-# requantize after conv_integer (+ int32 bias add): ONNX Runtime's QLinearConv, one kernel when together
+FUSING_PRODUCERS = frozenset({"conv2d", "matmul", "conv_integer", "matmul_integer"})
+# requantize after conv_integer / matmul_integer (+ int32 bias add): ONNX Runtime's QLinearConv /
+# QLinearMatMul / QGemm, one kernel when together
 FUSED_CONSUMERS = frozenset({"maximum", "minimum", "add", "relu", "clamp", "requantize"})
 
 
 def fusable_into_previous(graph: Graph) -> list[int]:
     """Nodes an activation-fusing backend folds into the node before them: a max, min, add or requantize
     reading the previous node's output, when that one is a conv or matmul or itself folded (relu6 is max then
-    min; QLinearConv is conv_integer, bias add, requantize)."""
+    min; QLinearConv is conv_integer, bias add, requantize; QLinearMatMul / QGemm the same after matmul_integer)."""
     found: list[int] = []
     folds = [False] * len(graph.nodes)
     for k in range(1, len(graph.nodes)):

@@ -36,6 +36,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
     OnnxBuilder,
     reads,
 )
+from edgerun.backends.onnxruntime.onnx_prepacked import released_initializers
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
 from edgerun.errors import UnsupportedOpError
@@ -98,8 +99,12 @@ class OnnxRuntimeBackend(Backend):
             self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
         threads = self.threads if pooled else 1
         session = make_session(model, external, threads, self.spin)
+        released = released_initializers(model, session._edgerun_shared, _probe_session)
+        for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
+            del external[name], session._edgerun_keep[name]
         runner = BoundSession(session, subgraph, external)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
+                                 released_constants=frozenset(released),
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "attentions_over_used_cells": sum(int(p.value) for p in model.metadata_props
                                                                          if p.key == USED_CELLS_KEY),
@@ -204,6 +209,12 @@ def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
     session._edgerun_keep = values  # type: ignore[attr-defined]  # the OrtValues must outlive the session
     session._edgerun_shared = shared  # type: ignore[attr-defined]  # what ORT uses in place (tests)
     return session
+
+
+def _probe_session(model: Any, external: dict[str, np.ndarray]) -> ort.InferenceSession:
+    """A one-thread session over `model` with `external` handed over as make_session does (onnx_prepacked.py)."""
+    model.graph.initializer.extend(_external_placeholder(name, value) for name, value in external.items())
+    return make_session(model, external, 1)
 
 
 def _folded_initializers(model: Any) -> set[str]:

@@ -6,7 +6,8 @@ conv_integer -> ConvInteger (per-tensor weight zero point: ORT refuses per-chann
 com.microsoft MatMulNBits (accuracy_level 4 for int8 activations). requantize is claimed in its float32 arithmetic only (ORT's; the exact one can be
 a step away): alone it is Cast -> Mul -> QuantizeLinear(scale 1), and after conv_integer (+ an int32 bias
 add) the three become one QLinearConv, ORT's fast integer convolution, with x_scale = y_scale = 1 and the
-multiplier as w_scale, so ORT's x_scale * w_scale / y_scale is the multiplier itself, bit for bit.
+multiplier as w_scale, so ORT's x_scale * w_scale / y_scale is the multiplier itself, bit for bit. After
+matmul_integer the same way one QLinearMatMul, or with an int32 bias add one com.microsoft QGemm (bias as C).
 
 ORT's x86 AVX2 kernel for uint8 x int8 adds pairs of products into int16 with saturation (vpmaddubsw), so
 uint8 x int8 is claimed only for constant weights within [-64, 64] (7-bit weights: `reduce_range=True` in
@@ -184,26 +185,85 @@ def _fusable_conv(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
     return src, bias
 
 
+def _fusable_matmul(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
+    """(matmul_integer node, int32 bias constant or "") when `node` requantizes matmul_integer [+ a constant
+    bias along the columns]: a constant 2-D weight with a constant per-tensor zero point, a per-tensor input
+    zero point, a multiplier with one value or one per column, uint8 in and out (what ORT's QLinearMatMul and
+    QGemm take at opset 20)."""
+    producers = b.graph.producers()
+    src, bias = producers.get(node.inputs[0]), ""
+    if src is not None and src.op == "add":
+        acc, bias = src.inputs
+        if bias not in b.graph.constants:
+            acc, bias = bias, acc
+        if bias not in b.graph.constants or b.graph.constants[bias].dtype != np.int32:
+            return None
+        src = producers.get(acc)
+    if src is None or src.op != "matmul_integer" or not {src.inputs[1], src.inputs[3]} <= set(b.graph.constants):
+        return None
+    x, w, x_zp, w_zp = (b.graph.specs[v] for v in src.inputs)
+    if w.rank != 2 or x_zp.numel != 1 or w_zp.numel != 1 or x.dtype is not DType.uint8 \
+            or b.graph.specs[node.outputs[0]].dtype is not DType.uint8:
+        return None
+    per_column = ((w.shape[1],), (1, w.shape[1]))
+    if bias and (b.graph.specs[bias].shape not in per_column or not all(isinstance(d, int) for d in x.shape)):
+        return None  # (QGemm's 2-D input is reshaped to and from fixed shapes)
+    scale = b.graph.specs[node.inputs[1]]
+    return (src, bias) if scale.numel == 1 or scale.shape in per_column else None
+
+
+def _scalar(b: OnnxBuilder, v: str) -> str:
+    return b.node("Reshape", [v, b.ints([])]) if b.graph.specs[v].shape else v
+
+
+def _qlinear_matmul(b: OnnxBuilder, node: Node, matmul: Node, bias: str, one: str) -> None:
+    """a_scale = y_scale = 1 and b_scale = the multiplier, as for QLinearConv. Without a bias one QLinearMatMul;
+    with one com.microsoft QGemm (QLinearMatMul has no bias input), whose A is 2-D: the rows flattened and
+    restored around it."""
+    x, w, x_zp, w_zp = matmul.inputs
+    value = b.graph.constants[node.inputs[1]]
+    b_scale = b.const(np.ascontiguousarray(value.reshape(-1) if value.size > 1 else value.reshape(())), "multiplier")
+    y_zp = _scalar(b, node.inputs[2])
+    if not bias:
+        b.node("QLinearMatMul", [x, one, _scalar(b, x_zp), w, b_scale, _scalar(b, w_zp), one, y_zp],
+               list(node.outputs))
+        return
+    k, n = b.graph.specs[w].shape
+    zp = b.graph.constants[w_zp].reshape(())
+    b_zp = b.const(np.full(n, zp) if value.size > 1 else zp, "b_zero_point")  # QGemm: one per b_scale
+    c = b.const(np.ascontiguousarray(b.graph.constants[bias].reshape(-1)), "bias")
+    x_shape = b.graph.specs[x].shape
+    a = x if len(x_shape) == 2 else b.node("Reshape", [x, b.ints([-1, k])])
+    ins = [a, one, _scalar(b, x_zp), w, b_scale, b_zp, c, one, y_zp]
+    if len(x_shape) == 2:
+        b.node("QGemm", ins, list(node.outputs), domain=MS_DOMAIN)
+        return
+    y = b.node("QGemm", ins, domain=MS_DOMAIN)
+    b.node("Reshape", [y, b.ints(list(b.graph.specs[node.outputs[0]].shape))], list(node.outputs))
+
+
 @_claim("requantize", _requantize_ok)
 def _requantize(b: OnnxBuilder, node: Node) -> None:
     acc, scale, zp = node.inputs
-    zp_name = b.node("Reshape", [zp, b.ints([])]) if b.graph.specs[zp].shape else zp
+    zp_name = _scalar(b, zp)
+    one = b.const(np.array(1.0, np.float32), "one")
+    matmul = _fusable_matmul(b, node)
+    if matmul is not None:
+        _qlinear_matmul(b, node, *matmul, one)
+        return
     fused = _fusable_conv(b, node)
     if fused is None:
         x = b.node("Mul", [b.node("Cast", [acc], to=1), scale])  # float32(acc) * scale: one rounding each
-        one = b.const(np.array(1.0, np.float32), "one")
         b.node("QuantizeLinear", [x, one, zp_name], list(node.outputs))
         return
     conv, bias = fused
     stride, pads, dil, groups = conv_geometry(conv.attrs)
     x, w, x_zp, w_zp = conv.inputs
     w_shape = b.graph.specs[w].shape
-    one = b.const(np.array(1.0, np.float32), "one")
     multiplier = b.const(np.ascontiguousarray(b.graph.constants[scale].reshape(-1)), "multiplier")
     w_zp_spec = b.graph.specs[w_zp]
     w_zp_name = w_zp if not w_zp_spec.shape else b.node("Reshape", [w_zp, b.ints([] if w_zp_spec.numel == 1 else [-1])])
-    x_zp_name = b.node("Reshape", [x_zp, b.ints([])]) if b.graph.specs[x_zp].shape else x_zp
-    ins = [x, one, x_zp_name, w, multiplier, w_zp_name, one, zp_name]
+    ins = [x, one, _scalar(b, x_zp), w, multiplier, w_zp_name, one, zp_name]
     if bias:
         ins.append(b.const(np.ascontiguousarray(b.graph.constants[bias].reshape(-1)), "bias"))
     b.node("QLinearConv", ins, list(node.outputs), kernel_shape=[w_shape[2], w_shape[3]], strides=list(stride),

@@ -7,15 +7,17 @@ call the dispatch list is captured and replayed, with guards that fall back to a
 
 What it claims (`supported`, the contract): float32, int32, int64 and bool values, and float16 where the
 adapter has `shader-f16` (stored as f16, computed in f32). int64 is stored as int32 (WGSL has no 64-bit
-integers; values outside int32 are an EdgerunError at upload). int8 and uint8 are not claimed (the
-partitioner places them elsewhere), except matmul_int4's packed uint8 constants, uploaded as stored; neither are integer div/mod/pow (the reference raises on division by
-zero, a shader cannot).
+integers; values outside int32 are an EdgerunError at upload). int8 and uint8 values are stored packed, 4 to a
+u32 word, and claimed only by the quantized ops (int8.py: quantize/dequantize/dynamic quantize/requantize,
+integer matmul and conv, bit for bit the oracle's) and matmul_int4's packed constants; other ops on int8 go
+elsewhere. Integer div/mod/pow are not claimed (the reference raises on division by zero, a shader cannot).
 """
 
 from __future__ import annotations
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
 from edgerun.backends.webgpu.device import GpuDevice, get_device
+from edgerun.backends.webgpu.int8 import dequantize_claimable, requantize_claimable
 from edgerun.backends.webgpu.runner import INT4_ACCUMULATE, PartitionRunner
 from edgerun.backends.webgpu.wgsl import COMPARE, FLOAT_UNARY, INT_UNARY, LOGICAL, REDUCE
 from edgerun.errors import EdgerunError, UnsupportedOpError
@@ -26,6 +28,7 @@ _F = frozenset({DType.float32, DType.float16})
 _NUM = frozenset({*_F, DType.int32, DType.int64})
 _B = frozenset({DType.bool})
 _ALL = frozenset({*_NUM, DType.bool})
+_Q = frozenset({DType.int8, DType.uint8})
 
 
 def _int_ok(node: Node, graph: Graph) -> bool:
@@ -57,7 +60,14 @@ SUPPORTED: dict[str, OpSupport] = {
     "conv2d": OpSupport(_F),
     "max_pool2d": OpSupport(_F),
     "avg_pool2d": OpSupport(_F),
-    "gather": OpSupport(_ALL),
+    "gather": OpSupport(_ALL | _Q),  # int8/uint8 data: a quantized embedding table (int8.py)
+    # the quantized ops (int8.py), int8/uint8 packed 4 to a word
+    "quantize_linear": OpSupport(frozenset({*_Q, DType.float32})),
+    "dequantize_linear": OpSupport(frozenset({*_Q, DType.int32, DType.float32}), check=dequantize_claimable),
+    "dynamic_quantize": OpSupport(frozenset({*_Q, DType.float32})),
+    "requantize": OpSupport(frozenset({*_Q, DType.int32, DType.float32}), check=requantize_claimable),
+    "matmul_integer": OpSupport(frozenset({*_Q, DType.int32})),
+    "conv_integer": OpSupport(frozenset({*_Q, DType.int32})),
     "raster": OpSupport(_ALL),
     # a KV-cache append; in place where nothing reads the cache after it (update.py)
     "update_slice": OpSupport(frozenset({DType.float32, DType.int32, DType.int64})),

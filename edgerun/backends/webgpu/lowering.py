@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
 from edgerun.backends.webgpu.attention import attention_kernel, find_attention
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
+from edgerun.backends.webgpu.int8 import int8_kernels, is_int8_node
 from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
 from edgerun.backends.webgpu.raster import raster_kernels
 from edgerun.backends.webgpu.update import in_place_updates, storage_types, update_lines
@@ -130,7 +131,7 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
         if target is not None:
             made_by[node.outputs[0]] = target
             continue
-        if node.op == "raster" or is_wide_arg(node, graph):
+        if node.op == "raster" or is_int8_node(node, graph) or is_wide_arg(node, graph):
             groups.append(node)
         else:
             groups.append(Group(node))
@@ -140,6 +141,8 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
         if isinstance(g, Node):
             if g.name in attention:
                 node_kernels = [attention_kernel(attention[g.name], graph, alias)]
+            elif is_int8_node(g, graph):
+                node_kernels = int8_kernels(g, graph)
             else:
                 node_kernels = [wide_arg_kernel(g, graph)] if g.op != "raster" else raster_kernels(g, graph)
             for k in node_kernels:

@@ -33,6 +33,7 @@ import wgpu
 
 from edgerun.backends.base import ResidentState
 from edgerun.backends.webgpu.device import GpuDevice
+from edgerun.backends.webgpu.int8 import BYTES, STATUS_DYNAMIC_NONFINITE
 from edgerun.backends.webgpu.lowering import lower, value_aliases
 from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
 from edgerun.errors import EdgerunError
@@ -41,12 +42,15 @@ from edgerun.ir.graph import Graph
 
 _I32 = np.iinfo(np.int32)
 INT4_ACCUMULATE = ("f32", "f16")  # what matmul_int4 sums in (f16 only where the adapter has shader-f16)
-_STORED = {DType.float32: np.float32, DType.float16: np.float16, DType.bool: np.uint32}
+_STORED = {DType.float32: np.float32, DType.float16: np.float16, DType.bool: np.uint32, DType.int8: np.int8,
+           DType.uint8: np.uint8}
+_STATUS = {1: "gather index out of range on the webgpu backend",
+           STATUS_DYNAMIC_NONFINITE: "dynamic_quantize input has NaN or infinity; its range has no int8 scale"}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 
 
 def device_itemsize(dtype: DType) -> int:
-    return 2 if dtype is DType.float16 else 1 if dtype is DType.uint8 else 4
+    return 2 if dtype is DType.float16 else 1 if dtype in BYTES else 4
 
 
 def device_bytes(dtype: DType, numel: int) -> int:
@@ -56,8 +60,8 @@ def device_bytes(dtype: DType, numel: int) -> int:
 
 def to_device(array: np.ndarray, dtype: DType, name: str) -> np.ndarray:
     """A host array as the device stores it (bool -> u32, int64 -> i32 range-checked), padded to 4 bytes."""
-    if dtype is DType.uint8:  # packed int4 bytes (constants only), kept as stored, read as u32 words
-        raw = np.ascontiguousarray(array, np.uint8).reshape(-1)
+    if dtype in BYTES:  # int8/uint8 (and packed int4 bytes) as stored, 4 to a u32 word (int8.py)
+        raw = np.ascontiguousarray(array, dtype.np).reshape(-1).view(np.uint8)
         return np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)]).view(np.uint32)
     if dtype is DType.float16:
         flat = np.ascontiguousarray(array, np.float16).reshape(-1)
@@ -455,4 +459,4 @@ class PartitionRunner:
             flag = int(np.frombuffer(self._status_read.read_mapped(), np.uint32)[0])
             self._status_read.unmap()
             if flag:
-                raise EdgerunError("gather index out of range on the webgpu backend")
+                raise EdgerunError(_STATUS.get(flag, f"a webgpu kernel reported bad input (status {flag})"))

@@ -22,7 +22,7 @@ from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 WORKGROUP = 64
 # What kernels compute in, and what buffers hold: float16 is stored as f16 and computed in f32 (a load
 # widens, a store rounds once), so a fused chain rounds to half precision once, at its end.
-# uint8 is only ever a constant of packed bytes (matmul_int4's weights and zero points), bound as u32 words.
+# uint8 here is matmul_int4's packed constants, bound as u32 words; the quantized ops' int8/uint8 values are int8.py's.
 WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DType.int64: "i32", DType.bool: "u32",
              DType.uint8: "u32"}
 STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}

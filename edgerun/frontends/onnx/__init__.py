@@ -8,6 +8,7 @@ from typing import Any
 from edgerun.frontends.onnx.context import DynamicInputError, OnnxModelError
 from edgerun.frontends.onnx.importer import OnnxImportError, import_onnx_graph
 from edgerun.frontends.onnx.loading import load_model
+from edgerun.frontends.onnx.sequences import with_output_layout
 from edgerun.frontends.onnx.symbols import InputDim
 from edgerun.frontends.onnx.value_template import ValueTemplate
 from edgerun.frontends.program_maker import make_program
@@ -29,12 +30,17 @@ def from_onnx(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None
     A model that feeds a structure-deciding value as a small graph input (reduction axes, Resize scales, a
     Reshape target) gives a ValueTemplate: the program is specialised per value of those inputs at call time
     and cached (value_template.py); `constant_inputs` instead freezes them once, and saves as one program.
+
+    Sequence and optional inputs take their structure from `input_shapes` (a list of element shapes; None for
+    an empty optional) and become one input per tensor, `<name>.<i>` for a sequence's elements; sequence
+    outputs become their elements, grouped back by metadata "onnx_outputs" (sequences.py, docs/onnx.md).
     """
     model = load_model(source)
+    layout: list[Any] = []
     try:
-        graph = import_onnx_graph(model, input_shapes, constant_inputs)
+        graph = import_onnx_graph(model, input_shapes, constant_inputs, layout)
     except DynamicInputError as exc:
         if not exc.graph_inputs:
             raise  # the value is computed from no graph input (a control-flow body's): nothing to bind
         return ValueTemplate(model, exc, input_shapes, constant_inputs, optimize)
-    return make_program(graph, frontend="onnx", run_passes=optimize)
+    return with_output_layout(make_program(graph, frontend="onnx", run_passes=optimize), layout)

@@ -20,6 +20,13 @@ import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
 from edgerun.frontends.onnx import from_onnx
+from edgerun.frontends.onnx.sequences import (
+    OUTPUT_LAYOUT_KEY,
+    flatten_value,
+    group_outputs,
+    is_structured_type,
+    structure_of,
+)
 from edgerun.frontends.onnx.value_template import ValueTemplate
 from edgerun.ir.staging import has_data_dependent
 from edgerun.oracle import interpret
@@ -28,6 +35,19 @@ from edgerun.oracle import interpret
 def _input_names(model: Any) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
     return [vi.name for vi in model.graph.input if vi.name not in inits]
+
+
+def _structured_inputs(model: Any) -> list[str]:
+    """The graph inputs of sequence or optional type."""
+    return [n for n in _input_names(model) for vi in model.graph.input
+            if vi.name == n and is_structured_type(vi.type)]
+
+
+def _dynamic_tensor_inputs(model: Any) -> list[str]:
+    """The tensor graph inputs with a dimension the model leaves without a size."""
+    return [vi.name for vi in model.graph.input if vi.name in _input_names(model)
+            and vi.type.WhichOneof("value") == "tensor_type"
+            and any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
 
 
 # Bounds of the symbols symbolic_dims declares (node cases are small); sizes 0 and 1 stay static.
@@ -66,33 +86,60 @@ def symbolic_input_model(model: Any) -> tuple[Any, dict[str, tuple[Any, ...]]]:
 class EdgerunBackendRep(BackendRep):
     """An imported program: static, a template over symbols, or a ValueTemplate (specialised per value)."""
 
-    def __init__(self, model: Any, program: Any) -> None:
+    def __init__(self, model: Any, program: Any, input_shapes: dict[str, Any] | None = None) -> None:
         self.model = model
-        self.program = program
+        self.program = program  # None when the model takes a sequence or optional: imported per structure
         self._specialised: dict[Any, Any] = {}
+        self._input_shapes = dict(input_shapes or {})
+        self._per_structure: dict[str, Any] = {}
+
+    def _program_for(self, values: dict[str, Any]) -> Any:
+        """The program itself, or for sequence / optional inputs the one imported for these values' structure
+        (their lengths and element shapes, whether an optional is empty), cached per structure."""
+        if self.program is not None:
+            return self.program
+        structures = {n: structure_of(values[n]) for n in _structured_inputs(self.model)}
+        # Beside a sequence (an import per structure anyway), a tensor input's undeclared dims take the call's
+        # sizes, as the elements' do.
+        for n in _dynamic_tensor_inputs(self.model):
+            if n in values:
+                declared = self._input_shapes.get(n) or (None,) * np.ndim(values[n])
+                structures[n] = tuple(size if d is None else d for d, size in zip(declared, np.shape(values[n])))
+        key = repr(sorted(structures.items()))
+        if key not in self._per_structure:
+            self._per_structure[key] = from_onnx(self.model, optimize=False,
+                                                 input_shapes={**self._input_shapes, **structures})
+        return self._per_structure[key]
 
     @property
     def value_inputs(self) -> tuple[str, ...]:
         """Inputs whose values the program is specialised on at each call (a ValueTemplate's)."""
         return tuple(self.program.value_inputs) if isinstance(self.program, ValueTemplate) else ()
 
-    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """The outputs as ONNX gives them: arrays, a list per sequence output, None per empty optional."""
         names = _input_names(self.model)
         if isinstance(inputs, dict):
-            values = {k: np.asarray(v) for k, v in inputs.items()}
+            given = dict(inputs)
         else:
             seq = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
-            values = {n: np.asarray(v) for n, v in zip(names, seq)}
+            given = dict(zip(names, seq))
+        program = self._program_for(given)
+        values: dict[str, np.ndarray] = {}
+        for k, v in given.items():  # a sequence is one program input per element (sequences.py)
+            values.update(flatten_value(k, v) if isinstance(v, list) or v is None else {k: np.asarray(v)})
         value_key: Any = ()
-        program = self.program
         if isinstance(program, ValueTemplate):
             program, value_key = program.for_values(values)
         graph = program.graph
         if has_data_dependent(graph):  # run in stages, each specialised to its shapes (ir/staging.py)
-            return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))
-        if graph.symbols:
-            graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs}, value_key)
-        return tuple(interpret(graph, {n: values[n] for n in graph.inputs}))
+            flat = interpret(graph, {n: values[n] for n in graph.inputs})
+        else:
+            if graph.symbols:
+                graph = self._for_shapes(graph, {n: values[n].shape for n in graph.inputs}, value_key)
+            flat = interpret(graph, {n: values[n] for n in graph.inputs})
+        layout = program.metadata.get(OUTPUT_LAYOUT_KEY)
+        return tuple(group_outputs(flat, layout) if layout else flat)
 
     def _for_shapes(self, template: Any, shapes: dict[str, tuple[int, ...]], value_key: Any = ()) -> Any:
         """The template specialised to these input shapes (bound, substituted, verified; cached per binding
@@ -120,6 +167,8 @@ class EdgerunBackend(Backend):
         shapes = None
         if symbolic_dims:
             model, shapes = symbolic_input_model(model)
+        if _structured_inputs(model):  # the structure comes with the values (sequence lengths, element shapes)
+            return EdgerunBackendRep(model, None, shapes)
         # The conformance runner checks the importer's own graph; the passes have their own tests.
         return EdgerunBackendRep(model, from_onnx(model, optimize=False, input_shapes=shapes))
 

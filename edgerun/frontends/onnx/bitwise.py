@@ -2,14 +2,15 @@
 
 Each operand is read as its unsigned bit pattern, split into bits with floor-division and modulo, combined
 bit by bit, and mapped back to the signed range. int64 and uint64 And/Or/Xor are refused (no wider type to
-work in).
+work in). BitCast reads the same bytes as another type: the IR's `bitcast` (numpy's view), which no
+arithmetic can express (NaN payloads, -0.0).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out
+from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.ir.dtypes import DType
 
@@ -58,3 +59,15 @@ def bitwise_binary(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         wrapped = ctx.emit("sub", [total, ctx.scalar(modulus, total)])
         total = ctx.emit("where", [ctx.emit("ge", [total, ctx.scalar(modulus // 2, total)]), wrapped, total])
     return [ctx.cast(total, dtype)]
+
+
+@onnx_op("BitCast")
+def bit_cast(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    """The same bytes read as attr `to` (numpy's view): the IR's bitcast, same-width types only."""
+    x = ctx.input(node, 0)
+    to = onnx_dtype(int(node.attr("to")), f"{node.op_type} to")
+    src = ctx.b.dtype(x)
+    if src.is_narrow or to.is_narrow or src.itemsize != to.itemsize:
+        raise node.refuse(f"BitCast from {src.value} to {to.value} (the widths must match; narrow types are held "
+                          "one per byte)")
+    return [ctx.emit("bitcast", [x], dtype=to.value)]

@@ -11,11 +11,11 @@ from typing import Any
 from edgerun.frontends.onnx.context import ONNX_TO_DTYPE
 
 DESIGN_CATEGORIES: dict[str, str] = {
-    "training": "training ops (Gradient, Adam, Adagrad, Momentum): edgerun programs run inference only",
-    "other-domain": "ops outside the default ONNX domain and ai.onnx.ml (preview domains such as FlexAttention)",
-    "sequence-map-optional": "sequence, map and optional values: edgerun values are tensors only",
-    "random": "random generators (RandomNormal, Bernoulli, ...): results are not reproducible",
-    "image-codec": "ImageDecoder: decoding JPEG, PNG, TIFF, WebP, ... bytes needs image codecs",
+    "training": "Gradient: the gradient of a graph needs automatic differentiation, which edgerun does not have",
+    "other-domain": "ops outside the default ONNX domain, ai.onnx.ml and the preview domains",
+    "map": "map values (ONNX maps from string or integer keys)",
+    "random": "random generators (RandomNormal, Bernoulli, ...): the expected outputs are one draw of numpy's "
+              "generator",
     "dtype": "element types edgerun does not hold: complex64/128 (no op computes on complex values): refused "
              "rather than silently cast",
 }
@@ -24,28 +24,24 @@ DESIGN_CATEGORIES: dict[str, str] = {
 # (symbolic dimensions with bounds, persistent state, cond/while subgraph ops); the rest is either other
 # work or truly out of reach.
 DESIGN_OUTLOOK: dict[str, str] = {
-    "training": "cannot be supported: edgerun runs inference only (state from #12 would not make it train)",
-    "other-domain": "not done: FlexAttention is in the ai.onnx.preview domain (not a released opset); it "
-                    "could import as attention with its score_mod / prob_mod graphs as bodies. ai.onnx.ml's "
-                    "numeric ops (frontends/onnx/ml.py) and LabelEncoder on strings (strings.py) import",
-    "sequence-map-optional": "needs sequence and optional value kinds in the IR; SequenceMap, Loop and If "
-                             "over sequences also need #12's control flow: not planned",
-    "random": "cannot be checked: ONNX's expected outputs come from numpy's generator; a seeded edgerun "
-              "generator could run the op but never match the reference bit for bit",
-    "image-codec": "cannot be supported: the runtime depends on numpy alone, and image codecs (Pillow, "
-                   "OpenCV) are not numeric kernels. Its data-dependent output shape is no longer the obstacle: "
-                   "NonZero, Unique, Compress and NonMaxSuppression run as data-dependent ops (ir/staging.py)",
+    "training": "an autodiff pass over the IR (not planned). Adagrad, Adam and Momentum import as arithmetic "
+                "(frontends/onnx/training.py)",
+    "other-domain": "no node case uses one. FlexAttention (ai.onnx.preview) imports with its score_mod / "
+                    "prob_mod graphs inlined (frontends/onnx/flex_attention.py); ai.onnx.ml's numeric ops "
+                    "(frontends/onnx/ml.py) and LabelEncoder on strings (strings.py) import",
+    "map": "no node case uses one. Sequences and optionals resolve at import into tensors "
+           "(frontends/onnx/sequences.py); a map's keys could too, but its ops (ai.onnx.ml ZipMap, "
+           "DictVectorizer, CastMap) take string keys",
+    "random": "cannot be checked: every Bernoulli case draws its probabilities from (0, 1) and its expected "
+              "output from numpy's global generator (onnx/backend/test/case/node/bernoulli.py, which says "
+              "implementations differ even with a seed); no case has probabilities of only 0 and 1",
     "dtype": "complex values need complex kernels in every op: not planned. bfloat16, float8 (e8m0 included), "
              "float4, int4/uint4 and int2/uint2 are IR types backed by ml_dtypes (ir/dtypes.py); float64, int16, "
              "uint16, uint32 and uint64 are numpy's own",
 }
 
-_TRAINING = {"Gradient", "Adam", "Adagrad", "Momentum"}
+_TRAINING = {"Gradient"}  # Adam, Adagrad and Momentum import (training.py)
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
-_IMAGE_CODECS = {"ImageDecoder"}
-_SEQ_OPS = {"SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
-            "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
-            "OptionalGetElement", "OptionalHasElement"}
 
 
 def _value_kinds(model: Any) -> tuple[set[str], set[int]]:
@@ -66,16 +62,14 @@ def design_category(model: Any) -> str | None:
     ops = {n.op_type for n in model.graph.node}
     domains = {n.domain for n in model.graph.node} - {"", "ai.onnx"}
     kinds, elem = _value_kinds(model)
-    if ops & _TRAINING or "ai.onnx.preview.training" in domains:
+    if ops & _TRAINING:
         return "training"
-    if domains - {"ai.onnx.ml"}:  # ai.onnx.ml's numeric ops import (ml.py), LabelEncoder (strings.py)
+    if domains - {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}:  # ml.py, strings.py, training.py
         return "other-domain"
-    if ops & _SEQ_OPS or kinds - {"tensor_type"}:
-        return "sequence-map-optional"
+    if kinds - {"tensor_type", "sequence_type", "optional_type"}:  # sequences and optionals: sequences.py
+        return "map"
     if ops & _RANDOM:
         return "random"
-    if ops & _IMAGE_CODECS:
-        return "image-codec"
     if elem - set(ONNX_TO_DTYPE) - {0}:
         return "dtype"
     return None

@@ -126,6 +126,10 @@ class ImportContext:
         # Inside a control-flow body (control_flow.py): a body is planned once for its node, so it cannot hold
         # a data-dependent op (data_dependent.py refuses one there).
         self.in_body = False
+        # Sequences and empty optionals, resolved at import time (sequences.py): ONNX name -> its elements'
+        # ONNX names, and the names of optionals that hold nothing.
+        self.sequences: dict[str, list[str]] = {}
+        self.absent: set[str] = set()
 
     def inputs_behind(self, name: str) -> list[str]:
         """The graph inputs an ONNX value is computed from (for messages: which input to freeze)."""

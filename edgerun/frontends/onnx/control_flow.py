@@ -99,13 +99,19 @@ def _close(child: ImportContext, outputs: list[str]) -> Graph:
 
 # -- If -------------------------------------------------------------------------------------------------------
 
-def inline_graph(ctx: ImportContext, body: Any, prefix: str, import_into: ImportInto) -> list[str]:
-    """Import a branch's nodes into `ctx` itself (values it defines get `prefix`); returns its output names."""
+def inline_graph(ctx: ImportContext, body: Any, prefix: str, import_into: ImportInto,
+                 inputs: Sequence[str] = ()) -> list[str]:
+    """Import a branch's nodes into `ctx` itself (values it defines get `prefix`); returns its output names.
+
+    `inputs` are outer names bound to the body's formal inputs (a Loop trip or SequenceMap element unrolled)."""
     import onnx
     from onnx import numpy_helper
 
     defined = {t.name for t in body.initializer} | {o for n in body.node for o in n.output if o}
+    defined |= {vi.name for vi in body.input[:len(inputs)]}
     rename = {name: f"{prefix}/{name}" for name in defined}
+    for vi, outer in zip(body.input, inputs):
+        alias(ctx, rename[vi.name], outer)
     for t in body.initializer:
         ctx.bind_constant(rename[t.name], numpy_helper.to_array(t))
     nodes = []
@@ -125,8 +131,13 @@ def inline_graph(ctx: ImportContext, body: Any, prefix: str, import_into: Import
     return [rename.get(o.name, o.name) for o in body.output]
 
 
-def _alias(ctx: ImportContext, dst: str, src: str) -> None:
-    if src in ctx.consts:
+def alias(ctx: ImportContext, dst: str, src: str) -> None:
+    """Bind ONNX name `dst` to whatever `src` is: a constant, an IR value, a sequence or an empty optional."""
+    if src in ctx.sequences:
+        ctx.sequences[dst] = list(ctx.sequences[src])
+    elif src in ctx.absent:
+        ctx.absent.add(dst)
+    elif src in ctx.consts:
         ctx.consts[dst] = ctx.consts[src]
     else:
         ctx.values[dst] = ctx.value(src)
@@ -139,7 +150,7 @@ def import_if(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> No
         outs = inline_graph(ctx, taken, f"{node.name or node.outputs[0]}/branch", import_into)
         for dst, src in zip(node.outputs, outs):
             if dst:
-                _alias(ctx, dst, src)
+                alias(ctx, dst, src)
         return
     branches = [node.attr("then_branch"), node.attr("else_branch")]
     if int(np.prod(ctx.shape(node.inputs[0]))) != 1:

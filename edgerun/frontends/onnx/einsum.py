@@ -1,8 +1,11 @@
-"""Einsum as transposes, reductions and one batched matmul per operand pair."""
+"""Einsum as transposes, reductions and one batched matmul per operand pair (diagonals, an index repeated
+within one operand, gathered first)."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode
 
@@ -22,8 +25,6 @@ def _parse(equation: str, ranks: list[int], node: OnnxNode) -> tuple[list[str], 
             t = t.replace("...", ell_letters[ell_len - n:ell_len])
         if len(t) != r:
             raise ValueError(f"einsum term {t!r} does not match an operand of rank {r}")
-        if len(set(t)) != len(t):
-            raise node.refuse(f"repeated index within one operand ({t!r}: diagonals)")
         expanded.append(t)
     if "->" in eq:
         out = rhs.replace("...", ell_letters[:ell_len])
@@ -31,6 +32,24 @@ def _parse(equation: str, ranks: list[int], node: OnnxNode) -> tuple[list[str], 
         counts = {c: sum(t.count(c) for t in expanded) for c in set("".join(expanded))}
         out = ell_letters[:ell_len] + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell_letters))
     return expanded, out
+
+
+def _diagonals(ctx: ImportContext, node: OnnxNode, x: str, term: str) -> tuple[str, str]:
+    """An operand whose term repeats an index ('ii'): its diagonal along each repeated pair, gathered from the
+    two axes flattened into one (positions k * (n + 1))."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        p, q = term.index(c), term.index(c, term.index(c) + 1)
+        shape = ctx.b.shape(x)
+        n = shape[p]
+        if not isinstance(n, int) or shape[q] != n:
+            raise node.refuse(f"a diagonal over sizes {shape[p]} and {shape[q]} ({term!r})")
+        rest = [i for i in range(len(term)) if i not in (p, q)]
+        x = ctx.emit("transpose", [x], perm=[*rest, p, q])
+        x = ctx.emit("reshape", [x], shape=[*(shape[i] for i in rest), n * n])
+        x = ctx.emit("gather", [x, ctx.b.const(np.arange(n, dtype=np.int64) * (n + 1))], axis=len(rest))
+        term = "".join(term[i] for i in rest) + c
+    return x, term
 
 
 def _sum_out(ctx: ImportContext, x: str, term: str, keep: set[str]) -> tuple[str, str]:
@@ -72,6 +91,8 @@ def einsum(ctx: ImportContext, node: OnnxNode, equation: str, xs: list[str]) -> 
     terms, out = _parse(equation, [len(ctx.b.shape(x)) for x in xs], node)
     # Sum away indices that appear in one operand only and not in the output before any product.
     vals = list(xs)
+    for i, (x, t) in enumerate(zip(vals, terms)):
+        vals[i], terms[i] = _diagonals(ctx, node, x, t)
     for i, (x, t) in enumerate(zip(vals, terms)):
         elsewhere = set(out).union(*(set(u) for j, u in enumerate(terms) if j != i))
         vals[i], terms[i] = _sum_out(ctx, x, t, elsewhere)

@@ -27,10 +27,18 @@ from edgerun.frontends.onnx.context import (
 )
 from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS, outer_reads
 from edgerun.frontends.onnx.dims import describe, disagreement
+from edgerun.frontends.onnx.flex_attention import import_flex_attention
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
 from edgerun.frontends.onnx.narrow_float import BFLOAT16_REFUSAL, import_via_float32
 from edgerun.frontends.onnx.registry import load_handlers
+from edgerun.frontends.onnx.sequences import (
+    STRUCTURED_IMPORTERS,
+    bind_structured_input,
+    flatten_output,
+    is_structured,
+    is_structured_type,
+)
 from edgerun.frontends.onnx.symbols import InputDim, declare_inputs
 from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
 from edgerun.ir.graph import Graph
@@ -47,18 +55,26 @@ class CheckedTypes(dict[str, Any]):
         self.bindings = dict(bindings)
 
 
+# Ops with graph attributes, imported with access to the node importer (for their bodies), by domain:op.
+BODY_IMPORTERS = {**CONTROL_FLOW_IMPORTERS, "ai.onnx.preview:FlexAttention": import_flex_attention}
+
 # Ops that must never be folded at import time: their value is not a function of their inputs.
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 
 
 def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None = None,
-                      constant_inputs: Mapping[str, Any] | None = None) -> Graph:
+                      constant_inputs: Mapping[str, Any] | None = None, layout: list[Any] | None = None) -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) as an edgerun Graph.
 
     `input_shapes` sizes the inputs' dynamic dimensions: an int pins one, a `(name, min, max)` tuple keeps it
     symbolic within bounds (`{"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`, see symbols.py); a dynamic
     dimension given neither is refused. `constant_inputs` freezes graph inputs to values (e.g. a Reshape
     target fed as an input), which then stop being program inputs.
+
+    A sequence or optional input takes its structure from `input_shapes` too (sequences.py): a list of element
+    shapes, or None for an empty optional; it becomes one program input per tensor. Its outputs likewise
+    become their tensors, and `layout`, when given, receives one [name, kind, count] per ONNX output to group
+    them back (sequences.group_outputs).
     """
     model = load_model(source)
     opset = check_model(model)
@@ -82,7 +98,9 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
             raise OnnxModelError(f"constant_inputs names {name!r}, which is not a graph input")
         ctx.bind_constant(name, np.asarray(value))
     for vi in g.input:
-        if not ctx.known(vi.name):
+        if not ctx.known(vi.name) and is_structured_type(vi.type):
+            bind_structured_input(ctx, vi, input_shapes or {})
+        elif not ctx.known(vi.name):
             graph.add_input(vi.name, input_spec(vi, declared.shapes.get(vi.name)))
             ctx.values[vi.name] = vi.name
     opsets = {o.domain or "": int(o.version) for o in model.opset_import}
@@ -97,9 +115,12 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
         exc.symbols = dict(graph.symbols)
         raise
     for out in g.output:
-        if not ctx.known(out.name):
+        if not ctx.known(out.name) and out.name not in ctx.sequences and out.name not in ctx.absent:
             raise OnnxModelError(f"graph output {out.name!r} is not produced by any node")
-        graph.outputs.append(ctx.value(out.name))
+        values, entry = flatten_output(ctx, out.name)
+        graph.outputs.extend(values)
+        if layout is not None:
+            layout.append(entry)
     graph.prune_specs()
     from edgerun.ir.verifier import verify
     verify(graph)
@@ -141,9 +162,10 @@ def _decode_attrs(node: Any) -> dict[str, Any]:
 
 def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], types: CheckedTypes,
                   handlers: dict[str, Any], depth: int) -> None:
-    for proto in dependency_order(nodes, set(ctx.values) | set(ctx.consts)):
+    for proto in dependency_order(nodes, set(ctx.values) | set(ctx.consts) | set(ctx.sequences) | ctx.absent):
         domain = proto.domain if proto.domain != "ai.onnx" else ""
-        if domain not in ("",) and f"{domain}:{proto.op_type}" not in handlers:
+        key = f"{domain}:{proto.op_type}" if domain else proto.op_type
+        if domain not in ("",) and key not in handlers and key not in BODY_IMPORTERS:
             detail = "no import handler for this ai.onnx.ml op (SVMs and others are not supported; " \
                 "docs/onnx.md)" if domain == "ai.onnx.ml" else \
                 f"domain {domain!r} is not supported (only the default ONNX domain, the numeric ops of " \
@@ -156,10 +178,21 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
         reads = [i for i in node.inputs if i] + [r for v in node.attrs.values() if hasattr(v, "node")
                                                  for r in outer_reads(v)]
         ctx.producers.update({o: reads for o in node.outputs if o})
-        if node.op_type in CONTROL_FLOW_IMPORTERS:
-            def import_into(target: ImportContext, body: list[Any]) -> None:
-                _import_nodes(target, body, opsets, types, handlers, depth + 1)
-            CONTROL_FLOW_IMPORTERS[node.op_type](ctx, node, import_into)
+        def import_into(target: ImportContext, body: list[Any]) -> None:
+            _import_nodes(target, body, opsets, types, handlers, depth + 1)
+        if is_structured(ctx, node):  # sequences and optionals resolve at import time (sequences.py)
+            STRUCTURED_IMPORTERS[node.op_type](ctx, node, import_into)
+            continue
+        if key in BODY_IMPORTERS:
+            try:
+                BODY_IMPORTERS[key](ctx, node, import_into)
+            except DynamicInputError as exc:
+                if key != "Loop" or ctx.known(exc.value_name):
+                    raise
+                # The body needs, at import time, a value computed from the trip counter (a Slice start):
+                # unrolled, each trip's counter is a constant; its trip count must then be known at import
+                # (a graph input behind it makes a value template).
+                STRUCTURED_IMPORTERS["Loop"](ctx, node, import_into)
             continue
         handler = handlers.get(f"{domain}:{node.op_type}" if domain else node.op_type)
         if handler is not None and _try_fold(ctx, node, handler):

@@ -91,15 +91,30 @@ def gather_nd(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     return [ctx.emit("reshape", [y], shape=[*prefix, *shape[bd + k:]])]
 
 
+MAX_MUL_UPDATES = 1024  # a multiplying scatter emits one multiply per update
+
+
 def _scatter(ctx: ImportContext, node: OnnxNode, rows: str, lin: str, updates: str) -> str:
     """rows [P, R] with updates [M, R] written at flat row indices lin [M]."""
     reduction = node.attr("reduction", "none")
-    if reduction not in ("none", "add", "max", "min"):
+    if reduction not in ("none", "add", "max", "min", "mul"):
         raise node.refuse(f"reduction={reduction!r}")
     p = ctx.b.shape(rows)[0]
     dtype = ctx.b.dtype(rows)
     hit = ctx.emit("eq", [ctx.b.const(np.arange(p, dtype=np.int64).reshape(p, 1)),
                           ctx.emit("reshape", [lin], shape=[1, ctx.b.spec(lin).numel])])
+    if reduction == "mul":
+        # No product primitive: each update multiplies in turn, in index order as ONNX's reference applies
+        # them (the rounding of a float product depends on the order), 1 where it does not land.
+        m, r = ctx.b.shape(updates)
+        if m > MAX_MUL_UPDATES:
+            raise node.refuse(f"reduction='mul' with {m} updates (each is one multiply; at most {MAX_MUL_UPDATES})")
+        out = rows
+        for i in range(m):
+            lands = ctx.emit("slice", [hit], starts=[i], ends=[i + 1], axes=[1])
+            row = ctx.emit("slice", [updates], starts=[i], ends=[i + 1], axes=[0])
+            out = ctx.emit("mul", [out, ctx.emit("where", [lands, row, ctx.scalar(1, row)])])
+        return out
     if reduction in ("max", "min"):
         # [P, M, R]: each position's matching updates, the rest replaced by the reduction's identity.
         m, r = ctx.b.shape(updates)
@@ -282,3 +297,43 @@ def max_unpool(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     if final != out_shape:
         out = ctx.emit("pad", [out], pads=[[0, f - o] for f, o in zip(final, out_shape)], mode="constant", value=0)
     return [out]
+
+
+@onnx_op("TensorScatter")
+def tensor_scatter(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    """A KV-cache write: update [B, ..., S, ...] into past [B, ..., L, ...] along `axis`, at each batch row's
+    write index (wrapping modulo L in circular mode). Positions are compared with the run-time indices: a
+    one-hot [B, L, S] picks each cache position's update by a matmul, as _scatter does."""
+    past, update = ctx.input(node, 0), ctx.input(node, 1)
+    shape, ushape = ctx.b.shape(past), ctx.b.shape(update)
+    rank = len(shape)
+    axis = int(node.attr("axis", -2)) % rank
+    mode = node.attr("mode", "linear")
+    if mode not in ("linear", "circular") or axis == 0:
+        raise node.refuse(f"mode {mode!r} on axis {axis} (linear or circular, not the batch axis)")
+    if not all(isinstance(d, int) for d in (*shape, *ushape)):
+        raise node.refuse("TensorScatter over symbolic sizes")
+    b, length, seq = shape[0], shape[axis], ushape[axis]
+    x, y = math.prod(shape[1:axis]), math.prod(shape[axis + 1:])
+    if seq > length or any(s != u for i, (s, u) in enumerate(zip(shape, ushape)) if i != axis):
+        raise node.refuse(f"update {ushape} does not fit the cache {shape} along axis {axis}")
+    idx = ctx.cast(ctx.input(node, 2), DType.int64) if node.has_input(2) else \
+        ctx.b.const(np.zeros(b, np.int64))
+    # source index of each cache position: p - w[b] (mod L when circular); a hit when it lies in [0, S)
+    offset = ctx.emit("sub", [ctx.b.const(np.arange(length, dtype=np.int64).reshape(1, length)),
+                              ctx.emit("reshape", [idx], shape=[b, 1])])
+    if mode == "circular":
+        offset = ctx.emit("mod", [offset, ctx.b.const(np.int64(length))])
+    hit = ctx.emit("eq", [ctx.emit("reshape", [offset], shape=[b, length, 1]),
+                          ctx.b.const(np.arange(seq, dtype=np.int64).reshape(1, 1, seq))])
+    dtype = ctx.b.dtype(past)
+    if dtype.is_narrow:
+        raise node.refuse(f"TensorScatter on {dtype.value}")
+    work = DType.float32 if dtype in (DType.float16, DType.bool) else dtype  # one term per output: exact
+    onehot = ctx.emit("reshape", [ctx.cast(hit, work)], shape=[b, 1, length, seq])
+    picked = ctx.emit("matmul", [onehot, ctx.cast(ctx.emit("reshape", [update], shape=[b, x, seq, y]), work)])
+    written = ctx.emit("reshape", [ctx.emit("reduce_max", [ctx.cast(hit, DType.int32)], axes=[2], keepdims=False)],
+                       shape=[b, 1, length, 1])
+    rows = ctx.emit("reshape", [past], shape=[b, x, length, y])
+    out = ctx.emit("where", [ctx.emit("gt", [written, ctx.b.const(np.int32(0))]), ctx.cast(picked, dtype), rows])
+    return [ctx.emit("reshape", [out], shape=list(shape))]

@@ -128,6 +128,27 @@ def _numel(t: Any) -> int:
     return n
 
 
+def _same_as_min_opset(graph: Any, opset: int) -> None:
+    """An opset below MIN_OPSET imports when every default-domain op it uses (subgraphs included) has the
+    definition it has at MIN_OPSET (Not, Abs, Relu ... unchanged since opset 1); otherwise the refusal names
+    the first op whose semantics differed then (old broadcasting, consumed_inputs, ...)."""
+    import onnx.defs
+
+    for node in graph.node:
+        if (node.domain or "ai.onnx") == "ai.onnx":
+            try:
+                old = onnx.defs.get_schema(node.op_type, opset).since_version
+                now = onnx.defs.get_schema(node.op_type, MIN_OPSET).since_version
+            except onnx.defs.SchemaError:
+                old, now = -1, 0
+            if old != now:
+                raise OnnxModelError(f"ONNX opset {opset} is outside the supported range {MIN_OPSET}..{max_opset()}"
+                                     f" and {node.op_type} was defined differently then")
+        for a in node.attribute:
+            for sub in (a.g, *a.graphs) if a.type in (5, 10) else ():
+                _same_as_min_opset(sub, opset)
+
+
 def check_model(model: Any) -> int:
     """Our structural checks, then ONNX's checker; returns the default-domain opset version."""
     import onnx
@@ -141,7 +162,9 @@ def check_model(model: Any) -> int:
             raise OnnxModelError("model imports no version of the default ONNX domain (opset_import)")
         versions["ai.onnx"] = max_opset()  # an ai.onnx.ml-only model uses no default-domain op
     opset = versions["ai.onnx"]
-    if not MIN_OPSET <= opset <= max_opset():
+    if opset < MIN_OPSET:
+        _same_as_min_opset(g, opset)
+    elif opset > max_opset():
         raise OnnxModelError(f"ONNX opset {opset} is outside the supported range {MIN_OPSET}..{max_opset()}")
     try:
         onnx.checker.check_model(skeleton(model))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,10 +67,27 @@ def _channel(ctx: ImportContext, v: str, rank: int) -> str:
 
 @onnx_op("BatchNormalization")
 def batch_norm(ctx: ImportContext, node: OnnxNode) -> list[Out]:
-    if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
-        raise node.refuse("training mode (running statistics updates) is not supported")
     x, scale, bias, mean, var = (ctx.input(node, i) for i in range(5))
-    return [ctx.emit("batch_norm", [x, scale, bias, mean, var], eps=node.float_attr("epsilon", 1e-5))]
+    eps = node.float_attr("epsilon", 1e-5)
+    if not node.attr("training_mode", 0):
+        if len([o for o in node.outputs if o]) > 1:
+            raise node.refuse("the statistics outputs of the opset-9 training form")
+        return [ctx.emit("batch_norm", [x, scale, bias, mean, var], eps=eps)]
+    if node.version < 14:
+        raise node.refuse("training mode before opset 14")
+    # Training mode (opset 14+) is deterministic: normalise with the batch's own statistics (population
+    # variance, over every axis but the channel's), and return the running statistics blended by momentum.
+    axes = [a for a in range(len(ctx.b.shape(x))) if a != 1]
+    batch_mean = ctx.emit("reduce_mean", [x], axes=axes, keepdims=False)
+    centered = ctx.emit("sub", [x, _channel(ctx, batch_mean, len(ctx.b.shape(x)))])
+    batch_var = ctx.emit("reduce_mean", [ctx.emit("mul", [centered, centered])], axes=axes, keepdims=False)
+    y = ctx.emit("batch_norm", [x, scale, bias, batch_mean, batch_var], eps=eps)
+    momentum = node.float_attr("momentum", 0.9)
+
+    def blend(running: str, batch: str) -> str:
+        return ctx.emit("add", [ctx.emit("mul", [running, ctx.scalar(momentum, running)]),
+                                ctx.emit("mul", [batch, ctx.scalar(1.0 - momentum, batch)])])
+    return [y, blend(mean, batch_mean), blend(var, batch_var)]
 
 
 def _normalise(ctx: ImportContext, x: str, axes: list[int], eps: float) -> tuple[str, str, str]:
@@ -166,3 +184,37 @@ def lrn(ctx: ImportContext, node: OnnxNode) -> list[Out]:
         total = ctx.emit("add", [total, tap]) if total else tap
     denom = ctx.emit("add", [ctx.emit("mul", [total, ctx.scalar(alpha / size, x)]), ctx.scalar(bias, x)])
     return [ctx.emit("div", [x, ctx.emit("pow", [denom, ctx.scalar(beta, x)])])]
+
+
+MAX_DET_SIZE = 5  # Leibniz's formula: n! products of n entries
+
+
+@onnx_op("Det")
+def det(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    """Determinants of [..., n, n] by Leibniz's formula, sum over permutations of sign * product of entries:
+    exact arithmetic structure with no pivoting decisions, for n up to MAX_DET_SIZE."""
+    x = ctx.input(node, 0)
+    shape = ctx.b.shape(x)
+    if len(shape) < 2 or shape[-1] != shape[-2] or not isinstance(shape[-1], int):
+        raise node.refuse(f"Det of shape {shape} (square [..., n, n] matrices, n static)")
+    if not ctx.b.dtype(x).is_float or ctx.b.dtype(x).is_narrow:
+        raise node.refuse(f"Det of {ctx.b.dtype(x).value}")
+    n = shape[-1]
+    if n > MAX_DET_SIZE:
+        raise node.refuse(f"Det of {n}x{n} matrices (Leibniz's formula, up to {MAX_DET_SIZE}x{MAX_DET_SIZE})")
+    batch = list(shape[:-2])
+    if n == 0:
+        return [ctx.emit("expand", [ctx.scalar(1.0, x)], shape=batch)]
+    entry = {(i, j): ctx.emit("reshape", [ctx.emit("slice", [x], starts=[i, j], ends=[i + 1, j + 1], axes=[-2, -1])],
+                              shape=batch) for i in range(n) for j in range(n)}
+    total = ""
+    for perm in itertools.permutations(range(n)):
+        term = entry[0, perm[0]]
+        for i in range(1, n):
+            term = ctx.emit("mul", [term, entry[i, perm[i]]])
+        inversions = sum(perm[a] > perm[b] for a in range(n) for b in range(a + 1, n))
+        if not total:
+            total = term if inversions % 2 == 0 else ctx.emit("neg", [term])
+        else:
+            total = ctx.emit("sub" if inversions % 2 else "add", [total, term])
+    return [total]

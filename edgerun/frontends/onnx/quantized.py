@@ -21,13 +21,32 @@ from edgerun.oracle.quant_kernels import unpack_int4
 def _along(ctx: ImportContext, node: OnnxNode, v: str, rank: int, axis: int) -> str:
     """A per-axis 1-D parameter reshaped to broadcast along `axis` of a rank-`rank` tensor."""
     shape = ctx.b.shape(v)
+    if node.attr("block_size", 0):
+        return _blocked(ctx, node, v, axis % rank, int(node.attr("block_size")))
     if len(shape) == 0 or (len(shape) == 1 and shape[0] == 1):
         return ctx.emit("reshape", [v], shape=[]) if shape else v
-    if len(shape) != 1 or node.attr("block_size", 0):
-        raise node.refuse("block-wise quantization (only per-tensor and per-axis scales)")
+    if len(shape) != 1:
+        raise node.refuse(f"a scale of shape {shape} without block_size (per-tensor, per-axis or blocked)")
     view = [1] * (rank - axis % rank)
     view[0] = shape[0]
     return ctx.emit("reshape", [v], shape=view)
+
+
+def _blocked(ctx: ImportContext, node: OnnxNode, v: str, axis: int, block: int) -> str:
+    """A block-wise parameter (the input's shape, ceil(extent / block) along `axis`) repeated block times
+    along `axis` and cut to the input's extent: one value per element, which broadcasts trivially."""
+    shape = list(ctx.b.shape(v))
+    full = list(ctx.shape(node.inputs[0]))
+    if len(shape) != len(full) or not all(isinstance(d, int) for d in (*shape, *full)) or \
+            shape[axis] != -(-full[axis] // block) or any(s != f for i, (s, f) in enumerate(zip(shape, full))
+                                                          if i != axis):
+        raise node.refuse(f"block-wise parameter of shape {tuple(shape)} for an input {tuple(full)} with "
+                          f"block_size {block} along axis {axis}")
+    one = ctx.emit("reshape", [v], shape=[*shape[:axis + 1], 1, *shape[axis + 1:]])
+    rep = one if block == 1 else ctx.emit("concat", [one] * block, axis=axis + 1)
+    flat = ctx.emit("reshape", [rep], shape=[*shape[:axis], shape[axis] * block, *shape[axis + 1:]])
+    return flat if shape[axis] * block == full[axis] else \
+        ctx.emit("slice", [flat], starts=[0], ends=[full[axis]], axes=[axis])
 
 
 def _zero_point(ctx: ImportContext, node: OnnxNode, i: int, dtype: DType, like: str) -> str:

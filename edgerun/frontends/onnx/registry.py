@@ -27,6 +27,7 @@ def load_handlers() -> dict[str, Handler]:
         data_dependent,
         elementwise,
         grid_sample,
+        image,
         indexing,
         ml,
         nn,
@@ -38,6 +39,7 @@ def load_handlers() -> dict[str, Handler]:
         signal,
         sorting,
         strings,
+        training,
         trig,
     )
     return HANDLERS

@@ -37,6 +37,7 @@ from edgerun.errors import EdgerunError
 from edgerun.frontends.onnx.context import DynamicInputError
 from edgerun.frontends.onnx.importer import import_onnx_graph
 from edgerun.frontends.onnx.loading import load_model
+from edgerun.frontends.onnx.sequences import with_output_layout
 from edgerun.frontends.onnx.symbols import InputDim
 from edgerun.frontends.program_maker import make_program
 from edgerun.ir.graph import Graph
@@ -115,14 +116,15 @@ class ValueTemplate(Program):
             values = {n: np.asarray(inputs[n]) for n in names}
             for name, value in values.items():
                 self._check_spec(name, value)
+            layout: list[Any] = []
             try:
                 graph = import_onnx_graph(self._model, {k: v for k, v in self._input_shapes.items() if k not in values},
-                                          {**self._constant_inputs, **values})
+                                          {**self._constant_inputs, **values}, layout)
             except DynamicInputError as exc:
                 with self._lock:
                     self._learn(exc)  # another value-deciding input, seen once the first is folded in
                 continue
-            program = make_program(graph, frontend="onnx", run_passes=self._optimize)
+            program = with_output_layout(make_program(graph, frontend="onnx", run_passes=self._optimize), layout)
             program.metadata["specialized_from"] = {"values": {n: values[n].tolist() for n in names}}
             with self._lock:
                 self.imports_made += 1

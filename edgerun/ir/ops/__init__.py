@@ -5,6 +5,7 @@ from edgerun.ir.ops import (  # noqa: F401
     control_flow_ops,
     conv_transpose_ops,
     data_dependent_ops,
+    image_ops,
     nn_ops,
     quant_ops,
     raster,

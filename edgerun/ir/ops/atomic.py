@@ -123,6 +123,18 @@ register(OpDef("cast", OpKind.ATOMIC, _cast_rule, 1, 1,
                    "(default true) clamps to the largest finite value; to float8e8m0, attr round_mode (up, down, "
                    "nearest)"))
 
+def _bitcast_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
+    to = DType(attrs["dtype"])
+    if ins[0].dtype.is_narrow or to.is_narrow or ins[0].dtype.itemsize != to.itemsize:
+        raise ValueError(f"bitcast from {ins[0].dtype.value} to {to.value}: the two types must be stored in the "
+                         "same number of bytes (and not be a narrow type, held one per byte)")
+    return [TensorSpec(ins[0].shape, to)]
+
+
+register(OpDef("bitcast", OpKind.ATOMIC, _bitcast_rule, 1, 1,
+               doc="reinterpret each element's bytes as another type of the same width (attr dtype); ONNX BitCast, "
+                   "float bit tricks; no arithmetic can express it (NaN payloads, -0.0)"))
+
 # ---- reductions --------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,105 @@
+"""Which shared constants ONNX Runtime no longer reads once a session is built.
+
+Some ORT kernels prepack a constant input into a layout of their own while the session is created: MatMulNBits
+packs its 4-bit codes for MLAS, whose kernels then read only the packed copy. The program's array of those
+codes is never read again by that session, so a compiled partition can say so
+(`CompiledPartition.released_constants`) and the runtime can drop the host's copy once no other partition
+or method reads it (runtime/constant_release.py). For SmolLM2 that is the layers' 4-bit codes, about 50 MB
+of the 111 MB of constants.
+
+Whether a kernel prepacks depends on the machine (MLAS has a packed kernel for this CPU, block size and
+accuracy level, or not) and on ORT's version, so it is measured, not assumed: a one-node probe session
+shares a constant the way `make_session` does, runs, then has the constant's bytes changed and runs again.
+Equal outputs mean the session never reads the array after it is built. One probe per kernel signature,
+cached for the process; a probe that fails for any reason releases nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# (op type, domain, input slot) whose constant the probe checks; other inputs are never released.
+PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): 1}
+
+# (model, {name: array}) -> a session using those arrays as make_session does (the maker adds their
+# placeholders to the model)
+SessionMaker = Callable[[Any, dict[str, np.ndarray]], Any]
+
+
+def released_initializers(model: Any, shared: set[str], make: SessionMaker) -> set[str]:
+    """The shared initializers of `model` that its session does not read after it is built: each one read
+    only at a prepacked input slot of nodes whose kernel signature the probe found prepacked."""
+    slots: dict[str, list[tuple[Any, int]]] = {}
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            if name in shared:
+                slots.setdefault(name, []).append((node, k))
+    graph_outputs = {o.name for o in model.graph.output}
+    dtypes = {t.name: t.data_type for t in model.graph.initializer}
+    released = set()
+    for name, uses in slots.items():
+        if name in graph_outputs:
+            continue
+        if all(PREPACKED_INPUTS.get((n.op_type, n.domain)) == k and _probe(_signature(n, dtypes), make)
+               for n, k in uses):
+            released.add(name)
+    return released
+
+
+def _signature(node: Any, dtypes: dict[str, int]) -> tuple[Any, ...]:
+    """What decides whether MatMulNBits prepacks: bits, block size, accuracy level, its inputs present and
+    its zero points' type (float zero points turn prepacking off)."""
+    attrs = {a.name: a.i for a in node.attribute if a.name in ("bits", "block_size", "accuracy_level")}
+    present = tuple(bool(i) for i in node.input)
+    zero_points = dtypes.get(node.input[3], -1) if len(node.input) > 3 and node.input[3] else None
+    return (node.op_type, node.domain, attrs.get("bits", 4), attrs.get("block_size", 32),
+            attrs.get("accuracy_level", 0), present, zero_points)
+
+
+@functools.cache
+def _probe_cached(signature: tuple[Any, ...], make: SessionMaker) -> bool:
+    try:
+        return _probe_matmul_nbits(signature, make)
+    except Exception:  # an ORT that refuses the probe: keep every array
+        return False
+
+
+def _probe(signature: tuple[Any, ...], make: SessionMaker) -> bool:
+    return signature[0] == "MatMulNBits" and _probe_cached(signature, make)
+
+
+def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
+    from onnx import TensorProto, helper, numpy_helper
+
+    _, domain, bits, block, level, present, zero_points = signature
+    if bits != 4 or len(present) > 4 or any(present[4:]) or zero_points not in (None, TensorProto.UINT8):
+        return False
+    k, n = 2 * block, 16
+    blocks = k // block
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8)
+    inits = [numpy_helper.from_array(rng.random(n * blocks, dtype=np.float32) + 0.5, "scales")]
+    ins = ["a", "codes", "scales"]
+    if len(present) > 3 and present[3]:
+        inits.append(numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), "zero_points"))
+        ins.append("zero_points")
+    attrs = {"K": k, "N": n, "bits": bits, "block_size": block, **({"accuracy_level": level} if level else {})}
+    node = helper.make_node("MatMulNBits", ins, ["y"], domain=domain, **attrs)
+    graph = helper.make_graph([node], "prepack_probe", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+    model.ir_version = 9
+    shared = codes.copy()
+    session = make(model, {"codes": shared})
+    if "codes" not in session._edgerun_shared:  # ORT copied it in: the probe would prove nothing
+        return False
+    del session._edgerun_keep["codes"]  # as compile does for a released constant: ORT keeps no OrtValue of ours
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    before = session.run(None, {"a": a})[0]
+    shared[...] = 255 - shared  # other codes: a session reading the array would now answer differently
+    after = session.run(None, {"a": a})[0]
+    return bool(np.array_equal(before, after)) and bool(np.abs(before).sum() > 0)

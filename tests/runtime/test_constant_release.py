@@ -1,0 +1,98 @@
+"""Constants a backend keeps in its own form, released from the host (runtime/constant_release.py): ONNX
+Runtime's MatMulNBits prepacks its 4-bit codes, so the program's array of them can go once no other
+partition reads it; the runs give the same answers after, and the program refuses to be saved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgerun.backends.onnxruntime import _probe_session, make_session
+from edgerun.backends.onnxruntime.onnx_prepacked import released_initializers
+from edgerun.errors import EdgerunError
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle.quant_kernels import pack_int4
+from edgerun.program import Program
+from edgerun.runtime import load
+from edgerun.runtime.constant_release import release_constants
+
+K, N, GROUP = 576, 256, 32
+
+
+def int4_graph(also_on_reference: bool = False) -> tuple[Graph, str, str]:
+    """y = x @ W (matmul_int4, codes and scales large enough to be handed to ORT as shared arrays);
+    with `also_on_reference`, a second output sums the codes with a node forced onto the reference."""
+    rng = np.random.default_rng(0)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((1, K), DType.float32))
+    codes = g.add_constant(pack_int4(rng.integers(0, 16, (N, K // GROUP, GROUP)).astype(np.uint8)), name="codes")
+    scales = g.add_constant((rng.random((N, K // GROUP)) * 0.1 + 0.01).astype(np.float32), name="scales")
+    g.outputs = [b.emit("matmul_int4", [x, codes, scales], k=K, n=N, group_size=GROUP, activations="int8")]
+    if also_on_reference:
+        g.outputs.append(b.emit("reduce_sum", [b.emit("cast", [codes], dtype="float32")], axes=[0, 1, 2],
+                                keepdims=False))
+    return g, codes, scales
+
+
+def test_onnxruntime_releases_the_codes_it_prepacked_and_runs_the_same() -> None:
+    graph, codes, scales = int4_graph()
+    program = Program(graph)
+    loaded = load(program, backends=["onnxruntime"])
+    (compiled,) = loaded.parts.compiled
+    assert compiled.backend == "onnxruntime" and compiled.released_constants == {codes}  # not the scales
+    x = np.random.default_rng(1).standard_normal((1, K)).astype(np.float32)
+    before = loaded(x)
+    nbytes = graph.constants[codes].nbytes
+    assert release_constants(loaded) == nbytes
+    assert program.released == {codes}
+    for array in (program.graph.constants[codes], loaded.parts.views[codes], compiled.graph.constants[codes]):
+        assert array.shape == (N, K // GROUP, GROUP // 2) and not any(array.strides) and not array.any()
+    assert program.graph.constants[scales].any()
+    np.testing.assert_array_equal(loaded(x), before)
+    with pytest.raises(EdgerunError, match="released"):
+        program.to_bytes()
+    assert release_constants(loaded) == 0  # nothing left to release
+
+
+def test_a_constant_another_partition_reads_is_kept() -> None:
+    graph, codes, _ = int4_graph(also_on_reference=True)
+    program = Program(graph)
+    placement = {n.name: "reference" for n in graph.nodes if n.op != "matmul_int4"}
+    loaded = load(program, backends=["onnxruntime"], placement=placement)
+    assert {c.backend for c in loaded.parts.compiled} == {"onnxruntime", "reference"}
+    assert any(codes in c.released_constants for c in loaded.parts.compiled)  # ORT's partition would
+    x = np.ones((1, K), np.float32)
+    before = loaded(x)
+    assert release_constants(loaded) == 0 and not program.released
+    np.testing.assert_array_equal(loaded(x)[1], before[1])
+    assert program.to_bytes()
+
+
+def test_only_a_prepacked_input_slot_is_released() -> None:
+    """The scales of MatMulNBits are read at run time (ORT's float path): shared, but never released; a
+    constant read by another kind of node is kept too."""
+    from edgerun.backends.onnxruntime import build_model
+
+    graph, codes, _ = int4_graph()
+    model, external = build_model(graph)
+    (scales,) = set(external) - {codes}  # MatMulNBits' flat copy of the scales
+    session = make_session(model, external, 1)
+    assert session._edgerun_shared == {codes, scales}
+    assert released_initializers(model, session._edgerun_shared, _probe_session) == {codes}
+
+
+@pytest.mark.parametrize("zero_points, released", [(np.uint8, {"codes"}), (np.float32, set())])
+def test_float_zero_points_keep_the_codes(zero_points: type, released: set[str]) -> None:
+    """ORT does not prepack MatMulNBits with float zero points, so its codes are read at run time."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("MatMulNBits", ["a", "codes", "scales", "zp"], ["y"], domain="com.microsoft", K=64, N=8,
+                            bits=4, block_size=32, accuracy_level=4)
+    zp = numpy_helper.from_array(np.full(8 if zero_points is np.uint8 else 16, 8, zero_points), "zp")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [zp])
+    assert released_initializers(helper.make_model(graph), {"codes"}, _probe_session) == released
