@@ -31,6 +31,29 @@ def test_a_backend_on_host_memory_keeps_its_declared_transfer() -> None:
     assert _memory_rates(1e-3, 0.9e-3, ADD_BYTES, 7e9) == (pytest.approx(ADD_BYTES / 1e-3), 7e9)
 
 
+def test_a_backend_on_the_arenas_arrays_is_not_charged_for_a_cache_effect() -> None:
+    # ONNX Runtime-like: the chain's later adds run from cache, so the one-add call looks like a boundary. A
+    # backend that runs on the arena's own arrays has none: it keeps the one-add rate and its declared transfer.
+    one, chain = 1.0e-3, 1.0e-3 + 0.2e-3 * ADD_CHAIN_EXTRA
+    assert _memory_rates(one, chain, ADD_BYTES, math.inf, copies_at_boundary=False) == (
+        pytest.approx(ADD_BYTES / one), math.inf)
+    # The same timings on a backend that copies at its boundary are split into op rate and transfer rate.
+    rate, transfer = _memory_rates(one, chain, ADD_BYTES, math.inf, copies_at_boundary=True)
+    assert rate == pytest.approx(ADD_BYTES / 0.2e-3) and transfer == pytest.approx(ADD_BYTES / 0.8e-3)
+
+
+def test_only_delegates_that_copy_at_their_boundary_are_split() -> None:
+    # The flag calibration reads: MNN copies in and out of tensors of its own, ONNX Runtime runs on bound arena
+    # views and the reference on the arrays themselves.
+    from edgerun.search import auto_backends
+    from edgerun.search.calibrate import _add_chain
+
+    copies = {b.name: b.compile(_add_chain(4, 1)).takes_any_arrays for b in auto_backends()}
+    assert copies.get("onnxruntime") is False and copies.get("reference") is False
+    if "mnn" in copies:
+        assert copies["mnn"] is True
+
+
 @pytest.mark.parametrize("name", ["din", "mlp"])
 def test_mnn_alone_is_a_one_engine_candidate_for_din_and_mlp(name: str) -> None:
     # DIN's int64 gathers, masks and feature concats and the MLP's GELU (as its pieces) are MNN's, so the
