@@ -415,7 +415,7 @@ def main() -> int:
     results = RESULTS_DIR / args.out
     results.parent.mkdir(exist_ok=True)
     results.write_text(json.dumps({"args": vars(args), "machine": platform.processor() or platform.machine(),
-                                   "load_average": load, "rows": rows, "ratios": summary}, indent=1))
+                                   "load_average": load, "rows": rows, "ratios": summary}, indent=1, default=str))
     print(f"\nload average {load[0]:.1f}; wrote {results}")
     return 0
 
