@@ -20,3 +20,28 @@ def run_onnxruntime(model: Any, feeds: dict[str, Any]) -> Any:
     import onnxruntime as ort
 
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def device_free_backends() -> list[Any]:
+    """Every backend that can be built here without a device (supports() needs the packages, not an adapter):
+    the NPU always, ONNX Runtime, MNN and WebGPU where installed."""
+    from edgerun.backends.npu import NpuBackend
+    out: list[Any] = [NpuBackend()]
+    try:
+        from edgerun.backends.onnxruntime import OnnxRuntimeBackend
+        out.append(OnnxRuntimeBackend(threads=1))
+    except ImportError:
+        pass
+    try:
+        from edgerun.backends.mnn import MnnBackend
+        out.append(MnnBackend(threads=1))
+    except ImportError:
+        pass
+    try:
+        import wgpu  # noqa: F401
+
+        from edgerun.backends.webgpu import WebGpuBackend
+        out.append(WebGpuBackend())
+    except ImportError:
+        pass
+    return out

@@ -15,6 +15,7 @@ from edgerun.frontends.onnx import from_onnx
 from edgerun.ir.dtypes import DType
 from edgerun.program import Program
 from edgerun.runtime import load
+from tests.onnx.onnx_graphs import device_free_backends
 
 NARROW = {DType.bfloat16: TensorProto.BFLOAT16, DType.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
           DType.float8_e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ, DType.float8_e5m2: TensorProto.FLOAT8E5M2,
@@ -117,29 +118,6 @@ def test_an_op_that_needs_float_arithmetic_refuses_a_narrow_type_by_name() -> No
         from_onnx(model)
 
 
-def _backends() -> list:
-    from edgerun.backends.npu import NpuBackend
-    out: list = [NpuBackend()]
-    try:
-        from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-        out.append(OnnxRuntimeBackend(threads=1))
-    except ImportError:
-        pass
-    try:
-        from edgerun.backends.mnn import MnnBackend
-        out.append(MnnBackend(threads=1))
-    except ImportError:
-        pass
-    try:
-        import wgpu  # noqa: F401  (supports() needs the package, not an adapter)
-
-        from edgerun.backends.webgpu import WebGpuBackend
-        out.append(WebGpuBackend())
-    except ImportError:
-        pass
-    return out
-
-
 @pytest.mark.parametrize("dtype", list(NARROW), ids=lambda d: d.value)
 def test_backends_without_narrow_kernels_decline_their_nodes_and_the_reference_runs_them(dtype: DType) -> None:
     """ONNX Runtime's Python binding has no numpy type for these outputs ("No corresponding Numpy type for
@@ -153,7 +131,7 @@ def test_backends_without_narrow_kernels_decline_their_nodes_and_the_reference_r
     program = from_onnx(model)
     casts = [n for n in program.graph.nodes if n.op == "cast"]
     assert len(casts) == 2
-    backends = _backends()
+    backends = device_free_backends()
     assert {b.name for b in backends} >= {"npu", "onnxruntime"}
     for backend in backends:
         assert not any(backend.supports(n, program.graph) for n in casts), (backend.name, dtype)

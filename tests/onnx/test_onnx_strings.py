@@ -13,6 +13,7 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.onnx import from_onnx
 from edgerun.ir.dtypes import DType
 from edgerun.runtime import load
+from tests.onnx.onnx_graphs import device_free_backends
 
 S, I64, F = TensorProto.STRING, TensorProto.INT64, TensorProto.FLOAT
 WORDS = np.array([["Monday", "tuesday", "Ünïcödé café"], ["", "a b  c", "x.y.z"]], dtype=object)
@@ -272,30 +273,6 @@ def test_a_string_that_is_not_a_number_is_a_clear_error() -> None:
         load(from_onnx(model), backends=["reference"]).run([np.array(["1", "one"], dtype=object)])
 
 
-def _backends() -> list:
-    """Every backend that can be built here without a device: supports() needs the packages only."""
-    from edgerun.backends.npu import NpuBackend
-    out: list = [NpuBackend()]
-    try:
-        from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-        out.append(OnnxRuntimeBackend(threads=1))
-    except ImportError:
-        pass
-    try:
-        from edgerun.backends.mnn import MnnBackend
-        out.append(MnnBackend(threads=1))
-    except ImportError:
-        pass
-    try:
-        import wgpu  # noqa: F401
-
-        from edgerun.backends.webgpu import WebGpuBackend
-        out.append(WebGpuBackend())
-    except ImportError:
-        pass
-    return out
-
-
 def test_no_backend_but_the_reference_supports_a_node_that_touches_a_string() -> None:
     from edgerun.backends.reference import ReferenceBackend
     nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("StringConcat", ["r", "r"], ["c"]),
@@ -304,7 +281,7 @@ def test_no_backend_but_the_reference_supports_a_node_that_touches_a_string() ->
     graph = from_onnx(model, optimize=False).graph
     touching = [n for n in graph.nodes if any(graph.specs[v].dtype is DType.string for v in (*n.inputs, *n.outputs) if v)]
     assert {n.op for n in touching} >= {"string_concat", "string_equal"} and len(touching) >= 3
-    backends = _backends()
+    backends = device_free_backends()
     assert {b.name for b in backends} >= {"npu", "onnxruntime"}
     for backend in backends:
         assert not any(backend.supports(n, graph) for n in touching), backend.name
