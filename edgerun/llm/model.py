@@ -226,11 +226,11 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     shared: dict[str, Any] = {}  # the packed operands, made once for both methods
     methods = {
         "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context, shared=shared,
-                              cache="state"),
+                              cache="state", layout="heads"),
         "decode": step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
-                             shared=shared, cache="state"),
+                             shared=shared, cache="state", layout="heads"),
     }
-    state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(info.config, info.context).items()}
+    state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(info.config, info.context, "heads").items()}
     return Program.from_methods(methods, default_method="prefill", state=state,
                                 metadata={**default_metadata(), "name": info.name, "source_digest": info.digest})
 
