@@ -47,17 +47,19 @@ def test_weights_stay_packed_in_the_programs(packed: Any) -> None:
     assert not any("activations" in n.attrs for n in packed.runner.prefill.graph.nodes if n.op == "matmul_int4")
 
 
-def test_cache_state_is_written_in_place_beside_the_onnxruntime_partition(packed: Any) -> None:
-    """Each method is one ONNX Runtime partition reading the cache states as bound views (no copy in), then
-    the 60 update_slice writes on the reference, in place: a call writes its new rows and nothing else."""
+def test_the_whole_step_is_one_onnxruntime_partition_writing_the_cache_in_place(packed: Any) -> None:
+    """Each method is one ONNX Runtime partition, each layer's attention and cache writes one
+    GroupQueryAttention appending its new rows into the state's buffer, bound as both its past and present
+    cache (CompiledPartition.overwrites_inputs): a call writes its new rows and nothing else."""
+    state = packed.program.state
     for method in (packed.runner.prefill, packed.runner.decode):
-        partitions = method.parts.partitions
-        assert [p.backend for p in partitions] == ["onnxruntime", "reference"]
-        assert {n.op for n in partitions[1].nodes} == {"update_slice"} and len(partitions[1].nodes) == 60
-        state = packed.program.state
-        assert set(state) <= set(partitions[0].inputs)
+        (compiled,) = method.parts.compiled
+        assert compiled.backend == "onnxruntime" and compiled.info["fused_attentions"] == 30
+        assert set(state) <= set(compiled.graph.inputs) and set(compiled.overwrites_inputs.values()) == set(state)
         assert all(np.shares_memory(method.parts.views[name], state[name]) for name in state)
-        assert sorted(method.parts.state.plan.in_place) == sorted(packed.program.state)
+        for update, read in compiled.overwrites_inputs.items():
+            assert np.shares_memory(method.parts.views[update], state[read])
+        assert sorted(method.parts.state.plan.in_place) == sorted(state)
         assert not method.parts.state.plan.copies
 
 
