@@ -234,6 +234,7 @@ class CacheAttentionFusion:
                 self.overwrites[k_write.outputs[0]] = k_write.inputs[0]
                 self.overwrites[v_write.outputs[0]] = v_write.inputs[0]
         self._shared: dict[str, Any] = {}  # the lengths and tables all layers read, emitted once
+        self._producers = graph.producers()
 
     def _rope_tables(self, cos: Node | None, sin: Node | None) -> tuple[np.ndarray, np.ndarray] | None:
         tables = []
@@ -284,14 +285,31 @@ class CacheAttentionFusion:
         cos_table, sin_table = self.tables
         cos = self._once(f"cos {cells}", lambda: b.const(cos_table[:cells], "rope_cos"))
         sin = self._once(f"sin {cells}", lambda: b.const(sin_table[:cells], "rope_sin"))
-        batch = [b.node("Reshape", [n.inputs[0], b.ints([1, rows, g.specs[n.inputs[0]].shape[1]], "bsd")])
-                 for n in (q, k, v)]
+        packed = self._packed_qkv(q.inputs[0], k.inputs[0], v.inputs[0])
+        if packed is not None:  # query, key and value side by side in one tensor: GroupQueryAttention's packed form
+            batch = [b.node("Reshape", [packed, b.ints([1, rows, g.specs[packed].shape[1]], "bsd")]), "", ""]
+        else:
+            batch = [b.node("Reshape", [n.inputs[0], b.ints([1, rows, g.specs[n.inputs[0]].shape[1]], "bsd")])
+                     for n in (q, k, v)]
         attended = b.node("GroupQueryAttention", [*batch, k_write.inputs[0], v_write.inputs[0], seqlens, total, cos, sin],
                           [b.fresh("gqa"), k_write.outputs[0], v_write.outputs[0]], domain="com.microsoft",
                           num_heads=width // hd, kv_num_heads=kv, do_rotary=1, rotary_interleaved=0,
                           scale=float(1.0 / np.sqrt(hd)))
         b.node("Reshape", [attended, b.ints([rows, width], "out_shape")], list(out.outputs))
         return True
+
+    def _packed_qkv(self, q: str, k: str, v: str) -> str | None:
+        """The tensor [T, q | k | v] that q, k and v are consecutive column slices of (the stacked projection,
+        no bias between), or None. Slices reach here as rasters: checked by running the raster on indices."""
+        found = [_column_slice(self.graph, self._producers, x) for x in (q, k, v)]
+        if any(f is None for f in found) or len({f[0] for f in found if f}) != 1:
+            return None
+        source = found[0][0] if found[0] else ""
+        widths = [self.graph.specs[x].shape[1] for x in (q, k, v)]
+        if [f[1] for f in found if f] != [0, widths[0], widths[0] + widths[1]] \
+                or self.graph.specs[source].shape[1] != sum(widths):
+            return None
+        return source
 
     def _once(self, key: str, make: Any) -> Any:
         if key not in self._shared:
@@ -305,3 +323,23 @@ class CacheAttentionFusion:
         seqlens = b.node("Cast", [b.node("Sub", [total, b.ints([1], "one")])], to=6)
         scalar = b.node("Cast", [b.node("Reshape", [total, b.ints([], "scalar")])], to=6)
         return seqlens, scalar
+
+
+def _column_slice(graph: Graph, producers: dict[str, Node], value: str) -> tuple[str, int] | None:
+    """(source, first column) when `value` [T, w] is columns first..first+w of a [T, W] tensor made in `graph`."""
+    node = producers.get(value)
+    inputs = [i for i in node.inputs if i] if node is not None else []
+    if node is None or node.op != "raster" or len(inputs) != 1 or node.attrs.get("fill") is not None:
+        return None
+    (source,) = inputs
+    rows, width = graph.specs[value].shape
+    src_shape = graph.specs[source].shape
+    if len(src_shape) != 2 or src_shape[0] != rows or source in graph.inputs:
+        return None
+    from edgerun.oracle.kernels import KERNELS
+
+    index = np.arange(rows * src_shape[1], dtype=np.float64).reshape(src_shape)
+    out = np.full((rows, width), -1.0)
+    KERNELS["raster"]([index], node.attrs, [out])
+    first = int(out[0, 0]) if out.size else 0
+    return (source, first) if np.array_equal(out, index[:, first:first + width]) else None
