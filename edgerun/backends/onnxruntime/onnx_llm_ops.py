@@ -157,6 +157,8 @@ def _cache_attentions(graph: Graph) -> list[tuple[str, str, str, str]]:
 
 # ---- a cache write at a run-time position -----------------------------------------------------------------
 
+ATTENTION_ROLE = "llm_attention"  # program_builder.ATTENTION_ROLE (backends do not import the LLM package)
+
 def _update_slice(b: OnnxBuilder, node: Node) -> None:
     """update_slice(x, rows, start) as Concat(x before s, rows, x after s + n), s = start clamped so the rows
     fit (the IR's rule). A copy of x: only the fused attention below writes a KV cache's new rows in place."""
@@ -177,14 +179,21 @@ def _clamped_start(b: OnnxBuilder, start: str, highest: int) -> str:
     return b.node("Min", [b.node("Max", [flat, b.ints([0], "zero")]), b.ints([highest], "highest")])
 
 
+def _is_cache_write(node: Node, graph: Graph) -> bool:
+    """Claimed only as an LLM step's tagged cache write, which CacheAttentionFusion folds into its attention.
+    Any other update_slice stays on the reference, whose kernel writes just the rows in place (a copy of
+    the whole tensor here)."""
+    return str(node.meta.get(ATTENTION_ROLE, "")).endswith(" write")
+
+
 TRANSLATORS["update_slice"] = _update_slice
 # Merged into the ORT backend's table only (not onnx_ops.SUPPORTED, which MNN's table is made from).
-LLM_SUPPORTED = {"update_slice": OpSupport(dtypes=frozenset({DType.float32, DType.int32, DType.int64}))}
+LLM_SUPPORTED = {"update_slice": OpSupport(dtypes=frozenset({DType.float32, DType.int32, DType.int64}),
+                                           check=_is_cache_write)}
 
 
 # ---- a layer's attention and cache writes as GroupQueryAttention ------------------------------------------
 
-ATTENTION_ROLE = "llm_attention"  # program_builder.ATTENTION_ROLE (backends do not import the LLM package)
 FUSED_ATTENTIONS_KEY = "edgerun.fused_attentions"
 OVERWRITES_KEY = "edgerun.overwrites:"  # + output name -> the input whose buffer GroupQueryAttention appends to
 GQA_HEAD_MULTIPLE = 16  # ORT's GroupQueryAttention with rotary needs head_dim % 16 == 0
