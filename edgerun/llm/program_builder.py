@@ -13,7 +13,7 @@ Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] 
 Cache, in one of two layouts (`layout`):
   "heads" (what `edgerun.llm` runs): k_cache_{i} and v_cache_{i} float32[1, kv_heads, C, head_dim], ONNX
       Runtime's GroupQueryAttention layout, so its delegate can run a layer's attention and both cache
-      writes as that one kernel, appending the new rows in place (onnx_llm_ops.fuse_cache_attention);
+      writes as that one kernel, appending the new rows in place (onnx_llm_ops.CacheAttentionFusion);
   "keys_transposed" (the WebGPU decode plan's): k_cache_{i} float32[kv_heads, head_dim, C] (the score matmul
       needs no transpose), v_cache_{i} float32[kv_heads, C, head_dim].
 Outputs: logits float32[vocab] (or [T, vocab] with all_logits); with cache="inputs" also the new rows
@@ -43,7 +43,7 @@ CacheForm = Literal["state", "inputs"]
 CacheLayout = Literal["heads", "keys_transposed"]
 # Node meta naming a node's role in a layer's attention ("<layer> q", "<layer> k", "<layer> v", "<layer> out",
 # "<layer> k write", "<layer> v write", and "rope cos" / "rope sin"): what ONNX Runtime's delegate needs to run
-# the attention as GroupQueryAttention (onnx_llm_ops.fuse_cache_attention; the roles' promises are there).
+# the attention as GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion; the roles' promises are there).
 ATTENTION_ROLE = "llm_attention"
 
 
@@ -256,7 +256,7 @@ class _StepBuilder:
         use (onnx_llm_ops.attend_used_cells). The roles promise what that relies on: `mask` is
         `where(keep, scores, -inf)` over the cells, and the cache columns of its softmax are what `values`
         multiplies, so a cell where keep is false adds exactly 0. The others (ATTENTION_ROLE) mark the
-        attention's ends for the delegate's GroupQueryAttention (onnx_llm_ops.fuse_cache_attention)."""
+        attention's ends for the delegate's GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion)."""
         key = "llm_cache" if role.split(" ", 1)[-1] in ("scores", "mask", "values") else ATTENTION_ROLE
         saved = self.b.meta
         self.b.meta = {**saved, key: role}
@@ -287,8 +287,11 @@ class _StepBuilder:
             axes = (2, 2) if self.layout == "heads" else (2, 1)
             for kind, new, axis in (("k", k_new, axes[0]), ("v", v_new, axes[1])):
                 name = f"{kind}_cache_{i}"
-                self.g.state_updates[name] = self.tagged(f"{i} {kind} write", "update_slice", [name, new, start],
-                                                         axis=axis)
+                if self.layout == "heads":  # a write GroupQueryAttention can make: tagged for the delegate
+                    self.g.state_updates[name] = self.tagged(f"{i} {kind} write", "update_slice",
+                                                             [name, new, start], axis=axis)
+                else:
+                    self.g.state_updates[name] = self.b.emit("update_slice", [name, new, start], axis=axis)
         return []
 
     def mlp(self, h: str, i: int) -> str:

@@ -159,6 +159,7 @@ def _cache_attentions(graph: Graph) -> list[tuple[str, str, str, str]]:
 
 ATTENTION_ROLE = "llm_attention"  # program_builder.ATTENTION_ROLE (backends do not import the LLM package)
 
+
 def _update_slice(b: OnnxBuilder, node: Node) -> None:
     """update_slice(x, rows, start) as Concat(x before s, rows, x after s + n), s = start clamped so the rows
     fit (the IR's rule). A copy of x: only the fused attention below writes a KV cache's new rows in place."""
