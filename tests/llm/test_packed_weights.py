@@ -73,14 +73,17 @@ def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
 
 
 def test_the_host_lets_go_of_the_codes_onnxruntime_prepacked(packed: Any) -> None:
-    """ONNX Runtime prepacks every MatMulNBits' codes, so the program's arrays of them are released
-    (runtime/constant_release.py) but for the tied head's planes, which the embedding Gather still reads;
-    the logit tests here run on the released model."""
+    """ONNX Runtime prepacks every MatMulNBits' codes and every float MatMul's constant right-hand side (the
+    Q4_1 offset terms), so the program's arrays of them are released (runtime/constant_release.py) but for
+    the tied head's planes, which the embedding Gather still reads; the logit tests here run on the released
+    model."""
     program = packed.program.program
     graph = packed.runner.decode.graph
     codes = {n.inputs[1] for n in graph.nodes if n.op == "matmul_int4"}
     gathered = {v for n in graph.nodes if n.op != "matmul_int4" for v in n.inputs} & codes
-    assert len(gathered) == 2 and program.released == codes - gathered
+    offsets = {n.inputs[1] for n in graph.nodes if n.op == "matmul" and n.inputs[1] in graph.constants}
+    assert len(offsets) == 30 * 4 and all(name.endswith(".offsets.T") for name in offsets)  # Q4_1 everywhere
+    assert len(gathered) == 2 and program.released == (codes - gathered) | offsets
     for method in program.methods.values():
         assert all(not any(method.constants[name].strides) for name in program.released)
         assert all(method.constants[name].strides[0] > 0 for name in gathered)
