@@ -59,6 +59,8 @@ def test_cache_state_is_written_in_place_beside_the_onnxruntime_partition(packed
         assert all(np.shares_memory(method.parts.views[name], state[name]) for name in state)
         assert sorted(method.parts.state.plan.in_place) == sorted(packed.program.state)
         assert not method.parts.state.plan.copies
+    # The program's initial cache is zeros in one element's memory: the state buffers are the only cache.
+    assert all(not any(a.strides) and not a.any() for a in packed.program.program.state.values())
 
 
 def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
