@@ -96,17 +96,21 @@ def test_onnxruntime_runs_the_used_cells_partitions_without_a_memory_pattern(pac
 
 
 def test_the_host_lets_go_of_the_codes_onnxruntime_prepacked(packed: Any) -> None:
-    """ONNX Runtime prepacks every MatMulNBits' codes and every float MatMul's constant right-hand side (the
-    Q4_1 offset terms), so the program's arrays of them are released (runtime/constant_release.py) but for
-    the tied head's planes, which the embedding Gather still reads; the logit tests here run on the released
-    model."""
+    """ONNX Runtime prepacks every MatMulNBits' codes, so the program's arrays of them are released
+    (runtime/constant_release.py) but for the tied head's planes, which the embedding Gather still reads;
+    the Q4_1 offset matrices ([18 or 48, N]) are read in place by both sessions, never prepacked, so the host
+    keeps them. The logit tests here run on the released model."""
     program = packed.program.program
     graph = packed.runner.decode.graph
     codes = {n.inputs[1] for n in graph.nodes if n.op == "matmul_int4"}
     gathered = {v for n in graph.nodes if n.op != "matmul_int4" for v in n.inputs} & codes
     offsets = {n.inputs[1] for n in graph.nodes if n.op == "matmul" and n.inputs[1] in graph.constants}
     assert len(offsets) == 30 * 4 and all(name.endswith(".offsets.T") for name in offsets)  # Q4_1 everywhere
-    assert len(gathered) == 2 and program.released == (codes - gathered) | offsets
+    assert len(gathered) == 2 and program.released == codes - gathered
+    for method in (packed.runner.prefill, packed.runner.decode):
+        (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
+        assert compiled.info["constants_read_in_place"] == len(offsets)
+        assert not offsets & compiled.run.__self__.session._edgerun_shared
     for method in program.methods.values():
         assert all(not any(method.constants[name].strides) for name in program.released)
         assert all(method.constants[name].strides[0] > 0 for name in gathered)

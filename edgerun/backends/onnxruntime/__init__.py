@@ -36,7 +36,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
     OnnxBuilder,
     reads,
 )
-from edgerun.backends.onnxruntime.onnx_prepacked import released_initializers
+from edgerun.backends.onnxruntime.onnx_prepacked import read_in_place, released_initializers
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
 from edgerun.errors import UnsupportedOpError
@@ -91,6 +91,9 @@ class OnnxRuntimeBackend(Backend):
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the onnxruntime backend")
         model, external = build_model(subgraph)
+        in_place = read_in_place(model, external)  # bound to the program's arrays at run time, not prepacked
+        for name in in_place:
+            del external[name]
         work = sum(node_work(n, subgraph)[0] for n in subgraph.nodes)
         # A spinning pool has no wake-up to pay, so a small partition of a few sizeable ops gains from it (the
         # MLP, 30K flops a node: 14 us on 2 spinning threads, 21 on one); one of many tiny ops does not (DIN,
@@ -103,11 +106,12 @@ class OnnxRuntimeBackend(Backend):
         released = released_initializers(model, session._edgerun_shared, _probe_session)
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             del external[name], session._edgerun_keep[name]
-        runner = BoundSession(session, subgraph, external)
+        runner = BoundSession(session, subgraph, external, in_place)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  released_constants=frozenset(released),
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "attentions_over_used_cells": used_cells,
+                                       "constants_read_in_place": len(in_place),
                                        "gathered_rasters": sum(1 for n in model.graph.node
                                                                if n.op_type == "Gather"
                                                                and "raster_index" in n.input[1])})
@@ -268,10 +272,12 @@ class BoundSession:
     a staging buffer.
     """
 
-    def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray]) -> None:
+    def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray],
+                 in_place: Mapping[str, np.ndarray] | None = None) -> None:
         self.session = session
         self.graph = graph
         self.external = external  # kept alive with the session
+        self.in_place = dict(in_place or {})  # constants the model takes as inputs, bound with every binding
         self.binding = session.io_binding()
         # The C++ entry point under session.run_with_iobinding, with its arguments: no Python frame between
         # the runtime's call and ORT.
@@ -304,6 +310,8 @@ class BoundSession:
                 target = np.empty(array.shape, array.dtype)
                 self._stage_in.append((target, array))
             self.binding.bind_input(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+        for name, array in self.in_place.items():
+            self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
         for name, array in zip(self.graph.outputs, outputs):
             target = array
             if not array.flags.c_contiguous or not array.flags.writeable:

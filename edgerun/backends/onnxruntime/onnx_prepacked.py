@@ -26,6 +26,44 @@ import numpy as np
 # (op type, domain, input slot) whose constant the probe checks; other inputs are never released.
 PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): 1, ("MatMul", ""): 1}
 
+# A float MatMul's constant right-hand side of at most this many rows (its contraction length) and at least
+# this size is read in place instead, as an input bound to the program's array (`read_in_place`).
+IN_PLACE_MAX_ROWS = 64
+IN_PLACE_MIN_BYTES = 32 * 1024
+
+
+def read_in_place(model: Any, external: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The shared constants `model` should read from the program's arrays at run time rather than have each
+    session prepack: a float MatMul's right-hand side with few rows (SmolLM2's Q4_1 offset matrices, [18 or
+    48, N]). A prepacked copy per session costs its size in every method's session (26 MB for SmolLM2's two)
+    and buys little: MLAS multiplies one row by an unpacked B directly, and for more rows packs B per call,
+    a pass over B that is 1/M of the multiply's work. Larger contraction lengths (a transformer's weights)
+    stay initializers: ORT's fusions and packing matter there. Moves the chosen ones from the model's
+    initializers to its inputs (the caller binds them) and returns them."""
+    from onnx import TensorProto, helper
+
+    uses: dict[str, list[tuple[Any, int]]] = {}
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            if name in external:
+                uses.setdefault(name, []).append((node, k))
+    outputs = {o.name for o in model.graph.output}
+    chosen = {name: external[name] for name, readers in uses.items()
+              if _few_rows(external[name]) and name not in outputs
+              and all((n.op_type, n.domain, k) == ("MatMul", "", 1) for n, k in readers)}
+    if chosen:
+        kept = [t for t in model.graph.initializer if t.name not in chosen]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        model.graph.input.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape))
+                                 for name, value in chosen.items())
+    return chosen
+
+
+def _few_rows(value: np.ndarray) -> bool:
+    return value.dtype == np.float32 and value.ndim == 2 and value.shape[0] <= IN_PLACE_MAX_ROWS \
+        and value.nbytes >= IN_PLACE_MIN_BYTES and value.flags.c_contiguous
+
 # (model, {name: array}) -> a session using those arrays as make_session does (the maker adds their
 # placeholders to the model)
 SessionMaker = Callable[[Any, dict[str, np.ndarray]], Any]
