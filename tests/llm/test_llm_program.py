@@ -94,6 +94,7 @@ def test_onnxruntime_attends_over_the_used_cache_cells_only(dense: Any) -> None:
         (compiled,) = fast.method(method).parts.compiled  # the writes too
         assert compiled.info["attentions_over_used_cells"] == LAYERS and compiled.info["fused_attentions"] == 0
         assert not compiled.overwrites_inputs and len(fast.method(method).parts.state.plan.copies) == 2 * LAYERS
+        assert not compiled.run.__self__.session.get_session_options().enable_mem_pattern  # run-time shapes
     runner = StepRunner(fast, chunk=CHUNK, context=CONTEXT)
     dense.reset()
     for step in STEPS:
