@@ -63,6 +63,10 @@ CASES = [
     ("requantize-float32-per-channel", "requantize",
      [_q(np.int32, 1, 4, 3, 3, lo=-2 ** 30, hi=2 ** 30), (RNG.random((4, 1, 1)) * 1e-6).astype(F), np.array(9, np.uint8)],
      [False, True, True], {"arithmetic": "float32"}),
+    ("quantized_add-uint8", "quantized_add",
+     [_q(np.uint8, 1, 8, 9, 9), np.array(0.031, F), np.array(117, np.uint8), _q(np.uint8, 1, 8, 9, 9),
+      np.array(0.047, F), np.array(3, np.uint8), np.array(0.052, F), np.array(0, np.uint8)],
+     [False, True, True, False, True, True, True, True], {}),
 ]
 
 

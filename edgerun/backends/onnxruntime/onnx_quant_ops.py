@@ -268,3 +268,38 @@ def _requantize(b: OnnxBuilder, node: Node) -> None:
         ins.append(b.const(np.ascontiguousarray(b.graph.constants[bias].reshape(-1)), "bias"))
     b.node("QLinearConv", ins, list(node.outputs), kernel_shape=[w_shape[2], w_shape[3]], strides=list(stride),
            pads=list(pads), dilations=list(dil), group=groups)
+
+
+def _x86_fma_cpu() -> bool:
+    """Whether this CPU runs MLAS's AVX2 QLinearAdd (x86 with AVX2 and FMA), the arithmetic quantized_add
+    spells out; elsewhere (NEON's fixed point, SSE2 without fma) ORT computes something else."""
+    import importlib
+
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1.26
+        try:
+            features = importlib.import_module(module).__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return bool(features.get("AVX2")) and bool(features.get("FMA3"))
+    return False
+
+
+_X86_FMA = _x86_fma_cpu()
+_MAX_ADD_RATIO = 2.0 ** 20  # 255 * 2^20 * 2 < 2^31: no float reaches cvtps2dq's out-of-range value
+
+
+def _quantized_add_ok(node: Node, graph: Graph) -> bool:
+    """Constant per-tensor parameters with finite, moderate scale ratios, uint8/int8 data, on an x86 FMA CPU."""
+    params = node.inputs[1:3] + node.inputs[4:8]
+    if not _X86_FMA or not all(v in graph.constants for v in params):
+        return False
+    a_scale, b_scale, y_scale = (float(graph.constants[node.inputs[i]].reshape(())) for i in (1, 4, 6))
+    if not all(np.isfinite(s) and s > 0 for s in (a_scale, b_scale, y_scale)):
+        return False
+    return max(a_scale, b_scale) / y_scale < _MAX_ADD_RATIO
+
+
+@_claim("quantized_add", _quantized_add_ok)
+def _quantized_add(b: OnnxBuilder, node: Node) -> None:
+    ins = [v if i in (0, 3) else _scalar(b, v) for i, v in enumerate(node.inputs)]
+    b.node("QLinearAdd", ins, list(node.outputs), domain=MS_DOMAIN)
