@@ -85,7 +85,42 @@ def _qdq(op_type: str) -> Translator:
 
 
 _claim("quantize_linear", _qdq_ok)(_qdq("QuantizeLinear"))
-_claim("dequantize_linear", _qdq_ok)(_qdq("DequantizeLinear"))
+_dequantize = _qdq("DequantizeLinear")
+
+
+@_claim("dequantize_linear", _qdq_ok)
+def _dequantize_or_scale(b: OnnxBuilder, node: Node) -> None:
+    """DequantizeLinear; or, where it dequantizes matmul_integer's accumulator with mul(input scale, constant
+    weight scale) (int8-dynamic's linear layer), Mul(Cast(acc), scale): the same arithmetic (float32(acc) * scale,
+    one rounding each), spelled as ONNX Runtime's own quantize_dynamic models spell it, so its graph optimizer
+    fuses MatMulInteger + Cast + Mul (+ the bias Add after it) into MatMulIntegerToFloat, and that with the
+    DynamicQuantizeLinear before it into DynamicQuantizeMatMul (tests/quant/test_quant_dynamic_linear.py)."""
+    if not _matmul_scale(b, node):
+        _dequantize(b, node)
+        return
+    acc, scale, _ = node.inputs
+    b.node("Mul", [b.node("Cast", [acc], to=1), scale], list(node.outputs))
+
+
+def _matmul_scale(b: OnnxBuilder, node: Node) -> bool:
+    """Whether `node` is dequantize_linear(matmul_integer(a, w, a_zp, w_zp), mul(a_scale, w_scale), 0) with a
+    uint8 input quantized per tensor, a constant 2-D int8 weight with one zero point, and a constant weight
+    scale with one value or one per column: the form MatMulIntegerToFloat takes (A_Scale first)."""
+    producers = b.graph.producers()
+    acc, scale, zp = node.inputs
+    matmul, mul = producers.get(acc), producers.get(scale)
+    zero = b.graph.constants.get(zp)
+    if matmul is None or matmul.op != "matmul_integer" or mul is None or mul.op != "mul" or len(mul.inputs) != 2 \
+            or zero is None or zero.any():
+        return False
+    a, w, a_zp, w_zp = matmul.inputs
+    a_scale, w_scale = mul.inputs
+    specs = b.graph.specs
+    n = specs[w].shape[-1]
+    return ({w, w_zp, w_scale} <= set(b.graph.constants) and a_scale not in b.graph.constants and specs[w].rank == 2
+            and specs[a].dtype is DType.uint8 and specs[w].dtype is DType.int8 and specs[a_zp].numel == 1
+            and specs[w_zp].numel == 1 and specs[a_scale].numel == 1 and specs[a_scale].dtype is DType.float32
+            and specs[w_scale].dtype is DType.float32 and specs[w_scale].shape in ((), (1,), (n,), (1, n)))
 
 
 def _dynamic_ok(node: Node, graph: Graph) -> bool:
