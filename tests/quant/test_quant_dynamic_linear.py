@@ -10,7 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
+
+import onnxruntime as ort
 
 import edgerun
 from edgerun.backends.onnxruntime import build_model
