@@ -274,6 +274,9 @@ def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.n
         observed = list(dict.fromkeys([*(layer.activation for layer in static), *outputs.values(),
                                        *(out for name, out in glue.items() if name not in pools)]))
         params = calibrate_activations(float_graph, observed, samples, observer)
+        for node in float_graph.nodes:  # a max pool between integer layers keeps its input's range (uint8_glue)
+            if node.op == "max_pool2d" and node.outputs[0] in glue:
+                params[node.outputs[0]] = params[node.inputs[0]]
         graph = rewrite_int8_static(graph, static, params, outputs, qmax=63 if reduce_range else 127,
                                     uint8_results=uint8_results, glue=glue)
         graph = rewrite_int8_dynamic(graph, dynamic, qmax=63 if reduce_range else 127)

@@ -161,8 +161,11 @@ def uint8_glue(graph: Graph, uint8_values: set[str]) -> dict[str, str]:
     - an add of two same-shaped uint8 values runs as quantized_add (ONNX Runtime's QLinearAdd) into its own
       calibrated range, its ReLU folded as for layers (the value is then the ReLU's output): a residual
       network stays uint8 from block to block;
-    - a max_pool2d runs on the codes themselves, with its input's scale and zero point (dequantization is
-      increasing, so the max of the codes is the code of the max: exact, nothing to calibrate).
+    - a max_pool2d keeps its input's scale and zero point (its values are some of its input's: nothing to
+      calibrate, nothing clipped), so dequantize -> max pool -> quantize gives the max of the codes exactly
+      (dequantization is increasing), which a backend may run as a max pool of the codes (ONNX Runtime's
+      uint8 MaxPool, edgerun/backends/onnxruntime/onnx_quant_ops.py); the graph stays float there, so every
+      backend with a float max pool runs it.
 
     An add or pool producing a graph output stays float.
     """
@@ -217,8 +220,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
     biases = {layer.output: bias for layer in layers if layer.output in outputs
               for bias in [linear_bias(graph, layer)] if bias is not None}
 
-    def uint8_input(b: Builder, layer: Layer) -> tuple[str, str, np.ndarray]:
-        x = layer.activation
+    def uint8_input(b: Builder, x: str) -> tuple[str, str, np.ndarray]:
         if x not in quantized:
             scale, zp = params[x]
             x_zp = b.const(zp)
@@ -226,7 +228,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
         return quantized[x]
 
     def emit(b: Builder, layer: Layer) -> None:
-        xq, x_zp, s_x = uint8_input(b, layer)
+        xq, x_zp, s_x = uint8_input(b, layer.activation)
         acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
         acc_scale = (s_x * w_scale).astype(np.float32)
         out = outputs.get(layer.output)
@@ -248,18 +250,12 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
         _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
 
     def emit_glue(b: Builder, node: Node) -> None:
-        if node.op == "max_pool2d":
-            xq, x_zp, s_x = quantized[node.inputs[0]]
-            yq = b.emit("max_pool2d", [xq], **node.attrs)
-            out = node.outputs[0]
-            quantized[out] = (yq, x_zp, s_x)
-            if uint8_results is not None:
-                uint8_results[out] = (yq, s_x, b.graph.constants[x_zp])
-            _named(b, out, "dequantize_linear", [yq, b.const(s_x), x_zp])
+        if node.op == "max_pool2d":  # stays float: its range is its input's (see uint8_glue)
+            b.graph.nodes.append(node)
             return
         ins = []
         for v in node.inputs:
-            q, zp, scale = quantized[v]
+            q, zp, scale = uint8_input(b, v)
             ins += [q, b.const(np.asarray(scale, np.float32).reshape(())), zp]
         out = (glue or {})[node.outputs[0]]
         s_y, zp_y = params[out]

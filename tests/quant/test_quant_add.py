@@ -115,22 +115,27 @@ def _residual_net() -> Program:
     return Program(graph=g)
 
 
-def test_int8_static_keeps_residual_adds_and_max_pools_uint8() -> None:
-    """The residual add becomes one quantized_add of the two uint8 values with its ReLU folded, the max pool
-    pools the stem's codes, and no value between the first and the last conv is quantized again."""
+def test_int8_static_keeps_residual_adds_uint8_and_max_pools_in_their_input_range() -> None:
+    """The residual add becomes one quantized_add of the two uint8 values with its ReLU folded; the max pool
+    stays float between the stem's dequantize and a quantize with the stem's own scale and zero point (so
+    the quantize gives back the max of the codes, and every backend runs it)."""
     program = _residual_net()
     rng = np.random.default_rng(3)
     calibration = {"image": rng.standard_normal((8, 1, 3, 16, 16)).astype(np.float32)}
     q = edgerun.quantize(program, "int8-static", calibration=calibration, reduce_range=True)
     counts = q.graph.op_counts()
-    assert counts["quantized_add"] == 1 and counts["quantize_linear"] == 1  # the image's, alone
+    assert counts["quantized_add"] == 1 and counts["quantize_linear"] == 2  # the image's and the pool's
     assert "relu" not in counts  # folded into the requantizations
     float_adds = [n for n in q.graph.nodes if n.op == "add" and q.graph.specs[n.outputs[0]].dtype is DType.float32]
     assert [n.outputs[0] for n in float_adds] == q.graph.outputs  # the last conv's float bias; the rest int32
+    producers = q.graph.producers()
     pool = next(n for n in q.graph.nodes if n.op == "max_pool2d")
-    assert q.graph.specs[pool.outputs[0]].dtype is DType.uint8
+    dq = producers[pool.inputs[0]]
+    requant = next(n for n in q.graph.nodes if n.op == "quantize_linear" and n.inputs[0] == pool.outputs[0])
+    assert dq.op == "dequantize_linear" and producers[dq.inputs[0]].op == "requantize"
+    assert [q.graph.constants[v].item() for v in dq.inputs[1:]] == [q.graph.constants[v].item() for v in requant.inputs[1:]]
     qadd = next(n for n in q.graph.nodes if n.op == "quantized_add")
-    assert pool.outputs[0] in qadd.inputs  # the identity path reads the pooled codes
+    assert requant.outputs[0] in qadd.inputs  # the identity path reads the pooled codes
     assert int(q.graph.constants[qadd.inputs[7]]) == 0  # the folded ReLU's range starts at 0
     xs = calibration["image"][0]
     ref, got = interpret(program.graph, [xs])[0], interpret(q.graph, [xs])[0]
@@ -139,8 +144,9 @@ def test_int8_static_keeps_residual_adds_and_max_pools_uint8() -> None:
 
 @needs_x86_fma
 def test_residual_int8_program_runs_wholly_on_onnxruntime_and_bit_exactly() -> None:
-    """The delegate emits QLinearConv, QLinearAdd and a uint8 MaxPool: one ORT partition, equal to the
-    reference interpreter bit for bit."""
+    """The delegate emits QLinearConv, QLinearAdd and a MaxPool of the uint8 codes (no float between the
+    stem and the last conv): one ORT partition, equal to the reference interpreter bit for bit."""
+    from edgerun.backends.onnxruntime import build_model
     from edgerun.runtime.loader import load
 
     program = _residual_net()
@@ -149,6 +155,12 @@ def test_residual_int8_program_runs_wholly_on_onnxruntime_and_bit_exactly() -> N
     q = edgerun.quantize(program, "int8-static", calibration=calibration, reduce_range=True)
     loaded = load(q, backends=["onnxruntime", "reference"])
     assert [p.backend for p in loaded.partitions] == ["onnxruntime"]
+    model = build_model(loaded.partitions[0].subgraph(loaded.graph))[0]
+    ops = sorted(node.op_type for node in model.graph.node)
+    assert ops.count("QLinearConv") == 3 and ops.count("QLinearAdd") == 1 and ops.count("QuantizeLinear") == 1, ops
+    pool = next(node for node in model.graph.node if node.op_type == "MaxPool")
+    made_by = {out: node.op_type for node in model.graph.node for out in node.output}
+    assert made_by[pool.input[0]] == "QLinearConv"  # it pools the stem's uint8 codes
     for seed in range(3):
         x = np.random.default_rng(10 + seed).standard_normal((1, 3, 16, 16)).astype(np.float32) * (1 + seed)
         assert np.array_equal(loaded.run([x])[0], interpret(q.graph, [x])[0])

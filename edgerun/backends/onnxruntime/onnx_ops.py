@@ -296,8 +296,7 @@ def _pool_ok(node: Node, graph: Graph) -> bool:
     return node.op == "max_pool2d" or dil == (1, 1)
 
 
-@_op("max_pool2d", F32 | {DType.uint8, DType.int8}, _pool_ok)  # 8-bit: int8 programs pool their codes
-@_op("avg_pool2d", F32, _pool_ok)
+@_op(("max_pool2d", "avg_pool2d"), F32, _pool_ok)
 def _pool(b: OnnxBuilder, node: Node) -> None:
     kernel, stride, pads, dil, ceil_mode = pool_geometry(node.attrs)
     attrs: dict[str, Any] = {"kernel_shape": list(kernel), "strides": list(stride), "pads": list(pads),

@@ -24,7 +24,7 @@ from edgerun.backends.base import OpSupport
 from edgerun.backends.onnxruntime.onnx_ops import OnnxBuilder, Translator
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.ops.atomic import conv_geometry
+from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.oracle.quant_kernels import pack_int4
 
 QUANT_TRANSLATORS: dict[str, Translator] = {}
@@ -84,7 +84,41 @@ def _qdq(op_type: str) -> Translator:
     return run
 
 
-_claim("quantize_linear", _qdq_ok)(_qdq("QuantizeLinear"))
+_quantize = _qdq("QuantizeLinear")
+
+
+@_claim("quantize_linear", _qdq_ok)
+def _quantize_or_pool_codes(b: OnnxBuilder, node: Node) -> None:
+    """QuantizeLinear; or, for quantize(max_pool(dequantize(q, s, zp)), s, zp) with the same constant per-tensor
+    scale and zero point (int8-static's max pool between integer layers), a MaxPool of the codes q: the same
+    values, since dequantization is increasing and quantizing a dequantized code gives it back. The float
+    DequantizeLinear and MaxPool emitted on the way are dropped when nothing else reads them."""
+    codes = _pooled_codes(b, node)
+    if codes is None:
+        _quantize(b, node)
+        return
+    q, pool = codes
+    kernel, stride, pads, dil, ceil_mode = pool_geometry(pool.attrs)
+    b.node("MaxPool", [q], list(node.outputs), kernel_shape=list(kernel), strides=list(stride), pads=list(pads),
+           dilations=list(dil), ceil_mode=int(ceil_mode))
+
+
+def _pooled_codes(b: OnnxBuilder, node: Node) -> tuple[str, Node] | None:
+    """(q, the max_pool2d node) when `node` quantizes max_pool2d(dequantize_linear(q, s, zp)) with the
+    dequantize's own constant per-tensor s and zp (equal values)."""
+    producers = b.graph.producers()
+    pool = producers.get(node.inputs[0])
+    dq = producers.get(pool.inputs[0]) if pool is not None and pool.op == "max_pool2d" else None
+    if pool is None or dq is None or dq.op != "dequantize_linear":
+        return None
+    consts = b.graph.constants
+    names = (*dq.inputs[1:], *node.inputs[1:])
+    if not all(v in consts and consts[v].size == 1 for v in names):
+        return None
+    s_in, zp_in, s_out, zp_out = (consts[v] for v in names)
+    same = s_in.dtype == s_out.dtype and zp_in.dtype == zp_out.dtype and s_in.reshape(()) == s_out.reshape(()) \
+        and zp_in.reshape(()) == zp_out.reshape(())
+    return (dq.inputs[0], pool) if bool(same) and float(s_in.reshape(())) > 0 else None
 _dequantize = _qdq("DequantizeLinear")
 
 
