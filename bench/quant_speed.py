@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/quant_speed.py [--models resnet18 resnet50 mobilenet_v2 minilm] [--size 224]
                                            [--calibration 32] [--runs 10] [--rounds 1] [--threads 2]
-                                           [--observer minmax] [--out NAME.json] [--workdir DIR [--reuse]]
+                                           [--observer minmax] [--out NAME.json]
+                                           [--workdir DIR [--reuse [--requantize]] | --prepare-only]
 
 Per CNN, from one torch module and the same --calibration natural images:
 - edgerun: the float program (edgerun.export) and its int8-static quantization (reduce_range, so the ONNX
@@ -16,6 +17,8 @@ For `minilm`: int8-dynamic against ONNX Runtime's quantize_dynamic.
 Preparing (exporting, calibrating, quantizing with every tool, converting) takes most of the run's time and
 measures nothing: `--workdir DIR --reuse` keeps the prepared files in DIR and skips preparing a model whose
 files are already there, so the timing rounds can run alone on an idle machine after preparing elsewhere.
+`--requantize` (with --reuse) makes edgerun's int8 files again from the saved float programs, keeping every
+peer's file: what a change to edgerun's quantization needs.
 
 Each runtime times in its own process (`--worker`). With --rounds R every runtime is run once per round,
 interleaved, and the ratios are the medians of each round's ratios (side by side, so a busy machine slows
