@@ -13,7 +13,7 @@ pytest.importorskip("onnxruntime")
 from onnx import helper
 
 import edgerun
-from edgerun.backends.onnxruntime.onnx_quant_ops import _X86_FMA
+from edgerun.backends.onnxruntime.onnx_quant_ops import X86_FMA
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -23,7 +23,7 @@ from edgerun.oracle.quant_add_kernel import fma32, quantized_add_values
 from edgerun.program import Program
 from tests.quant.quant_ort_nodes import run_ort, single_node_model
 
-needs_x86_fma = pytest.mark.skipif(not _X86_FMA, reason="ONNX Runtime's QLinearAdd is this arithmetic on x86 AVX2+FMA only")
+needs_x86_fma = pytest.mark.skipif(not X86_FMA, reason="ONNX Runtime's QLinearAdd is this arithmetic on x86 AVX2+FMA only")
 
 
 def _float32_nearest(exact: Fraction) -> np.float32:

@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 import edgerun
 from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-from edgerun.backends.onnxruntime.onnx_quant_ops import _X86_FMA, QUANT_SUPPORTED
+from edgerun.backends.onnxruntime.onnx_quant_ops import QUANT_SUPPORTED, X86_FMA
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -73,7 +73,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_claimed_quant_op_matches_the_exact_reference(case: tuple[str, str, list[np.ndarray], list[bool], dict[str, Any]]) -> None:
     _, op, inputs, constant, attrs = case
-    if op == "quantized_add" and not _X86_FMA:
+    if op == "quantized_add" and not X86_FMA:
         pytest.skip("QLinearAdd computes quantized_add's arithmetic on x86 with AVX2 and FMA only")
     graph, feed = _graph(op, inputs, constant, **attrs)
     assert ORT.supports(graph.nodes[0], graph), f"the delegate should claim {op} here"

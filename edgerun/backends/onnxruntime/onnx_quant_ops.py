@@ -353,14 +353,14 @@ def _x86_fma_cpu() -> bool:
     return False
 
 
-_X86_FMA = _x86_fma_cpu()
+X86_FMA = _x86_fma_cpu()
 _MAX_ADD_RATIO = 2.0 ** 20  # 255 * 2^20 * 2 < 2^31: no float reaches cvtps2dq's out-of-range value
 
 
 def _quantized_add_ok(node: Node, graph: Graph) -> bool:
     """Constant per-tensor parameters with finite, moderate scale ratios, uint8/int8 data, on an x86 FMA CPU."""
     params = node.inputs[1:3] + node.inputs[4:8]
-    if not _X86_FMA or not all(v in graph.constants for v in params):
+    if not X86_FMA or not all(v in graph.constants for v in params):
         return False
     a_scale, b_scale, y_scale = (float(graph.constants[node.inputs[i]].reshape(())) for i in (1, 4, 6))
     if not all(np.isfinite(s) and s > 0 for s in (a_scale, b_scale, y_scale)):
