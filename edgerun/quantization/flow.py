@@ -270,13 +270,13 @@ def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.n
         outputs = {layer.output: folded_output(float_graph, layer) for layer in static
                    if requantizable(float_graph, layer)}
         glue = uint8_glue(float_graph, set(outputs.values()))
-        pools = {n.outputs[0] for n in float_graph.nodes if n.op == "max_pool2d"}  # their input's range
+        pools = [n for n in float_graph.nodes if n.op == "max_pool2d" and n.outputs[0] in glue]
+        pooled = {pool.outputs[0] for pool in pools}
         observed = list(dict.fromkeys([*(layer.activation for layer in static), *outputs.values(),
-                                       *(out for name, out in glue.items() if name not in pools)]))
+                                       *(out for out in glue.values() if out not in pooled)]))
         params = calibrate_activations(float_graph, observed, samples, observer)
-        for node in float_graph.nodes:  # a max pool between integer layers keeps its input's range (uint8_glue)
-            if node.op == "max_pool2d" and node.outputs[0] in glue:
-                params[node.outputs[0]] = params[node.inputs[0]]
+        for pool in pools:  # in graph order: a max pool between integer layers keeps its input's range
+            params[pool.outputs[0]] = params[pool.inputs[0]]
         graph = rewrite_int8_static(graph, static, params, outputs, qmax=63 if reduce_range else 127,
                                     uint8_results=uint8_results, glue=glue)
         graph = rewrite_int8_dynamic(graph, dynamic, qmax=63 if reduce_range else 127)

@@ -16,7 +16,7 @@ value in the float and the quantized graph. The forms (ONNX Runtime's, so a dele
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,7 +92,7 @@ def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str, qmax: int) -> tupl
 
 def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, Layer], None],
                     drop: frozenset[str] = frozenset(),
-                    others: dict[str, Callable[[Builder, Node], None]] | None = None) -> Graph:
+                    others: Mapping[str, Callable[[Builder, Node], None]] | None = None) -> Graph:
     """Each chosen layer's node is replaced, in place in the node order, by what `emit` builds for it (and
     each node whose output `others` names, by what its function builds); nodes producing a value in `drop`
     (activations folded into a layer) go."""
@@ -212,8 +212,8 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
     uint8 result uses it directly: a quantize of its dequantized value would give it back unchanged.
     `uint8_results`, when given, receives float value -> (its uint8 value, scale, zero point) for the report
     (the float value itself is gone when only integer layers read it). `glue`: uint8_glue's result, each
-    add becoming quantized_add of its two uint8 inputs, requantized to its (folded) output's calibrated range,
-    each max pool a max pool of its input's codes.
+    add there becoming quantized_add of its two uint8 inputs, requantized to its (folded) output's calibrated
+    range; its max pools stay as they are (`params` gives their outputs their inputs' ranges).
     """
     quantized: dict[str, tuple[str, str, np.ndarray]] = {}  # float value -> (uint8 value, zero point, scale)
     # linear layers' folded bias adds: layer output -> (the add's output, its float bias constant)
@@ -249,10 +249,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
             uint8_results[out] = (yq, s_y, zp_y)
         _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
 
-    def emit_glue(b: Builder, node: Node) -> None:
-        if node.op == "max_pool2d":  # stays float: its range is its input's (see uint8_glue)
-            b.graph.nodes.append(node)
-            return
+    def emit_add(b: Builder, node: Node) -> None:
         ins = []
         for v in node.inputs:
             q, zp, scale = uint8_input(b, v)
@@ -268,8 +265,8 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
 
     folded = [*(out for name, out in outputs.items() if out != name), *(a for a, _ in biases.values()),
               *(out for name, out in (glue or {}).items() if out != name)]
-    return _replace_layers(graph, layers, emit, frozenset(folded),
-                           others={name: emit_glue for name in glue or {}})
+    adds = {n.outputs[0]: emit_add for n in graph.nodes if n.op == "add" and n.outputs and n.outputs[0] in (glue or {})}
+    return _replace_layers(graph, layers, emit, frozenset(folded), others=adds)
 
 
 EMBEDDING_MIN_ROWS = 256  # gathers from smaller tables (position, token-type embeddings) stay float
