@@ -230,7 +230,11 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
         "decode": step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
                              shared=shared, cache="state"),
     }
-    state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(info.config, info.context).items()}
+    # Initial values as read-only zeros in one element's memory: the runtime's state buffers are the cache
+    # (StateStore copies these into them), so a resident zero cache of the program's own would be a second
+    # copy (22 MB at context 512).
+    zero = np.zeros((), np.float32)
+    state = {name: np.broadcast_to(zero, spec.shape) for name, spec in cache_specs(info.config, info.context).items()}
     return Program.from_methods(methods, default_method="prefill", state=state,
                                 metadata={**default_metadata(), "name": info.name, "source_digest": info.digest})
 

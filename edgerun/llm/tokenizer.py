@@ -52,7 +52,8 @@ class BPETokenizer:
         self.ranks: dict[tuple[str, str], int] = {}
         for rank, merge in enumerate(merges):
             a, _, b = merge.partition(" ")
-            self.ranks[(a, b)] = rank
+            # The halves as the vocabulary's own string objects, not two new ones per merge (5 MB for SmolLM2).
+            self.ranks[(self._interned(a), self._interned(b))] = rank
         self.special_ids = sorted(set(special_ids))
         self.special = {self.tokens[i]: i for i in self.special_ids}
         # Longest first, so a special token that contains another wins.
@@ -65,6 +66,10 @@ class BPETokenizer:
         self._char_to_byte = {c: b for b, c in self._byte_map.items()}
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
         self._cache: dict[str, list[int]] = {}
+
+    def _interned(self, piece: str) -> str:
+        i = self.vocab.get(piece)
+        return piece if i is None else self.tokens[i]
 
     @property
     def vocab_size(self) -> int:

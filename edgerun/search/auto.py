@@ -172,6 +172,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
                      arena_limit=arena_limit, state=state)
     if state is not None and saved is not None:
         state.assign(saved)
+    del saved  # freed before the winner is compiled: a backend's own copies (ORT's prepacking) reuse its memory
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:

@@ -59,6 +59,8 @@ def test_cache_state_is_written_in_place_beside_the_onnxruntime_partition(packed
         assert all(np.shares_memory(method.parts.views[name], state[name]) for name in state)
         assert sorted(method.parts.state.plan.in_place) == sorted(packed.program.state)
         assert not method.parts.state.plan.copies
+    # The program's initial cache is zeros in one element's memory: the state buffers are the only cache.
+    assert all(not any(a.strides) and not a.any() for a in packed.program.program.state.values())
 
 
 def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
@@ -72,15 +74,43 @@ def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
         assert not [name for name, c in method.graph.constants.items() if c.dtype == np.int8]
 
 
+def test_onnxruntime_runs_the_used_cells_partitions_without_a_memory_pattern(packed: Any) -> None:
+    """Attention over the used cache cells gives the partition run-time shapes, which ORT's memory pattern
+    does not cover: the session runs without one (25 MB less resident after a prefill chunk; docs/llm.md).
+    A partition of static shapes keeps it."""
+    for method in (packed.runner.prefill, packed.runner.decode):
+        (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
+        assert compiled.info["attentions_over_used_cells"] == 30
+        assert not compiled.run.__self__.session.get_session_options().enable_mem_pattern
+    from edgerun.ir.builder import Builder
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+    from edgerun.runtime import load
+
+    g = Graph()
+    x = g.add_input("x", TensorSpec((4, 8), DType.float32))
+    g.outputs = [Builder(g).emit("relu", [x])]
+    (compiled,) = load(g, backends=["onnxruntime"]).parts.compiled
+    assert compiled.run.__self__.session.get_session_options().enable_mem_pattern
+
+
 def test_the_host_lets_go_of_the_codes_onnxruntime_prepacked(packed: Any) -> None:
     """ONNX Runtime prepacks every MatMulNBits' codes, so the program's arrays of them are released
     (runtime/constant_release.py) but for the tied head's planes, which the embedding Gather still reads;
-    the logit tests here run on the released model."""
+    the Q4_1 offset matrices ([18 or 48, N]) are read in place by both sessions, never prepacked, so the host
+    keeps them. The logit tests here run on the released model."""
     program = packed.program.program
     graph = packed.runner.decode.graph
     codes = {n.inputs[1] for n in graph.nodes if n.op == "matmul_int4"}
     gathered = {v for n in graph.nodes if n.op != "matmul_int4" for v in n.inputs} & codes
+    offsets = {n.inputs[1] for n in graph.nodes if n.op == "matmul" and n.inputs[1] in graph.constants}
+    assert len(offsets) == 30 * 4 and all(name.endswith(".offsets.T") for name in offsets)  # Q4_1 everywhere
     assert len(gathered) == 2 and program.released == codes - gathered
+    for method in (packed.runner.prefill, packed.runner.decode):
+        (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
+        assert compiled.info["constants_read_in_place"] == len(offsets)
+        assert not offsets & compiled.run.__self__.session._edgerun_shared
     for method in program.methods.values():
         assert all(not any(method.constants[name].strides) for name in program.released)
         assert all(method.constants[name].strides[0] > 0 for name in gathered)

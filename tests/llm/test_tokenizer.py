@@ -77,3 +77,17 @@ def test_bad_messages_get_clear_errors(smollm) -> None:
     for bad in ([], "hi", [{"role": "user"}], [{"role": "robot", "content": "x"}]):
         with pytest.raises(EdgerunError):
             smollm.apply_chat_template(bad)
+
+
+def test_merge_pairs_share_the_vocabulary_strings() -> None:
+    """The merge table keys on the vocabulary's own string objects (SmolLM2: 5 MB less than two new strings
+    per merge); a merge half outside the vocabulary is kept as written, and encoding is unchanged."""
+    from edgerun.llm.tokenizer import BPETokenizer
+
+    tokens = ["a", "b", "ab", "c", "abc"]
+    tok = BPETokenizer(tokens, ["a" + " " + "b", "ab c", "x y"], [])
+    for a, b in tok.ranks:
+        if a in tok.vocab:
+            assert a is tok.tokens[tok.vocab[a]] and b is tok.tokens[tok.vocab[b]]
+    assert ("x", "y") in tok.ranks and tok.ranks[("ab", "c")] == 1
+    assert tok.encode("abc") == [4] and tok.encode("ab") == [2] and tok.encode("ba") == [1, 0]

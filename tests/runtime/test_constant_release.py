@@ -1,6 +1,7 @@
 """Constants a backend keeps in its own form, released from the host (runtime/constant_release.py): ONNX
-Runtime's MatMulNBits prepacks its 4-bit codes, so the program's array of them can go once no other
-partition reads it; the runs give the same answers after, and the program refuses to be saved."""
+Runtime's MatMulNBits prepacks its 4-bit codes and its float MatMul a constant right-hand side, so the
+program's array can go once no other partition reads it; the runs give the same answers after, and the
+program refuses to be saved."""
 
 from __future__ import annotations
 
@@ -96,3 +97,48 @@ def test_float_zero_points_keep_the_codes(zero_points: type, released: set[str])
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [zp])
     assert released_initializers(helper.make_model(graph), {"codes"}, _probe_session) == released
+
+
+def test_a_float_matmul_constant_onnxruntime_prepacked_is_released() -> None:
+    """MLAS packs a constant float right-hand side when the session is built; its host array is released and
+    the partition answers the same. A constant left-hand side is not a prepacked slot, so it stays."""
+    rng = np.random.default_rng(0)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((3, 128), DType.float32))
+    w = g.add_constant(rng.standard_normal((128, 640)).astype(np.float32), name="w")
+    left = g.add_constant(rng.standard_normal((100, 3)).astype(np.float32), name="left")  # shared, not packed
+    g.outputs = [b.emit("matmul", [left, b.emit("matmul", [x, w])])]
+    program = Program(g)
+    loaded = load(program, backends=["onnxruntime"])
+    (compiled,) = loaded.parts.compiled
+    assert {w, left} <= compiled.run.__self__.session._edgerun_shared and compiled.released_constants == {w}
+    xv = rng.standard_normal((3, 128)).astype(np.float32)
+    before = loaded(xv)
+    np.testing.assert_allclose(before, g.constants[left] @ (xv @ g.constants[w]), rtol=1e-4, atol=1e-4)
+    assert release_constants(loaded) == 128 * 640 * 4 and program.released == {w}
+    np.testing.assert_array_equal(loaded(xv), before)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_float_matmul_constant_of_few_rows_is_read_in_place(rows: int) -> None:
+    """A constant right-hand side with a short contraction (an LLM's Q4_1 offset matrix, [18, N]) is bound to
+    the program's array at run time instead of prepacked by each session: ORT neither copies nor packs it,
+    so the host keeps it (nothing to release) and a change to the array is seen by the next run."""
+    rng = np.random.default_rng(0)
+    g = Graph()
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((rows, 18), DType.float32))
+    w = g.add_constant(rng.standard_normal((18, 960)).astype(np.float32), name="w")
+    g.outputs = [b.emit("matmul", [x, w])]
+    program = Program(g)
+    loaded = load(program, backends=["onnxruntime"])
+    (compiled,) = loaded.parts.compiled
+    assert compiled.info["constants_read_in_place"] == 1 and not compiled.released_constants
+    assert w not in compiled.run.__self__.session._edgerun_shared
+    xv = rng.standard_normal((rows, 18)).astype(np.float32)
+    np.testing.assert_allclose(loaded(xv), xv @ g.constants[w], rtol=1e-4, atol=1e-4)
+    assert release_constants(loaded) == 0
+    want = 2 * (xv @ g.constants[w])
+    loaded.parts.views[w][...] *= 2  # the bound array itself (a test only: constants are read-only by contract)
+    np.testing.assert_allclose(loaded(xv), want, rtol=1e-4, atol=1e-4)

@@ -36,7 +36,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
     OnnxBuilder,
     reads,
 )
-from edgerun.backends.onnxruntime.onnx_prepacked import released_initializers
+from edgerun.backends.onnxruntime.onnx_prepacked import read_in_place, released_initializers
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
 from edgerun.errors import UnsupportedOpError
@@ -91,6 +91,9 @@ class OnnxRuntimeBackend(Backend):
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the onnxruntime backend")
         model, external = build_model(subgraph)
+        in_place = read_in_place(model, external)  # bound to the program's arrays at run time, not prepacked
+        for name in in_place:
+            del external[name]
         work = sum(node_work(n, subgraph)[0] for n in subgraph.nodes)
         # A spinning pool has no wake-up to pay, so a small partition of a few sizeable ops gains from it (the
         # MLP, 30K flops a node: 14 us on 2 spinning threads, 21 on one); one of many tiny ops does not (DIN,
@@ -98,16 +101,17 @@ class OnnxRuntimeBackend(Backend):
         pooled = work >= SMALL_PARTITION_FLOPS or (
             self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
         threads = self.threads if pooled else 1
-        session = make_session(model, external, threads, self.spin)
+        used_cells = sum(int(p.value) for p in model.metadata_props if p.key == USED_CELLS_KEY)
+        session = make_session(model, external, threads, self.spin, memory_pattern=not used_cells)
         released = released_initializers(model, session._edgerun_shared, _probe_session)
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             del external[name], session._edgerun_keep[name]
-        runner = BoundSession(session, subgraph, external)
+        runner = BoundSession(session, subgraph, external, in_place)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  released_constants=frozenset(released),
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
-                                       "attentions_over_used_cells": sum(int(p.value) for p in model.metadata_props
-                                                                         if p.key == USED_CELLS_KEY),
+                                       "attentions_over_used_cells": used_cells,
+                                       "constants_read_in_place": len(in_place),
                                        "gathered_rasters": sum(1 for n in model.graph.node
                                                                if n.op_type == "Gather"
                                                                and "raster_index" in n.input[1])})
@@ -194,18 +198,23 @@ def _placeholder_folder() -> str:
 
 
 def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
-                 spin: bool = False) -> ort.InferenceSession:
+                 spin: bool = False, memory_pattern: bool = True) -> ort.InferenceSession:
     """A session using the program's arrays in place: `add_initializer` shares them (no copy; ORT's kernels
     still prepack their own layouts from them). `add_external_initializers`, the fallback if sharing fails,
-    copies every one into the session (a copy per session: +126 MB peak for SmolLM2's two methods)."""
+    copies every one into the session (a copy per session: +126 MB peak for SmolLM2's two methods).
+
+    `memory_pattern=False` turns off ORT's memory pattern, which lays the statically shaped intermediates of
+    a run out in one block: a partition whose intermediates have run-time shapes (attention over the used
+    cache cells, onnx_llm_ops.py) allocates those from the arena beside that block, and without the pattern
+    they all share the arena (SmolLM2 after a prefill chunk: 25 MB less resident, no slower; docs/llm.md)."""
     values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in external.items()}
     folded = _folded_initializers(model)
     shared = set(values) - folded
     try:
-        session = _session(model, values, threads, spin, shared)
+        session = _session(model, values, threads, spin, shared, memory_pattern)
     except Exception:  # an ORT fusion that needs a shared initializer's bytes in the graph: copy them all
         shared = set()
-        session = _session(model, values, threads, spin, shared)
+        session = _session(model, values, threads, spin, shared, memory_pattern)
     session._edgerun_keep = values  # type: ignore[attr-defined]  # the OrtValues must outlive the session
     session._edgerun_shared = shared  # type: ignore[attr-defined]  # what ORT uses in place (tests)
     return session
@@ -231,8 +240,9 @@ def _folded_initializers(model: Any) -> set[str]:
 
 
 def _session(model: Any, values: dict[str, Any], threads: int, spin: bool,
-             shared: set[str]) -> ort.InferenceSession:
+             shared: set[str], memory_pattern: bool = True) -> ort.InferenceSession:
     options = ort.SessionOptions()
+    options.enable_mem_pattern = memory_pattern
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     # No QDQ fusion: ORT would rewrite dequantize -> add -> quantize into QLinearAdd, which rounds differently
@@ -262,10 +272,12 @@ class BoundSession:
     a staging buffer.
     """
 
-    def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray]) -> None:
+    def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray],
+                 in_place: Mapping[str, np.ndarray] | None = None) -> None:
         self.session = session
         self.graph = graph
         self.external = external  # kept alive with the session
+        self.in_place = dict(in_place or {})  # constants the model takes as inputs, bound with every binding
         self.binding = session.io_binding()
         # The C++ entry point under session.run_with_iobinding, with its arguments: no Python frame between
         # the runtime's call and ORT.
@@ -298,6 +310,8 @@ class BoundSession:
                 target = np.empty(array.shape, array.dtype)
                 self._stage_in.append((target, array))
             self.binding.bind_input(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+        for name, array in self.in_place.items():
+            self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
         for name, array in zip(self.graph.outputs, outputs):
             target = array
             if not array.flags.c_contiguous or not array.flags.writeable:

@@ -1,11 +1,12 @@
 """Which shared constants ONNX Runtime no longer reads once a session is built.
 
 Some ORT kernels prepack a constant input into a layout of their own while the session is created: MatMulNBits
-packs its 4-bit codes for MLAS, whose kernels then read only the packed copy. The program's array of those
-codes is never read again by that session, so a compiled partition can say so
+packs its 4-bit codes for MLAS, whose kernels then read only the packed copy, and the float MatMul packs a
+constant right-hand side for MLAS's SGEMM. The program's array of such a constant is never read again by that
+session, so a compiled partition can say so
 (`CompiledPartition.released_constants`) and the runtime can drop the host's copy once no other partition
 or method reads it (runtime/constant_release.py). For SmolLM2 that is the layers' 4-bit codes, about 50 MB
-of the 111 MB of constants.
+of the 111 MB of constants, and the Q4_1 offset terms' float matrices (`offsets.T`), 13 MB.
 
 Whether a kernel prepacks depends on the machine (MLAS has a packed kernel for this CPU, block size and
 accuracy level, or not) and on ORT's version, so it is measured, not assumed: a one-node probe session
@@ -23,7 +24,45 @@ from typing import Any
 import numpy as np
 
 # (op type, domain, input slot) whose constant the probe checks; other inputs are never released.
-PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): 1}
+PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): 1, ("MatMul", ""): 1}
+
+# A float MatMul's constant right-hand side of at most this many rows (its contraction length) and at least
+# this size is read in place instead, as an input bound to the program's array (`read_in_place`).
+IN_PLACE_MAX_ROWS = 64
+IN_PLACE_MIN_BYTES = 32 * 1024
+
+
+def read_in_place(model: Any, external: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The shared constants `model` should read from the program's arrays at run time rather than have each
+    session prepack: a float MatMul's right-hand side with few rows (SmolLM2's Q4_1 offset matrices, [18 or
+    48, N]). A prepacked copy per session costs its size in every method's session (26 MB for SmolLM2's two)
+    and buys little: MLAS multiplies one row by an unpacked B directly, and for more rows packs B per call,
+    a pass over B that is 1/M of the multiply's work. Larger contraction lengths (a transformer's weights)
+    stay initializers: ORT's fusions and packing matter there. Moves the chosen ones from the model's
+    initializers to its inputs (the caller binds them) and returns them."""
+    from onnx import TensorProto, helper
+
+    uses: dict[str, list[tuple[Any, int]]] = {}
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            if name in external:
+                uses.setdefault(name, []).append((node, k))
+    outputs = {o.name for o in model.graph.output}
+    chosen = {name: external[name] for name, readers in uses.items()
+              if _few_rows(external[name]) and name not in outputs
+              and all((n.op_type, n.domain, k) == ("MatMul", "", 1) for n, k in readers)}
+    if chosen:
+        kept = [t for t in model.graph.initializer if t.name not in chosen]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        model.graph.input.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape))
+                                 for name, value in chosen.items())
+    return chosen
+
+
+def _few_rows(value: np.ndarray) -> bool:
+    return value.dtype == np.float32 and value.ndim == 2 and value.shape[0] <= IN_PLACE_MAX_ROWS \
+        and value.nbytes >= IN_PLACE_MIN_BYTES and value.flags.c_contiguous
 
 # (model, {name: array}) -> a session using those arrays as make_session does (the maker adds their
 # placeholders to the model)
@@ -40,19 +79,23 @@ def released_initializers(model: Any, shared: set[str], make: SessionMaker) -> s
                 slots.setdefault(name, []).append((node, k))
     graph_outputs = {o.name for o in model.graph.output}
     dtypes = {t.name: t.data_type for t in model.graph.initializer}
+    dims = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
     released = set()
     for name, uses in slots.items():
         if name in graph_outputs:
             continue
-        if all(PREPACKED_INPUTS.get((n.op_type, n.domain)) == k and _probe(_signature(n, dtypes), make)
+        if all(PREPACKED_INPUTS.get((n.op_type, n.domain)) == k and _probe(_signature(n, dtypes, dims), make)
                for n, k in uses):
             released.add(name)
     return released
 
 
-def _signature(node: Any, dtypes: dict[str, int]) -> tuple[Any, ...]:
-    """What decides whether MatMulNBits prepacks: bits, block size, accuracy level, its inputs present and
-    its zero points' type (float zero points turn prepacking off)."""
+def _signature(node: Any, dtypes: dict[str, int], dims: dict[str, tuple[int, ...]]) -> tuple[Any, ...]:
+    """What decides whether the node's kernel prepacks. MatMulNBits: bits, block size, accuracy level, its
+    inputs present and its zero points' type (float zero points turn prepacking off). MatMul: the constant's
+    type and shape (MLAS packs a float 2-D right-hand side; the probe uses the real shape)."""
+    if node.op_type == "MatMul":
+        return (node.op_type, node.domain, dtypes.get(node.input[1], -1), dims.get(node.input[1], ()))
     attrs = {a.name: a.i for a in node.attribute if a.name in ("bits", "block_size", "accuracy_level")}
     present = tuple(bool(i) for i in node.input)
     zero_points = dtypes.get(node.input[3], -1) if len(node.input) > 3 and node.input[3] else None
@@ -63,13 +106,13 @@ def _signature(node: Any, dtypes: dict[str, int]) -> tuple[Any, ...]:
 @functools.cache
 def _probe_cached(signature: tuple[Any, ...], make: SessionMaker) -> bool:
     try:
-        return _probe_matmul_nbits(signature, make)
+        return _PROBES[signature[0]](signature, make)
     except Exception:  # an ORT that refuses the probe: keep every array
         return False
 
 
 def _probe(signature: tuple[Any, ...], make: SessionMaker) -> bool:
-    return signature[0] == "MatMulNBits" and _probe_cached(signature, make)
+    return signature[0] in _PROBES and _probe_cached(signature, make)
 
 
 def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
@@ -93,13 +136,40 @@ def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
     model.ir_version = 9
-    shared = codes.copy()
-    session = make(model, {"codes": shared})
-    if "codes" not in session._edgerun_shared:  # ORT copied it in: the probe would prove nothing
-        return False
-    del session._edgerun_keep["codes"]  # as compile does for a released constant: ORT keeps no OrtValue of ours
     a = rng.standard_normal((1, k)).astype(np.float32)
+    return _reads_once(model, "codes", codes, lambda c: 255 - c, a, make)
+
+
+def _probe_matmul(signature: tuple[Any, ...], make: SessionMaker) -> bool:
+    from onnx import TensorProto, helper
+
+    _, domain, dtype, shape = signature
+    if dtype != TensorProto.FLOAT or len(shape) != 2 or 0 in shape:
+        return False
+    k, n = shape
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], domain=domain)
+    graph = helper.make_graph([node], "prepack_probe", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])], [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 9
+    rng = np.random.default_rng(0)
+    return _reads_once(model, "b", rng.random((k, n), dtype=np.float32) + 0.5, lambda b: -b,
+                       rng.random((2, k), dtype=np.float32) + 0.5, make)
+
+
+def _reads_once(model: Any, name: str, value: np.ndarray, change: Callable[[np.ndarray], np.ndarray],
+                a: np.ndarray, make: SessionMaker) -> bool:
+    """Whether a session sharing `value` as `name` answers the same after the array's bytes are changed."""
+    shared = value.copy()
+    session = make(model, {name: shared})
+    if name not in session._edgerun_shared:  # ORT copied it in: the probe would prove nothing
+        return False
+    del session._edgerun_keep[name]  # as compile does for a released constant: ORT keeps no OrtValue of ours
     before = session.run(None, {"a": a})[0]
-    shared[...] = 255 - shared  # other codes: a session reading the array would now answer differently
+    shared[...] = change(shared)  # a session reading the array would now answer differently
     after = session.run(None, {"a": a})[0]
     return bool(np.array_equal(before, after)) and bool(np.abs(before).sum() > 0)
+
+
+_PROBES: dict[str, Callable[[tuple[Any, ...], SessionMaker], bool]] = {
+    "MatMulNBits": _probe_matmul_nbits, "MatMul": _probe_matmul}
