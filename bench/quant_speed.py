@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/quant_speed.py [--models resnet18 resnet50 mobilenet_v2 minilm] [--size 224]
                                            [--calibration 32] [--runs 10] [--rounds 1] [--threads 2]
-                                           [--observer minmax] [--out NAME.json] [--workdir DIR [--reuse]]
+                                           [--observer minmax] [--out NAME.json]
+                                           [--workdir DIR [--reuse [--requantize]] | --prepare-only]
 
 Per CNN, from one torch module and the same --calibration natural images:
 - edgerun: the float program (edgerun.export) and its int8-static quantization (reduce_range, so the ONNX
@@ -16,6 +17,8 @@ For `minilm`: int8-dynamic against ONNX Runtime's quantize_dynamic.
 Preparing (exporting, calibrating, quantizing with every tool, converting) takes most of the run's time and
 measures nothing: `--workdir DIR --reuse` keeps the prepared files in DIR and skips preparing a model whose
 files are already there, so the timing rounds can run alone on an idle machine after preparing elsewhere.
+`--requantize` (with --reuse) makes edgerun's int8 files again from the saved float programs, keeping every
+peer's file: what a change to edgerun's quantization needs.
 
 Each runtime times in its own process (`--worker`). With --rounds R every runtime is run once per round,
 interleaved, and the ratios are the medians of each round's ratios (side by side, so a busy machine slows
@@ -178,7 +181,6 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path, observer: str = "mi
 
     import edgerun
     from edgerun.oracle import interpret
-    from edgerun.quantization import quantize_with_report
     from edgerun.zoo import get
     from edgerun.zoo.inputs import natural_image
 
@@ -186,13 +188,12 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path, observer: str = "mi
     x = natural_image(size, seed=0)
     calibration = natural_image(size, seed=1, batch=n_cal).numpy()
     np.savez(workdir / f"{name}.inputs.npz", natural_image(size, seed=2).numpy())
-    t = time.perf_counter()
     program = edgerun.export(module, (x,))
     program.save(workdir / f"{name}.edgerun")
-    quantized, _ = quantize_with_report(program, "int8-static", {program.graph.inputs[0]: calibration[:, None]},
-                                        reduce_range=True, report_samples=0, observer=observer)
-    quantized.save(workdir / f"{name}-int8.edgerun")
-    quantize_s = time.perf_counter() - t
+    test = natural_image(size, seed=2).numpy()
+    ref = interpret(program.graph, [test])[0]
+    np.save(workdir / f"{name}.ref.npy", ref)
+    ours = quantize_edgerun(name, size, n_cal, workdir, observer)
     torch.onnx.export(module, (x,), str(workdir / f"{name}.onnx"), input_names=["x"], opset_version=17, dynamo=False)
 
     class Reader(CalibrationDataReader):
@@ -207,13 +208,36 @@ def prepare(name: str, size: int, n_cal: int, workdir: Path, observer: str = "mi
     _executorch(module, x, None, workdir / f"{name}.pte")
     _executorch(module, x, calibration, workdir / f"{name}-int8.pte")
     mnn_error = _mnn(workdir / f"{name}.onnx", calibration, workdir, name)
-    test = natural_image(size, seed=2).numpy()
-    ref = interpret(program.graph, [test])[0]
-    np.save(workdir / f"{name}.ref.npy", ref)
     ort_int8 = ort.InferenceSession(str(workdir / f"{name}-int8.onnx"), providers=["CPUExecutionProvider"])
-    return {"sqnr_db_edgerun_int8": _sqnr(ref, interpret(quantized.graph, [test])[0]),
-            "sqnr_db_ort_int8": _sqnr(ref, ort_int8.run(None, {"x": test})[0]),
-            "quantize_s": quantize_s, "mnn_int8_error": mnn_error}
+    return {**ours, "sqnr_db_ort_int8": _sqnr(ref, ort_int8.run(None, {"x": test})[0]), "mnn_int8_error": mnn_error}
+
+
+def quantize_edgerun(name: str, size: int, n_cal: int, workdir: Path, observer: str = "minmax") -> dict[str, Any]:
+    """edgerun's int8 file of a prepared model, from its saved float program (int8-static on the same
+    calibration images for a CNN, int8-dynamic for MiniLM): what `--requantize` redoes after a change to
+    edgerun's quantization, leaving every peer's file as it is. Its output's SQNR and the time it took."""
+    import edgerun
+    from edgerun.oracle import interpret
+    from edgerun.quantization import quantize_with_report
+
+    program = edgerun.Program.read(workdir / f"{name}.edgerun")
+    t = time.perf_counter()
+    if name == "minilm":
+        quantized, _ = quantize_with_report(program, "int8-dynamic", reduce_range=True, report_samples=0)
+        with np.load(workdir / "minilm.inputs.npz") as data:
+            test = [data[f"arr_{k}"] for k in range(len(data.files))]
+    else:
+        from edgerun.zoo.inputs import natural_image
+
+        calibration = natural_image(size, seed=1, batch=n_cal).numpy()
+        quantized, _ = quantize_with_report(program, "int8-static", {program.graph.inputs[0]: calibration[:, None]},
+                                            reduce_range=True, report_samples=0, observer=observer)
+        test = [natural_image(size, seed=2).numpy()]
+    quantize_s = time.perf_counter() - t
+    quantized.save(workdir / f"{name}-int8.edgerun")
+    ref = np.load(workdir / f"{name}.ref.npy")
+    return {"sqnr_db_edgerun_int8": _sqnr(ref.ravel(), interpret(quantized.graph, test)[0].ravel()),
+            "quantize_s": quantize_s}
 
 
 def prepare_minilm(workdir: Path) -> dict[str, Any]:
@@ -224,7 +248,6 @@ def prepare_minilm(workdir: Path) -> dict[str, Any]:
 
     import edgerun
     from edgerun.oracle import interpret
-    from edgerun.quantization import quantize_with_report
     from edgerun.zoo.minilm import EXAMPLE_SENTENCES, build, tokenize
 
     module = build()
@@ -233,13 +256,13 @@ def prepare_minilm(workdir: Path) -> dict[str, Any]:
     np.savez(workdir / "minilm.inputs.npz", *arrays)
     program = edgerun.export(module, args)
     program.save(workdir / "minilm.edgerun")
-    quantized, _ = quantize_with_report(program, "int8-dynamic", reduce_range=True, report_samples=0)
-    quantized.save(workdir / "minilm-int8.edgerun")
+    ref = interpret(program.graph, arrays)[0].ravel()
+    np.save(workdir / "minilm.ref.npy", ref)
+    quantize_edgerun("minilm", 0, 0, workdir)
+    quantized = edgerun.Program.read(workdir / "minilm-int8.edgerun")
     names = [f"input{k}" for k in range(len(args))]
     torch.onnx.export(module, args, str(workdir / "minilm.onnx"), input_names=names, opset_version=17, dynamo=False)
     quantize_dynamic(str(workdir / "minilm.onnx"), str(workdir / "minilm-int8.onnx"), weight_type=QuantType.QInt8)
-    ref = interpret(program.graph, arrays)[0].ravel()
-    np.save(workdir / "minilm.ref.npy", ref)
     ours = interpret(quantized.graph, arrays)[0].ravel()
     peer = ort.InferenceSession(str(workdir / "minilm-int8.onnx"), providers=["CPUExecutionProvider"]).run(
         None, dict(zip(names, arrays)))[0].ravel()
@@ -344,7 +367,13 @@ def _prepared(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
     if args.reuse and record.exists():
         saved = json.loads(record.read_text())
         if saved.get("settings") == settings:
-            return dict(saved["info"])
+            info = dict(saved["info"])
+            if args.requantize:  # edgerun's int8 file again; the peers' files and figures stay
+                info.update(quantize_edgerun(name, args.size, args.calibration, work, args.observer))
+                for stale in work.glob(f"{name}-int8.edgerun.*.out.npy"):
+                    stale.unlink()
+                record.write_text(json.dumps({"settings": settings, "info": info}))
+            return info
     info = prepare_minilm(work) if name == "minilm" else prepare(name, args.size, args.calibration, work,
                                                                   args.observer)
     record.write_text(json.dumps({"settings": settings, "info": info}))
@@ -366,6 +395,9 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where prepared files go (default: a temporary folder)")
     parser.add_argument("--reuse", action="store_true", help="skip preparing models already prepared in --workdir")
     parser.add_argument("--prepare-only", action="store_true", help="prepare into --workdir and time nothing")
+    parser.add_argument("--requantize", action="store_true",
+                        help="with --reuse: quantize edgerun's int8 files again (after a change to edgerun's "
+                             "quantization), keeping every other prepared file")
     args = parser.parse_args()
     if (args.reuse or args.prepare_only) and args.workdir is None:
         parser.error("--reuse and --prepare-only need --workdir")

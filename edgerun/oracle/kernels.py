@@ -16,6 +16,7 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import NARROW_NAMES, DType, narrow_cast
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.region import Region
+from edgerun.oracle.quant_add_kernel import QUANT_ADD_KERNELS
 from edgerun.oracle.quant_kernels import QUANT_KERNELS
 from edgerun.oracle.string_kernels import STRING_KERNELS
 
@@ -384,6 +385,7 @@ def _raster(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
 
 # ---- quantized ops (exact integer kernels, edgerun/oracle/quant_kernels.py) ---------------------------
 KERNELS.update(QUANT_KERNELS)
+KERNELS.update(QUANT_ADD_KERNELS)
 KERNELS.update(STRING_KERNELS)  # string ops (oracle/string_kernels.py): the reference alone runs them
 
 

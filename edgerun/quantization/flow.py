@@ -27,6 +27,7 @@ from edgerun.quantization.rewrite import (
     rewrite_int8_dynamic,
     rewrite_int8_embeddings,
     rewrite_int8_static,
+    uint8_glue,
 )
 
 # scheme -> (layer ops it quantizes, needs calibration, what it is)
@@ -268,10 +269,16 @@ def quantize_graph(float_graph: Graph, scheme: str, samples: list[dict[str, np.n
         dynamic = [layer for layer in layers if not static_linear and layer.node.op == "matmul"]
         outputs = {layer.output: folded_output(float_graph, layer) for layer in static
                    if requantizable(float_graph, layer)}
-        observed = list(dict.fromkeys([*(layer.activation for layer in static), *outputs.values()]))
+        glue = uint8_glue(float_graph, set(outputs.values()))
+        pools = [n for n in float_graph.nodes if n.op == "max_pool2d" and n.outputs[0] in glue]
+        pooled = {pool.outputs[0] for pool in pools}
+        observed = list(dict.fromkeys([*(layer.activation for layer in static), *outputs.values(),
+                                       *(out for out in glue.values() if out not in pooled)]))
         params = calibrate_activations(float_graph, observed, samples, observer)
+        for pool in pools:  # in graph order: a max pool between integer layers keeps its input's range
+            params[pool.outputs[0]] = params[pool.inputs[0]]
         graph = rewrite_int8_static(graph, static, params, outputs, qmax=63 if reduce_range else 127,
-                                    uint8_results=uint8_results)
+                                    uint8_results=uint8_results, glue=glue)
         graph = rewrite_int8_dynamic(graph, dynamic, qmax=63 if reduce_range else 127)
     elif scheme == "int8-dynamic":
         graph = rewrite_int8_dynamic(graph, layers, qmax=63 if reduce_range else 127)

@@ -16,7 +16,7 @@ value in the float and the quantized graph. The forms (ONNX Runtime's, so a dele
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,9 +91,11 @@ def _integer_op(b: Builder, layer: Layer, xq: str, x_zp: str, qmax: int) -> tupl
 
 
 def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, Layer], None],
-                    drop: frozenset[str] = frozenset()) -> Graph:
-    """Each chosen layer's node is replaced, in place in the node order, by what `emit` builds for it; nodes
-    producing a value in `drop` (activations folded into a layer) go."""
+                    drop: frozenset[str] = frozenset(),
+                    others: Mapping[str, Callable[[Builder, Node], None]] | None = None) -> Graph:
+    """Each chosen layer's node is replaced, in place in the node order, by what `emit` builds for it (and
+    each node whose output `others` names, by what its function builds); nodes producing a value in `drop`
+    (activations folded into a layer) go."""
     chosen = {layer.output: layer for layer in layers}
     old, graph.nodes = graph.nodes, []
     for node in old:
@@ -101,6 +103,8 @@ def _replace_layers(graph: Graph, layers: list[Layer], emit: Callable[[Builder, 
         layer = chosen.get(out)
         if layer is not None:
             emit(Builder(graph, node.meta), layer)
+        elif others and out in others:
+            others[out](Builder(graph, node.meta), node)
         elif out not in drop:
             graph.nodes.append(node)
     return graph
@@ -132,7 +136,11 @@ def folded_output(graph: Graph, layer: Layer) -> str:
     saturates at 0 and at the calibrated top, which is at most the clamp's.
     """
     bias = linear_bias(graph, layer)
-    end = bias[0] if bias else layer.output
+    return _after_activation(graph, bias[0] if bias else layer.output)
+
+
+def _after_activation(graph: Graph, end: str) -> str:
+    """`end`'s ReLU (or clamp(0, hi), maximum(x, 0)) output when that is its only reader, else `end`."""
     readers = [n for n in graph.nodes if end in n.inputs]
     if end in graph.outputs or len(readers) != 1:
         return end
@@ -143,6 +151,42 @@ def folded_output(graph: Graph, layer: Layer) -> str:
     if act.op == "maximum" and len(zero) == 1 and zero[0] is not None and zero[0].size == 1 and not zero[0].any():
         return act.outputs[0]
     return end
+
+
+def uint8_glue(graph: Graph, uint8_values: set[str]) -> dict[str, str]:
+    """The nodes between integer layers that can stay uint8, in graph order: node output -> the value its
+    uint8 result stands for. Inputs are uint8 when they are in `uint8_values` (requantized layers' results)
+    or an earlier such node's result:
+
+    - an add of two same-shaped uint8 values runs as quantized_add (ONNX Runtime's QLinearAdd) into its own
+      calibrated range, its ReLU folded as for layers (the value is then the ReLU's output): a residual
+      network stays uint8 from block to block;
+    - a max_pool2d keeps its input's scale and zero point (its values are some of its input's: nothing to
+      calibrate, nothing clipped), so dequantize -> max pool -> quantize gives the max of the codes exactly
+      (dequantization is increasing), which a backend may run as a max pool of the codes (ONNX Runtime's
+      uint8 MaxPool, edgerun/backends/onnxruntime/onnx_quant_ops.py); the graph stays float there, so every
+      backend with a float max pool runs it.
+
+    An add or pool producing a graph output stays float.
+    """
+    available = set(uint8_values)
+    glue: dict[str, str] = {}
+    for node in graph.nodes:
+        if not node.outputs or node.outputs[0] in graph.outputs or not node.inputs \
+                or not set(node.inputs) <= available:
+            continue
+        if node.op == "max_pool2d":
+            glue[node.outputs[0]] = node.outputs[0]
+            available.add(node.outputs[0])
+            continue
+        if node.op != "add" or len(node.inputs) != 2:
+            continue
+        a, b = (graph.specs[v] for v in node.inputs)
+        out = _after_activation(graph, node.outputs[0])
+        if a.shape == b.shape and a.dtype.value == "float32" and out not in graph.outputs:
+            glue[node.outputs[0]] = out
+            available.add(out)
+    return glue
 
 
 def requantizable(graph: Graph, layer: Layer) -> bool:
@@ -158,7 +202,8 @@ def requantizable(graph: Graph, layer: Layer) -> bool:
 
 def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tuple[np.ndarray, np.ndarray]],
                         outputs: dict[str, str], qmax: int = 127,
-                        uint8_results: dict[str, tuple[str, np.ndarray, np.ndarray]] | None = None) -> Graph:
+                        uint8_results: dict[str, tuple[str, np.ndarray, np.ndarray]] | None = None,
+                        glue: dict[str, str] | None = None) -> Graph:
     """`params`: float value -> uint8 (scale, zero point) from calibration; weights in [-qmax, qmax].
 
     `outputs`: layer output -> the value its requantized uint8 result stands for (folded_output), for the
@@ -166,15 +211,16 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
     QLinearConv); the others end in dequantize_linear(acc, s_x * s_w) + float bias. A layer reading another's
     uint8 result uses it directly: a quantize of its dequantized value would give it back unchanged.
     `uint8_results`, when given, receives float value -> (its uint8 value, scale, zero point) for the report
-    (the float value itself is gone when only integer layers read it).
+    (the float value itself is gone when only integer layers read it). `glue`: uint8_glue's result, each
+    add there becoming quantized_add of its two uint8 inputs, requantized to its (folded) output's calibrated
+    range; its max pools stay as they are (`params` gives their outputs their inputs' ranges).
     """
     quantized: dict[str, tuple[str, str, np.ndarray]] = {}  # float value -> (uint8 value, zero point, scale)
     # linear layers' folded bias adds: layer output -> (the add's output, its float bias constant)
     biases = {layer.output: bias for layer in layers if layer.output in outputs
               for bias in [linear_bias(graph, layer)] if bias is not None}
 
-    def uint8_input(b: Builder, layer: Layer) -> tuple[str, str, np.ndarray]:
-        x = layer.activation
+    def uint8_input(b: Builder, x: str) -> tuple[str, str, np.ndarray]:
         if x not in quantized:
             scale, zp = params[x]
             x_zp = b.const(zp)
@@ -182,7 +228,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
         return quantized[x]
 
     def emit(b: Builder, layer: Layer) -> None:
-        xq, x_zp, s_x = uint8_input(b, layer)
+        xq, x_zp, s_x = uint8_input(b, layer.activation)
         acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
         acc_scale = (s_x * w_scale).astype(np.float32)
         out = outputs.get(layer.output)
@@ -203,8 +249,24 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
             uint8_results[out] = (yq, s_y, zp_y)
         _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
 
-    drop = frozenset([*(out for name, out in outputs.items() if out != name), *(a for a, _ in biases.values())])
-    return _replace_layers(graph, layers, emit, drop)
+    def emit_add(b: Builder, node: Node) -> None:
+        ins = []
+        for v in node.inputs:
+            q, zp, scale = uint8_input(b, v)
+            ins += [q, b.const(np.asarray(scale, np.float32).reshape(())), zp]
+        out = (glue or {})[node.outputs[0]]
+        s_y, zp_y = params[out]
+        y_zp = b.const(zp_y)
+        yq = b.emit("quantized_add", [*ins, b.const(np.asarray(s_y, np.float32).reshape(())), y_zp])
+        quantized[out] = (yq, y_zp, s_y)
+        if uint8_results is not None:
+            uint8_results[out] = (yq, s_y, zp_y)
+        _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
+
+    folded = [*(out for name, out in outputs.items() if out != name), *(a for a, _ in biases.values()),
+              *(out for name, out in (glue or {}).items() if out != name)]
+    adds = {n.outputs[0]: emit_add for n in graph.nodes if n.op == "add" and n.outputs and n.outputs[0] in (glue or {})}
+    return _replace_layers(graph, layers, emit, frozenset(folded), others=adds)
 
 
 EMBEDDING_MIN_ROWS = 256  # gathers from smaller tables (position, token-type embeddings) stay float

@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 import edgerun
 from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-from edgerun.backends.onnxruntime.onnx_quant_ops import QUANT_SUPPORTED
+from edgerun.backends.onnxruntime.onnx_quant_ops import QUANT_SUPPORTED, X86_FMA
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -63,12 +63,18 @@ CASES = [
     ("requantize-float32-per-channel", "requantize",
      [_q(np.int32, 1, 4, 3, 3, lo=-2 ** 30, hi=2 ** 30), (RNG.random((4, 1, 1)) * 1e-6).astype(F), np.array(9, np.uint8)],
      [False, True, True], {"arithmetic": "float32"}),
+    ("quantized_add-uint8", "quantized_add",
+     [_q(np.uint8, 1, 8, 9, 9), np.array(0.031, F), np.array(117, np.uint8), _q(np.uint8, 1, 8, 9, 9),
+      np.array(0.047, F), np.array(3, np.uint8), np.array(0.052, F), np.array(0, np.uint8)],
+     [False, True, True, False, True, True, True, True], {}),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_claimed_quant_op_matches_the_exact_reference(case: tuple[str, str, list[np.ndarray], list[bool], dict[str, Any]]) -> None:
     _, op, inputs, constant, attrs = case
+    if op == "quantized_add" and not X86_FMA:
+        pytest.skip("QLinearAdd computes quantized_add's arithmetic on x86 with AVX2 and FMA only")
     graph, feed = _graph(op, inputs, constant, **attrs)
     assert ORT.supports(graph.nodes[0], graph), f"the delegate should claim {op} here"
     got, want = ORT.compile(graph)(*feed), interpret(graph, feed, decompose=False)

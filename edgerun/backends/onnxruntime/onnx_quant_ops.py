@@ -24,7 +24,7 @@ from edgerun.backends.base import OpSupport
 from edgerun.backends.onnxruntime.onnx_ops import OnnxBuilder, Translator
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.ops.atomic import conv_geometry
+from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.oracle.quant_kernels import pack_int4
 
 QUANT_TRANSLATORS: dict[str, Translator] = {}
@@ -84,8 +84,77 @@ def _qdq(op_type: str) -> Translator:
     return run
 
 
-_claim("quantize_linear", _qdq_ok)(_qdq("QuantizeLinear"))
-_claim("dequantize_linear", _qdq_ok)(_qdq("DequantizeLinear"))
+_quantize = _qdq("QuantizeLinear")
+
+
+@_claim("quantize_linear", _qdq_ok)
+def _quantize_or_pool_codes(b: OnnxBuilder, node: Node) -> None:
+    """QuantizeLinear; or, for quantize(max_pool(dequantize(q, s, zp)), s, zp) with the same constant per-tensor
+    scale and zero point (int8-static's max pool between integer layers), a MaxPool of the codes q: the same
+    values, since dequantization is increasing and quantizing a dequantized code gives it back. The float
+    DequantizeLinear and MaxPool emitted on the way are dropped when nothing else reads them."""
+    codes = _pooled_codes(b, node)
+    if codes is None:
+        _quantize(b, node)
+        return
+    q, pool = codes
+    kernel, stride, pads, dil, ceil_mode = pool_geometry(pool.attrs)
+    b.node("MaxPool", [q], list(node.outputs), kernel_shape=list(kernel), strides=list(stride), pads=list(pads),
+           dilations=list(dil), ceil_mode=int(ceil_mode))
+
+
+def _pooled_codes(b: OnnxBuilder, node: Node) -> tuple[str, Node] | None:
+    """(q, the max_pool2d node) when `node` quantizes max_pool2d(dequantize_linear(q, s, zp)) with the
+    dequantize's own constant per-tensor s and zp (equal values)."""
+    producers = b.graph.producers()
+    pool = producers.get(node.inputs[0])
+    dq = producers.get(pool.inputs[0]) if pool is not None and pool.op == "max_pool2d" else None
+    if pool is None or dq is None or dq.op != "dequantize_linear":
+        return None
+    consts = b.graph.constants
+    names = (*dq.inputs[1:], *node.inputs[1:])
+    if not all(v in consts and consts[v].size == 1 for v in names):
+        return None
+    s_in, zp_in, s_out, zp_out = (consts[v] for v in names)
+    same = s_in.dtype == s_out.dtype and zp_in.dtype == zp_out.dtype and s_in.reshape(()) == s_out.reshape(()) \
+        and zp_in.reshape(()) == zp_out.reshape(())
+    return (dq.inputs[0], pool) if bool(same) and float(s_in.reshape(())) > 0 else None
+_dequantize = _qdq("DequantizeLinear")
+
+
+@_claim("dequantize_linear", _qdq_ok)
+def _dequantize_or_scale(b: OnnxBuilder, node: Node) -> None:
+    """DequantizeLinear; or, where it dequantizes matmul_integer's accumulator with mul(input scale, constant
+    weight scale) (int8-dynamic's linear layer), Mul(Cast(acc), scale): the same arithmetic (float32(acc) * scale,
+    one rounding each), spelled as ONNX Runtime's own quantize_dynamic models spell it, so its graph optimizer
+    fuses MatMulInteger + Cast + Mul (+ the bias Add after it) into MatMulIntegerToFloat, and that with the
+    DynamicQuantizeLinear before it into DynamicQuantizeMatMul (tests/quant/test_quant_dynamic_linear.py)."""
+    if not _matmul_scale(b, node):
+        _dequantize(b, node)
+        return
+    acc, scale, _ = node.inputs
+    b.node("Mul", [b.node("Cast", [acc], to=1), scale], list(node.outputs))
+
+
+def _matmul_scale(b: OnnxBuilder, node: Node) -> bool:
+    """Whether `node` is dequantize_linear(matmul_integer(a, w, a_zp, w_zp), mul(a_scale, w_scale), 0) with a
+    uint8 input quantized per tensor, a constant 2-D int8 weight with one zero point, and a constant weight
+    scale with one value or one per column: the form MatMulIntegerToFloat takes (A_Scale first)."""
+    producers = b.graph.producers()
+    acc, scale, zp = node.inputs
+    matmul, mul = producers.get(acc), producers.get(scale)
+    zero = b.graph.constants.get(zp)
+    if matmul is None or matmul.op != "matmul_integer" or mul is None or mul.op != "mul" or len(mul.inputs) != 2 \
+            or zero is None or zero.any():
+        return False
+    a, w, a_zp, w_zp = matmul.inputs
+    a_scale, w_scale = mul.inputs
+    specs = b.graph.specs
+    n = specs[w].shape[-1]
+    return ({w, w_zp, w_scale} <= set(b.graph.constants) and a_scale not in b.graph.constants and specs[w].rank == 2
+            and specs[a].dtype is DType.uint8 and specs[w].dtype is DType.int8 and specs[a_zp].numel == 1
+            and specs[w_zp].numel == 1 and specs[a_scale].numel == 1 and specs[a_scale].dtype is DType.float32
+            and specs[w_scale].dtype is DType.float32 and specs[w_scale].shape in ((), (1,), (n,), (1, n)))
 
 
 def _dynamic_ok(node: Node, graph: Graph) -> bool:
@@ -268,3 +337,38 @@ def _requantize(b: OnnxBuilder, node: Node) -> None:
         ins.append(b.const(np.ascontiguousarray(b.graph.constants[bias].reshape(-1)), "bias"))
     b.node("QLinearConv", ins, list(node.outputs), kernel_shape=[w_shape[2], w_shape[3]], strides=list(stride),
            pads=list(pads), dilations=list(dil), group=groups)
+
+
+def _x86_fma_cpu() -> bool:
+    """Whether this CPU runs MLAS's AVX2 QLinearAdd (x86 with AVX2 and FMA), the arithmetic quantized_add
+    spells out; elsewhere (NEON's fixed point, SSE2 without fma) ORT computes something else."""
+    import importlib
+
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1.26
+        try:
+            features = importlib.import_module(module).__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return bool(features.get("AVX2")) and bool(features.get("FMA3"))
+    return False
+
+
+X86_FMA = _x86_fma_cpu()
+_MAX_ADD_RATIO = 2.0 ** 20  # 255 * 2^20 * 2 < 2^31: no float reaches cvtps2dq's out-of-range value
+
+
+def _quantized_add_ok(node: Node, graph: Graph) -> bool:
+    """Constant per-tensor parameters with finite, moderate scale ratios, uint8/int8 data, on an x86 FMA CPU."""
+    params = node.inputs[1:3] + node.inputs[4:8]
+    if not X86_FMA or not all(v in graph.constants for v in params):
+        return False
+    a_scale, b_scale, y_scale = (float(graph.constants[node.inputs[i]].reshape(())) for i in (1, 4, 6))
+    if not all(np.isfinite(s) and s > 0 for s in (a_scale, b_scale, y_scale)):
+        return False
+    return max(a_scale, b_scale) / y_scale < _MAX_ADD_RATIO
+
+
+@_claim("quantized_add", _quantized_add_ok)
+def _quantized_add(b: OnnxBuilder, node: Node) -> None:
+    ins = [v if i in (0, 3) else _scalar(b, v) for i, v in enumerate(node.inputs)]
+    b.node("QLinearAdd", ins, list(node.outputs), domain=MS_DOMAIN)

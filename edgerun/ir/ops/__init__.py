@@ -7,6 +7,7 @@ from edgerun.ir.ops import (  # noqa: F401
     data_dependent_ops,
     image_ops,
     nn_ops,
+    quant_add_ops,
     quant_ops,
     raster,
     resize_ops,
