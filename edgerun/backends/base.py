@@ -150,6 +150,12 @@ class CompiledPartition:
     # made its own layout of them, e.g. ONNX Runtime's prepacked weights). The runtime may drop the host's
     # copy of those that no other partition or method reads (runtime/constant_release.py).
     released_constants: frozenset[str] = frozenset()
+    # Outputs this partition computes correctly when the runtime hands each one the very array of the input it
+    # names (output -> input): the partition writes only what changes into it (ONNX Runtime's
+    # GroupQueryAttention appending a KV cache's new rows to past_key's buffer). An output that updates the
+    # state this input reads is then planned into the state's buffer (runtime/state.py), as the reference's
+    # update_slice is: no copy after the call.
+    overwrites_inputs: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run standalone: allocate the outputs and return them (the runtime passes arena views instead)."""

@@ -226,15 +226,15 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     shared: dict[str, Any] = {}  # the packed operands, made once for both methods
     methods = {
         "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context, shared=shared,
-                              cache="state"),
+                              cache="state", layout="heads"),
         "decode": step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
-                             shared=shared, cache="state"),
+                             shared=shared, cache="state", layout="heads"),
     }
     # Initial values as read-only zeros in one element's memory: the runtime's state buffers are the cache
     # (StateStore copies these into them), so a resident zero cache of the program's own would be a second
     # copy (22 MB at context 512).
     zero = np.zeros((), np.float32)
-    state = {name: np.broadcast_to(zero, spec.shape) for name, spec in cache_specs(info.config, info.context).items()}
+    state = {name: np.broadcast_to(zero, spec.shape) for name, spec in cache_specs(info.config, info.context, "heads").items()}
     return Program.from_methods(methods, default_method="prefill", state=state,
                                 metadata={**default_metadata(), "name": info.name, "source_digest": info.digest})
 

@@ -10,9 +10,14 @@ padding out of real tokens' attention); decode is the step at T=1. The cache is 
   the new rows go out as outputs `k_new_{i}`, `v_new_{i}`, and the host writes them.
 
 Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit)
-Cache:   k_cache_{i} float32[kv_heads, head_dim, C] (keys stored transposed), v_cache_{i} float32[kv_heads, C, head_dim]
-Outputs: logits float32[vocab] (or [T, vocab] with all_logits); with cache="inputs" also
-         k_new_{i} [kv_heads, head_dim, T], v_new_{i} [kv_heads, T, head_dim]
+Cache, in one of two layouts (`layout`):
+  "heads" (what `edgerun.llm` runs): k_cache_{i} and v_cache_{i} float32[1, kv_heads, C, head_dim], ONNX
+      Runtime's GroupQueryAttention layout, so its delegate can run a layer's attention and both cache
+      writes as that one kernel, appending the new rows in place (onnx_llm_ops.CacheAttentionFusion);
+  "keys_transposed" (the WebGPU decode plan's): k_cache_{i} float32[kv_heads, head_dim, C] (the score matmul
+      needs no transpose), v_cache_{i} float32[kv_heads, C, head_dim].
+Outputs: logits float32[vocab] (or [T, vocab] with all_logits); with cache="inputs" also the new rows
+         k_new_{i}, v_new_{i} (T in place of C in the cache's shape)
 
 Cache slots at positions >= start are masked out (they must hold finite values: 0 * NaN is NaN).
 GGUF-packed weights stay packed (see `packed_linear`).
@@ -35,6 +40,11 @@ from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_ope
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 Weight = np.ndarray | PackedWeight
 CacheForm = Literal["state", "inputs"]
+CacheLayout = Literal["heads", "keys_transposed"]
+# Node meta naming a node's role in a layer's attention ("<layer> q", "<layer> k", "<layer> v", "<layer> out",
+# "<layer> k write", "<layer> v write", and "rope cos" / "rope sin"): what ONNX Runtime's delegate needs to run
+# the attention as GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion; the roles' promises are there).
+ATTENTION_ROLE = "llm_attention"
 
 
 def cache_names(config: LlamaArchitecture) -> list[str]:
@@ -42,8 +52,11 @@ def cache_names(config: LlamaArchitecture) -> list[str]:
     return [f"{kind}_cache_{i}" for i in range(config.layers) for kind in ("k", "v")]
 
 
-def cache_specs(config: LlamaArchitecture, context: int) -> dict[str, TensorSpec]:
+def cache_specs(config: LlamaArchitecture, context: int, layout: CacheLayout = "keys_transposed",
+                ) -> dict[str, TensorSpec]:
     kv, hd = config.kv_heads, config.head_dim
+    if layout == "heads":
+        return {name: TensorSpec((1, kv, context, hd), DType.float32) for name in cache_names(config)}
     return {name: TensorSpec((kv, hd, context) if name.startswith("k") else (kv, context, hd), DType.float32)
             for name in cache_names(config)}
 
@@ -61,8 +74,8 @@ def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np
 class _StepBuilder:
     def __init__(self, config: LlamaArchitecture, weights: Mapping[str, Weight], chunk: int, context: int,
                  all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]],
-                 cache: CacheForm) -> None:
-        self.shared, self.cache_form = shared, cache
+                 cache: CacheForm, layout: CacheLayout) -> None:
+        self.shared, self.cache_form, self.layout = shared, cache, layout
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
         self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
@@ -197,21 +210,30 @@ class _StepBuilder:
         rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
         return b.binary("add", b.binary("mul", x, cos), b.binary("mul", rotated, sin))
 
-    def heads_first(self, x: str, heads: int) -> str:
-        """[T, heads*hd] -> [heads, T, hd]."""
+    def heads_first(self, x: str, heads: int, role: str = "") -> str:
+        """[T, heads*hd] -> [heads, T, hd]; `role` tags the reshape, whose input is the projection."""
         b = self.b
-        return b.emit("transpose", [b.emit("reshape", [x], shape=[self.T, heads, self.c.head_dim])], perm=[1, 0, 2])
+        reshaped = self.tagged(role, "reshape", [x], shape=[self.T, heads, self.c.head_dim]) if role else \
+            b.emit("reshape", [x], shape=[self.T, heads, self.c.head_dim])
+        return b.emit("transpose", [reshaped], perm=[1, 0, 2])
 
     def attention(self, h: str, i: int, cos: str, sin: str, cache_keep: str, causal: str) -> tuple[str, str, str]:
         b, c, T, C = self.b, self.c, self.T, self.C
         kv, hd, group = c.kv_heads, c.head_dim, c.group
         prefix = f"layers.{i}."
         q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
-        q = self.rotate(self.heads_first(q, c.heads), cos, sin)
-        k = self.rotate(self.heads_first(k, kv), cos, sin)
-        v = self.heads_first(v, kv)  # [kv, T, hd]
-        k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
+        q = self.rotate(self.heads_first(q, c.heads, f"{i} q"), cos, sin)
+        k = self.rotate(self.heads_first(k, kv, f"{i} k"), cos, sin)
+        v = self.heads_first(v, kv, f"{i} v")  # [kv, T, hd]
         k_cache, v_cache = self.cache_read(f"k_cache_{i}"), self.cache_read(f"v_cache_{i}")
+        if self.layout == "heads":  # [1, kv, C, hd] both; the new rows [1, kv, T, hd]
+            k_cache = b.emit("transpose", [b.emit("reshape", [k_cache], shape=[kv, C, hd])], perm=[0, 2, 1])
+            v_cache = b.emit("reshape", [v_cache], shape=[kv, C, hd])
+            k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T], for this chunk's scores
+            k_rows, v_rows = b.emit("reshape", [k], shape=[1, kv, T, hd]), b.emit("reshape", [v], shape=[1, kv, T, hd])
+        else:
+            k_new = k_rows = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
+            v_rows = v
         # Query heads sharing a key/value head sit side by side (transformers' repeat_kv order), so grouped
         # attention is one batched matmul per kv head with group*T query rows.
         q = b.binary("mul", q, b.scalar(1.0 / float(np.sqrt(hd)), q))
@@ -225,24 +247,27 @@ class _StepBuilder:
         p_new = b.emit("slice", [probs], starts=[C], ends=[C + T], axes=[2])
         out = b.binary("add", self.tagged(f"{i} values", "matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
         out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
-        out = b.emit("reshape", [out], shape=[T, c.heads * hd])
-        return self.linear(out, prefix + "o"), k_new, v
+        out = self.tagged(f"{i} out", "reshape", [out], shape=[T, c.heads * hd])
+        return self.linear(out, prefix + "o"), k_rows, v_rows
 
-    def tagged(self, role: str, op: str, inputs: list[str]) -> str:
-        """A node of the cache attention, its role in node meta (`llm_cache`): ONNX Runtime's delegate makes
-        these three per layer read only the cache cells in use (onnx_llm_ops.attend_used_cells). The roles
-        promise what that relies on: `mask` is `where(keep, scores, -inf)` over the cells, and the cache
-        columns of its softmax are what `values` multiplies, so a cell where keep is false adds exactly 0."""
+    def tagged(self, role: str, op: str, inputs: list[str], **attrs: object) -> str:
+        """A node with its role in node meta. The cache attention's ("<layer> scores" / "mask" / "values",
+        meta `llm_cache`): ONNX Runtime's delegate makes these three per layer read only the cache cells in
+        use (onnx_llm_ops.attend_used_cells). The roles promise what that relies on: `mask` is
+        `where(keep, scores, -inf)` over the cells, and the cache columns of its softmax are what `values`
+        multiplies, so a cell where keep is false adds exactly 0. The others (ATTENTION_ROLE) mark the
+        attention's ends for the delegate's GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion)."""
+        key = "llm_cache" if role.split(" ", 1)[-1] in ("scores", "mask", "values") else ATTENTION_ROLE
         saved = self.b.meta
-        self.b.meta = {**saved, "llm_cache": role}
+        self.b.meta = {**saved, key: role}
         try:
-            return self.b.emit(op, inputs)
+            return self.b.emit(op, inputs, **attrs)
         finally:
             self.b.meta = saved
 
     def cache_read(self, name: str) -> str:
         """Layer cache `name` as a state read (a view of the state's buffer) or as a graph input."""
-        spec = cache_specs(self.c, self.C)[name]
+        spec = cache_specs(self.c, self.C, self.layout)[name]
         if self.cache_form == "inputs":
             return self.g.add_input(name, spec)
         self.g.specs[name] = spec
@@ -259,8 +284,14 @@ class _StepBuilder:
         if self.cache_form == "inputs":
             return rows
         for i, (k_new, v_new) in enumerate(zip(rows[::2], rows[1::2])):
-            for name, new, axis in ((f"k_cache_{i}", k_new, 2), (f"v_cache_{i}", v_new, 1)):
-                self.g.state_updates[name] = self.b.emit("update_slice", [name, new, start], axis=axis)
+            axes = (2, 2) if self.layout == "heads" else (2, 1)
+            for kind, new, axis in (("k", k_new, axes[0]), ("v", v_new, axes[1])):
+                name = f"{kind}_cache_{i}"
+                if self.layout == "heads":  # a write GroupQueryAttention can make: tagged for the delegate
+                    self.g.state_updates[name] = self.tagged(f"{i} {kind} write", "update_slice",
+                                                             [name, new, start], axis=axis)
+                else:
+                    self.g.state_updates[name] = self.b.emit("update_slice", [name, new, start], axis=axis)
         return []
 
     def mlp(self, h: str, i: int) -> str:
@@ -277,8 +308,9 @@ class _StepBuilder:
         # Padding rows past the context read the last table row; their outputs are never used.
         positions = b.binary("minimum", positions, b.const(np.asarray(C - 1, np.int64)))
         cos_table, sin_table = rope_tables(c, C)
-        cos = b.emit("gather", [b.const(cos_table), positions], axis=0)  # [T, hd], broadcasts over heads
-        sin = b.emit("gather", [b.const(sin_table), positions], axis=0)
+        # [T, hd], broadcasts over heads; the rows of positions start + t (clamped only past the context)
+        cos = self.tagged("rope cos", "gather", [b.const(cos_table), positions], axis=0)
+        sin = self.tagged("rope sin", "gather", [b.const(sin_table), positions], axis=0)
         cache_keep = b.emit("reshape", [b.binary("lt", b.const(np.arange(C, dtype=np.int64)), start)],
                             shape=[1, 1, C])
         causal = b.const(np.tile(np.tril(np.ones((T, T), dtype=bool)), (c.group, 1)))  # [group*T, T]
@@ -308,8 +340,9 @@ class _StepBuilder:
 
 def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
                all_logits: bool = False, int8_activations: bool = False,
-               shared: dict[str, list[Int4Operands]] | None = None, cache: CacheForm = "inputs") -> Graph:
-    """The step program for `chunk` tokens against a cache of `context` positions, held as `cache`.
+               shared: dict[str, list[Int4Operands]] | None = None, cache: CacheForm = "inputs",
+               layout: CacheLayout = "keys_transposed") -> Graph:
+    """The step program for `chunk` tokens against a cache of `context` positions, held as `cache` in `layout`.
 
     Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
     int8 rows scaled after the gather). `int8_activations` rounds the packed matmuls' inputs to int8 per
@@ -317,7 +350,7 @@ def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chun
     Graphs built with one `shared` dict share their packed operands (stacked, split, offsets) array for array.
     """
     graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations,
-                         {} if shared is None else shared, cache).build()
+                         {} if shared is None else shared, cache, layout).build()
     names = ["logits"]
     if cache == "inputs":
         names += [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]

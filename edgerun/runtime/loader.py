@@ -124,7 +124,8 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
     state_plan = None if signature is None else plan_state(graph, signature, lifetimes, arena_aliases,
-                                                           overwriting_steps(steps, on_reference))
+                                                           overwriting_steps(steps, on_reference,
+                                                                             lambda k: compiled[k].overwrites_inputs))
     for k, original_step in narrowed.items():  # a narrowed raster whose update was not placed in place: undo
         if state_plan is not None and not any(v in state_plan.views for v in original_step.writes):
             steps[k] = original_step

@@ -115,11 +115,21 @@ class StatePlan:
 WRITES_OVER_FIRST_INPUT = frozenset({"update_slice"})
 
 
-def overwriting_steps(steps: list[Step], binds_kernel: Callable[[Step], bool]) -> dict[str, tuple[str, ...]]:
-    """Value -> its step's inputs, for each value made by a WRITES_OVER_FIRST_INPUT node bound to the
-    reference's kernel (`binds_kernel`): plan_state may put it in its first input's state buffer."""
-    return {step.node.outputs[0]: tuple(step.node.inputs) for step in steps
-            if step.node is not None and step.node.op in WRITES_OVER_FIRST_INPUT and binds_kernel(step)}
+def overwriting_steps(steps: list[Step], binds_kernel: Callable[[Step], bool],
+                      overwrites_of: Callable[[int], Mapping[str, str]] = lambda _: {}) -> dict[str, tuple[str, ...]]:
+    """Value -> the inputs of the step making it, first the one whose buffer it may be written over: each
+    value made by a WRITES_OVER_FIRST_INPUT node bound to the reference's kernel (`binds_kernel`), and each
+    output a whole-partition step declares it computes over one of its inputs (`overwrites_of(partition)`,
+    CompiledPartition.overwrites_inputs). plan_state may put such a value in that input's state buffer."""
+    found: dict[str, tuple[str, ...]] = {}
+    for step in steps:
+        if step.node is None:
+            for value, read in overwrites_of(step.partition).items():
+                if value in step.writes and read in step.reads:
+                    found[value] = (read, *(r for r in step.reads if r != read))
+        elif step.node.op in WRITES_OVER_FIRST_INPUT and binds_kernel(step):
+            found[step.node.outputs[0]] = tuple(step.node.inputs)
+    return found
 
 
 def plan_state(graph: Graph, signature: StateSignature, lifetimes: dict[str, TensorLifetime],

@@ -46,19 +46,59 @@ def step_by_step(model: Any, ids: list[int]) -> list[np.ndarray]:
     return [model.runner.forward([i]) for i in ids]
 
 
-def test_onnxruntime_attends_over_the_used_cache_cells_only(dense: Any, tiny_gguf: Path) -> None:
-    """On ONNX Runtime each layer's cache attention reads the cells before `start` only (a run-time length,
-    onnx_llm_ops.attend_used_cells); the logits stay those of the reference's whole-cache attention, from
-    an empty cache (length clamped to 1) through prefill chunks to decode steps near the end of the context."""
+STEPS = (IDS, [4], [9], IDS[:2], *[[i] for i in IDS[:8]])  # 19 + 1 + 1 + 2 + 8 = 31 of 32 cells
+
+
+def test_onnxruntime_runs_each_layers_attention_and_cache_writes_as_one_kernel(dense: Any, tiny_gguf: Path) -> None:
+    """On ONNX Runtime a whole step is one partition: each layer's attention and its two cache writes are one
+    GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion) appending the new rows to the state's buffer in
+    place (the partition declares the overwrite, the runtime binds the state to input and output); the logits
+    and the cache stay the reference's, from an empty cache through prefill chunks to decode steps near the
+    end of the context."""
     pytest.importorskip("onnxruntime")
     fast = edgerun.llm.load(tiny_gguf, dequantize=True, context=CONTEXT, chunk=CHUNK, backends=["onnxruntime"])
     for method in (fast.runner.prefill, fast.runner.decode):
-        infos = [c.info for c in method.parts.compiled if c.backend == "onnxruntime"]
-        assert sum(info["attentions_over_used_cells"] for info in infos) == LAYERS
+        (compiled,) = method.parts.compiled
+        assert compiled.backend == "onnxruntime" and compiled.info["fused_attentions"] == LAYERS
+        assert sorted(compiled.overwrites_inputs.values()) == sorted(cache_names(dense.config))
+        assert sorted(method.parts.state.plan.in_place) == sorted(cache_names(dense.config))
+        assert not method.parts.state.plan.copies
     for model in (dense, fast):
         model.reset()
-    for step in (IDS, [4], [9], IDS[:2], *[[i] for i in IDS[:8]]):  # 19 + 1 + 1 + 2 + 8 = 31 of 32 cells
+    for step in STEPS:
         np.testing.assert_allclose(fast.runner.forward(step), dense.runner.forward(step), atol=1e-4, rtol=0)
+    for name, cache in dense.program.state.items():
+        np.testing.assert_allclose(fast.program.state[name][:, :, :31], cache[:, :, :31], atol=1e-5, rtol=0)
+
+
+def test_onnxruntime_attends_over_the_used_cache_cells_only(dense: Any) -> None:
+    """An attention ONNX Runtime does not fuse (here: the step's fusion tags removed but the writes') reads the
+    cells before `start` only (a run-time length, onnx_llm_ops.attend_used_cells), and its tagged cache writes
+    run on ONNX Runtime as copies (Slice/Concat), written back after the call; the logits stay those of the
+    reference's whole-cache attention."""
+    pytest.importorskip("onnxruntime")
+    from edgerun.llm.program_builder import ATTENTION_ROLE
+    from edgerun.llm.step_runner import StepRunner
+
+    source = dense.program.program
+    methods = {}
+    for name, graph in source.methods.items():
+        graph = graph.copy()
+        for node in graph.nodes:
+            if not str(node.meta.get(ATTENTION_ROLE, "")).endswith(" write"):
+                node.meta.pop(ATTENTION_ROLE, None)
+        methods[name] = graph
+    untagged = Program.from_methods(methods, default_method="prefill", state=source.state)
+    fast = edgerun.load(untagged, backends=["onnxruntime"])
+    for method in ("prefill", "decode"):
+        (compiled,) = fast.method(method).parts.compiled  # the writes too
+        assert compiled.info["attentions_over_used_cells"] == LAYERS and compiled.info["fused_attentions"] == 0
+        assert not compiled.overwrites_inputs and len(fast.method(method).parts.state.plan.copies) == 2 * LAYERS
+        assert not compiled.run.__self__.session.get_session_options().enable_mem_pattern  # run-time shapes
+    runner = StepRunner(fast, chunk=CHUNK, context=CONTEXT)
+    dense.reset()
+    for step in STEPS:
+        np.testing.assert_allclose(runner.forward(step), dense.runner.forward(step), atol=1e-4, rtol=0)
 
 
 def test_one_program_with_two_methods_and_the_cache_as_state(dense: Any) -> None:
@@ -87,8 +127,8 @@ def test_prefill_of_two_lengths_matches_decoding_token_by_token(dense: Any) -> N
         np.testing.assert_allclose(dense.next_logits(IDS[:n]), want[-1], atol=1e-5)
         assert dense.runner.position == n
         for name, cache in dense.program.state.items():  # the same rows at the same positions
-            rows = (slice(None), slice(None), slice(0, n)) if name.startswith("k") else (slice(None), slice(0, n))
-            np.testing.assert_allclose(cache[rows], want_cache[name][rows], atol=1e-5)
+            assert cache.shape[:3] == (1, dense.config.kv_heads, dense.context)  # GroupQueryAttention's layout
+            np.testing.assert_allclose(cache[:, :, :n], want_cache[name][:, :, :n], atol=1e-5)
 
 
 def test_a_chunk_near_the_end_of_the_context_starts_earlier(dense: Any) -> None:

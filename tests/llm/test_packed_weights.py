@@ -47,17 +47,19 @@ def test_weights_stay_packed_in_the_programs(packed: Any) -> None:
     assert not any("activations" in n.attrs for n in packed.runner.prefill.graph.nodes if n.op == "matmul_int4")
 
 
-def test_cache_state_is_written_in_place_beside_the_onnxruntime_partition(packed: Any) -> None:
-    """Each method is one ONNX Runtime partition reading the cache states as bound views (no copy in), then
-    the 60 update_slice writes on the reference, in place: a call writes its new rows and nothing else."""
+def test_the_whole_step_is_one_onnxruntime_partition_writing_the_cache_in_place(packed: Any) -> None:
+    """Each method is one ONNX Runtime partition, each layer's attention and cache writes one
+    GroupQueryAttention appending its new rows into the state's buffer, bound as both its past and present
+    cache (CompiledPartition.overwrites_inputs): a call writes its new rows and nothing else."""
+    state = packed.program.state
     for method in (packed.runner.prefill, packed.runner.decode):
-        partitions = method.parts.partitions
-        assert [p.backend for p in partitions] == ["onnxruntime", "reference"]
-        assert {n.op for n in partitions[1].nodes} == {"update_slice"} and len(partitions[1].nodes) == 60
-        state = packed.program.state
-        assert set(state) <= set(partitions[0].inputs)
+        (compiled,) = method.parts.compiled
+        assert compiled.backend == "onnxruntime" and compiled.info["fused_attentions"] == 30
+        assert set(state) <= set(compiled.graph.inputs) and set(compiled.overwrites_inputs.values()) == set(state)
         assert all(np.shares_memory(method.parts.views[name], state[name]) for name in state)
-        assert sorted(method.parts.state.plan.in_place) == sorted(packed.program.state)
+        for update, read in compiled.overwrites_inputs.items():
+            assert np.shares_memory(method.parts.views[update], state[read])
+        assert sorted(method.parts.state.plan.in_place) == sorted(state)
         assert not method.parts.state.plan.copies
     # The program's initial cache is zeros in one element's memory: the state buffers are the only cache.
     assert all(not any(a.strides) and not a.any() for a in packed.program.program.state.values())
@@ -74,14 +76,15 @@ def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
         assert not [name for name, c in method.graph.constants.items() if c.dtype == np.int8]
 
 
-def test_onnxruntime_runs_the_used_cells_partitions_without_a_memory_pattern(packed: Any) -> None:
-    """Attention over the used cache cells gives the partition run-time shapes, which ORT's memory pattern
-    does not cover: the session runs without one (25 MB less resident after a prefill chunk; docs/llm.md).
-    A partition of static shapes keeps it."""
+def test_onnxruntime_keeps_the_memory_pattern_for_the_fused_step(packed: Any) -> None:
+    """Attention over the used cache cells gives a partition run-time shapes, which ORT's memory pattern
+    does not cover: such a session runs without one (25 MB less resident after a prefill chunk; docs/llm.md;
+    test_llm_program.py tests it on an unfused step). The fused step's attention is GroupQueryAttention, its
+    intermediates all of static shapes, so it keeps the pattern, as a partition of static shapes does."""
     for method in (packed.runner.prefill, packed.runner.decode):
         (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
-        assert compiled.info["attentions_over_used_cells"] == 30
-        assert not compiled.run.__self__.session.get_session_options().enable_mem_pattern
+        assert compiled.info["attentions_over_used_cells"] == 0 and compiled.info["fused_attentions"] == 30
+        assert compiled.run.__self__.session.get_session_options().enable_mem_pattern
     from edgerun.ir.builder import Builder
     from edgerun.ir.dtypes import DType
     from edgerun.ir.graph import Graph

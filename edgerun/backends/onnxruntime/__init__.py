@@ -26,7 +26,14 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
-from edgerun.backends.onnxruntime.onnx_llm_ops import USED_CELLS_KEY, attend_used_cells  # + rms_norm kernel
+from edgerun.backends.onnxruntime.onnx_llm_ops import (  # + the rms_norm and update_slice kernels
+    FUSED_ATTENTIONS_KEY,
+    LLM_SUPPORTED,
+    OVERWRITES_KEY,
+    USED_CELLS_KEY,
+    CacheAttentionFusion,
+    attend_used_cells,
+)
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
     EXTERNAL_CONSTANT_BYTES,
@@ -54,7 +61,7 @@ SPIN_POOL_NODE_FLOPS = 2e4
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
-    supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
+    supported = {**SUPPORTED, **QUANT_SUPPORTED, **LLM_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
     composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization, RMSNorm: one ORT kernel each
     control_flow = CONTROL_FLOW  # If, Loop, Scan, bodies emitted like any partition (onnx_control_flow.py)
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
@@ -106,10 +113,14 @@ class OnnxRuntimeBackend(Backend):
         released = released_initializers(model, session._edgerun_shared, _probe_session)
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             del external[name], session._edgerun_keep[name]
-        runner = BoundSession(session, subgraph, external, in_place)
+        overwrites = {p.key[len(OVERWRITES_KEY):]: p.value for p in model.metadata_props
+                      if p.key.startswith(OVERWRITES_KEY)}
+        runner = BoundSession(session, subgraph, external, in_place, overwrites)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
-                                 released_constants=frozenset(released),
+                                 released_constants=frozenset(released), overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
+                                       "fused_attentions": sum(int(p.value) for p in model.metadata_props
+                                                               if p.key == FUSED_ATTENTIONS_KEY),
                                        "attentions_over_used_cells": used_cells,
                                        "constants_read_in_place": len(in_place),
                                        "gathered_rasters": sum(1 for n in model.graph.node
@@ -124,8 +135,10 @@ def create_backend(threads: int | None = None, spin: bool | None = None) -> Onnx
 def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     """An ONNX ModelProto for `subgraph`, and the constants to pass as external OrtValues (name -> array)."""
     b = OnnxBuilder(subgraph)
+    fusion = CacheAttentionFusion(subgraph)
     for node in subgraph.nodes:
-        emit_node(b, node)
+        if not fusion.emit(b, node):
+            emit_node(b, node)
     helper = b.helper
     used = {v for n in subgraph.nodes for v in n.inputs if v}
     external: dict[str, np.ndarray] = {}
@@ -158,6 +171,11 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     drop_noop_reshapes(model)
     fold_expand_reshapes(model)
     attend_used_cells(model, subgraph)
+    notes = {FUSED_ATTENTIONS_KEY: str(len(fusion.layers)),  # what compile reports and declares
+             **{OVERWRITES_KEY + out: read for out, read in fusion.overwrites.items()}}
+    for key, note in notes.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, note
     kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
     return model, {k: v for k, v in external.items() if k in kept}
 
@@ -273,9 +291,12 @@ class BoundSession:
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray],
-                 in_place: Mapping[str, np.ndarray] | None = None) -> None:
+                 in_place: Mapping[str, np.ndarray] | None = None, overwrites: Mapping[str, str] | None = None,
+                 ) -> None:
         self.session = session
         self.graph = graph
+        # input -> the output its buffer is updated into (CompiledPartition.overwrites_inputs, reversed)
+        self.overwritten = {read: out for out, read in (overwrites or {}).items()}
         self.external = external  # kept alive with the session
         self.in_place = dict(in_place or {})  # constants the model takes as inputs, bound with every binding
         self.binding = session.io_binding()
@@ -304,20 +325,28 @@ class BoundSession:
         self.binding.clear_binding_inputs()
         self.binding.clear_binding_outputs()
         self._stage_in, self._stage_out = [], []
-        for name, array in zip(self.graph.inputs, inputs):
-            target = array
-            if not array.flags.c_contiguous:
-                target = np.empty(array.shape, array.dtype)
-                self._stage_in.append((target, array))
-            self.binding.bind_input(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
-        for name, array in self.in_place.items():
-            self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
+        bound_out = {}
         for name, array in zip(self.graph.outputs, outputs):
             target = array
             if not array.flags.c_contiguous or not array.flags.writeable:
                 target = np.empty(array.shape, array.dtype)
                 self._stage_out.append((array, target))
             self.binding.bind_output(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+            bound_out[name] = target
+        for name, array in zip(self.graph.inputs, inputs):
+            target = array
+            updated = bound_out.get(self.overwritten.get(name, ""))
+            if updated is not None and _address(updated) != _address(array):
+                # The kernel appends to this input's buffer in place (GroupQueryAttention: past_key is
+                # present_key): handed two arrays, it works on the output's, with the old value copied in.
+                target = updated
+                self._stage_in.append((target, array))
+            elif not array.flags.c_contiguous:
+                target = np.empty(array.shape, array.dtype)
+                self._stage_in.append((target, array))
+            self.binding.bind_input(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+        for name, array in self.in_place.items():
+            self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
         self._keep = [*(d for d, _ in self._stage_in), *(s for _, s in self._stage_out)]
         self._steady = self._run_staged if self._stage_in or self._stage_out else self._run_bound
         self._bound_in, self._bound_out = inputs, outputs
