@@ -88,7 +88,7 @@ def find_attention(graph: Graph, alias: Mapping[str, str], outputs: set[str], ma
     for softmax in graph.nodes:
         if softmax.op == "softmax":
             match = _match(softmax, graph, producer, readers, alias, outputs)
-            if match is not None and len(_bindings(match, alias)) + 2 <= max_bindings:
+            if match is not None and len(attention_bindings(match, alias)) + 2 <= max_bindings:
                 found.append(match)
     return found
 
@@ -235,7 +235,7 @@ def _masked_to_minus_inf(half: ScoreHalf, graph: Graph, alias: Mapping[str, str]
     return keep if values.size and bool(np.all(np.isneginf(values))) else None
 
 
-def _bindings(match: Attention, alias: Mapping[str, str]) -> list[str]:
+def attention_bindings(match: Attention, alias: Mapping[str, str]) -> list[str]:
     """The values the kernel reads, each once, in binding order."""
     read: list[str] = []
     for h in match.halves:
@@ -249,7 +249,7 @@ def _bindings(match: Attention, alias: Mapping[str, str]) -> list[str]:
 
 def attention_kernel(match: Attention, graph: Graph, alias: Mapping[str, str]) -> Kernel:
     """The one-dispatch kernel of `match` (the module doc)."""
-    bound = _bindings(match, alias)
+    bound = attention_bindings(match, alias)
     slot = {v: k for k, v in enumerate(bound)}
 
     def load(v: str) -> Callable[[str], str]:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
-from edgerun.backends.webgpu.attention import attention_kernel, find_attention
+from edgerun.backends.webgpu.attention import attention_bindings, attention_kernel, find_attention
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
 from edgerun.backends.webgpu.int8 import int8_kernels, is_int8_node
 from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
@@ -108,6 +108,12 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     # attention (scores, softmax, values) as one workgroup kernel, placed where its final add is
     attention = {m.add.name: m for m in find_attention(graph, alias, outputs, max_bindings)} if fuse else {}
     in_attention = {n.name for m in attention.values() for n in m.nodes if n is not m.add}
+    # The attention kernel loads its operands from memory: one computed where it is read (an inline raster,
+    # a folded norm) would never be stored (the LLM step's keys in the heads cache layout, a transpose of
+    # the cache's reshaped view, read garbage), so those are computed by a dispatch of their own.
+    bound = {v for m in attention.values() for v in attention_bindings(m, alias)}
+    inline = {v: n for v, n in inline.items() if v not in bound}
+    folded = {v: n for v, n in folded.items() if v not in bound}
     groups: list[Group | Node] = []
     made_by: dict[str, int] = {}  # value -> index in `groups` of what computes it
 
