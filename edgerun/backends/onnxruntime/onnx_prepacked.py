@@ -32,6 +32,16 @@ IN_PLACE_MAX_ROWS = 64
 IN_PLACE_MIN_BYTES = 32 * 1024
 
 
+def input_slots(model: Any, names: set[str]) -> dict[str, list[tuple[Any, int]]]:
+    """name -> every (node, input index) of `model`'s graph that reads it, for the names in `names`."""
+    slots: dict[str, list[tuple[Any, int]]] = {}
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            if name in names:
+                slots.setdefault(name, []).append((node, k))
+    return slots
+
+
 def read_in_place(model: Any, external: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The shared constants `model` should read from the program's arrays at run time rather than have each
     session prepack: a float MatMul's right-hand side with few rows (SmolLM2's Q4_1 offset matrices, [18 or
@@ -42,11 +52,7 @@ def read_in_place(model: Any, external: dict[str, np.ndarray]) -> dict[str, np.n
     initializers to its inputs (the caller binds them) and returns them."""
     from onnx import TensorProto, helper
 
-    uses: dict[str, list[tuple[Any, int]]] = {}
-    for node in model.graph.node:
-        for k, name in enumerate(node.input):
-            if name in external:
-                uses.setdefault(name, []).append((node, k))
+    uses = input_slots(model, set(external))
     outputs = {o.name for o in model.graph.output}
     chosen = {name: external[name] for name, readers in uses.items()
               if _few_rows(external[name]) and name not in outputs
@@ -72,11 +78,7 @@ SessionMaker = Callable[[Any, dict[str, np.ndarray]], Any]
 def released_initializers(model: Any, shared: set[str], make: SessionMaker) -> set[str]:
     """The shared initializers of `model` that its session does not read after it is built: each one read
     only at a prepacked input slot of nodes whose kernel signature the probe found prepacked."""
-    slots: dict[str, list[tuple[Any, int]]] = {}
-    for node in model.graph.node:
-        for k, name in enumerate(node.input):
-            if name in shared:
-                slots.setdefault(name, []).append((node, k))
+    slots = input_slots(model, shared)
     graph_outputs = {o.name for o in model.graph.output}
     dtypes = {t.name: t.data_type for t in model.graph.initializer}
     dims = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
