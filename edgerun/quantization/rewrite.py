@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.quantization.weights import int4_groups, int8_per_channel
 
@@ -183,7 +184,7 @@ def uint8_glue(graph: Graph, uint8_values: set[str]) -> dict[str, str]:
             continue
         a, b = (graph.specs[v] for v in node.inputs)
         out = _after_activation(graph, node.outputs[0])
-        if a.shape == b.shape and a.dtype.value == "float32" and out not in graph.outputs:
+        if a.shape == b.shape and a.dtype is DType.float32 and out not in graph.outputs:
             glue[node.outputs[0]] = out
             available.add(out)
     return glue
@@ -227,6 +228,15 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
             quantized[x] = (b.emit("quantize_linear", [x, b.const(scale), x_zp]), x_zp, scale)
         return quantized[x]
 
+    def uint8_output(b: Builder, out: str, yq: str, y_zp: str) -> None:
+        """`yq` (in `out`'s calibrated range) stands for float value `out`: later integer nodes read it,
+        the report learns it, and `out` becomes its dequantized value for everything else."""
+        s_y, zp_y = params[out]
+        quantized[out] = (yq, y_zp, s_y)
+        if uint8_results is not None:
+            uint8_results[out] = (yq, s_y, zp_y)
+        _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
+
     def emit(b: Builder, layer: Layer) -> None:
         xq, x_zp, s_x = uint8_input(b, layer.activation)
         acc, w_scale = _integer_op(b, layer, xq, x_zp, qmax)
@@ -243,11 +253,7 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
         s_y, zp_y = params[out]
         multiplier = (acc_scale / np.float32(s_y)).astype(np.float32)
         y_zp = b.const(zp_y)
-        yq = b.emit("requantize", [acc, b.const(multiplier), y_zp], arithmetic="float32")
-        quantized[out] = (yq, y_zp, s_y)
-        if uint8_results is not None:
-            uint8_results[out] = (yq, s_y, zp_y)
-        _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
+        uint8_output(b, out, b.emit("requantize", [acc, b.const(multiplier), y_zp], arithmetic="float32"), y_zp)
 
     def emit_add(b: Builder, node: Node) -> None:
         ins = []
@@ -257,11 +263,8 @@ def rewrite_int8_static(graph: Graph, layers: list[Layer], params: dict[str, tup
         out = (glue or {})[node.outputs[0]]
         s_y, zp_y = params[out]
         y_zp = b.const(zp_y)
-        yq = b.emit("quantized_add", [*ins, b.const(np.asarray(s_y, np.float32).reshape(())), y_zp])
-        quantized[out] = (yq, y_zp, s_y)
-        if uint8_results is not None:
-            uint8_results[out] = (yq, s_y, zp_y)
-        _named(b, out, "dequantize_linear", [yq, b.const(s_y), y_zp])
+        uint8_output(b, out, b.emit("quantized_add", [*ins, b.const(np.asarray(s_y, np.float32).reshape(())), y_zp]),
+                     y_zp)
 
     folded = [*(out for name, out in outputs.items() if out != name), *(a for a, _ in biases.values()),
               *(out for name, out in (glue or {}).items() if out != name)]

@@ -119,6 +119,8 @@ def _pooled_codes(b: OnnxBuilder, node: Node) -> tuple[str, Node] | None:
     same = s_in.dtype == s_out.dtype and zp_in.dtype == zp_out.dtype and s_in.reshape(()) == s_out.reshape(()) \
         and zp_in.reshape(()) == zp_out.reshape(())
     return (dq.inputs[0], pool) if bool(same) and float(s_in.reshape(())) > 0 else None
+
+
 _dequantize = _qdq("DequantizeLinear")
 
 
