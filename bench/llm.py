@@ -5,6 +5,10 @@ Runtimes:
 - edgerun: the GGUF's Q4_1/Q8_0 weights packed (matmul_int4; decode rounds their inputs to int8 per group),
   static prefill/decode programs placed by the load-time search (`backends="auto"`); `--edgerun-backends`
   changes that. edgerun-f32: the same with the weights dequantized to float32 (`dequantize=True`).
+  edgerun-first-load (run before edgerun, always): the load alone on a cache holding this device's
+  calibration and no tuned placement, so its peak RSS and load time are a first load's on a device (the
+  search builds and measures candidates); the edgerun rows after it find the winner cached, as every later
+  load does.
 - torch: transformers on the same GGUF (float32), eager.
 - llama.cpp, llama.cpp-fa (flash attention on): `llama-cpp-python` on the same GGUF, built from its source
   distribution with -DGGML_NATIVE=ON into a separate bench-only venv by scripts/setup-bench-llm.sh (10-16
@@ -28,10 +32,11 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-RUNTIMES = ("edgerun", "edgerun-f32", "torch", "llama.cpp", "llama.cpp-fa")
+RUNTIMES = ("edgerun", "edgerun-first-load", "edgerun-f32", "torch", "llama.cpp", "llama.cpp-fa")
 DEFAULT_RUNTIMES = ("edgerun", "torch", "llama.cpp", "llama.cpp-fa")
 BENCH_VENV = os.environ.get("BENCH_LLM_VENV", str(Path(__file__).resolve().parents[1] / ".venv-bench-llm"))
 TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
@@ -91,6 +96,17 @@ def work_edgerun(args: argparse.Namespace, ids: list[int], dequantize: bool = Fa
         token = int(model.runner.forward([token]).argmax())
     return {"load_s": load_s, "prefill_s": statistics.median(prefill),
             "decode_tok_s": new / result.decode_seconds, "decode_cpu_ms": 1e3 * (time.process_time() - cpu) / new}
+
+
+def work_edgerun_first_load(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
+    """The load alone, on a cache with no tuned placement for this program: what the first load on a device
+    costs (the search builds and measures its candidates, then the winner is cached for the timed row)."""
+    import edgerun.llm
+
+    backends = args.edgerun_backends if args.edgerun_backends == "auto" else args.edgerun_backends.split(",")
+    start = time.perf_counter()
+    edgerun.llm.load(args.gguf, context=512, chunk=args.chunk, backends=backends)
+    return {"load_s": time.perf_counter() - start}
 
 
 def work_edgerun_f32(args: argparse.Namespace, ids: list[int]) -> dict[str, float]:
@@ -160,7 +176,8 @@ def work_llama_cpp_fa(args: argparse.Namespace, ids: list[int]) -> dict[str, flo
     return work_llama_cpp(args, ids, flash_attn=True)
 
 
-WORKERS = {"edgerun": work_edgerun, "edgerun-f32": work_edgerun_f32, "torch": work_torch,
+WORKERS = {"edgerun": work_edgerun, "edgerun-first-load": work_edgerun_first_load, "edgerun-f32": work_edgerun_f32,
+           "torch": work_torch,
            "llama.cpp": work_llama_cpp, "llama.cpp-fa": work_llama_cpp_fa}
 
 
@@ -173,14 +190,29 @@ def worker_main(args: argparse.Namespace) -> None:
         except ImportError:
             pass
     out = WORKERS[args.worker](args, ids)
-    out["prefill_tok_s"] = len(ids) / out["prefill_s"]
+    if "prefill_s" in out:
+        out["prefill_tok_s"] = len(ids) / out["prefill_s"]
     out["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(out), flush=True)
 
 
 # ---- driver -------------------------------------------------------------------------------------------------
 
-def run_worker(runtime: str, ids: list[int], args: argparse.Namespace) -> dict[str, object]:
+def edgerun_cache(work: str) -> str:
+    """A cache folder for the edgerun rows: this device's calibration copied in (a device measures its backends
+    once), no tuned placements, so the first-load row runs the search and the timed rows find its winner."""
+    import shutil
+
+    from edgerun.backends.conversion_cache import cache_dir
+
+    calibration = cache_dir() / "calibration"
+    if calibration.is_dir():
+        shutil.copytree(calibration, os.path.join(work, "calibration"))
+    return work
+
+
+def run_worker(runtime: str, ids: list[int], args: argparse.Namespace,
+               cache: str | None = None) -> dict[str, object]:
     python = sys.executable
     if runtime.startswith("llama.cpp"):
         python = os.path.join(BENCH_VENV, "bin", "python")
@@ -188,7 +220,8 @@ def run_worker(runtime: str, ids: list[int], args: argparse.Namespace) -> dict[s
         if not found:
             return {"status": f"not measured: no llama-cpp-python in {BENCH_VENV} (scripts/setup-bench-llm.sh)"}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
-           "MKL_NUM_THREADS": str(args.threads), "EDGERUN_ORT_THREADS": str(args.threads)}
+           "MKL_NUM_THREADS": str(args.threads), "EDGERUN_ORT_THREADS": str(args.threads),
+           **({"EDGERUN_CACHE_DIR": cache} if cache else {})}
     cmd = [python, __file__, "--worker", runtime, "--ids", json.dumps(ids), "--threads", str(args.threads),
            "--new-tokens", str(args.new_tokens), "--repeat", str(args.repeat), "--gguf", gguf_path(),
            "--chunk", str(args.chunk), "--edgerun-backends", args.edgerun_backends]
@@ -219,21 +252,27 @@ def main() -> None:
     ids = prompt_ids(args.prompt_tokens)
     load_before = os.getloadavg()
     rows = {}
-    for runtime in args.runtimes.split(","):
-        print(f"running {runtime} ...", file=sys.stderr, flush=True)
-        rows[runtime] = run_worker(runtime, ids, args)
+    runtimes = args.runtimes.split(",")
+    if "edgerun" in runtimes and "edgerun-first-load" not in runtimes:
+        runtimes.insert(runtimes.index("edgerun"), "edgerun-first-load")  # tunes, so the timed row loads warm
+    with tempfile.TemporaryDirectory(prefix="llm-bench-cache-") as work:
+        cache = edgerun_cache(work)
+        for runtime in runtimes:
+            print(f"running {runtime} ...", file=sys.stderr, flush=True)
+            rows[runtime] = run_worker(runtime, ids, args, cache if runtime.startswith("edgerun") else None)
     load_after = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct Q4_1 GGUF, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
           f"{args.threads} threads; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'runtime':<13} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode CPU ms':>14} {'peak RSS MB':>12} "
+    print(f"{'runtime':<19} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode CPU ms':>14} {'peak RSS MB':>12} "
           f"{'load s':>7}")
     for name, row in rows.items():
         if row["status"] != "ok":
-            print(f"{name:<13} {row['status']}")
+            print(f"{name:<19} {row['status']}")
             continue
         cpu = f"{row['decode_cpu_ms']:>14.1f}" if "decode_cpu_ms" in row else f"{'':>14}"
-        print(f"{name:<13} {row['prefill_tok_s']:>14.1f} {row['decode_tok_s']:>13.1f} {cpu} {row['peak_rss_mb']:>12.0f} "
-              f"{row['load_s']:>7.1f}")
+        speed = f"{row['prefill_tok_s']:>14.1f} {row['decode_tok_s']:>13.1f}" if "prefill_tok_s" in row \
+            else f"{'(load only)':>14} {'':>13}"
+        print(f"{name:<19} {speed} {cpu} {row['peak_rss_mb']:>12.0f} {row['load_s']:>7.1f}")
     ours = rows.get("edgerun", {})
     for peer in ("torch", "llama.cpp", "llama.cpp-fa"):
         base = rows.get(peer, {})

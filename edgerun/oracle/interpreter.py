@@ -47,11 +47,33 @@ def bind_inputs(graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.nda
         if spec.dtype is DType.string:
             arr = string_array(arr, f"input {name!r}")
         elif arr.dtype != spec.dtype.np:
-            if not np.can_cast(arr.dtype, spec.dtype.np, casting="same_kind"):
-                raise EdgerunError(f"input {name!r} must be {spec.dtype.value}, got {arr.dtype}")
-            arr = arr.astype(spec.dtype.np)
+            arr = _converted_input(arr, spec.dtype, name)
         bound[name] = arr
     return bound
+
+
+def _converted_input(arr: np.ndarray, dtype: DType, name: str) -> np.ndarray:
+    """`arr` as the input's dtype when that keeps its values: a cast within a kind (int64 ids into int32,
+    float64 into float32, which rounds as every float32 program does), never one that would wrap an integer
+    or overflow a float to infinity (the program would then run on values the caller never passed)."""
+    target = dtype.np
+    if not np.can_cast(arr.dtype, target, casting="same_kind"):
+        raise EdgerunError(f"input {name!r} must be {dtype.value}, got {arr.dtype}")
+    if arr.size and not np.can_cast(arr.dtype, target, casting="safe"):
+        if np.issubdtype(target, np.integer) and arr.dtype != np.bool_:
+            info = np.iinfo(target)
+            low, high = arr.min(), arr.max()
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                raise EdgerunError(f"input {name!r} holds {bad}, outside {dtype.value}'s range "
+                                   f"[{info.min}, {info.max}]")
+        elif np.issubdtype(target, np.floating):
+            finite = arr[np.isfinite(arr)]
+            limit = np.finfo(target).max
+            if finite.size and np.abs(finite).max() > limit:
+                raise EdgerunError(f"input {name!r} holds {finite[np.abs(finite).argmax()]}, beyond {dtype.value}'s "
+                                   f"largest value {limit}: it would become infinity")
+    return arr.astype(target)
 
 
 def run_node(node: Node, args: list[np.ndarray], graph: Graph, kernel: Kernel | None = None) -> list[np.ndarray]:

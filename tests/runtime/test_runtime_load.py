@@ -247,3 +247,25 @@ def test_runtime_needs_no_torch(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_an_input_converted_to_the_programs_dtype_keeps_its_values_or_is_refused() -> None:
+    # int64 ids into an int32 input and float64 into float32 are converted (numpy's defaults); a value the
+    # conversion would wrap or turn into infinity is refused, naming the input, instead of run silently.
+    g = Graph()
+    b = Builder(g)
+    ids = g.add_input("ids", TensorSpec((3,), DType.int32))
+    half = g.add_input("half", TensorSpec((3,), DType.float16))
+    g.outputs = [b.emit("add", [ids, ids]), b.emit("add", [half, half])]
+    m = load(g)
+    twice, doubled = m(ids=np.array([1, -2, 70000], np.int64), half=np.array([0.5, -1.0, np.inf]))
+    assert twice.dtype == np.int32 and twice.tolist() == [2, -4, 140000]
+    assert doubled.dtype == np.float16 and doubled.tolist() == [1.0, -2.0, np.inf]  # an infinity passed stays one
+    with pytest.raises(EdgerunError, match=r"input 'ids' holds 4294967296, outside int32's range"):
+        m(ids=np.array([1, 2**32, 3], np.int64), half=np.zeros(3))
+    with pytest.raises(EdgerunError, match=r"input 'ids' holds -2147483649"):
+        m(ids=np.array([-(2**31) - 1, 0, 0], np.int64), half=np.zeros(3))
+    with pytest.raises(EdgerunError, match=r"input 'half' holds -70000.0, beyond float16's largest value"):
+        m(ids=np.zeros(3, np.int64), half=np.array([1.0, -70000.0, 2.0]))
+    with pytest.raises(EdgerunError, match=r"input 'ids' must be int32, got float64"):
+        m(ids=np.zeros(3), half=np.zeros(3))

@@ -251,6 +251,35 @@ def test_the_cheap_single_engine_is_built_first_then_the_optimum_then_the_rest_c
     assert _cheap_single(candidates, builds, 2.0) == 1  # ORT modelled too far behind: MNN alone is the cheapest
 
 
+def _ort_and_reference_table(g: Graph, reference_over_ort: float) -> Any:
+    """The cost table of `g` on ORT and the reference (fixed figures), the reference modelled at the factor."""
+    names = ("onnxruntime", "reference")
+    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
+    table = cost_table(g, {n: get_backend(n) for n in names}, dict.fromkeys(names, fixed))
+    ort, ref = table.backends.index("onnxruntime"), table.backends.index("reference")
+    table.seconds[:, ref] = table.seconds[:, ort] * reference_over_ort
+    return table
+
+
+def _tune_with_ort_over_budget(g: Graph, table: Any, optimum: Any, name: str) -> tuple[Any, Any, Any]:
+    """tune_placement on a bounded load in which building ORT's session alone "overruns" the budget."""
+    budget = 0.5
+
+    def estimate(placement: dict[str, str]) -> float:
+        return 0.0 if set(placement.values()) == {"reference"} else budget
+
+    return tune_placement(g, table, optimum, name, budget_s=budget, build_estimate=estimate, abandon_floor_s=0.0)
+
+
+def _assert_ort_was_built_won_and_runs(g: Graph, placement: Any, report: Any, loaded: Any) -> None:
+    by_label = {c["label"]: c for c in report["candidates"]}
+    assert by_label["all onnxruntime"]["measured_s"] is not None, by_label  # built anyway: the next net
+    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {"onnxruntime"}
+    assert report["complete"] and loaded is not None
+    x = np.random.default_rng(0).standard_normal((1, 8, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-3, atol=1e-4)
+
+
 def test_a_net_that_measures_far_slower_than_modelled_hands_over_to_the_next_close_single_engine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Session 7's idle peers run: on MiniLM the reference alone was modelled 8.5 ms beside a three-engine
@@ -262,31 +291,17 @@ def test_a_net_that_measures_far_slower_than_modelled_hands_over_to_the_next_clo
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     g = _small_conv_net()
-    names = ("onnxruntime", "reference")
-    backends = {n: get_backend(n) for n in names}
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, backends, {n: fixed for n in names})
-    ort, ref = table.backends.index("onnxruntime"), table.backends.index("reference")
-    table.seconds[:, ref] = table.seconds[:, ort] * 1.05  # the reference misjudged: modelled next to ORT
+    table = _ort_and_reference_table(g, 1.05)  # the reference misjudged: modelled next to ORT
+    ort = table.backends.index("onnxruntime")
     # A mixed optimum: the convs on ORT, the relus on the reference (forced; the model need not agree).
     per_node = ["onnxruntime" if n.op == "conv2d" else "reference" for n in g.nodes]
     assert len(set(per_node)) == 2
     mixed = SearchResult(per_node, float(table.seconds[:, ort].sum()), switches=len(per_node))
-    budget = 0.5
-
-    def estimate(placement: dict[str, str]) -> float:  # ORT's session alone "overruns" the budget
-        return 0.0 if set(placement.values()) == {"reference"} else budget
-
-    placement, report, loaded = tune_placement(g, table, mixed, "net-handover", budget_s=budget,
-                                               build_estimate=estimate, abandon_floor_s=0.0)
+    placement, report, loaded = _tune_with_ort_over_budget(g, table, mixed, "net-handover")
     by_label = {c["label"]: c for c in report["candidates"]}
     ref_measured = by_label["all reference"]["measured_s"] or math.inf
     assert ref_measured > CHEAP_SINGLE_SLACK * by_label["all reference"]["modelled_s"]  # really misjudged
-    assert by_label["all onnxruntime"]["measured_s"] is not None, by_label  # built anyway: the next net
-    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {"onnxruntime"}
-    assert report["complete"] and loaded is not None
-    x = np.random.default_rng(0).standard_normal((1, 8, 32, 32)).astype(np.float32)
-    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-3, atol=1e-4)
+    _assert_ort_was_built_won_and_runs(g, placement, report, loaded)
 
 
 def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_over_too(
@@ -299,25 +314,11 @@ def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_ov
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     g = _small_conv_net()
-    names = ("onnxruntime", "reference")
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, {n: get_backend(n) for n in names}, dict.fromkeys(names, fixed))
-    ort, ref = table.backends.index("onnxruntime"), table.backends.index("reference")
-    table.seconds[:, ref] = table.seconds[:, ort] / (1.5 * SINGLE_SLACK)  # the reference misjudged: far ahead
+    table = _ort_and_reference_table(g, 1 / (1.5 * SINGLE_SLACK))  # the reference misjudged: far ahead
+    ref = table.backends.index("reference")
     optimum = SearchResult(["reference"] * len(g.nodes), float(table.seconds[:, ref].sum()), switches=0)
-    assert float(table.seconds[:, ort].sum()) <= CHEAP_SINGLE_SLACK * optimum.seconds  # close enough to hand over to
-    budget = 0.5
-
-    def estimate(placement: dict[str, str]) -> float:  # ORT's session alone "overruns" the budget
-        return 0.0 if set(placement.values()) == {"reference"} else budget
-
-    placement, report, loaded = tune_placement(g, table, optimum, "single-handover", budget_s=budget,
-                                               build_estimate=estimate, abandon_floor_s=0.0)
-    by_label = {c["label"]: c for c in report["candidates"]}
+    assert float(table.seconds[:, table.backends.index("onnxruntime")].sum()) <= CHEAP_SINGLE_SLACK * optimum.seconds
+    placement, report, loaded = _tune_with_ort_over_budget(g, table, optimum, "single-handover")
     opt = next(c for c in report["candidates"] if c["label"] in ("search", "all reference") and c["measured_s"])
     assert opt["measured_s"] > CHEAP_SINGLE_SLACK * opt["modelled_s"]  # really misjudged
-    assert by_label["all onnxruntime"]["measured_s"] is not None, by_label  # built and timed anyway
-    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {"onnxruntime"}
-    assert report["complete"] and loaded is not None
-    x = np.random.default_rng(0).standard_normal((1, 8, 32, 32)).astype(np.float32)
-    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-3, atol=1e-4)
+    _assert_ort_was_built_won_and_runs(g, placement, report, loaded)

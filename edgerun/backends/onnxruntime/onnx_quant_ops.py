@@ -106,7 +106,7 @@ def _quantize_or_pool_codes(b: OnnxBuilder, node: Node) -> None:
 def _pooled_codes(b: OnnxBuilder, node: Node) -> tuple[str, Node] | None:
     """(q, the max_pool2d node) when `node` quantizes max_pool2d(dequantize_linear(q, s, zp)) with the
     dequantize's own constant per-tensor s and zp (equal values)."""
-    producers = b.graph.producers()
+    producers = b.producers
     pool = producers.get(node.inputs[0])
     dq = producers.get(pool.inputs[0]) if pool is not None and pool.op == "max_pool2d" else None
     if pool is None or dq is None or dq.op != "dequantize_linear":
@@ -142,7 +142,7 @@ def _matmul_scale(b: OnnxBuilder, node: Node) -> bool:
     """Whether `node` is dequantize_linear(matmul_integer(a, w, a_zp, w_zp), mul(a_scale, w_scale), 0) with a
     uint8 input quantized per tensor, a constant 2-D int8 weight with one zero point, and a constant weight
     scale with one value or one per column: the form MatMulIntegerToFloat takes (A_Scale first)."""
-    producers = b.graph.producers()
+    producers = b.producers
     acc, scale, zp = node.inputs
     matmul, mul = producers.get(acc), producers.get(scale)
     zero = b.graph.constants.get(zp)
@@ -235,7 +235,7 @@ def _requantize_ok(node: Node, graph: Graph) -> bool:
 
 def _fusable_conv(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
     """(conv_integer node, int32 bias constant or "") when `node` requantizes conv_integer [+ constant bias]."""
-    producers = b.graph.producers()
+    producers = b.producers
     src, bias = producers.get(node.inputs[0]), ""
     if src is not None and src.op == "add":
         acc, bias = src.inputs
@@ -261,7 +261,7 @@ def _fusable_matmul(b: OnnxBuilder, node: Node) -> tuple[Node, str] | None:
     bias along the columns]: a constant 2-D weight with a constant per-tensor zero point, a per-tensor input
     zero point, a multiplier with one value or one per column, uint8 in and out (what ORT's QLinearMatMul and
     QGemm take at opset 20)."""
-    producers = b.graph.producers()
+    producers = b.producers
     src, bias = producers.get(node.inputs[0]), ""
     if src is not None and src.op == "add":
         acc, bias = src.inputs
