@@ -18,15 +18,15 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks
+from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks, unpack_q4_k
 
 GGUF_MAGIC = b"GGUF"
 Tensor = np.ndarray | PackedWeight
 
-# gguf's type names -> our packed schemes
-_PACKED = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+# gguf's type names -> our packed schemes ("q4_k": read into the q4_1 form, quant_blocks.unpack_q4_k)
+_PACKED = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k"}
 _FLOAT = {"F32", "F16"}
-_DEQUANTIZED_AT_LOAD = {"BF16", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
+_DEQUANTIZED_AT_LOAD = {"BF16", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
 SUPPORTED_TYPES = sorted(_FLOAT | set(_PACKED) | _DEQUANTIZED_AT_LOAD)
 
 
@@ -116,6 +116,8 @@ def _tensor(type_name: str, data: np.ndarray, shape: tuple[int, ...]) -> Tensor:
         raise EdgerunError(f"tensor type {type_name} is not supported (supported: {', '.join(SUPPORTED_TYPES)})")
     if len(shape) != 2:
         raise EdgerunError(f"quantized tensors must be matrices, got shape {shape}")
+    if scheme == "q4_k":
+        return unpack_q4_k(np.asarray(data), (shape[0], shape[1]))
     return unpack_blocks(scheme, np.asarray(data), (shape[0], shape[1]))
 
 

@@ -9,6 +9,11 @@ value = scale * code + min   (Q4_1: code 0..15; Q4_0: code 0..15, min = -8 * sca
 
 The float32 arithmetic is the same as gguf's own `gguf.quants.dequantize` (checked bit for bit in the tests):
 d*q with q <= 15 and d a float16 is exact in float32, so adding the minimum rounds once, as theirs does.
+
+Q4_K is read into the q4_1 form: its 256-value super-blocks hold eight sub-blocks of 32 with a 6-bit scale
+and a 6-bit minimum each, under a float16 `d` and `dmin`, and `d*sc*q - dmin*m` is exactly `scale * code +
+min` with scale = d*sc and min = -(dmin*m), both exact in float32 (11 + 6 significant bits), so the q4_1
+kernels run it and gguf's own dequantizer's bits come out (tests/llm/test_gguf.py).
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ GROUP = 32  # values per block (per scale) in every format we read
 
 # scheme -> bytes per 32-value block
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+SUPER_BLOCK = 256  # values per Q4_K super-block
+Q4_K_BYTES = 144  # float16 d and dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of codes
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A row-major [rows, cols] matrix quantized in groups of 32 along each row (rows = output features)."""
 
-    scheme: str  # "q4_0" | "q4_1" | "q8_0"
+    scheme: str  # "q4_0" | "q4_1" | "q8_0": the packed form (a Q4_K tensor is read into "q4_1")
     shape: tuple[int, int]
     data: np.ndarray  # q4: uint8 [rows, cols//2], byte k = element 2k (low nibble) | element 2k+1 (high)
     scales: np.ndarray  # float32 [rows, cols//32]
@@ -101,6 +108,33 @@ def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> Packe
     ordered = np.concatenate([low, high], axis=2).reshape(rows, cols)  # element order
     packed = (ordered[:, 0::2] | (ordered[:, 1::2] << 4)).astype(np.uint8)
     return PackedWeight(scheme, shape, packed, scales, mins)
+
+
+def unpack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
+    """Q4_K super-blocks `raw` (uint8 [rows, bytes per row]) of a [rows, cols] matrix in the q4_1 form."""
+    rows, cols = shape
+    if cols % SUPER_BLOCK:
+        raise EdgerunError(f"Q4_K row length {cols} is not a multiple of {SUPER_BLOCK}")
+    supers = cols // SUPER_BLOCK
+    if raw.dtype != np.uint8 or raw.size != rows * supers * Q4_K_BYTES:
+        raise EdgerunError(f"Q4_K tensor of shape {shape} needs {rows * supers * Q4_K_BYTES} bytes, got {raw.size}")
+    blocks = np.ascontiguousarray(raw).reshape(rows, supers, Q4_K_BYTES)
+    d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    dmin = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32)
+    # The eight 6-bit scales and minimums (llama.cpp's get_scale_min_k4): sub-blocks 0-3 in the low six bits
+    # of bytes 0-3 (scales) and 4-7 (minimums), sub-blocks 4-7 in the nibbles of bytes 8-11 with their top
+    # two bits in the spare bits of bytes 0-7.
+    packed = blocks[:, :, 4:16].reshape(rows, supers, 3, 4)
+    lo, mid, hi = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
+    sc = np.concatenate([lo & 0x3F, (hi & 0x0F) | ((lo >> 2) & 0x30)], axis=2)  # [rows, supers, 8]
+    mn = np.concatenate([mid & 0x3F, (hi >> 4) | ((mid >> 2) & 0x30)], axis=2)
+    scales = (d * sc.astype(np.float32)).reshape(rows, cols // GROUP)
+    mins = -(dmin * mn.astype(np.float32)).reshape(rows, cols // GROUP)
+    # Codes: four 32-byte chunks per super-block, each the low nibbles of sub-block 2c and the high of 2c+1.
+    qs = blocks[:, :, 16:].reshape(rows, supers, 4, 1, 32)
+    ordered = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(rows, cols)
+    data = (ordered[:, 0::2] | (ordered[:, 1::2] << 4)).astype(np.uint8)
+    return PackedWeight("q4_1", shape, data, scales.astype(np.float32), mins.astype(np.float32))
 
 
 @dataclass

@@ -12,7 +12,9 @@ from edgerun.errors import EdgerunError
 from edgerun.llm.architecture import from_gguf_metadata
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.gguf_reader import read_gguf
-from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks
+from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks, unpack_q4_k
+
+from .test_tiny_gguf import q4_k_blocks
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,24 @@ def test_unsupported_architecture_and_tensor_type(tmp_path: Path) -> None:
         read_gguf(q2)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0"])
+def test_q4_k_is_read_packed_into_the_q4_1_form_with_gguf_dequantizers_bits(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    raw = q4_k_blocks(5, 512, rng)
+    w = unpack_q4_k(raw, (5, 512))
+    assert w.scheme == "q4_1" and w.bits == 4 and w.data.shape == (5, 256) and w.scales.shape == (5, 16)
+    kind = gguf.GGMLQuantizationType.Q4_K
+    assert np.array_equal(w.dequantize(), gguf.quants.dequantize(raw, kind).reshape(5, 512))
+    path = tmp_path / "q4k.gguf"
+    _write_gguf(path, tensors={"token_embd.weight": raw}, raw_type=kind)
+    read = read_gguf(path).tensors["token_embd.weight"]
+    assert isinstance(read, PackedWeight) and np.array_equal(read.data, w.data)
+    with pytest.raises(EdgerunError, match="Q4_K row length 300 is not a multiple of 256"):
+        unpack_q4_k(raw, (5, 300))
+    with pytest.raises(EdgerunError, match=r"Q4_K tensor of shape \(6, 512\) needs 1728 bytes, got 1440"):
+        unpack_q4_k(raw, (6, 512))
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_0"])
 def test_k_quants_load_dequantized(tmp_path: Path, qtype: str) -> None:
     kind = gguf.GGMLQuantizationType[qtype]
     block, size = gguf.GGML_QUANT_SIZES[kind]

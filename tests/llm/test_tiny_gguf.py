@@ -1,6 +1,6 @@
-"""A tiny llama GGUF written here with gguf's writer (Q4_0, Q4_1, Q8_0, F16 and F32 tensors): its packed weights
-run packed (matmul_int4, on the reference backend here), and its logits match the float32 path and
-transformers loading the same file."""
+"""Tiny llama GGUFs written here with gguf's writer (Q4_0, Q4_1, Q8_0, F16 and F32 tensors; Q4_K in a second
+one): their packed weights run packed (matmul_int4, on the reference backend here), and their logits match
+the float32 path and transformers loading the same file."""
 
 from __future__ import annotations
 
@@ -17,19 +17,40 @@ from edgerun.llm.checkpoint import load_checkpoint
 DIM, HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 96, 4, 2, 2, 128
 
 
-def write_tiny_gguf(path: Path) -> None:
-    rng = np.random.default_rng(0)
+def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator, d: float | None = None) -> np.ndarray:
+    """Q4_K super-blocks: every byte random (scales, minimums, codes) but `d` and `dmin`, finite float16s
+    (random in [-2, 2], or `d` and d / 2). gguf cannot quantize to Q4_K, so tests write the blocks."""
+    raw = rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8)
+    scale = rng.uniform(-2, 2, (rows, cols // 256, 2)) if d is None else np.full((rows, cols // 256, 2), [d, d / 2])
+    raw[:, :, 0:4] = scale.astype(np.float16).view(np.uint8).reshape(rows, cols // 256, 4)
+    return raw.reshape(rows, -1)
+
+
+def _llama_writer(path: Path, dim: int, hidden: int) -> gguf.GGUFWriter:
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
     w.add_context_length(64)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(HIDDEN)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hidden)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(VOCAB)
-    w.add_rope_dimension_count(DIM // HEADS)
+    w.add_rope_dimension_count(dim // HEADS)
+    return w
+
+
+def _finish(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_tiny_gguf(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    w = _llama_writer(path, DIM, HIDDEN)
 
     def add(name: str, shape: tuple[int, ...], qtype: str) -> None:
         data = (rng.standard_normal(shape) * (0.2 if len(shape) == 2 else 0.1) + (1.0 if "norm" in name else 0))
@@ -53,10 +74,7 @@ def write_tiny_gguf(path: Path) -> None:
         add(f"blk.{i}.ffn_gate.weight", (HIDDEN, DIM), "Q4_1")
         add(f"blk.{i}.ffn_up.weight", (HIDDEN, DIM), "Q4_0")
         add(f"blk.{i}.ffn_down.weight", (DIM, HIDDEN), "Q8_0")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
 
 
 def test_tiny_gguf_runs_and_matches_transformers(tmp_path: Path) -> None:
@@ -83,6 +101,43 @@ def test_tiny_gguf_runs_and_matches_transformers(tmp_path: Path) -> None:
 
     try:
         ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32).eval()
+    except Exception as exc:  # transformers wants a tokenizer in some versions; the logits check needs none
+        pytest.skip(f"transformers cannot load a GGUF without tokenizer metadata: {exc}")
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(ours, want, atol=1e-4)
+
+
+def test_q4_k_weights_run_packed_and_match_the_float_path_and_transformers(tmp_path: Path) -> None:
+    # Q4_K_M files, the usual download, are mostly Q4_K: read into the q4_1 form, they run packed.
+    dim, hidden = 256, 512  # Q4_K rows are whole 256-value super-blocks
+    rng = np.random.default_rng(5)
+    path = tmp_path / "tiny-q4k.gguf"
+    w = _llama_writer(path, dim, hidden)
+    q4_k = gguf.GGMLQuantizationType.Q4_K
+    w.add_tensor("token_embd.weight", (rng.standard_normal((VOCAB, dim)) * 0.2).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    hd = dim // HEADS
+    for i in range(LAYERS):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(dim, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(dim, np.float32))
+        for name, rows, cols in (("attn_q", HEADS * hd, dim), ("attn_k", KV_HEADS * hd, dim),
+                                 ("attn_v", KV_HEADS * hd, dim), ("attn_output", dim, HEADS * hd),
+                                 ("ffn_gate", hidden, dim), ("ffn_up", hidden, dim), ("ffn_down", dim, hidden)):
+            w.add_tensor(f"blk.{i}.{name}.weight", q4_k_blocks(rows, cols, rng, d=0.0005), raw_dtype=q4_k)
+    _finish(w)
+    model = edgerun.llm.load(path, context=32, chunk=8)
+    dense = edgerun.llm.load(path, dequantize=True, context=32, chunk=8)
+    assert model.runner.prefill.graph.op_counts()["matmul_int4"] == LAYERS * 4  # q+k+v, o, gate+up, down
+    ids = [3, 17, 99, 5, 64, 1, 2, 120, 7, 8, 44]
+    ours = model.next_logits(ids)
+    assert np.ptp(ours) > 0.5  # logits that spread: an atol of 1e-4 is a real check
+    np.testing.assert_allclose(ours, dense.next_logits(ids), atol=1e-4)  # float rounding only
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
     except Exception as exc:  # transformers wants a tokenizer in some versions; the logits check needs none
         pytest.skip(f"transformers cannot load a GGUF without tokenizer metadata: {exc}")
     with torch.no_grad():
