@@ -3,6 +3,7 @@
 In that layout the step reads its keys as a transpose of the cache's reshaped view; the WebGPU lowering
 computed such a transpose inside its one reader's kernel, and the fused attention kernel, which loads its
 operands from memory, then read a buffer nothing had written (SmolLM2 answered "<" tokens for "Paris").
+The unfused lowering (one dispatch per op, the appends out of place) is checked on both cache layouts.
 """
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ pytest.importorskip("wgpu")
 
 import edgerun.llm
 from edgerun.errors import BackendUnavailableError
+from edgerun.llm.checkpoint import load_checkpoint
+from edgerun.llm.model import model_info
+from edgerun.llm.program_builder import CacheLayout, cache_specs, step_graph
+from edgerun.llm.step_runner import StepRunner
+from edgerun.program import Program
+from edgerun.runtime import load
 
 from .test_tiny_gguf import write_tiny_gguf
 
 try:
-    from edgerun.backends.webgpu import get_device
+    from edgerun.backends.webgpu import WebGpuBackend, get_device
 
     get_device()
 except BackendUnavailableError as exc:  # pragma: no cover - CI installs lavapipe
@@ -42,3 +49,27 @@ def test_each_step_on_webgpu_gives_the_reference_logits(tmp_path: Path) -> None:
         for ids in steps:
             want, got = cpu.runner.forward(ids), gpu.runner.forward(ids)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("layout", ["heads", "keys_transposed"])
+def test_unfused_step_on_webgpu_gives_the_reference_logits_in_both_cache_layouts(tmp_path: Path,
+                                                                                 layout: CacheLayout) -> None:
+    # Prefill (a chunk, then a short one padded) and decode steps reading the cache the earlier steps wrote.
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    checkpoint = load_checkpoint(path)
+    info = model_info(checkpoint, 16, 4)
+    weights = {n: checkpoint.float_weight(n) for n in checkpoint.weights}
+    weights.update({f"{n}.T": np.ascontiguousarray(w.T) for n, w in weights.items() if w.ndim == 2})
+    methods = {name: step_graph(info.config, weights, chunk=chunk, context=16, cache="state", layout=layout)
+               for name, chunk in (("prefill", 4), ("decode", 1))}
+    state = {n: np.zeros(s.shape, np.float32) for n, s in cache_specs(info.config, 16, layout).items()}
+    program = Program.from_methods(methods, default_method="prefill", state=state)
+    gpu, cpu = (StepRunner(load(program, backends=b), chunk=4, context=16)
+                for b in ([WebGpuBackend(fuse=False)], ["reference"]))
+    kernels = gpu.decode.parts.compiled[0].info["runner"].kernels
+    assert {p.backend for p in gpu.decode.partitions} == {"webgpu"}
+    assert not any(k.label.startswith("attention") for k in kernels)  # one dispatch per op
+    for ids in ([3, 17, 99, 5, 64, 1], [7], [9], [11, 12]):
+        want, got = cpu.forward(ids), gpu.forward(ids)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))

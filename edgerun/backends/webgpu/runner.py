@@ -243,6 +243,9 @@ class PartitionRunner:
             for v in k.values:
                 if v in g.constants:
                     continue
+                # Lifetimes belong to ranges: a dispatch that binds an alias by its own name keeps its
+                # source's bytes alive too (otherwise they go to a later value while the alias is still read).
+                v = self.alias.get(v, v)
                 birth.setdefault(v, i)
                 death[v] = i
         for v in (*g.outputs, *self.held, *self.resident):
