@@ -34,7 +34,8 @@ from edgerun.runtime.state import StateStore
 from edgerun.search.calibrate import BackendProfile, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
 from edgerun.search.placement_search import search_placement
-from edgerun.search.tune import FIRST_LOAD_BUDGET_S, tune_placement
+from edgerun.search.settings_tune import Settings, applied_settings, cached_settings, tune_settings
+from edgerun.search.tune import FIRST_LOAD_BUDGET_S, synthetic_inputs, tune_placement
 
 AUTO = "auto"
 AUTO_BACKENDS = ("onnxruntime", "mnn", "reference")
@@ -51,6 +52,7 @@ class AutoPlan:
     algorithms: dict[str, str] = field(default_factory=dict)  # node -> algorithm, where its backend has a choice
     tuning: dict[str, Any] = field(default_factory=dict)  # the measured candidates (tune.py's report)
     loaded: LoadedProgram | None = field(default=None, repr=False)  # the measured winner, ready to run
+    settings: Settings = field(default_factory=dict)  # backend settings tuned for this program (settings_tune.py)
 
 
 def auto_backends(names: Sequence[str] | None = None) -> list[Backend]:
@@ -84,6 +86,7 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
     search_s = time.perf_counter() - start
     tuning: dict[str, Any] = {}
     loaded = None
+    settings: Settings = {}
     if tune or measure_budget_s > 0:
         def loader(candidate: Mapping[str, str]) -> LoadedProgram:
             return load_prepared(program, graph, graph, list(backends), placement=candidate,
@@ -92,11 +95,17 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
 
         # A winner is only a winner among these candidates: the cache key names them.
         key = f"{program_key(graph, program)}.{'+'.join(sorted(backends))}"
-        placement, tuning, loaded = tune_placement(graph, table, best, key,
-                                                   budget_s=math.inf if tune else measure_budget_s, loader=loader,
+        budget_s = math.inf if tune else measure_budget_s
+        tuned_from = time.perf_counter()
+        placement, tuning, loaded = tune_placement(graph, table, best, key, budget_s=budget_s, loader=loader,
                                                    build_estimate=functools.partial(build_seconds, graph, profiles))
+        if loaded is not None and tuning.get("source") == "measured":
+            settings, loaded = tune_settings(placement, loaded, synthetic_inputs(graph), loader, backends, key,
+                                             deadline=tuned_from + budget_s)
+        else:
+            settings = cached_settings(key) or {}
     algorithms = choose_algorithms(graph, placement, backends, profiles)
-    return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded)
+    return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded, settings)
 
 
 def build_seconds(graph: Graph, profiles: Mapping[str, BackendProfile], placement: Mapping[str, str]) -> float:
@@ -176,8 +185,9 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:
-        loaded = load_prepared(program, original, graph, plan.backends,
-                               placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
-                               alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
+        with applied_settings({b.name: b for b in auto_backends(names)}, plan.settings):
+            loaded = load_prepared(program, original, graph, plan.backends,
+                                   placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
+                                   alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
     loaded.search = plan
     return loaded

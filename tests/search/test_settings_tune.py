@@ -1,0 +1,122 @@
+"""Backend settings tuned per program (edgerun.search.settings_tune): the winner built again with a setting
+changed, kept only if it measures SETTING_GAIN faster, cached per (device, program), applied around a load
+and restored after. Which setting wins on this machine is a measurement; these tests pin the mechanism by
+moving the bar (SETTING_GAIN) to where the outcome is certain."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgerun.backends.onnxruntime import OnnxRuntimeBackend
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
+from edgerun.runtime.loader import load_prepared
+from edgerun.search import CACHE_ENV, settings_tune
+from edgerun.search.settings_tune import applied_settings, cached_settings, settings_path, tune_settings
+from edgerun.search.tune import synthetic_inputs
+
+
+def _conv_net() -> Graph:
+    g = Graph()
+    b = Builder(g)
+    v = g.add_input("x", TensorSpec((1, 8, 16, 16), DType.float32))
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        w = b.const(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1)
+        v = b.emit("relu", [b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])])
+    g.outputs = [v]
+    return g
+
+
+def _spinning(loaded) -> bool:  # type: ignore[no-untyped-def]
+    (compiled,) = loaded.parts.compiled
+    options = compiled.run.__self__.session.get_session_options()
+    return options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    g = _conv_net()
+    ort = OnnxRuntimeBackend(threads=2, spin=None)
+    ort.spin_setting, ort.spin = None, False  # calibration's value, open to tuning (whatever the environment says)
+    backends = {"onnxruntime": ort}
+    placement = {n.name: "onnxruntime" for n in g.nodes}
+
+    def loader(candidate):  # type: ignore[no-untyped-def]
+        return load_prepared(None, g, g, [ort], placement=dict(candidate))
+
+    return g, ort, backends, placement, loader
+
+
+def test_a_setting_that_wins_is_kept_cached_and_the_backend_restored(setup, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    g, ort, backends, placement, loader = setup
+    monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # any measurement counts as a win
+    current = loader(placement)
+    assert not _spinning(current)
+    settings, loaded = tune_settings(placement, current, synthetic_inputs(g), loader, backends, "prog",
+                                     deadline=time.perf_counter() + 5.0)
+    assert settings == {"onnxruntime": {"spin": True}}
+    assert _spinning(loaded) and ort.spin is False  # built spinning; the shared backend as it was
+    assert cached_settings("prog") == settings
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-4, atol=1e-5)
+    with applied_settings(backends, settings):  # the cached winner's load
+        again = loader(placement)
+        assert ort.spin is True
+    assert _spinning(again) and ort.spin is False
+
+
+def test_a_setting_that_does_not_win_is_not_kept_and_running_out_of_time_caches_nothing(setup, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    g, _, backends, placement, loader = setup
+    monkeypatch.setattr(settings_tune, "SETTING_GAIN", math.inf)
+    current = loader(placement)
+    settings, loaded = tune_settings(placement, current, synthetic_inputs(g), loader, backends, "kept",
+                                     deadline=time.perf_counter() + 5.0)
+    assert settings == {} and loaded is current and cached_settings("kept") == {}  # "the current values won"
+    settings, loaded = tune_settings(placement, current, synthetic_inputs(g), loader, backends, "late",
+                                     deadline=time.perf_counter() - 1.0)
+    assert settings == {} and loaded is current
+    assert cached_settings("late") is None and not settings_path("late").exists()
+
+
+def test_a_setting_the_user_fixed_is_not_tuned_or_overridden(setup) -> None:  # type: ignore[no-untyped-def]
+    g, _, _, placement, _ = setup
+    fixed = OnnxRuntimeBackend(threads=2, spin=False)
+    assert fixed.tunable_settings() == {}
+    with applied_settings({"onnxruntime": fixed}, {"onnxruntime": {"spin": True}}):  # a cached choice: skipped
+        assert fixed.spin is False
+    current = load_prepared(None, g, g, [fixed], placement=placement)
+    settings, _ = tune_settings(placement, current, synthetic_inputs(g), lambda p: current, {"onnxruntime": fixed},
+                                "fixed", deadline=time.perf_counter() + 5.0)
+    assert settings == {}
+
+
+def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgerun.backends.registry import get_backend
+    from edgerun.search import load
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    shared = get_backend("onnxruntime")
+    if shared.spin_setting is not None:
+        pytest.skip("EDGERUN_ORT_SPIN fixed ORT's spinning for this process")
+    monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # the changed value always wins
+    g = _conv_net()
+    first = load(g, backends="auto:onnxruntime")  # calibrates, tunes the placement, then the setting
+    calibrated = shared.spin
+    assert first.search.tuning["source"] == "measured"
+    assert first.search.settings == {"onnxruntime": {"spin": not calibrated}} and _spinning(first) is not calibrated
+    later = load(g, backends="auto:onnxruntime")
+    assert later.search.tuning["source"] == "cache" and later.search.settings == first.search.settings
+    assert _spinning(later) is not calibrated and shared.spin is calibrated  # built with it; the backend restored
+    x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(later(x), first(x))
