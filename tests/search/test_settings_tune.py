@@ -111,11 +111,12 @@ def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
         pytest.skip("EDGERUN_ORT_SPIN fixed ORT's spinning for this process")
     monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # the changed value always wins
     g = _conv_net()
-    first = load(g, backends="auto:onnxruntime")  # calibrates, tunes the placement, then the setting
+    # tune=True: no budget, so a slow machine cannot run out of time before the setting is tried.
+    first = load(g, backends="auto:onnxruntime", tune=True)  # calibrates, tunes the placement, then the setting
     calibrated = shared.spin
     assert first.search.tuning["source"] == "measured"
     assert first.search.settings == {"onnxruntime": {"spin": not calibrated}} and _spinning(first) is not calibrated
-    later = load(g, backends="auto:onnxruntime")
+    later = load(g, backends="auto:onnxruntime", tune=True)
     assert later.search.tuning["source"] == "cache" and later.search.settings == first.search.settings
     assert _spinning(later) is not calibrated and shared.spin is calibrated  # built with it; the backend restored
     x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
