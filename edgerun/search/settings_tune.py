@@ -1,9 +1,9 @@
 """Backend settings chosen per program: the tuned winner timed again with each open setting changed.
 
 Calibration picks a device-wide value for each of a backend's `tunable_settings` (ONNX Runtime's pool-thread
-spinning, MNN's thread count) from micro-benchmarks, and those proved a poor guide: at idle they left ORT's
-spinning off (the one-op benchmarks gain 0.6-2x with it, and calibration's runs of one spinning session
-disturb the next), while on real programs spinning won by 8-17% (MobileNetV2 5.40 -> 5.00 ms, ShuffleNetV2
+spinning, MNN's thread count) from micro-benchmarks, and those proved a poor guide: at idle they gained
+0.6-2x each with spinning from run to run and left it off in some calibrations and on in others, while on
+real programs spinning won by 8-17% (MobileNetV2 5.40 -> 5.00 ms, ShuffleNetV2
 3.75 -> 3.29, the MLP 35 -> 29 us, SmolLM2's decode 102 -> 110 tokens/s; session 8, load 0.1-1.5). So the
 first auto load of a program, when its measuring budget is not spent, also loads the winner once per open
 setting with that setting changed, times both in interleaved rounds (timing.py), and keeps the change only
