@@ -377,9 +377,11 @@ def test_first_load_timing_ranks_squeezenets_mixed_head_as_steady_state_does(cac
 
     placement, report, loaded = tune_placement(graph, table, best, "squeezenet-mixed-head", budget_s=2.0,
                                                loader=loader)
-    # A single fast engine wins (ORT, or MNN now that its modelled memory rate leaves out its boundary copies).
+    # A single fast engine wins (ORT, or MNN now that its modelled memory rate leaves out its boundary copies;
+    # "all mnn" leaves the reference what MNN cannot run, so that placement holds the reference too).
     engine = report["winner"].removeprefix("all ")
-    assert engine in ("onnxruntime", "mnn") and set(placement.values()) == {engine}, report["winner"]
+    assert engine in ("onnxruntime", "mnn") and set(placement.values()) - {"reference"} == {engine}, report["winner"]
+    assert engine == "mnn" or set(placement.values()) == {"onnxruntime"}
     times = {c["label"]: c["measured_s"] for c in report["candidates"] if c["measured_s"] is not None}
     assert times["search"] > times[report["winner"]]
     # Building the optimum and its safety net is never skipped, so a loaded box can overrun the 2 s a little.
