@@ -73,11 +73,15 @@ def peak_rss_mb() -> float:
 
 # ---- workers (one runtime per process) ----------------------------------------------------------------------
 
+def edgerun_backends(args: argparse.Namespace) -> str | list[str]:
+    return args.edgerun_backends if args.edgerun_backends == "auto" else args.edgerun_backends.split(",")
+
+
 def work_edgerun(args: argparse.Namespace, ids: list[int], dequantize: bool = False) -> dict[str, float]:
     import edgerun.llm
 
     new, repeat = args.new_tokens, args.repeat
-    backends = args.edgerun_backends if args.edgerun_backends == "auto" else args.edgerun_backends.split(",")
+    backends = edgerun_backends(args)
     start = time.perf_counter()
     model = edgerun.llm.load(args.gguf, dequantize=dequantize, context=512, chunk=args.chunk, backends=backends)
     load_s = time.perf_counter() - start
@@ -103,7 +107,7 @@ def work_edgerun_first_load(args: argparse.Namespace, ids: list[int]) -> dict[st
     costs (the search builds and measures its candidates, then the winner is cached for the timed row)."""
     import edgerun.llm
 
-    backends = args.edgerun_backends if args.edgerun_backends == "auto" else args.edgerun_backends.split(",")
+    backends = edgerun_backends(args)
     start = time.perf_counter()
     edgerun.llm.load(args.gguf, context=512, chunk=args.chunk, backends=backends)
     return {"load_s": time.perf_counter() - start}

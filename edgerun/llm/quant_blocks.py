@@ -85,6 +85,12 @@ class PackedWeight:
                             None if self.mins is None else self.mins[order])
 
 
+def two_per_byte(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes [rows, cols] (0..15, in element order) packed two per byte, the even element in the low
+    nibble: PackedWeight.data's layout."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+
+
 def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
     """Split GGUF blocks `raw` (uint8 [rows, bytes per row]) of a [rows, cols] matrix into a PackedWeight."""
     rows, cols = shape
@@ -106,8 +112,7 @@ def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> Packe
     qs = blocks[:, :, start:]  # [rows, groups, 16]: low nibbles hold elements 0..15, high nibbles 16..31
     low, high = qs & 0x0F, qs >> 4
     ordered = np.concatenate([low, high], axis=2).reshape(rows, cols)  # element order
-    packed = (ordered[:, 0::2] | (ordered[:, 1::2] << 4)).astype(np.uint8)
-    return PackedWeight(scheme, shape, packed, scales, mins)
+    return PackedWeight(scheme, shape, two_per_byte(ordered), scales, mins)
 
 
 def unpack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
@@ -133,8 +138,7 @@ def unpack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
     # Codes: four 32-byte chunks per super-block, each the low nibbles of sub-block 2c and the high of 2c+1.
     qs = blocks[:, :, 16:].reshape(rows, supers, 4, 1, 32)
     ordered = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(rows, cols)
-    data = (ordered[:, 0::2] | (ordered[:, 1::2] << 4)).astype(np.uint8)
-    return PackedWeight("q4_1", shape, data, scales.astype(np.float32), mins.astype(np.float32))
+    return PackedWeight("q4_1", shape, two_per_byte(ordered), scales.astype(np.float32), mins.astype(np.float32))
 
 
 @dataclass
@@ -182,7 +186,6 @@ def int8_as_two_int4(w: PackedWeight) -> tuple[Int4Operands, Int4Operands]:
     groups = cols // GROUP
     biased = (w.data.astype(np.int16) + 128).astype(np.uint8)  # [rows, cols] in 0..255
     high, low = biased >> 4, biased & 0x0F
-    pack = lambda v: np.ascontiguousarray(  # noqa: E731 - two nibbles per byte, low first
-        (v[:, 0::2] | (v[:, 1::2] << 4)).astype(np.uint8).reshape(rows, groups, GROUP // 2))
+    pack = lambda v: two_per_byte(v).reshape(rows, groups, GROUP // 2)  # noqa: E731
     return (Int4Operands(pack(high), (w.scales * np.float32(16)).astype(np.float32), None),
             Int4Operands(pack(low), w.scales, np.zeros((rows, groups), np.uint8)))

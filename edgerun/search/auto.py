@@ -175,7 +175,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
         return SpecializingProgram(program or Program(original), functools.partial(
             load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
             arena_limit=arena_limit, state=state))
-    graph = prepare_graph(original, auto_backends(names))
+    candidates = auto_backends(names)
+    graph = prepare_graph(original, candidates)
     saved = state.snapshot() if state is not None else None  # timing candidates runs them on the state
     plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
                      arena_limit=arena_limit, state=state)
@@ -185,7 +186,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:
-        with applied_settings({b.name: b for b in auto_backends(names)}, plan.settings):
+        with applied_settings({b.name: b for b in candidates}, plan.settings):
             loaded = load_prepared(program, original, graph, plan.backends,
                                    placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
                                    alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)

@@ -30,7 +30,7 @@ from edgerun.runtime import LoadedProgram
 from edgerun.search.calibrate import SETTING_GAIN
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
 from edgerun.search.timing import steady_seconds
-from edgerun.search.tune import busy_after_call_s
+from edgerun.search.tune import busy_after_call_s, warm_up_seconds
 
 Settings = dict[str, dict[str, Any]]  # backend name -> {setting: value}
 
@@ -92,10 +92,8 @@ def tune_settings(placement: Mapping[str, str], loaded: LoadedProgram, inputs: l
             with applied_settings(backends, trial):
                 other = loader(placement)
             runs = {"current": functools.partial(loaded.run, inputs), "changed": functools.partial(other.run, inputs)}
-            for run in runs.values():
-                run()
             busy = {"current": busy_after_call_s(loaded), "changed": busy_after_call_s(other)}
-            times = steady_seconds(runs, busy, {k: _one_call_s(r) for k, r in runs.items()}, deadline)
+            times = steady_seconds(runs, busy, {k: warm_up_seconds(r) for k, r in runs.items()}, deadline)
             if times["current"] >= SETTING_GAIN * times["changed"]:
                 settings.setdefault(name, {})[setting] = values[1]
                 loaded = other
@@ -103,9 +101,3 @@ def tune_settings(placement: Mapping[str, str], loaded: LoadedProgram, inputs: l
     if finished:
         write_json(settings_path(program_key), {"settings": settings})
     return settings, loaded
-
-
-def _one_call_s(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
