@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from search_testkit import small_conv_net
 
 from edgerun.backends.registry import get_backend
 from edgerun.ir.builder import Builder
@@ -171,18 +172,6 @@ def test_under_a_mixed_optimum_the_safety_net_is_the_cheapest_build_among_close_
     assert _safety_net(candidates, build) == 1  # the reference builds cheapest but is modelled too far behind
 
 
-def _small_conv_net() -> Graph:
-    g = Graph()
-    b = Builder(g)
-    v = g.add_input("x", TensorSpec((1, 8, 32, 32), DType.float32))
-    rng = np.random.default_rng(2)
-    for _ in range(3):
-        w = b.const(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1)
-        v = b.emit("relu", [b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])])
-    g.outputs = [v]
-    return g
-
-
 def _mnn_modelled_ahead(g: Graph, mnn_factor: float) -> Any:
     """The cost table of `g` over ORT, MNN and the reference: MNN modelled at `mnn_factor` x ORT, the
     reference far behind (fixed figures: nothing here depends on this machine's calibration)."""
@@ -208,7 +197,7 @@ def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_fas
     from edgerun.search.tune import CHEAP_SINGLE_SLACK, SINGLE_SLACK, candidate_placements
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = _small_conv_net()
+    g = small_conv_net()
     table = _mnn_modelled_ahead(g, 0.8)
     best = search_placement(table)
     assert set(best.backend_of) == {"mnn"}  # the optimum: MNN alone (labelled "search")
@@ -290,7 +279,7 @@ def test_a_net_that_measures_far_slower_than_modelled_hands_over_to_the_next_clo
     from edgerun.search.tune import CHEAP_SINGLE_SLACK
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = _small_conv_net()
+    g = small_conv_net()
     table = _ort_and_reference_table(g, 1.05)  # the reference misjudged: modelled next to ORT
     ort = table.backends.index("onnxruntime")
     # A mixed optimum: the convs on ORT, the relus on the reference (forced; the model need not agree).
@@ -313,7 +302,7 @@ def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_ov
     from edgerun.search.tune import CHEAP_SINGLE_SLACK, SINGLE_SLACK
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = _small_conv_net()
+    g = small_conv_net()
     table = _ort_and_reference_table(g, 1 / (1.5 * SINGLE_SLACK))  # the reference misjudged: far ahead
     ref = table.backends.index("reference")
     optimum = SearchResult(["reference"] * len(g.nodes), float(table.seconds[:, ref].sum()), switches=0)
@@ -335,7 +324,7 @@ def test_a_single_engine_optimum_measures_another_single_modelled_within_two_x_w
 
     assert SINGLE_SLACK < 1.6 < CHEAP_SINGLE_SLACK < 2.5
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = _small_conv_net()
+    g = small_conv_net()
     table = _ort_and_reference_table(g, 1.0)
     ort, ref = table.backends.index("onnxruntime"), table.backends.index("reference")
     # Modelled far slower than either runs (so the optimum is not misjudged and hands nothing over).

@@ -11,29 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from search_testkit import small_conv_net
 
 from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-from edgerun.ir.builder import Builder
-from edgerun.ir.dtypes import DType
-from edgerun.ir.graph import Graph
-from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 from edgerun.runtime.loader import load_prepared
 from edgerun.search import CACHE_ENV, settings_tune
 from edgerun.search.settings_tune import applied_settings, cached_settings, settings_path, tune_settings
 from edgerun.search.tune import synthetic_inputs
-
-
-def _conv_net() -> Graph:
-    g = Graph()
-    b = Builder(g)
-    v = g.add_input("x", TensorSpec((1, 8, 16, 16), DType.float32))
-    rng = np.random.default_rng(4)
-    for _ in range(3):
-        w = b.const(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1)
-        v = b.emit("relu", [b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])])
-    g.outputs = [v]
-    return g
 
 
 def _spinning(loaded) -> bool:  # type: ignore[no-untyped-def]
@@ -45,7 +30,7 @@ def _spinning(loaded) -> bool:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = _conv_net()
+    g = small_conv_net(16, seed=4)
     ort = OnnxRuntimeBackend(threads=2, spin=None)
     ort.spin_setting, ort.spin = None, False  # calibration's value, open to tuning (whatever the environment says)
     backends = {"onnxruntime": ort}
@@ -110,7 +95,7 @@ def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
     if shared.spin_setting is not None:
         pytest.skip("EDGERUN_ORT_SPIN fixed ORT's spinning for this process")
     monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # the changed value always wins
-    g = _conv_net()
+    g = small_conv_net(16, seed=4)
     # tune=True: no budget, so a slow machine cannot run out of time before the setting is tried.
     first = load(g, backends="auto:onnxruntime", tune=True)  # calibrates, tunes the placement, then the setting
     calibrated = shared.spin
