@@ -165,11 +165,11 @@ class LanguageModel:
 
 def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, context: int | None = None,
          chunk: int = DEFAULT_CHUNK, backends: Sequence[str] | str | None = None,
-         int8_decode: bool = True) -> LanguageModel:
+         int8_decode: bool = True, int8_prefill: bool = True) -> LanguageModel:
     """Load a GGUF file, a Hugging Face model folder, or a program file written by `edgerun llm export`.
 
-    Packed GGUF weights (Q4_0, Q4_1, Q8_0) run packed unless `dequantize`; `int8_decode` (see
-    build_program) applies to them. An exported file runs as it was exported (its context, chunk and
+    Packed GGUF weights (Q4_0, Q4_1, Q8_0) run packed unless `dequantize`; `int8_decode` and `int8_prefill`
+    (see build_program) apply to them. An exported file runs as it was exported (its context, chunk and
     weights). `backends="auto"` lets the search place each method.
     """
     path = os.fspath(path_or_gguf)
@@ -179,7 +179,7 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
         return load_program_file(path, backends=backends, dequantize=dequantize, context=context)
     checkpoint = load_checkpoint(path)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
-    program = build_program(checkpoint, info, dequantize, int8_decode)
+    program = build_program(checkpoint, info, dequantize, int8_decode, int8_prefill)
     del checkpoint  # freed before the program loads: ONNX Runtime's sessions then reuse its memory
     return LanguageModel(info, tokenizer, load_program(program, backends))
 
@@ -205,14 +205,17 @@ def checkpoint_tokenizer(checkpoint: Checkpoint) -> BPETokenizer | None:
 
 
 def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = False,
-                  int8_decode: bool = True) -> Program:
+                  int8_decode: bool = True, int8_prefill: bool = True) -> Program:
     """The model as one program: methods `prefill` (the default) and `decode`, one set of weight arrays
     (stored once in a file: the methods share constants by name) and the KV cache as zero-initialised
     states (their identical zero segments are stored once too).
 
     Q4_0/Q4_1/Q8_0 weights stay packed unless `dequantize` (then every weight is float32). `int8_decode`:
     the decode method's packed matmuls round their input to int8 per group (llama.cpp's Q8 activations;
-    2.5x faster decoding on ONNX Runtime, logit error in docs/llm.md); prefill keeps float inputs.
+    2.5x faster decoding on ONNX Runtime, logit error in docs/llm.md). `int8_prefill`: prefill's too. Then
+    the two methods are one graph at two lengths, which ONNX Runtime runs as one session holding one packed
+    copy of the weights (backends/onnxruntime/onnx_shape_variants.py: SmolLM2's peak RSS 479 -> about 390
+    MB); with float inputs prefill is faster on ORT (492 against 372 tokens/s) but needs its own session.
     """
     weights: dict[str, Weight] = {}
     for n, w in checkpoint.weights.items():
@@ -225,8 +228,9 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
             weights[n] = checkpoint.float_weight(n)
     shared: dict[str, Any] = {}  # the packed operands, made once for both methods
     methods = {
-        "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context, shared=shared,
-                              cache="state", layout="heads"),
+        "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context,
+                              int8_activations=int8_decode and int8_prefill, shared=shared, cache="state",
+                              layout="heads"),
         "decode": step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
                              shared=shared, cache="state", layout="heads"),
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ from edgerun.backends.onnxruntime.onnx_ops import (
 )
 from edgerun.backends.onnxruntime.onnx_prepacked import read_in_place, released_initializers
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
+from edgerun.backends.onnxruntime.onnx_shape_variants import ShapeVariants, describe, generic_model
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
 from edgerun.errors import UnsupportedOpError
 from edgerun.ir.dtypes import DType
@@ -77,6 +79,7 @@ class OnnxRuntimeBackend(Backend):
         self.spin_setting: bool | None = spin if spin is not None else (None if env_spin is None
                                                                          else env_spin == "1")
         self.spin = bool(self.spin_setting)
+        self._shape_variants = ShapeVariants()
 
     def settings(self) -> dict[str, object]:
         return {"threads": self.threads, "spin_setting": self.spin_setting}
@@ -109,13 +112,15 @@ class OnnxRuntimeBackend(Backend):
             self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
         threads = self.threads if pooled else 1
         used_cells = sum(int(p.value) for p in model.metadata_props if p.key == USED_CELLS_KEY)
-        session = make_session(model, external, threads, self.spin, memory_pattern=not used_cells)
-        released = released_initializers(model, session._edgerun_shared, _probe_session)
-        for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
-            del external[name], session._edgerun_keep[name]
         overwrites = {p.key[len(OVERWRITES_KEY):]: p.value for p in model.metadata_props
                       if p.key.startswith(OVERWRITES_KEY)}
-        runner = BoundSession(session, subgraph, external, in_place, overwrites)
+        runner, shared_by = self._session_for(model, subgraph, external, in_place, overwrites,
+                                              (threads, self.spin, not used_cells))
+        released = released_initializers(runner.model, runner.session._edgerun_shared, _probe_session)
+        released &= set(subgraph.constants)  # a shared session's model may name constants this graph lacks
+        for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
+            runner.external.pop(name, None)
+            runner.session._edgerun_keep.pop(name, None)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  released_constants=frozenset(released), overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
@@ -123,9 +128,50 @@ class OnnxRuntimeBackend(Backend):
                                                                if p.key == FUSED_ATTENTIONS_KEY),
                                        "attentions_over_used_cells": used_cells,
                                        "constants_read_in_place": len(in_place),
+                                       "session_shared_by": shared_by,
                                        "gathered_rasters": sum(1 for n in model.graph.node
                                                                if n.op_type == "Gather"
                                                                and "raster_index" in n.input[1])})
+
+    def _session_for(self, model: Any, subgraph: Graph, external: dict[str, np.ndarray],
+                     in_place: dict[str, np.ndarray], overwrites: dict[str, str],
+                     settings: tuple[Any, ...]) -> tuple[BoundSession, int]:
+        """The runner of `model`, and how many partitions its session serves. A partition that is an earlier
+        one's graph at other sizes (an LLM's decode step and its prefill chunk) joins that one's session,
+        remade generic over both (onnx_shape_variants.py): one prepacked copy of the weights, not one each."""
+        threads, spin, memory_pattern = settings
+        variant, arrays = describe(model, {**external, **in_place}, settings)
+        group = self._shape_variants.find(variant, arrays) if arrays else None
+        if group is not None:
+            same = next((v for v in group if v.dims == variant.dims), None)
+            if same is not None:  # this very graph again: its session as it is
+                runner = BoundSession.adopting(same.member(), subgraph, overwrites)
+                variant.member = weakref.ref(runner)
+                group.append(variant)
+                return runner, len(group)
+            generic = generic_model(model, [*group, variant])
+            if generic is not None:
+                members = [v.member() for v in group]
+                for member in members:  # freed first: the generic session prepacks into the memory they held
+                    member.release()
+                try:
+                    session = make_session(generic.model, external, threads, spin, memory_pattern)
+                except Exception:
+                    for member, v in zip(members, group):  # each back on a session of its own graph
+                        member.rebuild({name: a for name, a in zip(v.array_names, arrays)}, settings)
+                    raise
+                runner = BoundSession(session, subgraph, external, in_place, overwrites, model=generic.model)
+                for member in members:
+                    member.adopt(runner)
+                variant.member = weakref.ref(runner)
+                group.append(variant)
+                return runner, len(group)
+        runner = BoundSession(make_session(model, external, threads, spin, memory_pattern), subgraph, external,
+                              in_place, overwrites, model=model)
+        variant.member = weakref.ref(runner)
+        if arrays:
+            self._shape_variants.add(variant)
+        return runner, 1
 
 
 def create_backend(threads: int | None = None, spin: bool | None = None) -> OnnxRuntimeBackend:
@@ -287,18 +333,38 @@ class BoundSession:
     The runtime calls `run` with the same two lists on every call (views of its arena, fixed at load), so
     the steady state is two identity checks and ORT's C++ run, bound once with its arguments (each Python
     step here is a visible share of a tiny model's 30 us call). Arrays that are not C-contiguous go through
-    a staging buffer.
+    a staging buffer. A session shared by partitions of one form at other sizes (onnx_shape_variants.py) may
+    be swapped under a runner (`release`, then `adopt`); the graph's values are bound by position to the
+    session model's names.
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Graph, external: dict[str, np.ndarray],
                  in_place: Mapping[str, np.ndarray] | None = None, overwrites: Mapping[str, str] | None = None,
-                 ) -> None:
-        self.session = session
+                 model: Any = None) -> None:
         self.graph = graph
         # input -> the output its buffer is updated into (CompiledPartition.overwrites_inputs, reversed)
         self.overwritten = {read: out for out, read in (overwrites or {}).items()}
+        self._use(session, model, external, dict(in_place or {}))
+        self.own = (model, tuple(self.in_place))  # what `rebuild` makes a session of again
+
+    @classmethod
+    def adopting(cls, other: BoundSession, graph: Graph, overwrites: Mapping[str, str]) -> BoundSession:
+        """A runner of `graph` on `other`'s session (the same graph, compiled again)."""
+        runner = cls.__new__(cls)
+        runner.graph = graph
+        runner.overwritten = {read: out for out, read in overwrites.items()}
+        runner.adopt(other)
+        runner.own = other.own
+        return runner
+
+    def _use(self, session: ort.InferenceSession, model: Any, external: dict[str, np.ndarray],
+             in_place: dict[str, np.ndarray]) -> None:
+        self.session, self.model = session, model
         self.external = external  # kept alive with the session
-        self.in_place = dict(in_place or {})  # constants the model takes as inputs, bound with every binding
+        self.in_place = in_place  # constants the model takes as inputs, bound with every binding
+        names = [v.name for v in model.graph.input] if model is not None else list(self.graph.inputs)
+        self.onnx_inputs = names[:len(self.graph.inputs)]
+        self.onnx_outputs = [v.name for v in model.graph.output] if model is not None else list(self.graph.outputs)
         self.binding = session.io_binding()
         # The C++ entry point under session.run_with_iobinding, with its arguments: no Python frame between
         # the runtime's call and ORT.
@@ -308,6 +374,24 @@ class BoundSession:
         self._steady: Callable[[], object] = self._run_bound
         self._stage_in: list[tuple[np.ndarray, np.ndarray]] = []
         self._stage_out: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def release(self) -> None:
+        """Let go of the session (another is being built to replace it: `adopt` or `rebuild` follows)."""
+        self.session = self.binding = self._run_bound = self._steady = None  # type: ignore[assignment]
+        self._bound_in = self._bound_out = None
+        self._keep: list[np.ndarray] = []
+
+    def adopt(self, other: BoundSession) -> None:
+        """Run on `other`'s session, whose model is this runner's graph at other sizes (or the same)."""
+        self._use(other.session, other.model, other.external, other.in_place)
+
+    def rebuild(self, arrays: dict[str, np.ndarray], settings: tuple[Any, ...]) -> None:
+        """A session of this runner's own model again, over `arrays` (its weights by name)."""
+        threads, spin, memory_pattern = settings
+        model, in_place_names = self.own
+        in_place = {name: arrays[name] for name in in_place_names}
+        external = {name: a for name, a in arrays.items() if name not in in_place}
+        self._use(make_session(model, external, threads, spin, memory_pattern), model, external, in_place)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         if inputs is not self._bound_in or outputs is not self._bound_out:
@@ -326,14 +410,14 @@ class BoundSession:
         self.binding.clear_binding_outputs()
         self._stage_in, self._stage_out = [], []
         bound_out = {}
-        for name, array in zip(self.graph.outputs, outputs):
+        for name, onnx_name, array in zip(self.graph.outputs, self.onnx_outputs, outputs):
             target = array
             if not array.flags.c_contiguous or not array.flags.writeable:
                 target = np.empty(array.shape, array.dtype)
                 self._stage_out.append((array, target))
-            self.binding.bind_output(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+            self.binding.bind_output(onnx_name, "cpu", 0, target.dtype, list(target.shape), _address(target))
             bound_out[name] = target
-        for name, array in zip(self.graph.inputs, inputs):
+        for name, onnx_name, array in zip(self.graph.inputs, self.onnx_inputs, inputs):
             target = array
             updated = bound_out.get(self.overwritten.get(name, ""))
             if updated is not None and _address(updated) != _address(array):
@@ -344,7 +428,7 @@ class BoundSession:
             elif not array.flags.c_contiguous:
                 target = np.empty(array.shape, array.dtype)
                 self._stage_in.append((target, array))
-            self.binding.bind_input(name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+            self.binding.bind_input(onnx_name, "cpu", 0, target.dtype, list(target.shape), _address(target))
         for name, array in self.in_place.items():
             self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
         self._keep = [*(d for d, _ in self._stage_in), *(s for _, s in self._stage_out)]

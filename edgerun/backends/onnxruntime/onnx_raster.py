@@ -43,6 +43,8 @@ from edgerun.ir.region import Region, regions_of
 UNROLL_LIMIT = 8
 # A run of rows whose indices fall into more arithmetic runs than this is a Gather with a per-row index.
 MAX_SLICE_RUNS = 3
+# A single-region raster is checked element by element against a plain slice up to this many elements.
+PLAIN_SLICE_CHECK_LIMIT = 1 << 21
 # ONNX Runtime's Pad kernel has no float16 constant path on every version; such pads take the gather.
 PAD_DTYPES = frozenset({DType.float32, DType.int32, DType.int64, DType.int8, DType.uint8, DType.bool})
 
@@ -52,6 +54,8 @@ def emit_raster(b: OnnxBuilder, node: Node) -> None:
     shape = list(b.graph.specs[out].shape)
     regions = [r for r in regions_of(node.attrs) if r.numel]
     fill = node.attrs.get("fill")
+    if len(regions) == 1 and _emit_plain_slice(b, node, regions[0], shape):
+        return
     if regions and (fill is None or b.graph.specs[out].dtype in PAD_DTYPES):
         mark = (len(b.nodes), len(b.initializers))
         value = _assemble_output(b, node, regions, shape, fill)
@@ -62,6 +66,38 @@ def emit_raster(b: OnnxBuilder, node: Node) -> None:
     if regions and emit_row_gather(b, node, regions, fill):
         return
     emit_computed_gather(b, node, regions, fill)
+
+
+def _emit_plain_slice(b: OnnxBuilder, node: Node, region: Region, shape: list[int]) -> bool:
+    """A raster whose one region copies a box of its source, in the source's own shape, onto the whole output
+    (a split's part, a crop) as one Slice of that source along the axes it cuts.
+
+    Why not the box reading: that works on the region's merged axes, which change with the sizes. The same
+    split at one row (a decode step) merges the unit axis and reads as a flat slice of a [-1] view, at 128
+    rows as a 3-D one; read here, both are `Slice(x, [start], [end], axes=[1])`, so the two lengths' ONNX
+    graphs match node for node and one session serves both (onnx_shape_variants.py)."""
+    src_shape = list(b.graph.specs[node.inputs[region.src]].shape)
+    numel = math.prod(shape)
+    if (len(src_shape) != len(shape) or region.numel != numel or numel > PLAIN_SLICE_CHECK_LIMIT
+            or not 0 <= region.src_offset < math.prod(src_shape)):
+        return False
+    starts = [int(i) for i in np.unravel_index(region.src_offset, src_shape)]
+    axes = [a for a, (n, m) in enumerate(zip(shape, src_shape)) if n != m]
+    if not axes or any(s + n > m for s, n, m in zip(starts, shape, src_shape)) or any(
+            starts[a] for a in range(len(shape)) if a not in axes):
+        return False
+    # The region must be exactly that slice: compare its (destination, source) pairs with the slice's.
+    dst, src = region.index_grids()
+    order = np.argsort(dst, kind="stable")
+    if not np.array_equal(dst[order], np.arange(numel)):
+        return False
+    index = np.indices(shape, dtype=np.int64).reshape(len(shape), -1)
+    expected = region.src_offset + np.asarray(_strides(src_shape), np.int64) @ index
+    if not np.array_equal(src[order], expected):
+        return False
+    b.node("Slice", [node.inputs[region.src], b.ints([starts[a] for a in axes], "starts"),
+                     b.ints([starts[a] + shape[a] for a in axes], "ends"), b.ints(axes, "axes")], [node.outputs[0]])
+    return True
 
 
 # ---- 1. boxes -------------------------------------------------------------------------------------------
