@@ -88,7 +88,14 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
     loaded = None
     settings: Settings = {}
     if tune or measure_budget_s > 0:
+        # Timing candidates runs them on the program's state: it is copied before the first candidate loads
+        # and put back after the last, only then (a cached winner runs nothing: no 22 MB copy of SmolLM2's
+        # KV cache on every load, which peaked with its ONNX Runtime session).
+        saved: list[dict[str, Any]] = []
+
         def loader(candidate: Mapping[str, str]) -> LoadedProgram:
+            if state is not None and not saved:
+                saved.append(state.snapshot())
             return load_prepared(program, graph, graph, list(backends), placement=candidate,
                                  algorithms=choose_algorithms(graph, candidate, backends, profiles),
                                  arena_limit=arena_limit, state=state)
@@ -104,6 +111,8 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
                                              deadline=tuned_from + budget_s)
         else:
             settings = cached_settings(key) or {}
+        if state is not None and saved:
+            state.assign(saved.pop())  # freed before the winner is compiled: its sessions reuse the memory
     algorithms = choose_algorithms(graph, placement, backends, profiles)
     return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded, settings)
 
@@ -177,12 +186,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
             arena_limit=arena_limit, state=state))
     candidates = auto_backends(names)
     graph = prepare_graph(original, candidates)
-    saved = state.snapshot() if state is not None else None  # timing candidates runs them on the state
     plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
                      arena_limit=arena_limit, state=state)
-    if state is not None and saved is not None:
-        state.assign(saved)
-    del saved  # freed before the winner is compiled: a backend's own copies (ORT's prepacking) reuse its memory
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:

@@ -49,6 +49,7 @@ from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORT
 from edgerun.backends.onnxruntime.onnx_shape_variants import ShapeVariants, describe, generic_model
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
 from edgerun.errors import UnsupportedOpError
+from edgerun.heap import return_freed_memory
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 
@@ -154,6 +155,7 @@ class OnnxRuntimeBackend(Backend):
                 members = [v.member() for v in group]
                 for member in members:  # freed first: the generic session prepacks into the memory they held
                     member.release()
+                return_freed_memory()  # else fragments of it stay resident beside the new session (21 MB)
                 try:
                     session = make_session(generic.model, external, threads, spin, memory_pattern)
                 except Exception:
