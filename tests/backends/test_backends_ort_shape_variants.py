@@ -147,3 +147,42 @@ def test_a_split_reads_as_one_slice_of_its_source_at_any_length(T: int) -> None:
     slices = [n for n in model.graph.node if n.op_type == "Slice"]
     assert len(slices) == 2 and not any(n.op_type == "Reshape" and n.output[0] in {s.input[0] for s in slices}
                                         for n in model.graph.node)
+
+
+def test_a_runner_keeps_running_correctly_while_a_new_length_rebuilds_its_session() -> None:
+    """A template's new shape may load in one thread while another runs a cached shape on the session being
+    replaced: calls bound before the swap finish on the old session, later ones bind to the new one, and
+    every result stays right."""
+    import threading
+
+    gc.collect()
+    w = weight(16)
+    first = edgerun.load(Program.from_methods({"chunk": step(4, w)}, default_method="chunk"), backends=["onnxruntime"])
+    runner = only_partition(first, "chunk").run.__self__
+    old = runner.session
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    want = edgerun.load(Program.from_methods({"chunk": step(4, w)}, default_method="chunk"),
+                        backends=["reference"]).run({"x": x, "start": np.asarray([2], np.int64)})[0]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def keep_running() -> None:
+        try:
+            while not stop.is_set():
+                got = first.run({"x": x, "start": np.asarray([2], np.int64)})[0]
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        except BaseException as exc:  # reported to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=keep_running)
+    thread.start()
+    try:
+        second = edgerun.load(Program.from_methods({"pair": step(2, w)}, default_method="pair"),
+                              backends=["onnxruntime"])
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors[0]
+    assert runner.session is only_partition(second, "pair").run.__self__.session is not old
+    assert only_partition(second, "pair").info["session_shared_by"] == 2
+    np.testing.assert_allclose(first.run({"x": x, "start": np.asarray([2], np.int64)})[0], want, rtol=1e-5, atol=1e-5)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -333,10 +334,15 @@ class BoundSession:
     """Runs a session on the caller's arrays through IO binding, rebinding only when the arrays change.
 
     The runtime calls `run` with the same two lists on every call (views of its arena, fixed at load), so
-    the steady state is two identity checks and ORT's C++ run, bound once with its arguments (each Python
-    step here is a visible share of a tiny model's 30 us call). Arrays that are not C-contiguous go through
-    a staging buffer. A session shared by partitions of one form at other sizes (onnx_shape_variants.py) may
-    be swapped under a runner (`release`, then `adopt`); the graph's values are bound by position to the
+    the steady state is one identity check of each and ORT's C++ run, bound once with its arguments (each
+    Python step here is a visible share of a tiny model's 30 us call). Arrays that are not C-contiguous go
+    through a staging buffer.
+
+    A session shared by partitions of one form at other sizes (onnx_shape_variants.py) may be replaced under
+    a runner while another thread runs it (a template's new shape loading beside a cached one): `release`
+    drops the runner's references and `adopt` or `rebuild` gives it the new session. A call already bound
+    holds its own references (`_BoundCall`), so it finishes on the old session, which is freed after it; a
+    call that binds meanwhile waits for the new one. The graph's values are bound by position to the
     session model's names.
     """
 
@@ -346,6 +352,7 @@ class BoundSession:
         self.graph = graph
         # input -> the output its buffer is updated into (CompiledPartition.overwrites_inputs, reversed)
         self.overwritten = {read: out for out, read in (overwrites or {}).items()}
+        self._ready = threading.Event()
         self._use(session, model, external, dict(in_place or {}))
         self.own = (model, tuple(self.in_place))  # what `rebuild` makes a session of again
 
@@ -355,33 +362,28 @@ class BoundSession:
         runner = cls.__new__(cls)
         runner.graph = graph
         runner.overwritten = {read: out for out, read in overwrites.items()}
+        runner._ready = threading.Event()
         runner.adopt(other)
         runner.own = other.own
         return runner
 
     def _use(self, session: ort.InferenceSession, model: Any, external: dict[str, np.ndarray],
              in_place: dict[str, np.ndarray]) -> None:
-        self.session, self.model = session, model
+        self.model = model
         self.external = external  # kept alive with the session
         self.in_place = in_place  # constants the model takes as inputs, bound with every binding
         names = [v.name for v in model.graph.input] if model is not None else list(self.graph.inputs)
         self.onnx_inputs = names[:len(self.graph.inputs)]
         self.onnx_outputs = [v.name for v in model.graph.output] if model is not None else list(self.graph.outputs)
-        self.binding = session.io_binding()
-        # The C++ entry point under session.run_with_iobinding, with its arguments: no Python frame between
-        # the runtime's call and ORT.
-        self._run_bound = functools.partial(session._sess.run_with_iobinding, self.binding._iobinding, None)
-        self._bound_in: Sequence[np.ndarray] | None = None
-        self._bound_out: Sequence[np.ndarray] | None = None
-        self._steady: Callable[[], object] = self._run_bound
-        self._stage_in: list[tuple[np.ndarray, np.ndarray]] = []
-        self._stage_out: list[tuple[np.ndarray, np.ndarray]] = []
+        self._call: _BoundCall | None = None
+        self.session = session
+        self._ready.set()
 
     def release(self) -> None:
         """Let go of the session (another is being built to replace it: `adopt` or `rebuild` follows)."""
-        self.session = self.binding = self._run_bound = self._steady = None  # type: ignore[assignment]
-        self._bound_in = self._bound_out = None
-        self._keep: list[np.ndarray] = []
+        self._ready.clear()
+        self._call = None
+        self.session = None  # type: ignore[assignment]
 
     def adopt(self, other: BoundSession) -> None:
         """Run on `other`'s session, whose model is this runner's graph at other sizes (or the same)."""
@@ -396,28 +398,24 @@ class BoundSession:
         self._use(make_session(model, external, threads, spin, memory_pattern), model, external, in_place)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        if inputs is not self._bound_in or outputs is not self._bound_out:
-            self._bind(inputs, outputs)
-        self._steady()
+        call = self._call
+        if call is None or inputs is not call.inputs or outputs is not call.outputs:
+            call = self._bind(inputs, outputs)
+        call.run()
 
-    def _run_staged(self) -> None:
-        for dst, src in self._stage_in:
-            np.copyto(dst, src)
-        self._run_bound()
-        for dst, src in self._stage_out:
-            np.copyto(dst, src)
-
-    def _bind(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        self.binding.clear_binding_inputs()
-        self.binding.clear_binding_outputs()
-        self._stage_in, self._stage_out = [], []
+    def _bind(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> _BoundCall:
+        self._ready.wait()
+        session = self.session
+        binding = session.io_binding()
+        stage_in: list[tuple[np.ndarray, np.ndarray]] = []
+        stage_out: list[tuple[np.ndarray, np.ndarray]] = []
         bound_out = {}
         for name, onnx_name, array in zip(self.graph.outputs, self.onnx_outputs, outputs):
             target = array
             if not array.flags.c_contiguous or not array.flags.writeable:
                 target = np.empty(array.shape, array.dtype)
-                self._stage_out.append((array, target))
-            self.binding.bind_output(onnx_name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+                stage_out.append((array, target))
+            binding.bind_output(onnx_name, "cpu", 0, target.dtype, list(target.shape), _address(target))
             bound_out[name] = target
         for name, onnx_name, array in zip(self.graph.inputs, self.onnx_inputs, inputs):
             target = array
@@ -426,16 +424,44 @@ class BoundSession:
                 # The kernel appends to this input's buffer in place (GroupQueryAttention: past_key is
                 # present_key): handed two arrays, it works on the output's, with the old value copied in.
                 target = updated
-                self._stage_in.append((target, array))
+                stage_in.append((target, array))
             elif not array.flags.c_contiguous:
                 target = np.empty(array.shape, array.dtype)
-                self._stage_in.append((target, array))
-            self.binding.bind_input(onnx_name, "cpu", 0, target.dtype, list(target.shape), _address(target))
+                stage_in.append((target, array))
+            binding.bind_input(onnx_name, "cpu", 0, target.dtype, list(target.shape), _address(target))
         for name, array in self.in_place.items():
-            self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
-        self._keep = [*(d for d, _ in self._stage_in), *(s for _, s in self._stage_out)]
-        self._steady = self._run_staged if self._stage_in or self._stage_out else self._run_bound
-        self._bound_in, self._bound_out = inputs, outputs
+            binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
+        call = _BoundCall(inputs, outputs, session, binding, stage_in, stage_out)
+        if self.session is session:  # not replaced meanwhile: keep it for the next calls
+            self._call = call
+        return call
+
+
+class _BoundCall:
+    """One binding of a runner's arrays to a session, and the callable that runs it: the C++ entry point
+    under session.run_with_iobinding with its arguments (no Python frame between the runtime's call and
+    ORT), or that wrapped in the staging copies."""
+
+    __slots__ = ("_keep", "inputs", "outputs", "run")
+
+    def __init__(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], session: ort.InferenceSession,
+                 binding: Any, stage_in: list[tuple[np.ndarray, np.ndarray]],
+                 stage_out: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.inputs, self.outputs = inputs, outputs
+        run_bound = functools.partial(session._sess.run_with_iobinding, binding._iobinding, None)
+        self._keep = (session, binding, [d for d, _ in stage_in], [s for _, s in stage_out])
+        if not stage_in and not stage_out:
+            self.run: Callable[[], object] = run_bound
+            return
+
+        def run_staged() -> None:
+            for dst, src in stage_in:
+                np.copyto(dst, src)
+            run_bound()
+            for dst, src in stage_out:
+                np.copyto(dst, src)
+
+        self.run = run_staged
 
 
 def _address(array: np.ndarray) -> int:
