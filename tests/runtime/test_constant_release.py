@@ -23,36 +23,44 @@ from edgerun.runtime.constant_release import release_constants
 K, N, GROUP = 576, 256, 32
 
 
-def int4_graph(also_on_reference: bool = False) -> tuple[Graph, str, str]:
+def int4_graph(also_on_reference: bool = False, activations: str = "int8") -> tuple[Graph, str, str]:
     """y = x @ W (matmul_int4, codes and scales large enough to be handed to ORT as shared arrays);
-    with `also_on_reference`, a second output sums the codes with a node forced onto the reference."""
+    with `also_on_reference`, a second output sums the codes with a node forced onto the reference.
+    `activations="int8"` is MatMulNBits at accuracy level 4 (scales folded into the packed layout), "float"
+    level 0 (scales read on every call)."""
     rng = np.random.default_rng(0)
     g = Graph()
     b = Builder(g)
     x = g.add_input("x", TensorSpec((1, K), DType.float32))
     codes = g.add_constant(pack_int4(rng.integers(0, 16, (N, K // GROUP, GROUP)).astype(np.uint8)), name="codes")
     scales = g.add_constant((rng.random((N, K // GROUP)) * 0.1 + 0.01).astype(np.float32), name="scales")
-    g.outputs = [b.emit("matmul_int4", [x, codes, scales], k=K, n=N, group_size=GROUP, activations="int8")]
+    attrs = {"activations": "int8"} if activations == "int8" else {}
+    g.outputs = [b.emit("matmul_int4", [x, codes, scales], k=K, n=N, group_size=GROUP, **attrs)]
     if also_on_reference:
         g.outputs.append(b.emit("reduce_sum", [b.emit("cast", [codes], dtype="float32")], axes=[0, 1, 2],
                                 keepdims=False))
     return g, codes, scales
 
 
-def test_onnxruntime_releases_the_codes_it_prepacked_and_runs_the_same() -> None:
-    graph, codes, scales = int4_graph()
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_onnxruntime_releases_the_codes_it_prepacked_and_runs_the_same(activations: str) -> None:
+    """At accuracy level 4 (int8 activations) MatMulNBits folds the scales into its packed layout, so their
+    array goes too (the session reads a flattened view of it: the view's constant is released); at level 0
+    it reads them on every call, so they stay."""
+    graph, codes, scales = int4_graph(activations=activations)
     program = Program(graph)
     loaded = load(program, backends=["onnxruntime"])
     (compiled,) = loaded.parts.compiled
-    assert compiled.backend == "onnxruntime" and compiled.released_constants == {codes}  # not the scales
+    gone = {codes, scales} if activations == "int8" else {codes}
+    assert compiled.backend == "onnxruntime" and compiled.released_constants == gone
     x = np.random.default_rng(1).standard_normal((1, K)).astype(np.float32)
     before = loaded(x)
-    nbytes = graph.constants[codes].nbytes
+    nbytes = sum(graph.constants[name].nbytes for name in gone)
     assert release_constants(loaded) == nbytes
-    assert program.released == {codes}
+    assert program.released == gone
     for array in (program.graph.constants[codes], loaded.parts.views[codes], compiled.graph.constants[codes]):
         assert array.shape == (N, K // GROUP, GROUP // 2) and not any(array.strides) and not array.any()
-    assert program.graph.constants[scales].any()
+    assert program.graph.constants[scales].any() == (activations == "float")
     np.testing.assert_array_equal(loaded(x), before)
     with pytest.raises(EdgerunError, match="released"):
         program.to_bytes()
@@ -60,7 +68,9 @@ def test_onnxruntime_releases_the_codes_it_prepacked_and_runs_the_same() -> None
 
 
 def test_a_constant_another_partition_reads_is_kept() -> None:
-    graph, codes, _ = int4_graph(also_on_reference=True)
+    """The codes are read by a reference partition too, so they stay; the scales only ORT read (and packed,
+    at accuracy level 4), so they go."""
+    graph, codes, scales = int4_graph(also_on_reference=True)
     program = Program(graph)
     placement = {n.name: "reference" for n in graph.nodes if n.op != "matmul_int4"}
     loaded = load(program, backends=["onnxruntime"], placement=placement)
@@ -68,22 +78,24 @@ def test_a_constant_another_partition_reads_is_kept() -> None:
     assert any(codes in c.released_constants for c in loaded.parts.compiled)  # ORT's partition would
     x = np.ones((1, K), np.float32)
     before = loaded(x)
-    assert release_constants(loaded) == 0 and not program.released
+    assert release_constants(loaded) == graph.constants[scales].nbytes and program.released == {scales}
     np.testing.assert_array_equal(loaded(x)[1], before[1])
-    assert program.to_bytes()
+    np.testing.assert_array_equal(loaded(x)[0], before[0])
 
 
-def test_only_a_prepacked_input_slot_is_released() -> None:
-    """The scales of MatMulNBits are read at run time (ORT's float path): shared, but never released; a
-    constant read by another kind of node is kept too."""
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_only_a_prepacked_input_slot_is_released(activations: str) -> None:
+    """The scales of MatMulNBits are read at run time on ORT's float path (accuracy level 0): shared, but
+    never released; at level 4 they are packed with the codes, and released too."""
     from edgerun.backends.onnxruntime import build_model
 
-    graph, codes, _ = int4_graph()
+    graph, codes, _ = int4_graph(activations=activations)
     model, external = build_model(graph)
-    (scales,) = set(external) - {codes}  # MatMulNBits' flat copy of the scales
+    (scales,) = set(external) - {codes}  # MatMulNBits' flat view of the scales
     session = make_session(model, external, 1)
     assert session._edgerun_shared == {codes, scales}
-    assert released_initializers(model, session._edgerun_shared, _probe_session) == {codes}
+    want = {codes, scales} if activations == "int8" else {codes}
+    assert released_initializers(model, session._edgerun_shared, _probe_session) == want
 
 
 @pytest.mark.parametrize("zero_points, released", [(np.uint8, {"codes"}), (np.float32, set())])

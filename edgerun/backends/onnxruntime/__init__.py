@@ -119,12 +119,12 @@ class OnnxRuntimeBackend(Backend):
         runner, shared_by = self._session_for(model, subgraph, external, in_place, overwrites,
                                               (threads, self.spin, not used_cells))
         released = released_initializers(runner.model, runner.session._edgerun_shared, _probe_session)
-        released &= set(subgraph.constants)  # a shared session's model may name constants this graph lacks
+        released_constants = _program_constants(released, runner, subgraph)
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             runner.external.pop(name, None)
             runner.session._edgerun_keep.pop(name, None)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
-                                 released_constants=frozenset(released), overwrites_inputs=overwrites,
+                                 released_constants=released_constants, overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "fused_attentions": sum(int(p.value) for p in model.metadata_props
                                                                if p.key == FUSED_ATTENTIONS_KEY),
@@ -175,6 +175,26 @@ class OnnxRuntimeBackend(Backend):
         if arrays:
             self._shape_variants.add(variant)
         return runner, 1
+
+
+def _program_constants(released: set[str], runner: BoundSession, graph: Graph) -> frozenset[str]:
+    """The constants of `graph` that the session no longer reads: every array the session reads in place
+    that overlaps one (the constant itself, or a view the emitter made of it: MatMulNBits' flattened scales)
+    was released. A shared session's model may name arrays of other graphs; those are not this one's."""
+    def span(a: np.ndarray) -> tuple[int, int]:
+        return int(a.ctypes.data), int(a.ctypes.data) + a.nbytes
+
+    spans = {name: span(a) for name, a in {**runner.external, **runner.in_place}.items() if a.nbytes}
+    gone = [spans[name] for name in released if name in spans]
+    names = set()
+    for name, constant in graph.constants.items():
+        if not constant.nbytes:
+            continue
+        lo, hi = span(constant)
+        if any(a < hi and lo < b for a, b in gone) and all(
+                n in released for n, (a, b) in spans.items() if a < hi and lo < b):
+            names.add(name)
+    return frozenset(names)
 
 
 def create_backend(threads: int | None = None, spin: bool | None = None) -> OnnxRuntimeBackend:

@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
-# (op type, domain, input slot) whose constant the probe checks; other inputs are never released.
-PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): 1, ("MatMul", ""): 1}
+# (op type, domain) -> the input slots whose constant the probe checks; other inputs are never released.
+# MatMulNBits' scales too: at accuracy level 4 MLAS folds them into its int8 layout (SmolLM2: 13 MB more
+# released); at level 0 it reads them on every call, and the probe says so.
+PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): (1, 2), ("MatMul", ""): (1,)}
 
 # A float MatMul's constant right-hand side of at most this many rows (its contraction length) and at least
 # this size is read in place instead, as an input bound to the program's array (`read_in_place`).
@@ -86,16 +88,17 @@ def released_initializers(model: Any, shared: set[str], make: SessionMaker) -> s
     for name, uses in slots.items():
         if name in graph_outputs:
             continue
-        if all(PREPACKED_INPUTS.get((n.op_type, n.domain)) == k and _probe(_signature(n, dtypes, dims), make)
+        if all(k in PREPACKED_INPUTS.get((n.op_type, n.domain), ()) and _probe((*_signature(n, dtypes, dims), k), make)
                for n, k in uses):
             released.add(name)
     return released
 
 
 def _signature(node: Any, dtypes: dict[str, int], dims: dict[str, tuple[int, ...]]) -> tuple[Any, ...]:
-    """What decides whether the node's kernel prepacks. MatMulNBits: bits, block size, accuracy level, its
-    inputs present and its zero points' type (float zero points turn prepacking off). MatMul: the constant's
-    type and shape (MLAS packs a float 2-D right-hand side; the probe uses the real shape)."""
+    """What decides whether the node's kernel prepacks (the probe adds the input slot). MatMulNBits: bits,
+    block size, accuracy level, its inputs present and its zero points' type (float zero points turn
+    prepacking off). MatMul: the constant's type and shape (MLAS packs a float 2-D right-hand side; the probe
+    uses the real shape)."""
     if node.op_type == "MatMul":
         return (node.op_type, node.domain, dtypes.get(node.input[1], -1), dims.get(node.input[1], ()))
     attrs = {a.name: a.i for a in node.attribute if a.name in ("bits", "block_size", "accuracy_level")}
@@ -120,14 +123,18 @@ def _probe(signature: tuple[Any, ...], make: SessionMaker) -> bool:
 def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
     from onnx import TensorProto, helper, numpy_helper
 
-    _, domain, bits, block, level, present, zero_points = signature
+    _, domain, bits, block, level, present, zero_points, slot = signature
     if bits != 4 or len(present) > 4 or any(present[4:]) or zero_points not in (None, TensorProto.UINT8):
         return False
     k, n = 2 * block, 16
     blocks = k // block
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8)
-    inits = [numpy_helper.from_array(rng.random(n * blocks, dtype=np.float32) + 0.5, "scales")]
+    scales = rng.random(n * blocks, dtype=np.float32) + 0.5
+    # The probed input is shared (the session's OrtValue over our array); the other is an initializer.
+    probed, value, change = ("codes", codes, lambda c: 255 - c) if slot == 1 else ("scales", scales, lambda s: 2 * s)
+    inits = [numpy_helper.from_array(other, name) for name, other in (("codes", codes), ("scales", scales))
+             if name != probed]
     ins = ["a", "codes", "scales"]
     if len(present) > 3 and present[3]:
         inits.append(numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), "zero_points"))
@@ -139,13 +146,13 @@ def _probe_matmul_nbits(signature: tuple[Any, ...], make: SessionMaker) -> bool:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
     model.ir_version = 9
     a = rng.standard_normal((1, k)).astype(np.float32)
-    return _reads_once(model, "codes", codes, lambda c: 255 - c, a, make)
+    return _reads_once(model, probed, value, change, a, make)
 
 
 def _probe_matmul(signature: tuple[Any, ...], make: SessionMaker) -> bool:
     from onnx import TensorProto, helper
 
-    _, domain, dtype, shape = signature
+    _, domain, dtype, shape, _slot = signature
     if dtype != TensorProto.FLOAT or len(shape) != 2 or 0 in shape:
         return False
     k, n = shape
