@@ -186,3 +186,45 @@ def test_a_runner_keeps_running_correctly_while_a_new_length_rebuilds_its_sessio
     assert runner.session is only_partition(second, "pair").run.__self__.session is not old
     assert only_partition(second, "pair").info["session_shared_by"] == 2
     np.testing.assert_allclose(first.run({"x": x, "start": np.asarray([2], np.int64)})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_forked_child_builds_its_own_session() -> None:
+    """A forked child (a fleet agent, a stream worker) inherits the parent's sessions but not their thread
+    pools: loading the same program there must not take the parent's session (a pooled run on it would wait
+    for threads that do not exist), so the child's load builds its own, and runs."""
+    import os
+    import time
+
+    gc.collect()
+    rng = np.random.default_rng(17)
+    g = Graph()
+    x = g.add_input("x", TensorSpec((64, 256), DType.float32))
+    w = g.add_constant(rng.standard_normal((256, 256)).astype(np.float32), name="w")
+    g.outputs = [Builder(g).emit("matmul", [x, w])]  # 8 MFLOP: a pooled session
+    program = Program.from_methods({"m": g}, default_method="m")
+    parent = edgerun.load(program, backends=["onnxruntime"])
+    assert only_partition(parent, "m").info["threads"] > 1
+    xv = rng.standard_normal((64, 256)).astype(np.float32)
+    want = xv @ g.constants[w]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its own session ran and answered right
+        code = 1
+        try:
+            child = edgerun.load(program, backends=["onnxruntime"])
+            compiled = only_partition(child, "m")
+            ok = compiled.info["session_shared_by"] == 1 and np.allclose(child.run({"x": xv})[0], want, atol=1e-3)
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child's load or run hung")
+    np.testing.assert_allclose(parent.run({"x": xv})[0], want, atol=1e-3)

@@ -20,6 +20,7 @@ session's settings. Anything else is a different form and gets a session of its 
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -242,17 +243,26 @@ def generic_model(model: Any, variants: Sequence[Variant]) -> GenericModel | Non
 
 
 class ShapeVariants:
-    """A backend's groups of live variants, one group per shared session."""
+    """A backend's groups of live variants, one group per shared session.
+
+    Only sessions this process built are shared: a forked child (a fleet agent, a stream worker) inherits
+    the parent's sessions without their thread pools, so a run on one would wait forever for threads that
+    are not there. The child forgets them and builds its own."""
 
     def __init__(self) -> None:
         self.groups: list[list[Variant]] = []
+        self.pid = os.getpid()
 
     def find(self, variant: Variant, arrays: Sequence[np.ndarray]) -> list[Variant] | None:
         """The group `variant` can join (its live members only), or None."""
+        if self.pid != os.getpid():
+            self.groups, self.pid = [], os.getpid()
         for group in self.groups:
             group[:] = [v for v in group if v.alive()]
         self.groups = [g for g in self.groups if g]
         return next((g for g in self.groups if matches(g[0], variant, arrays)), None)
 
     def add(self, variant: Variant) -> None:
+        if self.pid != os.getpid():
+            self.groups, self.pid = [], os.getpid()
         self.groups.append([variant])
