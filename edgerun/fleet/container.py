@@ -288,20 +288,32 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
+# Run in a fresh interpreter: it takes the run's uid, then SIGKILLs every process of that uid (itself last).
+_KILL_UID = ("import os, signal, sys\n"
+             "uid = int(sys.argv[1])\n"
+             "os.setresuid(uid, uid, uid)\n"
+             "for _ in range(20):\n"
+             "    try:\n"
+             "        os.kill(-1, signal.SIGKILL)  # as this uid: reaches only this uid's processes\n"
+             "    except ProcessLookupError:\n"
+             "        break\n")
+KILL_UID_TIMEOUT_S = 10.0
+
+
 def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` (fresh per run): a child that left the session dies too."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child only kills and exits
-        try:
-            os.setresuid(uid, uid, uid)
-            for _ in range(20):
-                try:
-                    os.kill(-1, signal.SIGKILL)  # as this uid: reaches only this uid's processes
-                except ProcessLookupError:
-                    break
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+    """SIGKILL every process of `uid` (fresh per run): a child that left the session dies too.
+
+    Done by a new process (fork and exec), not a bare fork of this one: the agent is multi-threaded (task
+    threads, ONNX Runtime's pools), and a forked copy of it that changes uid can wait forever on glibc's
+    set-id handshake with threads that did not survive the fork (a CI run hung there, the agent's
+    waitpid with it). The exec'd interpreter is single-threaded."""
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KILL_UID, str(uid)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=KILL_UID_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # never hold the agent up: the uid's leftovers die with the next run's sweep
+        proc.kill()
+        proc.wait()
 
 
 def clear_scratch(work_root: str | Path) -> None:
