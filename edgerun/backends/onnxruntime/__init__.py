@@ -396,6 +396,9 @@ class BoundSession:
         self.onnx_inputs = names[:len(self.graph.inputs)]
         self.onnx_outputs = [v.name for v in model.graph.output] if model is not None else list(self.graph.outputs)
         self._call: _BoundCall | None = None
+        # The session and its binding, made here rather than on the first call (a first call is what the
+        # search's warm-up times), as one value: a thread binding meanwhile reads both or neither.
+        self._live: tuple[ort.InferenceSession, Any] | None = (session, session.io_binding())
         self.session = session
         self._ready.set()
 
@@ -403,6 +406,7 @@ class BoundSession:
         """Let go of the session (another is being built to replace it: `adopt` or `rebuild` follows)."""
         self._ready.clear()
         self._call = None
+        self._live = None
         self.session = None  # type: ignore[assignment]
 
     def adopt(self, other: BoundSession) -> None:
@@ -424,9 +428,13 @@ class BoundSession:
         call.run()
 
     def _bind(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> _BoundCall:
-        self._ready.wait()
-        session = self.session
-        binding = session.io_binding()
+        live = self._live
+        while live is None:  # being replaced: wait for the new session
+            self._ready.wait()
+            live = self._live
+        session, binding = live
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
         stage_in: list[tuple[np.ndarray, np.ndarray]] = []
         stage_out: list[tuple[np.ndarray, np.ndarray]] = []
         bound_out = {}
@@ -452,7 +460,7 @@ class BoundSession:
         for name, array in self.in_place.items():
             binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), _address(array))
         call = _BoundCall(inputs, outputs, session, binding, stage_in, stage_out)
-        if self.session is session:  # not replaced meanwhile: keep it for the next calls
+        if self._live is live:  # not replaced meanwhile: keep it for the next calls
             self._call = call
         return call
 
