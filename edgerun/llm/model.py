@@ -214,8 +214,9 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     the decode method's packed matmuls round their input to int8 per group (llama.cpp's Q8 activations;
     2.5x faster decoding on ONNX Runtime, logit error in docs/llm.md). `int8_prefill`: prefill's too. Then
     the two methods are one graph at two lengths, which ONNX Runtime runs as one session holding one packed
-    copy of the weights (backends/onnxruntime/onnx_shape_variants.py: SmolLM2's peak RSS 479 -> about 390
-    MB); with float inputs prefill is faster on ORT (492 against 372 tokens/s) but needs its own session.
+    copy of the weights (backends/onnxruntime/onnx_shape_variants.py: SmolLM2's peak RSS 479 -> 405 MB,
+    and prefill no slower: 616-624 against 530-536 tokens/s, docs/llm.md); with float inputs prefill needs
+    a session of its own.
     """
     weights: dict[str, Weight] = {}
     for n, w in checkpoint.weights.items():

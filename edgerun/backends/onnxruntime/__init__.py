@@ -118,11 +118,13 @@ class OnnxRuntimeBackend(Backend):
                       if p.key.startswith(OVERWRITES_KEY)}
         runner, shared_by = self._session_for(model, subgraph, external, in_place, overwrites,
                                               (threads, self.spin, not used_cells))
-        released = released_initializers(runner.model, runner.session._edgerun_shared, _probe_session)
+        session = runner.session
+        assert session is not None  # just built or joined: only a later compile replaces it
+        released = released_initializers(runner.model, session._edgerun_shared, _probe_session)
         released_constants = _program_constants(released, runner, subgraph)
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             runner.external.pop(name, None)
-            runner.session._edgerun_keep.pop(name, None)
+            session._edgerun_keep.pop(name, None)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  released_constants=released_constants, overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
@@ -158,12 +160,12 @@ class OnnxRuntimeBackend(Backend):
                     member.release()
                 return_freed_memory()  # else fragments of it stay resident beside the new session (21 MB)
                 try:
-                    session = make_session(generic.model, external, threads, spin, memory_pattern)
+                    session = make_session(generic, external, threads, spin, memory_pattern)
                 except Exception:
                     for member, v in zip(members, group):  # each back on a session of its own graph
                         member.rebuild({name: a for name, a in zip(v.array_names, arrays)}, settings)
                     raise
-                runner = BoundSession(session, subgraph, external, in_place, overwrites, model=generic.model)
+                runner = BoundSession(session, subgraph, external, in_place, overwrites, model=generic)
                 for member in members:
                     member.adopt(runner)
                 variant.member = weakref.ref(runner)
@@ -379,13 +381,15 @@ class BoundSession:
     @classmethod
     def adopting(cls, other: BoundSession, graph: Graph, overwrites: Mapping[str, str]) -> BoundSession:
         """A runner of `graph` on `other`'s session (the same graph, compiled again)."""
-        runner = cls.__new__(cls)
-        runner.graph = graph
-        runner.overwritten = {read: out for out, read in overwrites.items()}
-        runner._ready = threading.Event()
-        runner.adopt(other)
+        runner = cls(other.session, graph, other.external, other.in_place, overwrites, model=other.model)
         runner.own = other.own
         return runner
+
+    @property
+    def session(self) -> ort.InferenceSession | None:
+        """The session this runner binds to; None while it is being replaced."""
+        live = self._live
+        return None if live is None else live[0]
 
     def _use(self, session: ort.InferenceSession, model: Any, external: dict[str, np.ndarray],
              in_place: dict[str, np.ndarray]) -> None:
@@ -399,7 +403,6 @@ class BoundSession:
         # The session and its binding, made here rather than on the first call (a first call is what the
         # search's warm-up times), as one value: a thread binding meanwhile reads both or neither.
         self._live: tuple[ort.InferenceSession, Any] | None = (session, session.io_binding())
-        self.session = session
         self._ready.set()
 
     def release(self) -> None:
@@ -407,7 +410,6 @@ class BoundSession:
         self._ready.clear()
         self._call = None
         self._live = None
-        self.session = None  # type: ignore[assignment]
 
     def adopt(self, other: BoundSession) -> None:
         """Run on `other`'s session, whose model is this runner's graph at other sizes (or the same)."""

@@ -83,8 +83,7 @@ def _emit_plain_slice(b: OnnxBuilder, node: Node, region: Region, shape: list[in
         return False
     starts = [int(i) for i in np.unravel_index(region.src_offset, src_shape)]
     axes = [a for a, (n, m) in enumerate(zip(shape, src_shape)) if n != m]
-    if not axes or any(s + n > m for s, n, m in zip(starts, shape, src_shape)) or any(
-            starts[a] for a in range(len(shape)) if a not in axes):
+    if not axes or any(s + n > m for s, n, m in zip(starts, shape, src_shape)):
         return False
     # The region must be exactly that slice: compare its (destination, source) pairs with the slice's.
     dst, src = region.index_grids()

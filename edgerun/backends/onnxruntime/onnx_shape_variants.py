@@ -105,9 +105,7 @@ def describe(model: Any, arrays: Mapping[str, np.ndarray], settings: tuple[Any, 
     canon: dict[str, Any] = {}
     found: list[np.ndarray] = []
     names: list[str] = []
-    dims = []
-    for value in [*graph.input, *graph.output]:
-        dims.append(tuple(d.dim_value for d in value.type.tensor_type.shape.dim))
+    dims = tuple(tuple(d.dim_value for d in v.type.tensor_type.shape.dim) for v in [*graph.input, *graph.output])
     for k, value in enumerate(graph.input):
         if value.name in arrays:
             canon[value.name] = ("w", len(found))
@@ -148,7 +146,7 @@ def describe(model: Any, arrays: Mapping[str, np.ndarray], settings: tuple[Any, 
         nodes.append((node.op_type, node.domain, tuple(ins), attrs, len(node.output)))
     outputs = tuple((canon.get(v.name, ("?", v.name)), v.type.tensor_type.elem_type) for v in graph.output)
     form = (tuple(settings), tuple(nodes), outputs, len(graph.input))
-    return Variant(form, params, tuple(dims), [_ArrayRef.of(a) for a in found], names), found
+    return Variant(form, params, dims, [_ArrayRef.of(a) for a in found], names), found
 
 
 def matches(variant: Variant, other: Variant, other_arrays: Sequence[np.ndarray]) -> bool:
@@ -162,15 +160,7 @@ def matches(variant: Variant, other: Variant, other_arrays: Sequence[np.ndarray]
     return variant.dims != other.dims or all(np.array_equal(v, other.params[k]) for k, v in variant.params.items())
 
 
-@dataclass
-class GenericModel:
-    model: Any
-    symbolic_dims: int = 0  # input and output dimensions made symbolic
-    minus_one_targets: int = 0  # reshape targets given a -1
-    selected_constants: int = 0  # constants chosen at run time by the selector
-
-
-def generic_model(model: Any, variants: Sequence[Variant]) -> GenericModel | None:
+def generic_model(model: Any, variants: Sequence[Variant]) -> Any | None:
     """`model` (the last variant's graph) made to compute every variant's graph at its sizes; None when no
     input dimension tells the variants apart (then they are one size, and equal, so no model is needed)."""
     from onnx import helper, numpy_helper
@@ -185,13 +175,11 @@ def generic_model(model: Any, variants: Sequence[Variant]) -> GenericModel | Non
     generic.CopyFrom(model)
     graph = generic.graph
     del graph.value_info[:]
-    result = GenericModel(generic)
     for k, value in enumerate([*graph.input, *graph.output]):
         for a, dim in enumerate(value.type.tensor_type.shape.dim):
             if len({s[k][a] for s in shapes}) > 1:
                 dim.Clear()
                 dim.dim_param = f"edgerun_dim_{k}_{a}"
-                result.symbolic_dims += 1
     new_nodes: list[Any] = []
     made: dict[tuple[bytes, ...], str] = {}
     selects: list[str] = []
@@ -221,7 +209,6 @@ def generic_model(model: Any, variants: Sequence[Variant]) -> GenericModel | Non
                 target[differing.pop()] = -1
                 name = f"edgerun_generic_{len(made)}"
                 graph.initializer.append(numpy_helper.from_array(target, name))
-                result.minus_one_targets += 1
             else:
                 sel = selected(*selector)
                 name = f"edgerun_generic_{len(made)}_last"
@@ -232,14 +219,13 @@ def generic_model(model: Any, variants: Sequence[Variant]) -> GenericModel | Non
                     out = f"edgerun_generic_{len(made)}_upto_{k}"
                     new_nodes.append(helper.make_node("Where", [sel[k], const.name, name], [out]))
                     name = out
-                result.selected_constants += 1
             made[key] = name
         node.input[s] = made[key]
     if new_nodes:
         kept = list(graph.node)
         del graph.node[:]
         graph.node.extend([*new_nodes, *kept])
-    return result
+    return generic
 
 
 class ShapeVariants:
@@ -254,7 +240,7 @@ class ShapeVariants:
         self.pid = os.getpid()
 
     def find(self, variant: Variant, arrays: Sequence[np.ndarray]) -> list[Variant] | None:
-        """The group `variant` can join (its live members only), or None."""
+        """The group `variant` can join (its live members only), or None. Called before every `add`."""
         if self.pid != os.getpid():
             self.groups, self.pid = [], os.getpid()
         for group in self.groups:
@@ -263,6 +249,4 @@ class ShapeVariants:
         return next((g for g in self.groups if matches(g[0], variant, arrays)), None)
 
     def add(self, variant: Variant) -> None:
-        if self.pid != os.getpid():
-            self.groups, self.pid = [], os.getpid()
         self.groups.append([variant])
