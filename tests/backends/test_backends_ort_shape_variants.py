@@ -117,8 +117,8 @@ def test_methods_over_different_weights_keep_sessions_of_their_own() -> None:
 
 
 def test_the_same_graph_loaded_again_reuses_the_live_session_and_a_freed_one_is_forgotten() -> None:
-    """Weights of equal content count as the same (a small array is compared by content): the seed here is
-    this test's own, so only its loads can match."""
+    """A second load of one program reads the very same weight arrays, so it takes the live session; once
+    that is freed, a new program (new arrays) builds its own."""
     gc.collect()  # earlier tests' programs, if still in cycles
     program = Program.from_methods({"chunk": step(4, weight(14))}, default_method="chunk")
     first = edgerun.load(program, backends=["onnxruntime"])
