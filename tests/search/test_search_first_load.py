@@ -251,13 +251,17 @@ def _ort_and_reference_table(g: Graph, reference_over_ort: float) -> Any:
 
 
 def _tune_with_ort_over_budget(g: Graph, table: Any, optimum: Any, name: str) -> tuple[Any, Any, Any]:
-    """tune_placement on a bounded load in which building ORT's session alone "overruns" the budget."""
+    """tune_placement on a bounded load in which building ORT's session alone "overruns" the budget.
+
+    The warm-up floor stays at its default: with none, ORT's first call was abandoned at a 0.5 ms cut (3x the best
+    warm-up so far) in two fresh-clone CI runs (a busy two-worker host); abandoning is not what these tests check.
+    """
     budget = 0.5
 
     def estimate(placement: dict[str, str]) -> float:
         return 0.0 if set(placement.values()) == {"reference"} else budget
 
-    return tune_placement(g, table, optimum, name, budget_s=budget, build_estimate=estimate, abandon_floor_s=0.0)
+    return tune_placement(g, table, optimum, name, budget_s=budget, build_estimate=estimate)
 
 
 def _assert_ort_was_built_won_and_runs(g: Graph, placement: Any, report: Any, loaded: Any) -> None:
