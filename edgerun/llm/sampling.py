@@ -52,23 +52,63 @@ def penalize_repeats(logits: np.ndarray, history: Sequence[int], penalty: float)
     return logits
 
 
+# A top-p cut first sorts only this many of the most likely tokens, then all of them when their mass falls
+# short: a stable argsort of SmolLM2's 49,152 logits in float64 made a sampled token cost about 9 ms, half a
+# 16 ms decode step (session 10, AMD EPYC host; `python -m timeit` style loop over next_token).
+TOP_P_HEAD = 256
+
+
 def next_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int], rng: np.random.Generator) -> int:
     logits = penalize_repeats(np.asarray(logits, np.float32), history, params.repetition_penalty)
     if params.temperature == 0:
         return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / params.temperature
-    order = np.argsort(-scaled, kind="stable")
-    if params.top_k:
-        order = order[:params.top_k]
-    kept = scaled[order]
-    probs = np.exp(kept - kept[0])
-    probs /= probs.sum()
+    ids, weights = filtered_distribution(logits, params)
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    pick = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(ids) - 1)
+    return int(ids[pick])
+
+
+def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens left after temperature, top-k, top-p and min-p, and their unnormalised probabilities
+    (the most likely token weighs 1).
+
+    Only what a filter needs in order is sorted: top-k partitions out its k, top-p sorts a head of the most
+    likely tokens and all of them only when that head holds less than top_p of the mass, and min-p is a
+    threshold relative to the most likely token, which needs no order at all.
+    """
+    logits = np.asarray(logits, np.float32)
+    weights = np.exp((logits - logits.max()) * np.float32(1.0 / params.temperature))
+    n = weights.size
+    k = params.top_k if 0 < params.top_k < n else n
+    ids = _most_likely(logits, k) if k < n else None
     if params.top_p < 1.0:
-        # Keep the smallest head whose mass reaches top_p (at least one token).
-        cut = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
-        order, probs = order[:cut], probs[:cut]
+        mass = float(weights.sum(dtype=np.float64) if ids is None else weights[ids].sum(dtype=np.float64))
+        for head in (min(TOP_P_HEAD, k), k):
+            ranked = ids[:head] if ids is not None else _most_likely(logits, head)  # the top-k come sorted
+            cumulative = np.cumsum(weights[ranked], dtype=np.float64)
+            if cumulative[-1] >= params.top_p * mass:
+                break
+        # The smallest head whose share of the mass reaches top_p (at least one token).
+        ids = ranked[:int(np.searchsorted(cumulative / mass, params.top_p)) + 1]
+    if ids is None:  # no top-k or top-p: every token, in vocabulary order
+        if params.min_p > 0:
+            ids = np.flatnonzero(weights >= params.min_p)
+            return ids, weights[ids]
+        return np.arange(n), weights
+    kept = weights[ids]
     if params.min_p > 0:
-        keep = probs >= params.min_p * probs[0]
-        order, probs = order[keep], probs[keep]
-    probs = probs / probs.sum()
-    return int(order[rng.choice(len(order), p=probs)])
+        keep = kept >= params.min_p
+        ids, kept = ids[keep], kept[keep]
+    return ids, kept
+
+
+def _most_likely(scores: np.ndarray, m: int) -> np.ndarray:
+    """The indices of the m highest scores, highest first, ties in index order (a stable descending sort)."""
+    if m >= scores.size:
+        return np.argsort(-scores, kind="stable")
+    # The m-th highest score, then every score above it and the lowest indices of those equal to it: a plain
+    # argpartition keeps an arbitrary few of the tied tokens, where a stable sort keeps the first.
+    threshold = -np.partition(-scores, m - 1)[m - 1]
+    above = np.flatnonzero(scores > threshold)
+    head = np.concatenate([above, np.flatnonzero(scores == threshold)[:m - above.size]])
+    return head[np.lexsort((head, -scores[head]))]
