@@ -1,7 +1,7 @@
 """`edgerun llm serve`: an OpenAI-compatible HTTP server (FastAPI) for one loaded model.
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (both with `stream: true` over
-server-sent events). The model has one KV cache, so requests run one at a time in arrival order (the
+server-sent events; `stream_options: {"include_usage": true}` adds the usage chunk). The model has one KV cache, so requests run one at a time in arrival order (the
 model's lock is the queue; FastAPI's worker threads wait on it) and are never interleaved. Bad input gets
 OpenAI's error JSON (`{"error": {"message", "type", "param", "code"}}`) with status 400, and the server
 keeps serving.
@@ -41,6 +41,7 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": true}: a last chunk with the usage
     n: int = 1
 
 
@@ -79,6 +80,8 @@ def create_app(model: LanguageModel, default_max_tokens: int = 256) -> FastAPI:
             raise _NotFound(f"model {req.model!r} is not served here (this server has {model_id!r})")
         if req.n != 1:
             raise EdgerunError("n must be 1")
+        if req.stream_options is not None and not req.stream:
+            raise EdgerunError("stream_options is only allowed when stream is true")
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         return {"max_new_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                 "min_p": req.min_p, "repetition_penalty": req.repetition_penalty, "seed": req.seed,
@@ -105,7 +108,7 @@ def create_app(model: LanguageModel, default_max_tokens: int = 256) -> FastAPI:
             def chunk(piece: str | None, finish: str | None) -> dict[str, Any]:
                 return {"id": ident, "object": "text_completion", "created": created, "model": model_id,
                         "choices": [{"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}]}
-            return StreamingResponse(_sse(run, chunk, None), media_type="text/event-stream")
+            return StreamingResponse(_sse(run, chunk, None, _wants_usage(req)), media_type="text/event-stream")
         result = await run_in_threadpool(run, None)
         return {"id": ident, "object": "text_completion", "created": created, "model": model_id,
                 "choices": [{"index": 0, "text": result.text, "logprobs": None,
@@ -128,7 +131,8 @@ def create_app(model: LanguageModel, default_max_tokens: int = 256) -> FastAPI:
                     ({"content": piece} if piece else {})
                 return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_id,
                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-            return StreamingResponse(_sse(run, chunk, chunk(None, None)), media_type="text/event-stream")
+            return StreamingResponse(_sse(run, chunk, chunk(None, None), _wants_usage(req)),
+                                     media_type="text/event-stream")
         result = await run_in_threadpool(run, None)
         return {"id": ident, "object": "chat.completion", "created": created, "model": model_id,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
@@ -158,9 +162,20 @@ def _usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + len(result.token_ids)}
 
 
+def _wants_usage(req: _Sampling) -> bool:
+    return bool((req.stream_options or {}).get("include_usage"))
+
+
 async def _sse(run: Callable[[Any], GenerationResult], chunk: Callable[[str | None, str | None], dict[str, Any]],
-               first: dict[str, Any] | None) -> AsyncIterator[bytes]:
-    """Run the generation in a thread and forward its text pieces as server-sent events."""
+               first: dict[str, Any] | None, include_usage: bool = False) -> AsyncIterator[bytes]:
+    """Run the generation in a thread and forward its text pieces as server-sent events.
+
+    With `include_usage` (OpenAI's `stream_options`), every chunk carries `"usage": null` and one more chunk,
+    with no choices, carries the usage before `[DONE]`.
+    """
+    def event(payload: dict[str, Any]) -> bytes:
+        return _event({**payload, "usage": None} if include_usage else payload)
+
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
@@ -173,13 +188,15 @@ async def _sse(run: Callable[[Any], GenerationResult], chunk: Callable[[str | No
 
     threading.Thread(target=work, daemon=True).start()
     if first is not None:
-        yield _event(first)
+        yield event(first)
     while True:
         kind, value = await queue.get()
         if kind == "text":
-            yield _event(chunk(value, None))
+            yield event(chunk(value, None))
         elif kind == "done":
-            yield _event(chunk("", value.finish_reason))
+            yield event(chunk("", value.finish_reason))
+            if include_usage:
+                yield _event({**chunk(None, None), "choices": [], "usage": _usage(value)})
             break
         else:
             yield _event({"error": {"message": str(value), "type": "invalid_request_error" if

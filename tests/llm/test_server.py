@@ -71,6 +71,29 @@ def test_streamed_chat_and_completion(client, tiny_chat) -> None:
                                                                          max_new_tokens=5).text
 
 
+def test_a_stream_asked_for_its_usage_ends_with_it(client, server, tiny_chat) -> None:
+    messages = [{"role": "user", "content": "Count to five."}]
+    whole = client.chat.completions.create(model=tiny_chat.name, messages=messages, max_tokens=7, temperature=0)
+    chunks = list(client.chat.completions.create(model=tiny_chat.name, messages=messages, max_tokens=7,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-2].choices[0].finish_reason in ("stop", "length")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == whole.choices[0].message.content
+    pieces = list(client.completions.create(model=tiny_chat.name, prompt="The capital of France is", max_tokens=5,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    once = client.completions.create(model=tiny_chat.name, prompt="The capital of France is", max_tokens=5,
+                                     temperature=0)
+    assert pieces[-1].choices == [] and pieces[-1].usage.model_dump() == once.usage.model_dump()
+    # Without it, no chunk has a usage; and stream_options on a request that does not stream is an error.
+    plain = list(client.completions.create(model=tiny_chat.name, prompt="The capital of France is", max_tokens=5,
+                                           temperature=0, stream=True))
+    assert all(p.usage is None for p in plain) and len(plain) == len(pieces) - 1
+    reply = httpx.post(f"{server}/completions", json={"model": tiny_chat.name, "prompt": "Hi", "max_tokens": 2,
+                                                       "stream_options": {"include_usage": True}}, timeout=60)
+    assert reply.status_code == 400 and "stream_options" in reply.json()["error"]["message"]
+
+
 def test_completion_with_stop(client, tiny_chat) -> None:
     full = tiny_chat.generate("The capital of France is", max_new_tokens=6).text
     reply = client.completions.create(model=tiny_chat.name, prompt="The capital of France is", max_tokens=6,
