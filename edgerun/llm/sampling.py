@@ -63,9 +63,31 @@ def next_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int
     if params.temperature == 0:
         return int(np.argmax(logits))
     ids, weights = filtered_distribution(logits, params)
-    cumulative = np.cumsum(weights, dtype=np.float64)
-    pick = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(ids) - 1)
-    return int(ids[pick])
+    return int(ids[draw(weights, rng.random())])
+
+
+# The draw sums blocks of this many weights, then runs a cumulative sum inside the one block it lands in: a
+# float64 cumulative sum over all 49,152 took 0.55 ms, the block sums 0.04.
+DRAW_BLOCK = 1024
+
+
+def draw(weights: np.ndarray, u: float) -> int:
+    """The index whose share of the cumulative weight holds `u` in [0, 1): an inverse-CDF draw.
+
+    A zero weight is never drawn: the cumulative sum does not rise there, and a pick rounded past a block's
+    end falls back to the block's last weighed token.
+    """
+    n = weights.size
+    starts = np.arange(0, n, DRAW_BLOCK)
+    blocks = np.cumsum(np.add.reduceat(weights, starts, dtype=np.float64))
+    target = u * blocks[-1]
+    b = min(int(np.searchsorted(blocks, target, side="right")), len(starts) - 1)
+    block = weights[starts[b]:starts[b] + DRAW_BLOCK]
+    inside = np.cumsum(block, dtype=np.float64)
+    i = min(int(np.searchsorted(inside, target - (blocks[b - 1] if b else 0.0), side="right")), block.size - 1)
+    if block[i] == 0:
+        i = int(np.flatnonzero(block[:i + 1])[-1])
+    return int(starts[b] + i)
 
 
 def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:

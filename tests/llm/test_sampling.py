@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgerun.llm.sampling import TOP_P_HEAD, SamplingParams, filtered_distribution, next_token
+from edgerun.llm.sampling import (
+    DRAW_BLOCK,
+    TOP_P_HEAD,
+    SamplingParams,
+    draw,
+    filtered_distribution,
+    next_token,
+)
 
 VOCAB = 49_152  # SmolLM2's
 
@@ -78,3 +85,18 @@ def test_draws_follow_the_distribution() -> None:
     draws = [next_token(logits, SamplingParams(temperature=0.5), [], rng) for _ in range(20_000)]
     want = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
     np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), want / want.sum(), atol=0.015)
+
+
+def test_the_blockwise_draw_is_the_inverse_cdf_and_never_picks_a_zero_weight() -> None:
+    rng = np.random.default_rng(3)
+    weights = rng.random(4 * DRAW_BLOCK + 123).astype(np.float32)  # several blocks and a partial last one
+    weights[rng.random(weights.size) < 0.5] = 0  # underflowed tokens: exp of a far lower logit
+    weights[DRAW_BLOCK:2 * DRAW_BLOCK] = 0  # a whole block of them
+    weights[-200:] = 0  # and the tail, where a draw rounded up would land
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    for u in [*rng.random(2000), 0.0, 1 - 1e-16]:
+        want = min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), weights.size - 1)
+        if weights[want] == 0:  # the full cumulative sum rounded past its end
+            want = int(np.flatnonzero(weights[:want + 1])[-1])
+        got = draw(weights, u)
+        assert got == want and weights[got] > 0, (u, got, want)
