@@ -288,7 +288,8 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-# Run in a fresh interpreter: it takes the run's uid, then SIGKILLs every process of that uid (itself last).
+# Run in a fresh interpreter: it takes the run's uid, then SIGKILLs every other process of that uid (kill(-1)
+# spares the caller) until none is left.
 _KILL_UID = ("import os, signal, sys\n"
              "uid = int(sys.argv[1])\n"
              "os.setresuid(uid, uid, uid)\n"
@@ -305,8 +306,8 @@ def _kill_uid(uid: int) -> None:
 
     Done by a new process (fork and exec), not a bare fork of this one: the agent is multi-threaded (task
     threads, ONNX Runtime's pools), and a forked copy of it that changes uid can wait forever on glibc's
-    set-id handshake with threads that did not survive the fork (a CI run hung there, the agent's
-    waitpid with it). The exec'd interpreter is single-threaded."""
+    set-id handshake with threads that did not survive the fork (a CI run hung with the agent in this
+    waitpid; inferred, the stack was not read). The exec'd interpreter is single-threaded."""
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KILL_UID, str(uid)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -112,16 +112,11 @@ def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> tuple[n
                 break
         # The smallest head whose share of the mass reaches top_p (at least one token).
         ids = ranked[:int(np.searchsorted(cumulative / mass, params.top_p)) + 1]
-    if ids is None:  # no top-k or top-p: every token, in vocabulary order
-        if params.min_p > 0:
-            ids = np.flatnonzero(weights >= params.min_p)
-            return ids, weights[ids]
-        return np.arange(n), weights
-    kept = weights[ids]
+    kept = weights if ids is None else weights[ids]  # None: every token, in vocabulary order
     if params.min_p > 0:
-        keep = kept >= params.min_p
-        ids, kept = ids[keep], kept[keep]
-    return ids, kept
+        keep = np.flatnonzero(kept >= params.min_p)
+        ids, kept = (keep if ids is None else ids[keep]), kept[keep]
+    return (np.arange(n) if ids is None else ids), kept
 
 
 def _most_likely(scores: np.ndarray, m: int) -> np.ndarray:

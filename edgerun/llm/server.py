@@ -1,10 +1,10 @@
 """`edgerun llm serve`: an OpenAI-compatible HTTP server (FastAPI) for one loaded model.
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (both with `stream: true` over
-server-sent events; `stream_options: {"include_usage": true}` adds the usage chunk). The model has one KV cache, so requests run one at a time in arrival order (the
-model's lock is the queue; FastAPI's worker threads wait on it) and are never interleaved. Bad input gets
-OpenAI's error JSON (`{"error": {"message", "type", "param", "code"}}`) with status 400, and the server
-keeps serving.
+server-sent events; `stream_options: {"include_usage": true}` adds the usage chunk). The model has one KV
+cache, so requests run one at a time in arrival order (the model's lock is the queue; FastAPI's worker
+threads wait on it) and are never interleaved. Bad input gets OpenAI's error JSON (`{"error": {"message",
+"type", "param", "code"}}`) with status 400, and the server keeps serving.
 """
 
 from __future__ import annotations
