@@ -56,7 +56,7 @@ def run_generation(runner: StepRunner, tokenizer: BPETokenizer | None, prompt_id
         raise EdgerunError("stop strings and text streaming need a tokenizer; this model has none")
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
-    logits = runner.forward(runner.reuse_prefix(prompt_ids))
+    logits = runner.run_prompt(prompt_ids)
     prefill_s = time.perf_counter() - start
     generated: list[int] = []
     step_logits: list[np.ndarray] = []

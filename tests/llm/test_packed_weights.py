@@ -183,3 +183,28 @@ def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64) - x.max()
     return x - np.log(np.exp(x).sum())
+
+
+def test_greedy_answer_does_not_depend_on_what_the_cache_held(packed: Any) -> None:
+    """The same greedy request gives the same tokens and bit-identical logits on its first call, on a
+    repeat (the cache holds its prompt and answer), after another conversation, and as a chat's second turn
+    (the cache holds the first turn). Before, a repeat ran its last prompt token through decode's int8 GEMV
+    and "Once upon a time there was a little" continued differently the second time."""
+    def greedy(prompt: str | list[dict[str, str]]) -> tuple[list[int], np.ndarray]:
+        r = packed.chat(prompt, max_new_tokens=6, keep_logits=True) if isinstance(prompt, list) \
+            else packed.generate(prompt, max_new_tokens=6, ignore_eos=True, keep_logits=True)
+        return r.token_ids, np.stack(r.step_logits)
+
+    first_turn = [{"role": "user", "content": "Name a colour."}]
+    second_turn = [*first_turn, {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"}]
+    for prompt in ["Once upon a time there was a little", PROMPTS[3], second_turn]:
+        packed.reset()
+        fresh = greedy(prompt)
+        repeat = greedy(prompt)
+        greedy("The weather today")
+        after_other = greedy(prompt)
+        greedy(first_turn)
+        after_prefix = greedy(prompt)
+        for ids, logits in (repeat, after_other, after_prefix):
+            assert ids == fresh[0], prompt
+            np.testing.assert_array_equal(logits, fresh[1], err_msg=str(prompt))
