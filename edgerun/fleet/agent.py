@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from edgerun.fleet.agent_state import AgentState
+from edgerun.fleet.agent_state import AgentState, safe_text
 from edgerun.fleet.container import Launch, Limits, RunResult, clear_scratch, run_in_container
 from edgerun.fleet.errors import ExpiredError, FleetError, IntegrityError
 from edgerun.fleet.freshness import verify_timestamp
@@ -35,6 +35,9 @@ from edgerun.fleet.task_schema import validate_task_config
 from edgerun.fleet.warm_pool import WARM_WORKER, WarmPool
 
 RunFn = Callable[[Any], RunResult]
+# The points of a run and of a report flush where the agent's durable state changes; `Agent.on_step` is
+# called at each (tests kill the agent there, to show that every step survives a kill).
+RUN_STEPS = ("run-begun", "run-verified", "run-ended", "run-recorded", "reports-posted", "reports-marked")
 log = logging.getLogger(__name__)
 # What a malformed or unexpected server answer raises while we read it; the round is logged and retried.
 ANSWER_ERRORS = (httpx.HTTPError, FleetError, ValueError, KeyError, TypeError, AttributeError)
@@ -56,7 +59,8 @@ class Agent:
                  app_version: str = "1.0", os_name: str = platform.system().lower(),
                  device_groups: tuple[str, ...] = (), user_groups: tuple[str, ...] = (),
                  hooks: TaskHooks | None = None, checkin_interval_s: float = 5.0,
-                 http_timeout_s: float = 30.0, warm_workers: bool = False, max_concurrent_runs: int = 4) -> None:
+                 http_timeout_s: float = 30.0, warm_workers: bool = False, max_concurrent_runs: int = 4,
+                 on_step: Callable[[str, str], None] | None = None) -> None:
         self.server_url = server_url.rstrip("/")
         self.device_id = device_id
         self.state_dir = Path(state_dir).resolve()
@@ -66,11 +70,14 @@ class Agent:
         self.hooks = hooks
         self.checkin_interval_s = checkin_interval_s
         self.errors: list[str] = []  # refusals and failures of the latest check-in, for operators and tests
+        self.on_step = on_step
         self.state = AgentState(self.state_dir / "agent.db")
         self.installer = Installer(self.state_dir)
-        # Crash recovery first: drop half-built folders, turn interrupted runs into failure reports.
+        # Crash recovery first: drop half-built folders, turn interrupted runs into failure reports, and
+        # quarantine a version the agent died running twice in a row (no crash loop: agent_state.py).
         self.installer.recover()
-        self.state.recover_interrupted_runs()
+        for task, version in self.state.recover_interrupted_runs():
+            log.warning("agent %s: %s v%d quarantined: the agent stopped during its runs", device_id, task, version)
         clear_scratch(self.state_dir / "scratch")
         self.http = httpx.Client(base_url=self.server_url, timeout=http_timeout_s)
         self.root = self._load_root(root_path)
@@ -290,8 +297,12 @@ class Agent:
         expired = self._expired_release(task, folder)
         if expired is not None:
             return expired
+        reason = self.state.quarantined(task, version)
+        if reason is not None:  # reported once when it was quarantined
+            return RunResult("failure", 0.0, error=f"not run: quarantined: {reason}")
         with self._state_lock:
             run_id = self.state.begin_run(task, version)
+        self._step("run-begun", task)
         try:
             # Before every run: the files are exactly the signed ones, and the config is one we can honour.
             self.installer.verify_version(folder)
@@ -304,14 +315,37 @@ class Agent:
         except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:
             result = RunResult("failure", 0.0, error=f"not run: {exc}")
         else:
+            self._step("run-verified", task)
             if self.pool is not None:
                 result = self.pool.run(folder, config["entry"], Limits.from_config(config["limits"]),
                                        inputs if inputs is not None else {})
             else:
                 result = self._run_cold(folder, config, inputs)
-        with self._state_lock:
-            self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
+        self._step("run-ended", task)
+        result.error = safe_text(result.error)
+        try:
+            with self._state_lock:
+                self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
+        except Exception as exc:  # whatever the run did to our bookkeeping, it is the task's
+            self._quarantine_after_bookkeeping(task, version, run_id, exc)
+            result = RunResult("crash", result.latency_ms, error=f"quarantined: {type(exc).__name__} recording "
+                                                                 "the run's result")
+        self._step("run-recorded", task)
         return result
+
+    def _quarantine_after_bookkeeping(self, task: str, version: int, run_id: str, exc: Exception) -> None:
+        """A run whose result the agent could not record: report it with a fixed text and never run that
+        version again here. Should even this fail, the run stays 'running' and the next start reports it
+        (and quarantines the version after a second time: agent_state.py)."""
+        reason = f"the agent could not record a run's result ({type(exc).__name__})"
+        log.error("agent %s: %s v%d quarantined: %s", self.device_id, task, version, reason)
+        with self._state_lock:
+            self.state.finish_run(run_id, "crash", 0.0, reason)
+            self.state.quarantine(task, version, reason)
+
+    def _step(self, name: str, task: str = "") -> None:
+        if self.on_step is not None:
+            self.on_step(name, task)
 
     def _container_options(self, folder: Path) -> dict[str, Any]:
         """How every run of this device is isolated, cold or warm: the same level, hidden state, shares."""
@@ -348,7 +382,10 @@ class Agent:
             if not isinstance(every, (int, float)) or now - self._last_run.get(task, -1e18) < float(every):
                 continue  # no schedule, or not due (a malformed one was refused at install)
             self._last_run[task] = now
-            self.run_task(task, {"scheduled": True})
+            try:
+                self.run_task(task, {"scheduled": True})
+            except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:  # one task never stops the rest
+                self.errors.append(f"{task}: run: {type(exc).__name__}: {exc}"[:500])
             started += 1
         return started
 
@@ -358,7 +395,9 @@ class Agent:
             r = self.http.post(f"/v1/devices/{self.device_id}/reports", json={"reports": batch},
                                headers=self._auth())
             r.raise_for_status()
+            self._step("reports-posted")
             self.state.mark_sent([b["id"] for b in batch])
+            self._step("reports-marked")
             sent += len(batch)
         return sent
 
@@ -373,10 +412,16 @@ class Agent:
                 self.failed_rounds += 1
                 self.errors.append(f"check-in: {type(exc).__name__}: {exc}"[:500])
                 log.warning("agent %s: check-in failed (%d in a row): %s", self.device_id, self.failed_rounds, exc)
+        # Reports before any run: what the last run (or the last start's crash) did reaches the server even
+        # if the next run kills the agent again, so the rollout can count it and roll the release back.
+        self._flush_logged()
         self.announce_active()
         self.run_scheduled()
         if self.hooks is not None:
             self.hooks.poll()
+        self._flush_logged()
+
+    def _flush_logged(self) -> None:
         try:
             self.flush_reports()
         except ANSWER_ERRORS as exc:
@@ -398,12 +443,17 @@ class Agent:
                 if due:
                     wake.clear()  # a nudge arriving during this round wakes the next one at once
                     last_checkin = time.monotonic()
-                self.step(check_in=due)
+                try:
+                    self.step(check_in=due)
+                except Exception as exc:  # the loop outlives any fault of one round
+                    self.failed_rounds += 1
+                    self.errors.append(f"round: {type(exc).__name__}: {exc}"[:500])
+                    log.exception("agent %s: round failed", self.device_id)
                 if push and listener is None and self._token is not None:  # enrolled by the first check-in
                     listener = self.push_listener = PushListener(self.server_url, self.device_id, self._auth,
                                                                  wake).start()
                 for e in self.errors:
-                    print(f"agent {self.device_id}: {e}", flush=True)
+                    print(safe_text(f"agent {self.device_id}: {e}"), flush=True)
                 deadline = time.monotonic() + self.next_wait_s()
                 while not stop.is_set() and not wake.is_set() and time.monotonic() < deadline:
                     wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))

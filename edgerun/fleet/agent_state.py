@@ -3,16 +3,25 @@
 A run is written to the outbox as 'running' before it starts and as 'done' when it ends; a restart turns
 any 'running' row into a failure ('interrupted'), so every run that began produces exactly one report,
 and the server ignores resent report ids, so a report sent twice counts once.
+
+A task version whose runs were interrupted `QUARANTINE_AFTER` times in a row (the agent died during each,
+whatever killed it) is quarantined: reported once and never run again on this device; a newer version is
+not affected. So a task cannot hold the agent in a crash loop: each death during its run is counted
+before the run starts again, and the count survives the restart. Text a task produced (its error) is made
+storable and sendable (`safe_text`) before it reaches SQLite or the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,19 @@ CREATE TABLE IF NOT EXISTS outbox (
     id TEXT PRIMARY KEY, task TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
     outcome TEXT, latency_ms REAL, error TEXT, created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS ix_outbox_state ON outbox (state);
+CREATE TABLE IF NOT EXISTS quarantine (task TEXT NOT NULL, version INTEGER NOT NULL, reason TEXT NOT NULL,
+    PRIMARY KEY (task, version));
 """
+QUARANTINE_AFTER = 2  # consecutive interrupted runs of one version; one alone may be a power loss
+ERROR_CHARS = 2000
+_UNSAFE = re.compile("[\ud800-\udfff\x00]")
+
+
+def safe_text(text: str, limit: int = ERROR_CHARS) -> str:
+    """`text` cut to `limit` characters, with lone surrogates (which UTF-8, SQLite and the server's JSON
+    cannot carry) and NUL (which PostgreSQL text refuses) replaced by U+FFFD."""
+    return _UNSAFE.sub("\ufffd", text[:limit])
+
 
 
 def _private(path: Path) -> None:
@@ -48,6 +69,17 @@ class AgentState:
 
     def close(self) -> None:
         self.db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """All or nothing (the connection autocommits each statement otherwise)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     # ---- key/value ----------------------------------------------------------------------------------
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -91,19 +123,52 @@ class AgentState:
         return run_id
 
     def finish_run(self, run_id: str, outcome: str, latency_ms: float, error: str) -> None:
-        self.db.execute("UPDATE outbox SET state = 'done', outcome = ?, latency_ms = ?, error = ? WHERE id = ?",
-                        (outcome, latency_ms, error[:2000], run_id))
+        with self._transaction():
+            self.db.execute("UPDATE outbox SET state = 'done', outcome = ?, latency_ms = ?, error = ? WHERE id = ?",
+                            (outcome, latency_ms, safe_text(error), run_id))
+            self.db.execute("DELETE FROM meta WHERE key = (SELECT 'interrupted:' || task || ':' || version "
+                            "FROM outbox WHERE id = ?)", (run_id,))
 
-    def report_refusal(self, task: str, version: int, error: str) -> None:
+    def report_refusal(self, task: str, version: int, error: str, kind: str = "refused") -> None:
         """One failure report for a signed version this device refuses to run (same id on every retry)."""
-        run_id = hashlib.sha256(f"refused:{task}:{version}".encode()).hexdigest()[:32]
+        run_id = hashlib.sha256(f"{kind}:{task}:{version}".encode()).hexdigest()[:32]
         self.db.execute("INSERT OR IGNORE INTO outbox (id, task, version, state, outcome, latency_ms, error, created) "
-                        "VALUES (?, ?, ?, 'done', 'failure', 0, ?, ?)", (run_id, task, version, error[:2000], time.time()))
+                        "VALUES (?, ?, ?, 'done', 'failure', 0, ?, ?)",
+                        (run_id, task, version, safe_text(error), time.time()))
 
-    def recover_interrupted_runs(self) -> int:
-        cur = self.db.execute("UPDATE outbox SET state = 'done', outcome = 'crash', latency_ms = 0, "
-                              "error = 'interrupted: the agent stopped during the run' WHERE state = 'running'")
-        return cur.rowcount
+    def recover_interrupted_runs(self) -> list[tuple[str, int]]:
+        """Turn runs the agent died during into crash reports, count them per version, and quarantine a
+        version interrupted `QUARANTINE_AFTER` times in a row; returns the versions quarantined now."""
+        quarantined = []
+        with self._transaction():
+            rows = self.db.execute("SELECT task, version FROM outbox WHERE state = 'running'").fetchall()
+            self.db.execute("UPDATE outbox SET state = 'done', outcome = 'crash', latency_ms = 0, "
+                            "error = 'interrupted: the agent stopped during the run' WHERE state = 'running'")
+            for task, version in rows:
+                key = f"interrupted:{task}:{version}"
+                count = int(self.get(key, "0") or 0) + 1
+                self.put(key, str(count))
+                if count >= QUARANTINE_AFTER and not self.quarantined(task, version):
+                    self._quarantine(task, version, f"the agent stopped during {count} runs in a row")
+                    quarantined.append((task, int(version)))
+        return quarantined
+
+    # ---- quarantine: versions this device will not run again ------------------------------------------
+    def quarantine(self, task: str, version: int, reason: str) -> None:
+        """Never run this version again here, and say so once in a failure report (the rollout sees it)."""
+        with self._transaction():
+            self._quarantine(task, version, reason)
+
+    def _quarantine(self, task: str, version: int, reason: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO quarantine (task, version, reason) VALUES (?, ?, ?)",
+                        (task, version, safe_text(reason)))
+        self.report_refusal(task, version, f"quarantined: {reason}", kind="quarantined")
+
+    def quarantined(self, task: str, version: int) -> str | None:
+        """The reason this version is quarantined, or None."""
+        row = self.db.execute("SELECT reason FROM quarantine WHERE task = ? AND version = ?",
+                              (task, version)).fetchone()
+        return str(row[0]) if row else None
 
     def pending_reports(self, limit: int = 500) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT id, task, version, outcome, latency_ms, error FROM outbox "

@@ -96,7 +96,10 @@ def package_root() -> Path:
 
 def _python_roots() -> list[Path]:
     """Folders the interpreter and its packages live in (read-only in the sandbox)."""
-    roots = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent}
+    # Resolved as well as named: a virtual environment reached through a link must be bound where the link
+    # leads, or the interpreter is missing inside the sandbox.
+    prefixes = (Path(sys.base_prefix), Path(sys.prefix))
+    roots = {*prefixes, *(p.resolve() for p in prefixes), Path(sys.executable).resolve().parent}
     for entry in sys.path:
         if entry and Path(entry).exists():
             roots.add(Path(entry).resolve())
