@@ -23,6 +23,7 @@ import httpx
 
 from edgerun.fleet.agent_state import AgentState, safe_text
 from edgerun.fleet.container import Launch, Limits, RunResult, clear_scratch, run_in_container
+from edgerun.fleet.device_id import check_device_id
 from edgerun.fleet.errors import ExpiredError, FleetError, IntegrityError
 from edgerun.fleet.freshness import verify_timestamp
 from edgerun.fleet.installer import Installer
@@ -62,7 +63,7 @@ class Agent:
                  http_timeout_s: float = 30.0, warm_workers: bool = False, max_concurrent_runs: int = 4,
                  on_step: Callable[[str, str], None] | None = None) -> None:
         self.server_url = server_url.rstrip("/")
-        self.device_id = device_id
+        self.device_id = check_device_id(device_id)
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.app_version, self.os_name = app_version, os_name

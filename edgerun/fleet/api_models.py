@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from edgerun.fleet.device_id import DEVICE_ID_PATTERN
+
 # What a run report may carry: the outcome names of the compute container (container.OUTCOMES, and any it
 # adds later) are short lowercase words; a task name as `task pack` allows it; a run id as the agent makes it.
 OUTCOME_PATTERN = r"^[a-z_]{1,16}$"
@@ -16,7 +18,7 @@ MAX_REPORTS_PER_BATCH = 500
 
 
 class Profile(BaseModel):
-    device_id: str = Field(max_length=128)
+    device_id: str = Field(max_length=128, pattern=DEVICE_ID_PATTERN)
     app_version: str = "0"
     os: str = ""
     device_groups: list[str] = []
@@ -33,7 +35,8 @@ class RegisterRequest(BaseModel):
 
 
 class EnrolmentTokenRequest(BaseModel):
-    device_id: str | None = Field(None, max_length=128, description="only this device id may enrol with it")
+    device_id: str | None = Field(None, max_length=128, pattern=DEVICE_ID_PATTERN,
+                                  description="only this device id may enrol with it")
     device_groups: list[str] = Field([], description="the groups (hardware class) the enrolled device gets")
     uses: int = Field(1, ge=1, le=1_000_000)
     ttl_s: float = Field(86400.0, gt=0, le=366 * 86400)
