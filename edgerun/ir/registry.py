@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from edgerun.errors import UnsupportedOpError
+from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.ir.symbolic import SymbolicShapeError
 from edgerun.ir.tensor_spec import TensorSpec
 
 if TYPE_CHECKING:
     from edgerun.ir.builder import Builder
-    from edgerun.ir.graph import Graph
+    from edgerun.ir.graph import Graph, Node
 
 
 class OpKind(StrEnum):
@@ -115,6 +115,60 @@ def infer_specs(op: str, inputs: list[TensorSpec], attrs: dict[str, Any],
         return d.infer(inputs, attrs)
     except SymbolicShapeError as exc:  # a rule that needs a concrete size: say which op asked
         raise SymbolicShapeError(f"{op}: {exc}") from None
+
+
+# ---- gradients ----------------------------------------------------------------------------------------
+# Each op's vector-Jacobian product lives beside its definition (ir/ops/*.py), micrograd's habit. A rule gets
+# a builder on the graph being differentiated, the forward node, one cotangent per output (None: zero) and
+# which inputs need one, and returns one cotangent per input (None: zero, or not needed). It may read the
+# node's inputs and outputs (the forward activations) and emits ordinary IR, so any backend runs backward.
+# A composite without a rule of its own is differentiated through its decomposition.
+GradientRule = Callable[["Builder", "Node", list["str | None"], list[bool]], list["str | None"]]
+
+_GRADIENTS: dict[str, GradientRule] = {}
+_NO_GRADIENT: dict[str, str] = {}  # op -> why it has none (integer, comparison, random, string ...)
+
+
+class NoGradientError(EdgerunError):
+    """Differentiation reached a node whose op has no gradient."""
+
+
+def register_gradient(*names: str) -> Callable[[GradientRule], GradientRule]:
+    """Decorator: the rule is the vector-Jacobian product of each op in `names`."""
+    def deco(rule: GradientRule) -> GradientRule:
+        for name in names:
+            if name in _GRADIENTS or name in _NO_GRADIENT:
+                raise ValueError(f"op {name!r} given a gradient twice")
+            _GRADIENTS[name] = rule
+        return rule
+    return deco
+
+
+def register_no_gradient(names: Sequence[str], reason: str) -> None:
+    """Ops that have no gradient, and why (differentiating through one is a NoGradientError)."""
+    for name in names:
+        if name in _GRADIENTS or name in _NO_GRADIENT:
+            raise ValueError(f"op {name!r} given a gradient twice")
+        _NO_GRADIENT[name] = reason
+
+
+def gradient_rule(name: str) -> GradientRule | None:
+    """The op's own vector-Jacobian product; None when it has none (see no_gradient_reason)."""
+    _ensure_loaded()
+    return _GRADIENTS.get(name)
+
+
+def no_gradient_reason(name: str) -> str | None:
+    """Why op `name` has no gradient, or None when it has one (its own or its decomposition's)."""
+    _ensure_loaded()
+    if name in _GRADIENTS:
+        return None
+    if name in _NO_GRADIENT:
+        return _NO_GRADIENT[name]
+    op = _REGISTRY.get(name)
+    if op is not None and op.kind is OpKind.COMPOSITE:
+        return None
+    return "no gradient rule is registered for it"
 
 
 _loaded = False

@@ -2,18 +2,22 @@
 
 from edgerun.ir.ops import (  # noqa: F401
     atomic,
+    atomic_gradients,
     control_flow_ops,
     conv_transpose_ops,
     data_dependent_ops,
     image_ops,
+    nn_gradients,
     nn_ops,
     quant_add_ops,
     quant_ops,
     raster,
+    raster_gradient,
     resize_ops,
     shape_ops,
     state_ops,
     string_ops,
     symbolic_ops,
     top_k_ops,
+    window_gradients,
 )

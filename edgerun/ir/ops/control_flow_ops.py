@@ -23,7 +23,7 @@ from typing import Any
 
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
-from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.registry import OpDef, OpKind, register, register_no_gradient
 from edgerun.ir.tensor_spec import TensorSpec
 
 Attrs = dict[str, Any]
@@ -138,3 +138,5 @@ def _scan_rule(ins: list[TensorSpec], attrs: Attrs, bodies: Sequence[Graph | Non
 register(OpDef("scan", OpKind.CONTROL_FLOW, _needs_bodies, 0, None, bodies=("body",), infer_with_bodies=_scan_rule,
                doc="run subgraph `body` once per step of the leading axis of the sequences, carrying state and "
                    "stacking per-step results; recurrent layers (LSTM/GRU/RNN, ONNX Scan, torch scan/map)"))
+register_no_gradient(["cond", "while_loop", "scan"],
+                     "control flow: differentiating through a body is not supported; unroll it or keep it out of the trained part")

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgerun.ir.dtypes import DType
 from edgerun.ir.ops._rules import norm_axis
-from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.registry import OpDef, OpKind, register, register_no_gradient
 from edgerun.ir.symbolic import Dim, is_symbolic, sym
 from edgerun.ir.tensor_spec import TensorSpec
 
@@ -85,3 +85,5 @@ register(OpDef("top_k_dynamic", OpKind.DATA_DEPENDENT, _top_k_rule, 2, 2,
 register(OpDef("non_max_suppression", OpKind.DATA_DEPENDENT, _nms_rule, 2, 5,
                doc="greedy per-class box selection by IoU (ONNX NonMaxSuppression; inputs boxes, scores, max "
                    "per class, IoU and score thresholds; attr center_point_box): [extent, 3] indices"))
+register_no_gradient(["nonzero", "unique", "top_k_dynamic", "non_max_suppression"],
+                     "its output size and indices depend on the data (integer results)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.ir.dtypes import DType
-from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.registry import OpDef, OpKind, register, register_no_gradient
 from edgerun.ir.symbolic import sym
 from edgerun.ir.tensor_spec import TensorSpec
 
@@ -37,3 +37,5 @@ register(OpDef("image_decode", OpKind.DATA_DEPENDENT, _image_decode_rule, 1, 1,
                doc="encoded image bytes (uint8 [N]) decoded to uint8 [H, W, C] in attr pixel_format (RGB, BGR: "
                    "C = 3; Grayscale: C = 1), H and W the symbols attr extent names: ONNX ImageDecoder, decoded "
                    "by Pillow as ONNX's reference does"))
+register_no_gradient(["image_decode"],
+                     "decodes bytes to integer pixels")

@@ -17,7 +17,7 @@ from typing import Any
 from edgerun.ir.dtypes import DType
 from edgerun.ir.ops._rules import broadcast_shapes
 from edgerun.ir.ops.data_dependent_ops import extent
-from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.registry import OpDef, OpKind, register, register_no_gradient
 from edgerun.ir.tensor_spec import TensorSpec
 
 Attrs = dict[str, Any]
@@ -105,3 +105,5 @@ register(OpDef("string_normalize", OpKind.DATA_DEPENDENT, _normalize_rule, 1, 1,
 register(OpDef("string_split", OpKind.DATA_DEPENDENT, _split_rule, 1, 1,
                doc="each string split at attr delimiter (None: runs of whitespace) at most attr maxsplit times, "
                    "padded with '' to attr extent pieces; outputs the pieces and each string's count"))
+register_no_gradient(["string_normalize", "string_split"],
+                     "string processing is not differentiable")

@@ -1,0 +1,120 @@
+"""Vector-Jacobian products of conv2d, max_pool2d and avg_pool2d (ops/atomic.py).
+
+conv2d's input cotangent is the transposed convolution of the output's cotangent with the same weight (whose
+[out, in/groups, kh, kw] layout is conv_transpose2d's [in, out/groups, kh, kw] read the other way); its weight
+cotangent is one more convolution, of the input (batch and channels swapped, groups kept apart) by the
+output's cotangent, with stride and dilation exchanged. A pooling window's taps are written as rasters from
+the input (one region per tap), so its cotangent is those regions transposed (ops/raster_gradient.py): max
+pooling sends each window's cotangent to the first tap holding the max (torch's choice), average pooling to
+every tap divided by the window's count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgerun.ir.builder import Builder
+from edgerun.ir.graph import Node
+from edgerun.ir.ops._grad import reshape_to
+from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
+from edgerun.ir.ops.raster_gradient import transpose_regions
+from edgerun.ir.region import Region
+from edgerun.ir.registry import register_gradient
+
+Grads = list[str | None]
+
+
+@register_gradient("conv2d")
+def _conv2d(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
+    g = grads[0]
+    out: Grads = [None] * len(node.inputs)
+    if g is None:
+        return out
+    x, w = node.inputs[0], node.inputs[1]
+    (sh, sw), (pt, pl, pb, pr), (dh, dw), groups = conv_geometry(node.attrs)
+    n, _, h, wd = b.shape(x)
+    _, ci, kh, kw = b.shape(w)
+    _, _, ho, wo = b.shape(g)
+    if needs[0]:
+        end_h = (ho - 1) * sh + (kh - 1) * dh + 1 - pt - h  # crop so the transposed conv gives back h rows
+        end_w = (wo - 1) * sw + (kw - 1) * dw + 1 - pl - wd
+        out[0] = b.emit("conv_transpose2d", [g, w], stride=[sh, sw], dilation=[dh, dw],
+                        padding=[pt, pl, end_h, end_w], groups=groups)
+    if needs[1]:
+        xs = reshape_to(b, x, [n, groups, ci, h, wd])
+        xs = reshape_to(b, b.emit("transpose", [xs], perm=[2, 1, 0, 3, 4]), [ci, groups * n, h, wd])
+        gs = b.emit("transpose", [g], perm=[1, 0, 2, 3])  # [groups * co, n, ho, wo]
+        full = b.emit("conv2d", [xs, gs], stride=[dh, dw], dilation=[sh, sw], padding=[pt, pl, pb, pr],
+                      groups=groups)  # [ci, groups * co, kh', kw'], kh' >= kh
+        if b.shape(full)[2:] != (kh, kw):
+            full = b.emit("slice", [full], starts=[0, 0], ends=[kh, kw], axes=[2, 3])
+        out[1] = b.emit("transpose", [full], perm=[1, 0, 2, 3])
+    if len(node.inputs) > 2 and node.inputs[2] and needs[2]:
+        out[2] = b.emit("reduce_sum", [g], axes=[0, 2, 3])
+    return out
+
+
+def _tap_regions(node: Node, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
+                 stacked: bool) -> list[Region]:
+    """One region per window tap copying the input elements it sees to the outputs they count for: into
+    [taps, N, C, Ho, Wo] when `stacked`, else all onto [N, C, Ho, Wo]. Taps in the padding are left out."""
+    (kh, kw), (sh, sw), (pt, pl, _, _), (dh, dw), _ = pool_geometry(node.attrs)
+    n, c, h, w = x_shape
+    ho, wo = y_shape[2], y_shape[3]
+    plane = ho * wo * n * c
+    regions = []
+    for ki in range(kh):
+        for kj in range(kw):
+            rows = [o for o in range(ho) if 0 <= o * sh + ki * dh - pt < h]
+            cols = [o for o in range(wo) if 0 <= o * sw + kj * dw - pl < w]
+            if not rows or not cols:
+                continue
+            ih, iw = rows[0] * sh + ki * dh - pt, cols[0] * sw + kj * dw - pl
+            tap = ki * kw + kj
+            regions.append(Region(0, ih * w + iw, (h * w, sh * w, sw),
+                                  (tap * plane if stacked else 0) + rows[0] * wo + cols[0], (ho * wo, wo, 1),
+                                  (n * c, len(rows), len(cols))))
+    return regions
+
+
+@register_gradient("max_pool2d")
+def _max_pool(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
+    g = grads[0]
+    if g is None or not needs[0]:
+        return [None]
+    x, y = node.inputs[0], node.outputs[0]
+    (kh, kw) = pool_geometry(node.attrs)[0]
+    taps = kh * kw
+    y_shape = b.shape(y)
+    regions = _tap_regions(node, b.shape(x), y_shape, stacked=True)
+    windows = b.emit("raster", [x], shape=[taps, *y_shape], fill=float("-inf"),
+                     regions=[r.to_list() for r in regions])
+    index = b.const(np.arange(taps).reshape(taps, 1, 1, 1, 1), b.dtype(g))
+    hit = b.binary("eq", windows, y)
+    first = b.emit("reduce_min", [b.emit("where", [hit, index, b.scalar(float(taps), g)])], axes=[0],
+                   keepdims=True)
+    chosen = b.emit("where", [b.binary("eq", index, first), g, b.scalar(0.0, g)])
+    return [transpose_regions(b, chosen, regions, 0, b.shape(x))]
+
+
+@register_gradient("avg_pool2d")
+def _avg_pool(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
+    g = grads[0]
+    if g is None or not needs[0]:
+        return [None]
+    x = node.inputs[0]
+    x_shape, y_shape = b.shape(x), b.shape(g)
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), _, _ = pool_geometry(node.attrs)
+    h, w = x_shape[2], x_shape[3]
+    # The divisor the kernel used (oracle/kernels.py's avg_pool2d): taps inside the input, plus the padding
+    # when count_include_pad, never the ceil_mode overhang past the padding.
+    rows = np.arange(y_shape[2]) * sh - pt
+    cols = np.arange(y_shape[3]) * sw - pl
+    include_pad = node.attrs.get("count_include_pad", True)
+    lo_r, lo_c = (-pt, -pl) if include_pad else (0, 0)
+    hi_r, hi_c = (h + pb, w + pr) if include_pad else (h, w)
+    count = (np.minimum(rows + kh, hi_r) - np.maximum(rows, lo_r))[:, None] * \
+        (np.minimum(cols + kw, hi_c) - np.maximum(cols, lo_c))[None, :]
+    share = b.binary("mul", g, b.const((1.0 / count).astype(b.dtype(g).np), b.dtype(g)))
+    regions = _tap_regions(node, x_shape, y_shape, stacked=False)
+    return [transpose_regions(b, share, regions, 0, x_shape, every_write_live=True)]

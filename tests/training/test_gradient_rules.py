@@ -1,0 +1,185 @@
+"""Every op's gradient rule against float64 central finite differences, run by the oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
+from edgerun.ir.graph import Graph
+from edgerun.ir.ops.raster import check_regions
+from edgerun.ir.region import Region
+from edgerun.ir.registry import NoGradientError, OpKind, all_ops, gradient_rule, no_gradient_reason
+from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.passes.autodiff import append_gradients
+from tests.training.gradcheck import check_gradient
+
+R = np.random.default_rng(0)
+X = R.standard_normal((3, 4))
+ROW = R.standard_normal((4,))
+POS = R.uniform(0.5, 2.0, (3, 4))
+IMG = R.standard_normal((2, 4, 7, 6))
+
+
+def test_every_atomic_raster_and_structural_op_has_a_rule_or_says_why_not() -> None:
+    kinds = (OpKind.ATOMIC, OpKind.RASTER, OpKind.CONTROL_FLOW, OpKind.DATA_DEPENDENT)
+    missing = [op.name for op in all_ops() if op.kind in kinds and gradient_rule(op.name) is None
+               and (no_gradient_reason(op.name) or "").startswith("no gradient rule")]
+    assert missing == []
+    assert gradient_rule("raster") is not None and gradient_rule("conv2d") is not None
+    assert "comparison" in (no_gradient_reason("gt") or "")
+
+
+def _unary(op: str) -> Any:
+    return lambda b, n: b.unary(op, n[0])
+
+
+def _binary(op: str, **attrs: Any) -> Any:
+    return lambda b, n: b.emit(op, n, **attrs)
+
+
+def _one(op: str, **attrs: Any) -> Any:
+    return lambda b, n: b.emit(op, n, **attrs)
+
+
+CASES: list[tuple[str, Any, list[np.ndarray]]] = [
+    *[(op, _unary(op), [X]) for op in ("exp", "tanh", "sigmoid", "erf", "sin", "cos", "neg", "abs", "reciprocal")],
+    *[(op, _unary(op), [POS]) for op in ("log", "sqrt", "rsqrt")],
+    *[(op, _binary(op), [X, ROW + 3]) for op in ("add", "sub", "mul", "div", "maximum", "minimum", "mod")],
+    ("fmod", _binary("mod", fmod=True), [X, ROW + 3]),
+    ("pow", _binary("pow"), [POS, ROW]),
+    *[(f"{op} {axes}", _one(op, axes=axes, keepdims=keep), [X])
+      for op in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
+      for axes, keep in (([1], False), ([0], True), (None, False))],
+    ("matmul broadcast", _binary("matmul"), [R.standard_normal((2, 3, 4)), R.standard_normal((4, 5))]),
+    ("where", lambda b, n: b.emit("where", [b.binary("gt", n[0], n[1]), n[0], n[1]]), [X, ROW]),
+    ("gather", lambda b, n: b.emit("gather", [n[0], b.const(np.array([[0, 2], [-1, 0]]), DType.int64)], axis=1),
+     [X]),
+    ("update_slice", lambda b, n: b.emit("update_slice", [n[0], n[1], b.const(np.array([5]), DType.int64)]),
+     [R.standard_normal((6, 3)), R.standard_normal((2, 3))]),
+    ("softmax", _one("softmax", axis=1), [X]),
+    ("log_softmax", _one("log_softmax", axis=0), [X]),
+    ("relu", _one("relu"), [X]),
+    ("gelu (its decomposition)", _one("gelu"), [X]),
+    ("layer_norm", _one("layer_norm", normalized_ndim=1, eps=1e-5), [X, R.standard_normal(4), R.standard_normal(4)]),
+    *[(f"conv2d {attrs}", _one("conv2d", **attrs),
+       [IMG, R.standard_normal((4, 4 // attrs.get("groups", 1), 3, 2)), R.standard_normal(4)])
+      for attrs in ({"padding": [1, 1, 1, 1]}, {"stride": [2, 2], "padding": [0, 1, 1, 0]},
+                    {"dilation": [2, 1], "groups": 2, "stride": [1, 2]}, {"groups": 4, "padding": [1, 1, 1, 1]})],
+    *[(f"{op} {attrs}", _one(op, **attrs), [IMG]) for op in ("max_pool2d", "avg_pool2d")
+      for attrs in ({"kernel": [2, 2]}, {"kernel": [3, 3], "stride": [1, 1], "padding": [1, 1, 1, 1]},
+                    {"kernel": [3, 2], "stride": [2, 2], "padding": [1, 1, 1, 1], "ceil_mode": True})],
+    ("avg_pool2d without the padding", _one("avg_pool2d", kernel=[2, 2], stride=[2, 1], padding=[1, 1, 1, 1],
+                                            count_include_pad=False), [IMG]),
+    ("max_pool2d dilated", _one("max_pool2d", kernel=[3, 3], dilation=[2, 1], stride=[1, 1]), [IMG]),
+    ("transpose", _one("transpose", perm=[2, 0, 3, 1]), [IMG]),
+    ("expand", _one("expand", shape=[3, 4, 5]), [R.standard_normal((4, 1))]),
+    ("pad reflect", _one("pad", pads=[[1, 2], [2, 1]], mode="reflect"), [R.standard_normal((4, 5))]),
+    ("concat of one value twice", lambda b, n: b.emit("concat", [n[0], n[1], n[0]], axis=1),
+     [R.standard_normal((2, 3)), R.standard_normal((2, 2))]),
+    ("slice with negative steps", _one("slice", starts=[5, 0], ends=[0, 4], steps=[-2, 3], axes=[0, 1]),
+     [R.standard_normal((7, 5))]),
+]
+
+
+@pytest.mark.parametrize("emit,inputs", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rule_matches_finite_differences(emit: Any, inputs: list[np.ndarray]) -> None:
+    check_gradient(emit, inputs, directions=2)
+
+
+def test_cast_passes_the_gradient_back_in_the_input_type() -> None:
+    check_gradient(lambda b, n: b.emit("cast", [b.emit("cast", n, dtype="float32")], dtype="float64"), [X],
+                   eps=1e-3, rtol=1e-3)
+
+
+@st.composite
+def _rasters(draw: Any) -> tuple[list[np.ndarray], list[list[int]], list[int], float | None]:
+    """Random regions over one or two sources: any strides, 0 included, so sources may be read repeatedly
+    (expand, sliding windows) and output elements written by several regions (the last region wins)."""
+    sizes = [draw(st.integers(1, 12)) for _ in range(draw(st.integers(1, 2)))]
+    out = draw(st.integers(1, 12))
+    regions = []
+    for _ in range(draw(st.integers(1, 3))):
+        src = draw(st.integers(0, len(sizes) - 1))
+        size = [draw(st.integers(1, 3)) for _ in range(3)]
+        ss = [draw(st.integers(-2, 3)) for _ in range(3)]
+        ds = [draw(st.integers(-2, 3)) for _ in range(3)]
+        region = Region(src, 0, (ss[0], ss[1], ss[2]), 0, (ds[0], ds[1], ds[2]), (size[0], size[1], size[2]))
+        lo, hi = region.extent("src")
+        dlo, dhi = region.extent("dst")
+        so = draw(st.integers(-lo, max(-lo, sizes[src] - 1 - hi)))
+        do = draw(st.integers(-dlo, max(-dlo, out - 1 - dhi)))
+        regions.append(Region(src, so, region.src_strides, do, region.dst_strides, region.size).to_list())
+    fill = draw(st.sampled_from([0.25, None]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    return [rng.standard_normal(n) for n in sizes], regions, [out], fill
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_rasters())
+def test_raster_transpose_matches_finite_differences(case: Any) -> None:
+    sources, regions, shape, fill = case
+    try:
+        check_regions(regions, [s.size for s in sources], int(np.prod(shape)))
+    except ValueError:
+        return  # a region the offsets could not fit inside its source or the output
+    for stored in regions:
+        dst, _ = Region.of(stored).index_grids()
+        if np.unique(dst).size != dst.size:
+            return  # one region writing an element twice: which write wins is the kernel's copy order
+    if fill is None:  # the regions must then cover the output
+        covered = np.zeros(shape[0], bool)
+        for r in regions:
+            covered[Region.of(r).index_grids()[0]] = True
+        if not covered.all():
+            fill = 0.0
+    check_gradient(lambda b, n: b.emit("raster", n, shape=shape, fill=fill, regions=regions), sources)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=0, max_size=3), st.lists(st.booleans(), min_size=3, max_size=3),
+       st.sampled_from(["add", "sub", "mul", "div", "maximum"]))
+def test_broadcast_binary_gradients_are_summed_back_to_each_operand(shape: list[int], ones: list[bool],
+                                                                     op: str) -> None:
+    other = [1 if one else d for d, one in zip(shape, ones)][len(shape) // 2:]
+    rng = np.random.default_rng(len(shape))
+    check_gradient(lambda b, n: b.binary(op, n[0], n[1]),
+                   [rng.standard_normal(shape), rng.standard_normal(other) + 3.0])
+
+
+def _graph(x_dtype: DType = DType.float32) -> tuple[Graph, Builder, str]:
+    g = Graph()
+    b = Builder(g)
+    return g, b, g.add_input("x", TensorSpec((2, 3), x_dtype))
+
+
+def test_a_path_through_an_op_without_gradient_names_the_node() -> None:
+    g, b, x = _graph()
+    scale = b.const(np.float32(0.5))
+    q = b.emit("quantize_linear", [x, scale, b.const(np.int8(0))])
+    y = b.emit("dequantize_linear", [q, scale, b.const(np.int8(0))])
+    loss = b.emit("reduce_sum", [y])
+    node = g.nodes[-2].name
+    with pytest.raises(NoGradientError, match=f"node '{node}' \\(dequantize_linear\\).*quantized"):
+        append_gradients(g, loss, [scale])
+
+
+def test_integer_paths_carry_no_gradient_and_bad_requests_are_refused() -> None:
+    g, b, x = _graph()
+    index = b.emit("argmax", [x], axis=1)  # an index: the path ends here, as in torch
+    loss = b.emit("reduce_sum", [b.binary("add", b.emit("cast", [index], dtype="float32"), b.const(np.float32(1)))])
+    grads = append_gradients(g, loss, [x])
+    assert g.specs[grads[x]] == g.specs[x]
+    with pytest.raises(Exception, match="float scalar"):
+        append_gradients(g, x, [x])
+    with pytest.raises(Exception, match="no such value"):
+        append_gradients(g, loss, ["nope"])
+    gi, bi, xi = _graph(DType.int32)
+    li = bi.emit("reduce_sum", [bi.emit("cast", [xi], dtype="float32")])
+    with pytest.raises(Exception, match="not a float tensor"):
+        append_gradients(gi, li, [xi])
