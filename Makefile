@@ -1,8 +1,12 @@
-# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+# The commands of the README: `make demo`, `make test-fast` and `make test`. Each sets up .venv first.
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# The numpy-only tier (docs/testing.md): the areas whose tests need numpy and edgerun alone. --numpy-only
+# (tests/numpy_only.py) skips any test there that imports torch, onnx, onnxruntime, transformers, ...
+FAST_TESTS := tests/ir tests/passes tests/program tests/runtime tests/search tests/quant tests/accel \
+              tests/devtools tests/test_layering.py tests/test_assertions.py
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-fast lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +20,9 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -n 2 --numpy-only -m "not slow and not chromium and not postgres" $(FAST_TESTS) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -12,6 +12,18 @@ import pytest
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--numpy-only", action="store_true",
+                     help="the numpy-only tier (make test-fast): skip what imports torch, onnx, transformers, ...")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--numpy-only"):
+        from numpy_only import install
+
+        install()
+
+
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     """Debian's headless Chromium driven by selenium, with a fresh profile and no background networking

@@ -4,10 +4,11 @@ answers or record whether they were contacted."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from fleet_helpers import FleetServer, make_task, start_server
 
+from edgerun.fleet import canonical, signing
 from edgerun.fleet.agent import Agent
 from edgerun.fleet.errors import ExpiredError, FleetError, RollbackAttackError, SignatureError
 from edgerun.fleet.manifest import sign_assignment, sign_release
@@ -67,11 +69,25 @@ class Recorder:
         self.http.server_close()
 
 
+@pytest.fixture
+def later(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """The agent's clock, moved instead of slept on: the agent judges `expires` against signing.utc_now,
+    so `later(s)` makes it read the wall clock plus s seconds (later(0) puts it back)."""
+    offset = [dt.timedelta(0)]
+    monkeypatch.setattr(signing, "utc_now", lambda: canonical.utc_now() + offset[0])
+
+    def move(seconds: float) -> None:
+        offset[0] = dt.timedelta(seconds=seconds)
+
+    return move
+
+
 def future_serial(n: int) -> int:
     return time.time_ns() // 1000 + 10**12 + n
 
 
-def test_a_replayed_up_to_date_answer_is_refused_once_it_expires(server: FleetServer, tmp_path: Path) -> None:
+def test_a_replayed_up_to_date_answer_is_refused_once_it_expires(server: FleetServer, tmp_path: Path,
+                                                                 later: Callable[[float], None]) -> None:
     agent = server.agent("fresh-dev", tmp_path / "agent")
     assert agent.check_in() is False  # a fresh, signed "up to date" answer is believed
     recorded = agent.http.post("/v1/devices/fresh-dev/checkin", json=agent.profile().as_dict(),
@@ -82,7 +98,7 @@ def test_a_replayed_up_to_date_answer_is_refused_once_it_expires(server: FleetSe
     server.admin().publish(make_task(tmp_path, "hidden", 2), server.keys, ALL_AT_ONCE)
     replayer = Recorder(recorded)
     try:
-        time.sleep(TIMESTAMP_TTL_S + 1.1)
+        later(TIMESTAMP_TTL_S + 1.1)
         fooled = Agent(replayer.url, "fresh-dev", tmp_path / "agent")
         with pytest.raises(ExpiredError):
             fooled.check_in()
@@ -93,6 +109,7 @@ def test_a_replayed_up_to_date_answer_is_refused_once_it_expires(server: FleetSe
         fooled.close()
     finally:
         replayer.close()
+    later(0)
     honest = server.agent("fresh-dev", tmp_path / "agent")
     assert honest.check_in() is True and honest.profile().tasks["hidden"] == 2
 
@@ -112,7 +129,8 @@ def test_an_older_timestamp_is_refused_after_a_newer_serial(server: FleetServer,
                                                headers=agent._auth()).json()["timestamp"])
 
 
-def test_an_expired_release_stops_being_run(server: FleetServer, tmp_path: Path) -> None:
+def test_an_expired_release_stops_being_run(server: FleetServer, tmp_path: Path,
+                                            later: Callable[[float], None]) -> None:
     agent = server.agent("expire-run", tmp_path / "agent")
     agent.check_in()
     package = read_package(make_task(tmp_path, "shortlived", 2))
@@ -124,7 +142,7 @@ def test_an_expired_release_stops_being_run(server: FleetServer, tmp_path: Path)
                                                   server.keys.key("assignment"))) is True
     assert agent.run_task("shortlived").outcome == "success"
     queued = agent.state.count("done")
-    time.sleep(TIMESTAMP_TTL_S + 1.1)
+    later(TIMESTAMP_TTL_S + 1.1)
     result = agent.run_task("shortlived")
     assert result.outcome == "expired" and "expired" in result.error
     assert any("shortlived" in e and "not run" in e for e in agent.errors)

@@ -7,9 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
-from onnx.reference.ops.op_resize import Resize
+from numpy_only import lazy
 
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph
@@ -18,11 +16,16 @@ from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 from edgerun.passes.decompose_pass import DecomposePass
 
+# The outside oracles, imported by the tests that use them (the others run in the numpy-only tier).
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
+onnx_resize = lazy("onnx.reference.ops.op_resize")
+
 RNG = np.random.default_rng(3)
 
 
 def _onnx_resize(x: np.ndarray, scales: list[float], mode: str, ctm: str, nearest_mode: str) -> np.ndarray:
-    op = Resize.__new__(Resize)  # the reference's kernel alone, without building a node
+    op = onnx_resize.Resize.__new__(onnx_resize.Resize)  # the reference's kernel alone, without building a node
     return op._run(x, None, np.array(scales, np.float32), None, mode=mode, coordinate_transformation_mode=ctm,
                    nearest_mode=nearest_mode, antialias=0, axes=None, cubic_coeff_a=-0.75, exclude_outside=0,
                    extrapolation_value=0.0, keep_aspect_ratio_policy="stretch")[0]
