@@ -1,8 +1,11 @@
 """The cloud end of the tunnel: a FastAPI router the fleet server mounts at /v1/stream.
 
-Each batch is zstd-compressed JSON; records are inserted with ON CONFLICT (record_id) DO NOTHING, so a
-batch the device resends after a crash is stored once (at-least-once delivery + idempotent storage =
-exactly-once storage). Works on the fleet server's engine: SQLite by default, PostgreSQL by URL.
+Each batch is zstd-compressed JSON; records are inserted with ON CONFLICT (device_id, record_id) DO
+NOTHING, so a batch the device resends after a crash is stored once (at-least-once delivery + idempotent
+storage = exactly-once storage). Record ids are the device's own: they are unique per device, so a device
+that learns another's record id cannot make that device's record a "duplicate". A batch's JSON nesting is
+bounded before it is parsed (`json_limits.py`). Works on the fleet server's engine: SQLite by default,
+PostgreSQL by URL.
 """
 
 from __future__ import annotations
@@ -18,19 +21,25 @@ from fastapi import APIRouter, HTTPException, Request
 from sqlalchemy.dialects import postgresql, sqlite
 from starlette.concurrency import run_in_threadpool
 
+from edgerun.json_limits import TooDeepError, loads_bounded
+
 MAX_BATCH_BYTES = 16 * 1024 * 1024  # decompressed; a zstd bomb must not exhaust the server's memory
 MAX_RECORDS_PER_BATCH = 10_000
+MAX_BATCH_DEPTH = 64  # a batch, its records and their payloads, together
 
 metadata = sa.MetaData()
 
 stream_records = sa.Table(
     "stream_records", metadata,
-    sa.Column("record_id", sa.String(64), primary_key=True),
+    sa.Column("record_id", sa.String(64), nullable=False),
     sa.Column("device_id", sa.String(200), nullable=False, index=True),
     sa.Column("task_id", sa.String(200), nullable=False, index=True),
     sa.Column("created_ms", sa.BigInteger, nullable=False),
     sa.Column("received_ms", sa.BigInteger, nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
+    # Named apart from the one-column key tables made before record ids were per device had, so the
+    # migration below can build the new table beside the old one on PostgreSQL (index names are global).
+    sa.PrimaryKeyConstraint("device_id", "record_id", name="stream_records_device_record_pkey"),
 )
 
 stream_batches = sa.Table(
@@ -48,17 +57,37 @@ VerifyDevice = Callable[[str, str], bool]
 
 
 def create_tables(engine: sa.Engine) -> None:
+    _key_records_by_device(engine)
     try:
         metadata.create_all(engine)
     except sa.exc.DBAPIError:
         metadata.create_all(engine)  # another server process created them between the check and the create
 
 
+def _key_records_by_device(engine: sa.Engine) -> None:
+    """Tables made when record ids were global (primary key `record_id` alone) are rebuilt with the key
+    (device_id, record_id), their rows kept, in one transaction."""
+    inspector = sa.inspect(engine)
+    if not inspector.has_table("stream_records"):
+        return
+    if inspector.get_pk_constraint("stream_records").get("constrained_columns") != ["record_id"]:
+        return
+    old_indexes = [ix["name"] for ix in inspector.get_indexes("stream_records") if ix.get("name")]
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE stream_records RENAME TO stream_records_global_ids"))
+        for name in old_indexes:
+            conn.execute(sa.text(f'DROP INDEX IF EXISTS "{name}"'))
+        stream_records.create(conn)
+        columns = ", ".join(c.name for c in stream_records.columns)
+        conn.execute(sa.text(f"INSERT INTO stream_records ({columns}) SELECT {columns} FROM stream_records_global_ids"))
+        conn.execute(sa.text("DROP TABLE stream_records_global_ids"))
+
+
 def _insert_ignoring_duplicates(dialect: str) -> Any:
     if dialect == "postgresql":
-        return postgresql.insert(stream_records).on_conflict_do_nothing(index_elements=["record_id"])
+        return postgresql.insert(stream_records).on_conflict_do_nothing(index_elements=["device_id", "record_id"])
     if dialect == "sqlite":
-        return sqlite.insert(stream_records).on_conflict_do_nothing(index_elements=["record_id"])
+        return sqlite.insert(stream_records).on_conflict_do_nothing(index_elements=["device_id", "record_id"])
     raise NotImplementedError(f"stream storage supports sqlite and postgresql, not {dialect}")
 
 
@@ -71,7 +100,9 @@ def decode_batch(body: bytes, content_encoding: str | None) -> dict[str, Any]:
         if len(body) > MAX_BATCH_BYTES:
             raise HTTPException(413, "batch too large")
     try:
-        batch = json.loads(body)
+        batch = loads_bounded(body, MAX_BATCH_DEPTH)
+    except TooDeepError as exc:
+        raise HTTPException(400, f"batch refused: {exc}") from exc
     except ValueError as exc:
         raise HTTPException(400, f"bad JSON body: {exc}") from exc
     if not isinstance(batch, dict) or not isinstance(batch.get("device_id"), str) \
