@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 # The numpy-only tier (docs/testing.md): the areas whose tests need numpy and edgerun alone. --numpy-only
 # (tests/numpy_only.py) skips any test there that imports torch, onnx, onnxruntime, transformers, ...
 FAST_TESTS := tests/ir tests/passes tests/program tests/runtime tests/search tests/quant tests/accel \
-              tests/devtools tests/test_layering.py tests/test_assertions.py
+              tests/devtools tests/test_layering.py tests/test_assertions.py tests/test_benchmarks_page.py
 
 .PHONY: setup demo test test-fast lint bench
 

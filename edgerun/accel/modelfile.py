@@ -1,4 +1,4 @@
-"""The device "model" byte layout the seed reverse-engineered (Section 3.3), written directly from data.
+"""The device "model" byte layout the seed decoded from the device's files (Section 3.3), written directly from data.
 
     120-byte header: magic, format version, ..., last 4 bytes = size of the data section (uint32)
     data section:    int8 values, row-major, zero-padded to whole 128x128 tiles

@@ -4,7 +4,7 @@ Calibration picks a device-wide value for each of a backend's `tunable_settings`
 spinning, MNN's thread count) from micro-benchmarks, and those proved a poor guide: at idle they gained
 0.6-2x each with spinning from run to run and left it off in some calibrations and on in others, while on
 real programs spinning won by 8-17% (MobileNetV2 5.40 -> 5.00 ms, ShuffleNetV2
-3.75 -> 3.29, the MLP 35 -> 29 us, SmolLM2's decode 102 -> 110 tokens/s; session 8, load 0.1-1.5). So the
+3.75 -> 3.29, the MLP 35 -> 29 us, SmolLM2's decode 102 -> 110 tokens/s; load 0.1-1.5). So the
 first auto load of a program, when its measuring budget is not spent, also loads the winner once per open
 setting with that setting changed, times both in interleaved rounds (timing.py), and keeps the change only
 if it wins by SETTING_GAIN (spinning costs every other process a core). The choice is cached beside the

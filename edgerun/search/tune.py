@@ -114,8 +114,8 @@ WARM_UP_CALLS = 5
 WARM_UP_S = 0.05
 # A warm-up call is abandoned mid-call only once it is past CONTENDER_FACTOR x the best warm-up *and* this
 # long: a fresh ORT session's first call on DIN (8 ms against 0.06 ms steady) was abandoned against the
-# reference's 0.14 ms, so ORT was never measured and DIN ran on the reference at 2.8x ORT's time (the idle
-# peers run of session 5). Past 50 ms a first call still loses what it would cost: SqueezeNet's reference
+# reference's 0.14 ms, so ORT was never measured and DIN ran on the reference at 2.8x ORT's time
+# (bench/peers.py, idle). Past 50 ms a first call still loses what it would cost: SqueezeNet's reference
 # alone took 2.1 s for its one call.
 ABANDON_FLOOR_S = WARM_UP_S
 
@@ -155,7 +155,7 @@ def warm_up_seconds(run: Callable[[EventSink | None], object], limit_s: float = 
 
 
 # Calibration's build figures come from small graphs and run low on big ones: ResNet-50 on MNN was estimated
-# at 1.6 s and converted in 4.0 s (load 4.5; ORT's session 0.2 s against 0.5), which took its first auto load
+# at 1.6 s and converted in 4.0 s (load 4.5; ORT's session built in 0.2 s against 0.5), which took its first auto load
 # to 3.1-3.6 s for a candidate that lost. A build counts this many times its estimate against the budget.
 BUILD_MARGIN = 2.0
 
@@ -222,7 +222,7 @@ def _safety_net(candidates: Sequence[tuple[str, Mapping[str, str], float]],
     """Under a mixed optimum, the single engine built whatever its build costs: of those modelled within
     SINGLE_SLACK of the best-modelled one, the cheapest to build. The best-modelled alone was MNN on ResNet-18
     (21.3 ms modelled against ORT's 21.7): the mix measured 234 ms, ORT was left out for its build, and the
-    MNN-and-reference placement (30 ms) won and was cached, 1.3x ORT's 20 ms (session 5's idle peers run)."""
+    MNN-and-reference placement (30 ms) won and was cached, 1.3x ORT's 20 ms (bench/peers.py, idle)."""
     singles = [(k, c) for k, c in enumerate(candidates) if c[0].startswith("all ")]
     if not singles:
         return 0
@@ -284,7 +284,7 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             # already is that safety net (the reference alone on an OCR detector: 3.5 s for one call). One
             # modelled within CHEAP_SINGLE_SLACK is still measured while the budget lasts (a warm-up past 3x
             # the best is abandoned): MNN alone on llama_small was modelled 2.35 ms, ORT 3.08, and MNN's
-            # 2.62 ms was cached against ORT's 2.07 (session 8's idle peers run).
+            # 2.62 ms was cached against ORT's 2.07 (bench/peers.py, idle).
             hopeless.append((label, modelled, "the optimum is one engine; modelled slower than it"))
             continue
         elif k and k != safety_net and build_estimate is not None \
@@ -308,7 +308,7 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             # 8.2, measured 30.8; ORT and MNN were then left out for their builds and a 19 ms mix was cached
             # against ORT's 8 ms), or the optimum on one engine is (MNN alone on MobileNetV2: modelled 4.8 ms,
             # measured 10.7; ORT, modelled 6.8 and so outside SINGLE_SLACK, was never timed: 1.71x ORT in
-            # session 7's peers run): the next close single engine becomes the net and is built anyway.
+            # bench/peers.py): the next close single engine becomes the net and is built anyway.
             tried_nets.add(k)
             safety_net = _next_net(candidates, builds, tried_nets) or safety_net
         if not math.isfinite(first):  # abandoned mid-call: slower than the cut already

@@ -2,8 +2,8 @@
 
 An identity raster's output shares its source's device range (and an in-place KV append's output its
 cache's). The fused lowering binds such values by their source's name; the unfused one binds each value by
-its own. Session 7 lowered the LLM step unfused under the fused plan's aliases (a diagnosis, patching the
-runner's `lower`) and got NaN: the plan timed the source's bytes by the source's own readers only, handed
+its own. Lowering the LLM step unfused under the fused plan's aliases (a diagnosis, patching the
+runner's `lower`) gave NaN when the plan timed the source's bytes by the source's own readers only, handed
 them to a later value, and the raster's reader then read that value. The plan now times every range by all
 the names bound to it.
 """

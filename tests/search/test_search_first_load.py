@@ -136,7 +136,7 @@ def test_a_build_counts_twice_its_estimate_against_the_budget(tmp_path: Path, mo
 
 def test_a_fresh_sessions_slow_first_call_is_not_abandoned_against_a_fast_warm_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Session 5's idle peers run: DIN's reference warm-up (0.14 ms) set a 0.42 ms cut, ORT's fresh session
+    # Seen in bench/peers.py, idle: DIN's reference warm-up (0.14 ms) set a 0.42 ms cut, ORT's fresh session
     # spent ~8 ms on its first call and was abandoned unmeasured, and DIN ran on the reference at 2.8x ORT.
     # (How slow a fresh session's first call is varies: this graph does not always reach the cut, so the
     # test guards the outcome; ABANDON_FLOOR_S is what makes it hold when it does.)
@@ -189,7 +189,7 @@ def _mnn_modelled_ahead(g: Graph, mnn_factor: float) -> Any:
 @pytest.mark.parametrize("mnn_build_s", [0.3, 5.0])  # a conversion that fits the budget, and one that does not
 def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_faster_wins(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mnn_build_s: float) -> None:
-    # Session 6: with MNN's memory rate corrected the model put ResNet-18 at 26 ms on MNN against 41 on ORT,
+    # Seen under load 7: with MNN's memory rate corrected the model put ResNet-18 at 26 ms on MNN against 41 on ORT,
     # where at idle the two ran within 5%; ORT fell outside SINGLE_SLACK, or MNN's conversion spent the
     # budget first, and was never timed.
     pytest.importorskip("onnxruntime")
@@ -231,7 +231,7 @@ def test_the_cheap_single_engine_is_built_first_then_the_optimum_then_the_rest_c
                   ("all onnxruntime", {"a": "onnxruntime", "b": "onnxruntime"}, 0.041),
                   ("all reference", {"a": "reference", "b": "reference"}, 2.8),
                   ("search, fewer partitions", {"a": "mnn", "b": "mnn"}, 0.027)]
-    builds = [0.8, 0.85, 0.6, 0.001, 0.9]  # session 6's estimates for ResNet-18 at load 7
+    builds = [0.8, 0.85, 0.6, 0.001, 0.9]  # estimates for ResNet-18 at load 7
     assert _cheap_single(candidates, builds, 2.0) == 2  # the reference builds cheaper but is modelled 100x behind
     assert measuring_order(builds, 2) == [2, 0, 3, 1, 4]
     assert measuring_order(builds, None) == [0, 3, 2, 1, 4]
@@ -275,7 +275,7 @@ def _assert_ort_was_built_won_and_runs(g: Graph, placement: Any, report: Any, lo
 
 def test_a_net_that_measures_far_slower_than_modelled_hands_over_to_the_next_close_single_engine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Session 7's idle peers run: on MiniLM the reference alone was modelled 8.5 ms beside a three-engine
+    # Seen in bench/peers.py, idle: on MiniLM the reference alone was modelled 8.5 ms beside a three-engine
     # mix's 8.2 and measured 30.8; as the net it was built first, the mix next, and ORT (8 ms) and MNN were
     # left out "for their build": the 19 ms mix was cached.
     pytest.importorskip("onnxruntime")
@@ -299,7 +299,7 @@ def test_a_net_that_measures_far_slower_than_modelled_hands_over_to_the_next_clo
 
 def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_over_too(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Session 7's peers run: MNN alone on MobileNetV2 was the optimum, modelled 4.8 ms and measured 10.7;
+    # Seen in bench/peers.py: MNN alone on MobileNetV2 was the optimum, modelled 4.8 ms and measured 10.7;
     # ORT, modelled 6.8 (outside SINGLE_SLACK of it), was never timed, and edgerun ran at 1.71x ORT.
     pytest.importorskip("onnxruntime")
     from edgerun.search.placement_search import SearchResult
@@ -320,7 +320,7 @@ def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_ov
 @pytest.mark.parametrize("ort_over_optimum", [1.6, 2.5])
 def test_a_single_engine_optimum_measures_another_single_modelled_within_two_x_while_the_budget_lasts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ort_over_optimum: float) -> None:
-    # Session 8's idle peers run: MNN alone on llama_small was the optimum (modelled 2.35 ms, measured 2.62),
+    # Seen in bench/peers.py, idle: MNN alone on llama_small was the optimum (modelled 2.35 ms, measured 2.62),
     # ORT was modelled 3.08 (1.31x: outside SINGLE_SLACK) and left out, and it runs the model in 2.07.
     pytest.importorskip("onnxruntime")
     from edgerun.search.placement_search import SearchResult
