@@ -58,11 +58,39 @@ def register(subparsers: Any) -> None:
     p.add_argument("--chunk", type=int, default=64, help="the prefill method's length (default 64)")
     p.add_argument("--dequantize", action="store_true", help="float32 weights instead of the GGUF's packed ones")
     p.set_defaults(func=_export)
-    p = lsub.add_parser("serve", help="serve /v1/chat/completions, /v1/completions and /v1/models")
+    p = lsub.add_parser("serve", help="serve /v1/chat/completions, /v1/completions, /v1/models, /health and "
+                                      "/metrics (OpenAI's API)")
     _model_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    _serve_args(p)
     p.set_defaults(func=_serve)
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from edgerun.llm.serving.config import ServerConfig
+
+    d = ServerConfig()
+    p.add_argument("--api-key-file", default=None,
+                   help="a file of API keys, one a line; then every request but /health needs "
+                        "'Authorization: Bearer <key>'")
+    p.add_argument("--alias", action="append", default=[], help="another name `model` may give (repeatable)")
+    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
+                   help=f"new tokens when a request gives no max_tokens (default {d.default_max_tokens})")
+    p.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="the most new tokens one request may ask for (default: the context)")
+    p.add_argument("--max-pending-tokens", type=int, default=None,
+                   help="new tokens all admitted requests may reserve together; past it 503 (default: no bound)")
+    p.add_argument("--max-queue", type=int, default=d.max_queue,
+                   help=f"requests waiting behind the running one; past it 429 (default {d.max_queue})")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"request body limit, checked before the body is read (default {d.max_body_bytes})")
+    p.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars,
+                   help=f"prompt or message text limit (default {d.max_prompt_chars})")
+    p.add_argument("--template-timeout", type=float, default=d.template_timeout_s,
+                   help=f"seconds a chat template may take to render (default {d.template_timeout_s:g})")
+    p.add_argument("--template-memory-mb", type=int, default=d.template_memory_bytes >> 20,
+                   help=f"address space of a template worker (default {d.template_memory_bytes >> 20})")
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -140,6 +168,14 @@ def _export(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from edgerun.llm.server import serve
+    from edgerun.llm.serving.config import ServerConfig, read_api_keys
 
-    serve(_load(args), host=args.host, port=args.port)
+    config = ServerConfig(api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
+                          aliases=tuple(args.alias), default_max_tokens=args.default_max_tokens,
+                          max_tokens_limit=args.max_tokens_limit, max_pending_tokens=args.max_pending_tokens,
+                          max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                          max_prompt_chars=args.max_prompt_chars, template_timeout_s=args.template_timeout,
+                          template_memory_bytes=args.template_memory_mb << 20)
+    config.check()  # a bad option fails before the model loads
+    serve(_load(args), host=args.host, port=args.port, config=config)
     return 0
