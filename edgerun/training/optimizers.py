@@ -1,0 +1,75 @@
+"""Optimizers as IR: each emits a weight's update and its moments' updates into the train_step graph.
+
+The arithmetic follows torch.optim (SGD with momentum and L2 weight decay, Adam with bias correction and L2
+weight decay), so a step from the same weights and gradients lands on torch's weights up to float32
+rounding. Moments are program state named after their weight ("<weight>.momentum", "<weight>.exp_avg",
+"<weight>.exp_avg_sq"), zero at the start as torch's are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgerun.errors import EdgerunError
+from edgerun.ir.builder import Builder
+
+
+@dataclass(frozen=True)
+class SGD:
+    """Stochastic gradient descent: buf = momentum * buf + (g + weight_decay * w); w -= lr * buf."""
+
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0:
+            raise EdgerunError(f"SGD needs lr > 0, 0 <= momentum < 1 and weight_decay >= 0, got {self}")
+
+    def slots(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+    def emit(self, b: Builder, w: str, g: str, slots: dict[str, str], lr: str, step: str) -> tuple[str, dict[str, str]]:
+        """(new weight, new value of each slot); `lr` is a 0-d value, `step` this step's number from 1."""
+        if self.weight_decay:
+            g = b.binary("add", g, b.binary("mul", w, b.scalar(self.weight_decay, w)))
+        new: dict[str, str] = {}
+        if self.momentum:
+            g = b.binary("add", b.binary("mul", slots["momentum"], b.scalar(self.momentum, w)), g)
+            new["momentum"] = g
+        return b.binary("sub", w, b.binary("mul", g, lr)), new
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam (torch.optim.Adam): moments of the gradient (plus weight_decay * w), bias-corrected."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        b1, b2 = self.betas
+        if not self.lr > 0 or not (0 <= b1 < 1 and 0 <= b2 < 1) or not self.eps > 0 or self.weight_decay < 0:
+            raise EdgerunError(f"Adam needs lr > 0, betas in [0, 1), eps > 0 and weight_decay >= 0, got {self}")
+
+    def slots(self) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+    def emit(self, b: Builder, w: str, g: str, slots: dict[str, str], lr: str, step: str) -> tuple[str, dict[str, str]]:
+        b1, b2 = self.betas
+        if self.weight_decay:
+            g = b.binary("add", g, b.binary("mul", w, b.scalar(self.weight_decay, w)))
+        m = b.binary("add", b.binary("mul", slots["exp_avg"], b.scalar(b1, w)), b.binary("mul", g, b.scalar(1 - b1, w)))
+        v = b.binary("add", b.binary("mul", slots["exp_avg_sq"], b.scalar(b2, w)),
+                     b.binary("mul", b.binary("mul", g, g), b.scalar(1 - b2, w)))
+        one = b.scalar(1.0, step)
+        correction1 = b.binary("sub", one, b.binary("pow", b.scalar(b1, step), step))
+        correction2 = b.binary("sub", one, b.binary("pow", b.scalar(b2, step), step))
+        denom = b.binary("add", b.binary("div", b.unary("sqrt", v), b.unary("sqrt", correction2)), b.scalar(self.eps, w))
+        step_size = b.binary("div", lr, correction1)
+        return b.binary("sub", w, b.binary("mul", b.binary("div", m, denom), step_size)), {"exp_avg": m, "exp_avg_sq": v}
+
+
+Optimizer = SGD | Adam
