@@ -15,6 +15,8 @@ import numpy as np
 
 from edgerun.errors import EdgerunError, ProgramFormatError
 from edgerun.ir.graph import Graph
+from edgerun.ir.state import on_functional
+from edgerun.passes.pipeline import optimize as optimize_graph
 from edgerun.program import Program
 
 KIND = "edgerun weights"
@@ -39,10 +41,14 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     return {name: np.array(array) for name, array in program.state.items()}
 
 
-def apply_weights(program: Program, weights: str | os.PathLike[str] | Mapping[str, np.ndarray]) -> Program:
-    """A copy of `program` whose weights named in `weights` (a weights file or a mapping) take those values.
+def apply_weights(program: Program, weights: str | os.PathLike[str] | Mapping[str, np.ndarray], *,
+                  optimize: bool = True) -> Program:
+    """A copy of `program` whose weights named in `weights` (a weights file or a mapping) take those values,
+    then (with `optimize`) run through the default pass pipeline, which folds what the new weights allow
+    (a linear layer's weight transpose, a batch norm into its convolution), as export does.
 
-    Every name must be a weight of the program with the same shape and dtype."""
+    Every name must be a weight of the program with the same shape and dtype. The program is one whose
+    weights carry the names training used: `export_for_training(module, inputs)[0]` for a torch module."""
     values = read_weights(weights) if isinstance(weights, str | os.PathLike) else dict(weights)
     graph = program.graph.copy()
     for name, array in values.items():
@@ -53,4 +59,6 @@ def apply_weights(program: Program, weights: str | os.PathLike[str] | Mapping[st
             raise EdgerunError(f"weight {name!r} is {array.dtype}{list(array.shape)} in the file, "
                                f"{old.dtype}{list(old.shape)} in the program")
         graph.constants[name] = array
-    return Program(graph, dict(program.metadata))
+    if optimize:
+        graph = on_functional(graph, lambda functional: optimize_graph(functional)[0])
+    return Program(graph, dict(program.metadata), state=dict(program.state))
