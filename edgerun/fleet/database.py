@@ -7,6 +7,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -32,6 +33,13 @@ def create_engine(url: str) -> sa.Engine:
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def migrations_head() -> str:
+    """The newest Alembic revision: what `upgrade` brings a database to."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return str(ScriptDirectory.from_config(cfg).get_current_head())
 
 
 def upgrade(engine: sa.Engine) -> None:

@@ -79,6 +79,7 @@ def token_file(path: Path, token: str) -> Path:
 def start_server(base: Path, keys: KeyDir, *extra: str, db_url: str = "", token_files: bool = True,
                  admin_token: str = "admin-secret", enroll_token: str = "enroll-secret") -> FleetServer:
     """The real server process; with `token_files=False` it generates its tokens into DATA/ itself."""
+    base.mkdir(parents=True, exist_ok=True)
     port = free_port()
     data = base / f"data-{port}"
     log = base / f"server-{port}.log"

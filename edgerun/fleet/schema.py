@@ -94,3 +94,10 @@ audit = sa.Table(
     sa.Column("action", sa.String(64), nullable=False),
     sa.Column("detail", sa.Text, nullable=False, default=""),
 )
+
+server_secrets = sa.Table(  # rev 0004: the hashes of the server's own tokens, one set for every replica
+    "server_secrets", metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("token_hash", sa.String(64), nullable=False),
+    sa.Column("set_at", sa.Float, nullable=False),
+)

@@ -6,7 +6,6 @@ piece of state lives there, and each process only caches what it can refresh wit
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import secrets
@@ -20,6 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from edgerun.fleet import server_tokens
 from edgerun.fleet.admin_api import build_admin_router
 from edgerun.fleet.api_models import (
     CheckinAnswer,
@@ -74,16 +74,17 @@ REPORTS_BODY = 4 * 1024 * 1024       # 500 reports with 2,000-character errors f
 ADMIN_BODY = 16 * 1024 * 1024        # release manifests, root chains
 
 
-def _secret(data_dir: Path, name: str, given: str) -> str:
-    """An explicit token wins; otherwise one is generated once and kept in DATA/<name> (mode 600)."""
+def _secret(path: Path, given: str) -> tuple[str, bool]:
+    """An explicit token wins; otherwise one is generated once and kept in DATA/<name> (mode 600).
+    Returns the token and whether this call created its file."""
     if given:
-        return given
-    path = data_dir / name
-    if not path.exists():  # created 0600 at once: a write-then-chmod leaves a moment where others may read it
+        return given, False
+    created = not path.exists()
+    if created:  # created 0600 at once: a write-then-chmod leaves a moment where others may read it
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24) + "\n")
-    return path.read_text().strip()
+    return path.read_text().strip(), created
 
 
 def _bearer(request: Request) -> str:
@@ -94,13 +95,27 @@ def _bearer(request: Request) -> str:
 
 
 def prepare(cfg: ServerConfig) -> ServerConfig:
-    """Resolve tokens and migrate once, before any worker process starts (so workers never race on them)."""
+    """Migrate, resolve the tokens and install their hashes for every replica (server_tokens.py); run before
+    any worker process starts, and again (a no-op by then) by each worker."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    cfg.admin_token = _secret(cfg.data_dir, "admin_token", cfg.admin_token)
-    cfg.enroll_token = _secret(cfg.data_dir, "enroll_token", cfg.enroll_token)
     engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir))
-    upgrade(engine)
-    engine.dispose()
+    try:
+        upgrade(engine)
+        installs = {"admin_token": lambda t, given, path: server_tokens.install_admin_token(engine, t, given, path),
+                    "enroll_token": lambda t, given, path: server_tokens.install_enrolment_token(
+                        engine, t, given, path, cfg.enroll_token_uses or None)}
+        for name, install in installs.items():
+            path, given = cfg.data_dir / name, getattr(cfg, name)
+            token, created = _secret(path, given)
+            try:
+                install(token, bool(given), path)
+            except FleetError:
+                if created:  # leave no generated file behind that the operator might take for the shared one
+                    path.unlink()
+                raise
+            setattr(cfg, name, token)
+    finally:
+        engine.dispose()
     return cfg
 
 
@@ -131,16 +146,13 @@ class PiggybackPush:
 
 
 def create_app(cfg: ServerConfig) -> FastAPI:
-    cfg = prepare(cfg) if not (cfg.admin_token and cfg.enroll_token) else cfg
-    admin_token, enroll_token = cfg.admin_token, cfg.enroll_token
+    cfg = prepare(cfg)
     engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir))
-    upgrade(engine)
     keys = KeyDir(cfg.keys_dir)
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
-    service = FleetService(engine, keys.key("assignment"), enroll_token, cfg.cache_ttl_s, cfg.timestamp_ttl_s,
-                           online_key_loader=lambda: keys.key("assignment"),
-                           enroll_token_uses=cfg.enroll_token_uses or None)
+    service = FleetService(engine, keys.key("assignment"), cfg.cache_ttl_s, cfg.timestamp_ttl_s,
+                           online_key_loader=lambda: keys.key("assignment"))
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)
@@ -175,7 +187,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     def require_admin(request: Request) -> str:
         token = _bearer(request)
-        if not hmac.compare_digest(token.encode(), admin_token.encode()):
+        if not service.is_admin(token):
             raise HTTPException(403, "admin token required")
         return "admin"
 
@@ -187,7 +199,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     def require_any(request: Request) -> None:
         token = _bearer(request)
-        if hmac.compare_digest(token.encode(), admin_token.encode()) or service.device_for_token(token):
+        if service.is_admin(token) or service.device_for_token(token):
             return
         raise HTTPException(403, "unknown token")
 
@@ -236,7 +248,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         token = bearer(scope)
         if token is None:
             return 401, "missing bearer token"
-        return None if hmac.compare_digest(token.encode(), admin_token.encode()) else (403, "admin token required")
+        return None if service.is_admin(token) else (403, "admin token required")
 
     def device_from_headers(scope: Scope, device_id: str | None) -> tuple[int, str] | None:
         token = bearer(scope)
@@ -337,6 +349,5 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     app.include_router(build_admin_router(engine, service, store, simulator.kick, require_admin))
     # The cloud end of the stream tunnel (edgerun.stream.cloud) lives in this server at /v1/stream.
-    app.include_router(stream_router(service, engine, lambda t: hmac.compare_digest(t.encode(), admin_token.encode())),
-                       prefix="/v1/stream")
+    app.include_router(stream_router(service, engine, service.is_admin), prefix="/v1/stream")
     return app

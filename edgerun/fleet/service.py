@@ -12,8 +12,8 @@ if that device was assigned that release version, once per (device, run id).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -31,18 +31,16 @@ from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S, sign_timestamp
 from edgerun.fleet.manifest import sign_assignment
 from edgerun.fleet.schema import deliveries, devices, enrolment_tokens, releases, reports, roots
+from edgerun.fleet.server_tokens import SERVER_TOKEN_LABEL, admin_token_hash, token_hash
 from edgerun.fleet.signing import Root, SigningKey, verify_root_update
 from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, precedence
+
+log = logging.getLogger("edgerun.fleet.server")
 
 RECOUNT_S = 1.0
 ROOT_TTL_S = 5.0  # how soon a root accepted by another server process is noticed here
 # How long another server process may keep using a revoked token or a device's old groups.
 IDENTITY_TTL_S = 10.0
-SERVER_TOKEN_LABEL = "server"
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class EnrolmentError(FleetError):
@@ -85,11 +83,13 @@ class CachedRelease:
 
 
 class FleetService:
-    def __init__(self, engine: sa.Engine, online_key: SigningKey, enroll_token: str,
+    def __init__(self, engine: sa.Engine, online_key: SigningKey,
                  cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
                  online_key_loader: Callable[[], SigningKey] | None = None,
-                 enroll_token_uses: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
+        self.clock = clock  # monotonic seconds; the cache lifetimes are measured on it (tests pass their own)
+        self._missing_key_logged = 0
         self.online_key = online_key
         self.online_key_loader = online_key_loader
         self.cache_ttl_s = cache_ttl_s
@@ -101,18 +101,20 @@ class FleetService:
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         self._root: Root | None = None
         self._root_at = 0.0
+        self._admin_hash: str | None = None
+        self._admin_at = 0.0
         self._serial = 0
         # Recounting a step's live population scans the device table, so a busy release recounts at most
         # once per RECOUNT_S in this process; the step monitor covers the quiet moments in between.
         self._recounted: dict[int, float] = {}
-        if enroll_token:
-            self.set_server_enrolment_token(enroll_token, enroll_token_uses)
 
     # ---- trust root -------------------------------------------------------------------------------
     def root(self) -> Root:
         """The newest root, re-read every ROOT_TTL_S (another server process may have accepted a rotation);
-        a root that names a new assignment key makes this process switch to it (see `_follow_online_key`)."""
-        now = time.monotonic()
+        at each re-read, a root naming an assignment key this process does not sign with makes it look in
+        its key folder again (see `_follow_online_key`), so a rotation needs no restart, whichever comes first
+        on a host: the new key file or the new root."""
+        now = self.clock()
         if self._root is None or now - self._root_at >= ROOT_TTL_S:
             with self.engine.connect() as conn:
                 env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
@@ -120,22 +122,32 @@ class FleetService:
                 raise FleetError("the server has no root metadata")
             if self._root is None or int(env["signed"]["version"]) != self._root.version:
                 self._root = Root(env)
-                self._follow_online_key(self._root)
+            self._follow_online_key(self._root)
             self._root_at = now
         return self._root
 
     def _follow_online_key(self, root: Root) -> None:
         """After `keys rotate --role assignment`, sign with the key the root names, read from the key folder;
-        until it is there, devices refuse what this server signs, so say so in the log."""
+        until it is there, devices refuse what this server signs, so say so in the log (once per root)."""
         named = root.signed["roles"]["assignment"]["keyids"]
         if self.online_key.keyid in named:
             return
         fresh = self.online_key_loader() if self.online_key_loader is not None else None
         if fresh is not None and fresh.keyid in named:
             self.online_key = fresh
-        else:
-            print(f"fleet server: root v{root.version} names an assignment key this server does not hold; "
-                  f"put it in the key folder's assignment.key", flush=True)
+            log.info("assignment key follows the root", extra={"root_version": root.version, "keyid": fresh.keyid})
+        elif self._missing_key_logged != root.version:
+            self._missing_key_logged = root.version
+            log.warning("root names an assignment key this server does not hold; put it in the key folder's "
+                        "assignment.key", extra={"root_version": root.version})
+
+    def is_admin(self, token: str) -> bool:
+        """The admin token, as stored in the database for every replica (server_tokens.py), re-read every
+        ROOT_TTL_S, so a token replaced through another replica stops working here too."""
+        now = self.clock()
+        if self._admin_hash is None or now - self._admin_at >= ROOT_TTL_S:
+            self._admin_hash, self._admin_at = admin_token_hash(self.engine) or "", now
+        return bool(self._admin_hash) and hmac.compare_digest(token_hash(token), self._admin_hash)
 
     def root_document(self, version: int) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -144,6 +156,8 @@ class FleetService:
     def add_roots(self, chain: list[dict[str, Any]]) -> int:
         """Accept root documents in order; each new one must be signed by its predecessor's root keys."""
         with self.engine.begin() as conn:
+            # Replicas starting together on an empty database would otherwise all insert root v1.
+            rel.write_lock(conn, "roots")
             current_env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
             current = Root(current_env) if current_env is not None else None
             for env in sorted(chain, key=lambda e: int(e["signed"]["version"])):
@@ -159,23 +173,6 @@ class FleetService:
         return self.root().version
 
     # ---- enrolment and device identity --------------------------------------------------------------
-    def set_server_enrolment_token(self, token: str, max_uses: int | None = None) -> None:
-        """The server's own enrolment token (`--enroll-token-file`, DATA/enroll_token): new devices only, no
-        device groups, `max_uses` of them in all (None: any number; uses survive restarts). Replaces the previous
-        one, so a changed token takes the old one out of service."""
-        h = token_hash(token)
-        with self.engine.begin() as conn:
-            rel.write_lock(conn, "enrolment")
-            conn.execute(enrolment_tokens.delete().where(enrolment_tokens.c.label == SERVER_TOKEN_LABEL,
-                                                         enrolment_tokens.c.token_hash != h))
-            if conn.execute(sa.select(enrolment_tokens.c.token_hash).where(enrolment_tokens.c.token_hash == h)).first() is None:
-                conn.execute(enrolment_tokens.insert().values(
-                    token_hash=h, label=SERVER_TOKEN_LABEL, device_id=None, device_groups=[], max_uses=max_uses,
-                    uses=0, expires_at=None, created_at=time.time()))
-            else:
-                conn.execute(enrolment_tokens.update().where(enrolment_tokens.c.token_hash == h)
-                             .values(max_uses=max_uses))
-
     def create_enrolment_token(self, *, device_id: str | None = None, device_groups: list[str] | None = None,
                                uses: int = 1, ttl_s: float = 86400.0, label: str = "admin") -> str:
         """A token minted by the admin: single-use by default, optionally scoped to one device id, and
@@ -260,7 +257,7 @@ class FleetService:
 
     def identity(self, token: str) -> DeviceIdentity | None:
         h = token_hash(token)
-        now = time.monotonic()
+        now = self.clock()
         cached = self._tokens.get(h)
         if cached is not None and now - cached.cached_at < IDENTITY_TTL_S:
             return cached
@@ -302,7 +299,7 @@ class FleetService:
         self._releases_at = 0.0
 
     def _cached_releases(self) -> dict[str, list[CachedRelease]]:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._releases_at < self.cache_ttl_s:
             return self._releases
         with self.engine.connect() as conn:
@@ -379,7 +376,7 @@ class FleetService:
 
     # ---- run reports ------------------------------------------------------------------------------
     def _recount_due(self, release_id: int) -> bool:
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             if now - self._recounted.get(release_id, -RECOUNT_S) < RECOUNT_S:
                 return False
@@ -401,20 +398,32 @@ class FleetService:
             insert = (postgresql.insert(reports) if conn.dialect.name == "postgresql"
                       else sqlite.insert(reports))
             delivered = self._delivered(conn, batches)
+            # The first of each (device, run id) in the group is offered once; the database says which offers
+            # were new through RETURNING (a rowcount is no answer: psycopg 3 gives -1 for ON CONFLICT DO NOTHING).
+            first: dict[tuple[str, str], dict[str, Any]] = {}
+            for device_id, items in batches:
+                for item in items:
+                    key = (str(item["task"]), int(item["version"]))
+                    first.setdefault((device_id, str(item["id"])), {
+                        "id": str(item["id"]), "device_id": device_id, "task": key[0], "version": key[1],
+                        "outcome": str(item["outcome"]), "latency_ms": float(item.get("latency_ms", 0.0)),
+                        "error": str(item.get("error", ""))[:2000], "received_at": now,
+                        "counted": (device_id, *key) in delivered})
+            new: set[tuple[str, str]] = set()
+            if first:
+                stored = conn.execute(insert.on_conflict_do_nothing().returning(reports.c.device_id, reports.c.id),
+                                      list(first.values()))
+                new = {(r.device_id, r.id) for r in stored}
             for device_id, items in batches:
                 n = 0
                 for item in items:
-                    key = (str(item["task"]), int(item["version"]))
-                    outcome = str(item["outcome"])
-                    counted = (device_id, *key) in delivered
-                    res = conn.execute(insert.values(
-                        id=str(item["id"]), device_id=device_id, task=key[0], version=key[1], outcome=outcome,
-                        latency_ms=float(item.get("latency_ms", 0.0)), error=str(item.get("error", ""))[:2000],
-                        received_at=now, counted=counted).on_conflict_do_nothing())
-                    if res.rowcount:
-                        n += 1
-                        if counted:
-                            counts[key][0 if outcome == "success" else 1] += 1
+                    row = first.get((device_id, str(item["id"])))
+                    if row is None or (device_id, row["id"]) not in new:
+                        continue
+                    new.discard((device_id, row["id"]))  # a repeat later in the group is not new again
+                    n += 1
+                    if row["counted"]:
+                        counts[(row["task"], row["version"])][0 if row["outcome"] == "success" else 1] += 1
                 accepted.append(n)
             if counts:
                 keys = list(counts)

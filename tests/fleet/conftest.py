@@ -1,14 +1,38 @@
-"""Fixtures of the fleet tests: one real server per test module, with its own keys."""
+"""Fixtures of the fleet tests: one real server per test module, with its own keys; the files that decide
+whether releases, reports and enrolment are right run once per database engine (`db_server`)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fleet_helpers import FleetServer, start_server
 
+from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir
 from edgerun.fleet.signing import KeyDir
+
+BACKENDS = ("sqlite", "postgresql")
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """One PostgreSQL cluster (Debian's packages) per test session and worker; each server gets a fresh
+    database in it (`database_url`), so the cluster's start is paid once."""
+    if postgres_bin_dir() is None:
+        pytest.skip("PostgreSQL binaries are absent (Debian package `postgresql` not installed)")
+    with LocalPostgres() as pg:
+        yield pg
+
+
+def database_url(request: pytest.FixtureRequest, backend: str) -> str:
+    """"" (the server's own SQLite file) or a fresh PostgreSQL database in the session's cluster."""
+    if backend == "sqlite":
+        return ""
+    pg: LocalPostgres = request.getfixturevalue("postgres")
+    return pg.create_database(f"fleet_{next(_databases)}")
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +50,16 @@ def keys(module_tmp: Path) -> KeyDir:
 @pytest.fixture(scope="module")
 def server(module_tmp: Path, keys: KeyDir) -> Iterator[FleetServer]:
     s = start_server(module_tmp, keys)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def db_server(request: pytest.FixtureRequest, module_tmp: Path) -> Iterator[FleetServer]:
+    """A real server per module and database engine (SQLite, then PostgreSQL), each with its own keys."""
+    keys = KeyDir(module_tmp / f"keys-{request.param}")
+    keys.init()
+    s = start_server(module_tmp, keys, db_url=database_url(request, request.param))
     yield s
     s.stop()
 

@@ -3,7 +3,6 @@ one database and one store: publish on one, check in on the other, roll back acr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,28 +10,22 @@ import sqlalchemy as sa
 from fleet_helpers import FAILING_BODY, FleetServer, make_task, start_server
 
 from edgerun.fleet.agent import Agent
-from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir
+from edgerun.fleet.database import migrations_head
+from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.signing import KeyDir
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("fleet-postgres")]
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[LocalPostgres]:
-    if postgres_bin_dir() is None:
-        pytest.skip("PostgreSQL binaries are absent (Debian package `postgresql` not installed)")
-    with LocalPostgres() as pg:
-        yield pg
-
-
 def test_two_servers_share_postgres_and_the_store(postgres: LocalPostgres, tmp_path: Path) -> None:
     keys = KeyDir(tmp_path / "keys")
     keys.init()
-    a = start_server(tmp_path, keys, db_url=postgres.url)
+    url = postgres.create_database("two_servers")
+    a = start_server(tmp_path, keys, db_url=url)
     store = a.data / "blobs"
     b: FleetServer | None = None
     try:
-        b = start_server(tmp_path, keys, "--store", str(store), db_url=postgres.url)
+        b = start_server(tmp_path, keys, "--store", str(store), db_url=url)
         pkg = make_task(tmp_path, "pg", 2, files={"m.bin": b"\x01" * 10_000})
         rel = a.admin().publish(pkg, keys, {"steps": [50, 100], "min_reports": 2})
         agents = [Agent(b.url if i % 2 else a.url, f"pg-{i}", tmp_path / f"pg-{i}", root_path=keys.latest_root_path(),
@@ -55,9 +48,9 @@ def test_two_servers_share_postgres_and_the_store(postgres: LocalPostgres, tmp_p
         for ag in agents:
             ag.check_in()
         assert {ag.profile().tasks["pg"] for ag in agents} == {5}
-        engine = sa.create_engine(postgres.url.replace("postgresql://", "postgresql+psycopg://"))
+        engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
         with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == migrations_head()
             n = conn.execute(sa.text("SELECT count(*) FROM reports WHERE version = 4")).scalar()
         engine.dispose()
         assert n == 2

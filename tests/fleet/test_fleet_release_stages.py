@@ -17,8 +17,8 @@ pytestmark = pytest.mark.xdist_group("fleet-stages")
 
 
 @pytest.fixture(scope="module")
-def server(shared_server: FleetServer) -> FleetServer:
-    return shared_server
+def server(db_server: FleetServer) -> FleetServer:
+    return db_server  # every test here runs on SQLite and on PostgreSQL
 
 
 def fleet_of(server: FleetServer, tmp_path: Path, prefix: str, n: int, **kw: object) -> list[Agent]:

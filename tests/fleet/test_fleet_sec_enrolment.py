@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from fleet_helpers import FAILING_BODY, REPO, FleetServer, make_task, start_server
 
@@ -27,6 +28,11 @@ from edgerun.fleet.service import FleetService
 from edgerun.fleet.signing import KeyDir
 
 ONE_STEP = {"steps": [100], "min_reports": 3, "error_min_reports": 3, "error_threshold": 0.5}
+
+
+@pytest.fixture(scope="module")
+def server(db_server: FleetServer) -> FleetServer:
+    return db_server  # every test that uses it runs on SQLite and on PostgreSQL
 
 
 def register(server: FleetServer, device_id: str, enroll_token: str, device_token: str | None = None,
@@ -219,7 +225,7 @@ def test_a_report_group_that_fails_to_commit_fails_only_the_bad_request(tmp_path
     keys.init()
     engine = create_engine(sqlite_url(tmp_path))
     upgrade(engine)
-    service = FleetService(engine, keys.key("assignment"), "")
+    service = FleetService(engine, keys.key("assignment"))
     service.add_roots(keys.root_chain())
     group = ReportGroupCommit(service, gather_s=0.05)
 

@@ -19,6 +19,11 @@ pytestmark = pytest.mark.xdist_group("fleet-security")
 ALL_AT_ONCE = {"steps": [100], "min_reports": 1}
 
 
+@pytest.fixture(scope="module")
+def server(db_server: FleetServer) -> FleetServer:
+    return db_server  # every test that uses it runs on SQLite and on PostgreSQL
+
+
 def future_serial(n: int) -> int:
     """Above any serial the server has issued (they are its clock in microseconds)."""
     return time.time_ns() // 1000 + 10**12 + n
