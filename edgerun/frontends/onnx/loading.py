@@ -44,24 +44,74 @@ def load_model(source: Any) -> Any:
 
 
 def _load_external_data(model: Any, base_dir: str) -> None:
-    import onnx.external_data_helper as ext
+    """Read every tensor's external data into the model, checked by us, not by onnx's loader: the real path
+    of each data file (links followed) must lie inside the real model folder, wherever the tensor sits
+    (the main graph, a subgraph of If/Loop/Scan, a function, a sparse tensor); absolute paths and ranges
+    past the end of the file are refused. Each refusal is one OnnxModelError naming the tensor."""
+    import onnx
 
-    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
-    for tensor in tensors:
-        if not ext.uses_external_data(tensor):
+    folder = os.path.realpath(base_dir)
+    for tensor in _all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = ext.ExternalDataInfo(tensor)
-        location = os.path.normpath(os.path.join(base_dir, info.location))
-        if os.path.isabs(info.location) or not location.startswith(os.path.normpath(base_dir) + os.sep):
-            raise OnnxModelError(f"initializer {tensor.name!r} points outside the model's folder: "
-                                 f"{info.location!r}")
-        if not os.path.isfile(location):
-            raise OnnxModelError(f"external data file {info.location!r} of initializer {tensor.name!r} "
+        info = {e.key: e.value for e in tensor.external_data}
+        where = info.get("location", "")
+        if not where or os.path.isabs(where) or "\0" in where:
+            raise OnnxModelError(f"tensor {tensor.name!r} names external data {where!r}: only a relative "
+                                 "path inside the model's folder is allowed")
+        real = os.path.realpath(os.path.join(folder, where))
+        if os.path.commonpath([real, folder]) != folder:
+            raise OnnxModelError(f"tensor {tensor.name!r} points outside the model's folder: {where!r}"
+                                 + (" (through a link)" if os.path.normpath(where).split(os.sep)[0] != ".." else ""))
+        if not os.path.isfile(real):
+            raise OnnxModelError(f"external data file {where!r} of tensor {tensor.name!r} "
                                  f"is missing (looked in {base_dir!r})")
+        tensor.raw_data = _read_range(real, where, tensor.name, info.get("offset"), info.get("length"))
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _read_range(path: str, where: str, name: str, offset_text: str | None, length_text: str | None) -> bytes:
+    size = os.path.getsize(path)
     try:
-        ext.load_external_data_for_model(model, base_dir)
-    except (OSError, ValueError) as exc:
-        raise OnnxModelError(f"could not load external data: {exc}") from None
+        offset = int(offset_text or 0)
+        length = size - offset if length_text is None else int(length_text)
+    except ValueError:
+        raise OnnxModelError(f"tensor {name!r}: external data offset/length {offset_text!r}/{length_text!r} "
+                             "are not integers") from None
+    if offset < 0 or length < 0 or offset + length > size:
+        raise OnnxModelError(f"tensor {name!r}: bytes {offset}..{offset + length} of {where!r} are outside "
+                             f"the file ({size} bytes)")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def _all_tensors(model: Any) -> list[Any]:
+    """Every TensorProto of the model: initializers, sparse initializers, tensor attributes, in every graph
+    and subgraph and in local functions (iteratively: a deep nest of subgraphs cannot overflow the stack)."""
+    tensors: list[Any] = []
+    node_lists = [list(f.node) for f in model.functions]
+    graphs = [model.graph]
+    while graphs or node_lists:
+        if graphs:
+            g = graphs.pop()
+            tensors.extend(g.initializer)
+            for sp in g.sparse_initializer:
+                tensors.extend((sp.values, sp.indices))
+            node_lists.append(list(g.node))
+            continue
+        for node in node_lists.pop():
+            for a in node.attribute:
+                if a.HasField("t"):
+                    tensors.append(a.t)
+                tensors.extend(a.tensors)
+                for sp in (*([a.sparse_tensor] if a.HasField("sparse_tensor") else []), *a.sparse_tensors):
+                    tensors.extend((sp.values, sp.indices))
+                if a.HasField("g"):
+                    graphs.append(a.g)
+                graphs.extend(a.graphs)
+    return tensors
 
 
 def dependency_order(nodes: list[Any], known: set[str]) -> list[Any]:
