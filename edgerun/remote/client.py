@@ -43,9 +43,7 @@ class RemoteDevice:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S,
                  server_key: str | os.PathLike[str] | None = None,
                  client_key: str | os.PathLike[str] | None = None) -> None:
-        if not url.startswith("tcp://"):
-            url = f"tcp://{url}"
-        self.url = url
+        self.url = endpoint(url)
         self.timeout = timeout
         self._token = token
         self._curve: tuple[bytes, KeyPair] | None = None
@@ -69,7 +67,7 @@ class RemoteDevice:
             self.session: str = self.request("open_session")[0]["session"]
         except BaseException:
             self._reset()
-            self._ctx.term()
+            self._ctx.destroy(linger=0)  # every socket closed: term() would wait forever on one left open
             raise
 
     # -- transport -----------------------------------------------------------------------------------
@@ -88,8 +86,12 @@ class RemoteDevice:
                 sock.setsockopt(zmq.PLAIN_PASSWORD, (self._token or "").encode())
             # Handshake events tell a refused key or token, or a wrong server key, apart from a dead server.
             self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
-            sock.connect(self.url)
-            self._sock = sock
+            self._sock = sock  # before connect, so a failed connect is still closed by _reset
+            try:
+                sock.connect(self.url)
+            except zmq.ZMQError as exc:
+                self._reset()
+                raise EdgerunError(f"cannot connect to {self.url}: {exc} (expected tcp://HOST:PORT)") from None
         return self._sock
 
     def _reset(self) -> None:
@@ -189,7 +191,7 @@ class RemoteDevice:
                 self.request("close_session", timeout=2.0)
         with self._lock:
             self._reset()
-        self._ctx.term()
+        self._ctx.destroy(linger=0)
 
     def __enter__(self) -> RemoteDevice:
         return self
@@ -280,6 +282,20 @@ class RemoteFunction:
             return tuple(t.copy() for t in tensors)
         return tuple(RemoteTensor(self.device, h, tuple(sp["shape"]), DType(sp["dtype"]))
                      for h, sp in zip(result["handles"], result["specs"]))
+
+
+def endpoint(url: str) -> str:
+    """The ZeroMQ endpoint of `url`: `tcp://HOST:PORT` as given, `HOST:PORT` with tcp:// added; any other
+    scheme (http://, which users type, ws://, ipc://) is refused at once, naming what is expected."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "tcp", url
+    host, colon, port = rest.rpartition(":")
+    if scheme != "tcp" or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in rest:
+        why = ": the remote runtime speaks ZeroMQ over TCP, not HTTP" if scheme.lower() in ("http", "https") else ""
+        raise EdgerunError(f"edgerun.connect takes tcp://HOST:PORT (or HOST:PORT) with a port in 1..65535, "
+                           f"got {url[:200]!r}{why}")
+    return f"tcp://{rest}"
 
 
 SERVER_KEY_ENV = "EDGERUN_SERVER_KEY"  # path of the device's public key file (NAME.key)
