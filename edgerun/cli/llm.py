@@ -89,6 +89,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"prompt or message text limit (default {d.max_prompt_chars})")
     p.add_argument("--template-timeout", type=float, default=d.template_timeout_s,
                    help=f"seconds a chat template may take to render (default {d.template_timeout_s:g})")
+    p.add_argument("--embedding-program", default=None,
+                   help="an encoder program (input_ids[, attention_mask, token_type_ids] -> embedding) to serve "
+                        "at /v1/embeddings")
+    p.add_argument("--embedding-tokenizer", default=None,
+                   help="its Hugging Face tokenizer.json (needed with --embedding-program)")
+    p.add_argument("--embedding-name", default=None, help="its model name (default: the program file's name)")
     p.add_argument("--template-memory-mb", type=int, default=d.template_memory_bytes >> 20,
                    help=f"address space of a template worker (default {d.template_memory_bytes >> 20})")
 
@@ -177,5 +183,12 @@ def _serve(args: argparse.Namespace) -> int:
                           max_prompt_chars=args.max_prompt_chars, template_timeout_s=args.template_timeout,
                           template_memory_bytes=args.template_memory_mb << 20)
     config.check()  # a bad option fails before the model loads
-    serve(_load(args), host=args.host, port=args.port, config=config)
+    embedder = None
+    if args.embedding_program or args.embedding_tokenizer:
+        from edgerun.llm.serving.embeddings import Embedder
+
+        if not (args.embedding_program and args.embedding_tokenizer):
+            raise EdgerunError("--embedding-program and --embedding-tokenizer go together")
+        embedder = Embedder.load(args.embedding_program, args.embedding_tokenizer, args.embedding_name)
+    serve(_load(args), host=args.host, port=args.port, config=config, embedder=embedder)
     return 0

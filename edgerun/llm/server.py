@@ -37,6 +37,7 @@ from edgerun.llm.model import GenerationRequest, LanguageModel
 from edgerun.llm.serving.api_error import ApiError
 from edgerun.llm.serving.config import ServerConfig
 from edgerun.llm.serving.constraint import GrammarCompiler, GrammarConstraint
+from edgerun.llm.serving.embeddings import Embedder, encode_vector
 from edgerun.llm.serving.engine import Engine, Job
 from edgerun.llm.serving.guard import BodyTooLarge, Guard
 from edgerun.llm.serving.metrics import ServerMetrics
@@ -71,9 +72,17 @@ class ChatRequest(_Sampling):
     messages: list[dict[str, Any]]
 
 
-def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embedder: Any = None,
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # `user` and the like are ignored
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: str = "float"
+    dimensions: int | None = None
+
+
+def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embedder: Embedder | None = None,
                step_gate: Callable[[], None] | None = None) -> FastAPI:
-    """The app serving `model` (and `embedder`, an embeddings.Embedder, at /v1/embeddings). `step_gate` is
+    """The app serving `model` (and `embedder`'s encoder program at /v1/embeddings). `step_gate` is
     handed to the engine, which calls it before every model call (tests pace the engine with it)."""
     config = config or ServerConfig()
     config.check()
@@ -242,6 +251,29 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
                              "finish_reason": result.finish_reason}], "usage": _usage(result)}
 
+    @app.post("/v1/embeddings", response_model=None)
+    async def embeddings(req: EmbeddingRequest) -> Any:
+        if embedder is None:
+            raise ApiError(404, "this server serves no embedding model (edgerun llm serve --embedding-program)",
+                           code="model_not_found")
+        if req.model is not None and req.model != embedder.name:
+            raise ApiError(404, f"embedding model {req.model!r} is not served here (this server has "
+                                f"{embedder.name!r})", code="model_not_found")
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        if not texts or any(not t for t in texts):
+            raise EdgerunError("input must be a non-empty string or a non-empty list of non-empty strings")
+        if len(texts) > config.max_embedding_inputs:
+            raise EdgerunError(f"input may hold at most {config.max_embedding_inputs} strings, got {len(texts)}")
+        check_prompt_size(sum(len(t) for t in texts))
+        if req.encoding_format not in ("float", "base64"):
+            raise EdgerunError(f"encoding_format must be float or base64, got {req.encoding_format!r}")
+        vectors, tokens = await run_in_threadpool(embedder.embed, texts)
+        if req.dimensions is not None and req.dimensions != vectors.shape[1]:
+            raise EdgerunError(f"dimensions: this model's embeddings have {vectors.shape[1]}, not {req.dimensions}")
+        return {"object": "list", "model": embedder.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
+                         for i, v in enumerate(vectors)]}
+
     return app
 
 
@@ -344,7 +376,7 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 
 def serve(model: LanguageModel, host: str = "127.0.0.1", port: int = 8000, config: ServerConfig | None = None,
-          embedder: Any = None) -> None:
+          embedder: Embedder | None = None) -> None:
     import uvicorn
 
     uvicorn.run(create_app(model, config, embedder=embedder), host=host, port=port, log_level="info")

@@ -52,3 +52,10 @@ def test_a_key_file_without_a_key_is_a_clear_error(tiny_chat_dir: Path, tmp_path
                            str(keys)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].endswith("holds no key") and "Traceback" not in proc.stderr
+
+
+def test_an_embedding_program_without_its_tokenizer_is_a_clear_error(tiny_chat_dir: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "edgerun", "llm", "serve", str(tiny_chat_dir),
+                           "--embedding-program", "minilm.edgerun"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("--embedding-program and --embedding-tokenizer go together")
