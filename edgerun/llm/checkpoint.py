@@ -80,7 +80,8 @@ def _from_gguf(path: str) -> Checkpoint:
     for name, tensor in contents.tensors.items():
         weights.update(_gguf_tensor(name, tensor, config))
     _check_complete(weights, config, path)
-    special = {role: int(meta[f"tokenizer.ggml.{role}_token_id"]) for role in ("bos", "eos", "padding")
+    # eot/eom: the end of a turn and of a tool message, which llama.cpp stops at like eos.
+    special = {role: int(meta[f"tokenizer.ggml.{role}_token_id"]) for role in ("bos", "eos", "padding", "eot", "eom")
                if f"tokenizer.ggml.{role}_token_id" in meta}
     return Checkpoint(config, weights, path, file_digest(path),
                       tokenizer_metadata={k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")},
@@ -181,12 +182,16 @@ def _from_hf_folder(path: str) -> Checkpoint:
     template = None
     tok_config = os.path.join(path, "tokenizer_config.json")
     special: dict[str, int] = {}
+    generation = os.path.join(path, "generation_config.json")
+    gen_config: dict[str, Any] = {}
+    if os.path.exists(generation):
+        with open(generation) as f:
+            gen_config = json.load(f)
     for key, role in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
-        value = hf.get(key)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            special[role] = int(value)
+        value = gen_config.get(key, hf.get(key))
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        for k, v in enumerate(values):  # several eos ids (Llama 3's end of turn, of message): all stop
+            special[role if k == 0 else f"{role}_{k}"] = int(v)
     if os.path.exists(tok_config):
         with open(tok_config) as f:
             template = json.load(f).get("chat_template")

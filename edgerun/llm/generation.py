@@ -11,7 +11,7 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.llm.sampling import SamplingParams, next_token
 from edgerun.llm.step_runner import StepRunner
-from edgerun.llm.tokenizer import BPETokenizer
+from edgerun.llm.tokenizer import Tokenizer
 
 TextCallback = Callable[[str], None]
 
@@ -49,7 +49,7 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-def run_generation(runner: StepRunner, tokenizer: BPETokenizer | None, prompt_ids: list[int], *,
+def run_generation(runner: StepRunner, tokenizer: Tokenizer | None, prompt_ids: list[int], *,
                    max_new_tokens: int, params: SamplingParams, stop: Sequence[str], stop_token_ids: set[int],
                    on_text: TextCallback | None, keep_logits: bool = False) -> GenerationResult:
     if (stop or on_text) and tokenizer is None:

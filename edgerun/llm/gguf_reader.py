@@ -40,29 +40,8 @@ class GGUFContents:
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise EdgerunError(f"cannot read {path!r}: {exc.strerror or exc}") from None
-    if magic != GGUF_MAGIC:
-        raise EdgerunError(f"{path!r} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
-    try:
-        reader = _plain_array_reader()(path, "r")
-    except Exception as exc:  # the gguf package raises ValueError/IndexError/struct errors on bad bytes
-        raise EdgerunError(f"{path!r} is a damaged or truncated GGUF file: {type(exc).__name__}: {exc}") from None
-    metadata: dict[str, Any] = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            metadata[key] = fld.contents()
-        except Exception as exc:
-            raise EdgerunError(f"{path!r}: cannot decode metadata {key!r}: {exc}") from None
-    # The parsed fields are ~250,000 small arrays (the vocabulary and merges, ~100 MB of objects): freed
-    # before the tensors are unpacked, so the two never count together in the peak memory of a load.
-    reader.fields.clear()
-    gc.collect()
+    reader = _open(path)
+    metadata = _metadata(path, reader)
     tensors: dict[str, Tensor] = {}
     types: dict[str, str] = {}
     for t in reader.tensors:
@@ -77,6 +56,42 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
         except Exception as exc:
             raise EdgerunError(f"{path!r}: tensor {t.name!r} is damaged or truncated: {exc}") from None
     return GGUFContents(path, metadata, tensors, types)
+
+
+def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The metadata alone (the tokenizer's, the architecture's), no tensor unpacked."""
+    path = os.fspath(path)
+    return _metadata(path, _open(path))
+
+
+def _open(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise EdgerunError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    if magic != GGUF_MAGIC:
+        raise EdgerunError(f"{path!r} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        return _plain_array_reader()(path, "r")
+    except Exception as exc:  # the gguf package raises ValueError/IndexError/struct errors on bad bytes
+        raise EdgerunError(f"{path!r} is a damaged or truncated GGUF file: {type(exc).__name__}: {exc}") from None
+
+
+def _metadata(path: str, reader: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            metadata[key] = fld.contents()
+        except Exception as exc:
+            raise EdgerunError(f"{path!r}: cannot decode metadata {key!r}: {exc}") from None
+    # The parsed fields are ~250,000 small arrays (the vocabulary and merges, ~100 MB of objects): freed
+    # before the tensors are unpacked, so the two never count together in the peak memory of a load.
+    reader.fields.clear()
+    gc.collect()
+    return metadata
 
 
 def _plain_array_reader() -> type:

@@ -11,6 +11,7 @@ the weights and the KV cache, which is program state. GGUF Q4_0/Q4_1/Q8_0 weight
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from edgerun.llm.program_builder import PROJECTIONS, Weight, cache_specs, step_g
 from edgerun.llm.quant_blocks import PackedWeight
 from edgerun.llm.sampling import SamplingParams
 from edgerun.llm.step_runner import StepRunner
-from edgerun.llm.tokenizer import BPETokenizer, tokenizer_from_gguf, tokenizer_from_json
+from edgerun.llm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_json
 from edgerun.program import Program
 from edgerun.program.program import default_metadata
 from edgerun.runtime import LoadedProgram
@@ -60,7 +61,7 @@ class ModelInfo:
 
 
 class LanguageModel:
-    def __init__(self, info: ModelInfo, tokenizer: BPETokenizer | None, program: LoadedProgram) -> None:
+    def __init__(self, info: ModelInfo, tokenizer: Tokenizer | None, program: LoadedProgram) -> None:
         # No checkpoint is kept: the program holds the weights it runs (stacked q/k/v and gate/up are copies
         # of the file's tensors), so a kept checkpoint would be a second copy of most weights in memory.
         self.info, self.tokenizer, self.program = info, tokenizer, program
@@ -76,6 +77,15 @@ class LanguageModel:
     @property
     def eos_token_id(self) -> int | None:
         return self.info.special.get("eos")
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        """Where generation ends unless `ignore_eos` (`stop_token_ids` below)."""
+        return stop_token_ids(self.info, self.tokenizer)
+
+    @functools.cached_property
+    def end_of_turn_id(self) -> int | None:
+        return end_of_turn_id(self.info, self.tokenizer)
 
     def encode_prompt(self, prompt_or_ids: str | Sequence[int]) -> list[int]:
         if isinstance(prompt_or_ids, str):
@@ -122,17 +132,12 @@ class LanguageModel:
             raise EdgerunError(f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
                                f"the context of {self.context} tokens")
         stop_ids = {int(i) for i in (stop_token_ids or [])}
-        if not ignore_eos and self.eos_token_id is not None:
-            stop_ids.add(self.eos_token_id)
+        if not ignore_eos:
+            stop_ids |= self.stop_token_ids
         return GenerationRequest(ids, max_new_tokens, params, stops, stop_ids)
 
     def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
-        special = {}
-        if self.tokenizer is not None:
-            for role in ("bos", "eos"):
-                i = self.info.special.get(role)
-                if i is not None:
-                    special[f"{role}_token"] = self.tokenizer.tokens[i]
+        special = template_tokens(self.info, self.tokenizer) if self.tokenizer is not None else {}
         return render_chat(self.info.chat_template, messages, add_generation_prompt=add_generation_prompt,
                            special_tokens=special)
 
@@ -141,9 +146,10 @@ class LanguageModel:
         return self.generate(self.apply_chat_template(messages), max_new_tokens, **self.chat_kwargs(kwargs))
 
     def chat_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """generate() arguments for a chat turn: the end-of-turn token stops it too."""
+        """generate() arguments for a chat turn: the template's end-of-turn token stops it, even with
+        `ignore_eos`."""
         stop_ids = list(kwargs.get("stop_token_ids") or [])
-        end = self.tokenizer.token_id("<|im_end|>") if self.tokenizer is not None else None
+        end = self.end_of_turn_id
         if end is not None:
             stop_ids.append(end)
         return {**kwargs, "stop_token_ids": stop_ids}
@@ -184,6 +190,34 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
     return LanguageModel(info, tokenizer, load_program(program, backends))
 
 
+def stop_token_ids(info: ModelInfo, tokenizer: Tokenizer | None) -> set[int]:
+    """The checkpoint's eos (all of them when it lists several), end of turn (eot) and end of message (eom),
+    and the token the chat template closes an assistant turn with: never a hard-coded token string."""
+    ids = {i for role, i in info.special.items() if role.split("_")[0] in ("eos", "eot", "eom")}
+    end = end_of_turn_id(info, tokenizer)
+    return ids | ({end} if end is not None else set())
+
+
+def end_of_turn_id(info: ModelInfo, tokenizer: Tokenizer | None) -> int | None:
+    """The added token the chat template writes right after an assistant message, if any."""
+    if tokenizer is None or not info.chat_template:
+        return None
+    mark = "\u0000reply\u0000"
+    try:
+        text = render_chat(info.chat_template, [{"role": "user", "content": "Hi"},
+                                                {"role": "assistant", "content": mark}],
+                           add_generation_prompt=False, special_tokens=template_tokens(info, tokenizer))
+    except EdgerunError:
+        return None
+    ids = [i for i in tokenizer.encode(text.partition(mark)[2]) if i != tokenizer.bos_id]
+    return ids[0] if ids and ids[0] in tokenizer.added_ids else None
+
+
+def template_tokens(info: ModelInfo, tokenizer: Tokenizer) -> dict[str, str]:
+    """The special tokens' text a chat template reads (`bos_token`, `eos_token`)."""
+    return {f"{role}_token": tokenizer.tokens[info.special[role]] for role in ("bos", "eos") if role in info.special}
+
+
 def model_info(checkpoint: Checkpoint, context: int | None, chunk: int) -> ModelInfo:
     limit = checkpoint.config.context
     context = min(limit, DEFAULT_CONTEXT) if context is None else int(context)
@@ -196,7 +230,7 @@ def model_info(checkpoint: Checkpoint, context: int | None, chunk: int) -> Model
                      checkpoint.chat_template, dict(checkpoint.special))
 
 
-def checkpoint_tokenizer(checkpoint: Checkpoint) -> BPETokenizer | None:
+def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer | None:
     if checkpoint.tokenizer_metadata.get("tokenizer.ggml.tokens"):
         return tokenizer_from_gguf(checkpoint.tokenizer_metadata)
     if checkpoint.tokenizer_json:

@@ -26,12 +26,12 @@ from edgerun.llm.model import (
     load_program,
     model_info,
 )
-from edgerun.llm.tokenizer import BPETokenizer
+from edgerun.llm.tokenizer import Tokenizer
 from edgerun.program import Program
 from edgerun.program.format import MAGIC
 
 LLM_FORMAT = "edgerun-llm-program"
-LLM_VERSION = 1
+LLM_VERSION = 2  # 2: the tokenizer as a `tokenizers` JSON
 OLD_BUNDLE_MANIFEST = "llm.json"  # the manifest of the two-file bundle folders of earlier versions
 
 
@@ -84,15 +84,9 @@ def load_program_file(path: str, backends: Sequence[str] | str | None = None, *,
     if missing:
         raise EdgerunError(f"{path!r} lacks the LLM method(s) {sorted(missing)}")
     tok = llm.get("tokenizer")
-    tokenizer = BPETokenizer(tok["tokens"], tok["merges"], tok["special_ids"], pattern=tok["pattern"],
-                             bos_id=tok["bos_id"], eos_id=tok["eos_id"], add_bos=tok["add_bos"]) if tok else None
+    tokenizer = Tokenizer.from_json(tok) if tok else None
     return LanguageModel(info, tokenizer, load_program(program, backends))
 
 
-def _tokenizer_json(tokenizer: BPETokenizer | None) -> dict[str, Any] | None:
-    if tokenizer is None:
-        return None
-    merges = [f"{a} {b}" for (a, b), _ in sorted(tokenizer.ranks.items(), key=lambda kv: kv[1])]
-    return {"tokens": tokenizer.tokens, "merges": merges, "special_ids": tokenizer.special_ids,
-            "pattern": tokenizer.pattern, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id,
-            "add_bos": tokenizer.add_bos}
+def _tokenizer_json(tokenizer: Tokenizer | None) -> dict[str, Any] | None:
+    return None if tokenizer is None else tokenizer.to_json()

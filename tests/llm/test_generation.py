@@ -66,6 +66,13 @@ def test_chat_stops_at_end_of_turn(smollm) -> None:
     assert 2 not in result.token_ids
 
 
+def test_stop_tokens_come_from_the_checkpoint(smollm) -> None:
+    """eos from the GGUF metadata and the chat template's end of turn (found by rendering it), not a string
+    written in the code: SmolLM2's eos is <|im_end|>, which its template closes a turn with."""
+    assert smollm.end_of_turn_id == smollm.tokenizer.token_id("<|im_end|>") == smollm.info.special["eos"]
+    assert smollm.stop_token_ids == {smollm.info.special["eos"]}
+
+
 def test_prefix_reuse_gives_the_same_answer(smollm) -> None:
     smollm.runner.reset()
     fresh = smollm.generate(PROMPT + " a city", max_new_tokens=4)

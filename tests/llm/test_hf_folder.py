@@ -59,3 +59,16 @@ def test_unsupported_configs_are_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").unlink()
     with pytest.raises(EdgerunError, match=r"no config\.json"):
         edgerun.llm.load(tmp_path)
+
+
+def test_every_eos_of_the_generation_config_stops(tmp_path: Path) -> None:
+    """A generation_config.json listing several eos ids (Llama 3's end of text, of turn, of message): each
+    ends generation, and greedy text stops right before the first of them."""
+    write_tiny_model(tmp_path, "llama")
+    free = edgerun.llm.load(tmp_path, context=32, chunk=8).generate(IDS, max_new_tokens=6, ignore_eos=True)
+    stops = [free.token_ids[3], 500, 501]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
+    model = edgerun.llm.load(tmp_path, context=32, chunk=8)
+    assert model.stop_token_ids == set(stops)
+    result = model.generate(IDS, max_new_tokens=6)
+    assert result.token_ids == free.token_ids[:free.token_ids.index(stops[0])] and result.finish_reason == "stop"

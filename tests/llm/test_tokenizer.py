@@ -79,15 +79,47 @@ def test_bad_messages_get_clear_errors(smollm) -> None:
             smollm.apply_chat_template(bad)
 
 
-def test_merge_pairs_share_the_vocabulary_strings() -> None:
-    """The merge table keys on the vocabulary's own string objects (SmolLM2: 5 MB less than two new strings
-    per merge); a merge half outside the vocabulary is kept as written, and encoding is unchanged."""
-    from edgerun.llm.tokenizer import BPETokenizer
+@pytest.fixture(scope="module")
+def gemma_tokenizer(gemma_gguf):
+    from edgerun.llm.gguf_reader import read_gguf_metadata
+    from edgerun.llm.tokenizer import tokenizer_from_gguf
 
-    tokens = ["a", "b", "ab", "c", "abc"]
-    tok = BPETokenizer(tokens, ["a" + " " + "b", "ab c", "x y"], [])
-    for a, b in tok.ranks:
-        if a in tok.vocab:
-            assert a is tok.tokens[tok.vocab[a]] and b is tok.tokens[tok.vocab[b]]
-    assert ("x", "y") in tok.ranks and tok.ranks[("ab", "c")] == 1
-    assert tok.encode("abc") == [4] and tok.encode("ab") == [2] and tok.encode("ba") == [1, 0]
+    return tokenizer_from_gguf(read_gguf_metadata(gemma_gguf))
+
+
+def test_gemma_sentencepiece_ids_match_transformers(gemma_tokenizer, gemma_reference) -> None:
+    """Gemma 3's SentencePiece BPE (byte fallback, merges rebuilt from the vocabulary's order, BOS added):
+    transformers' ids on the same GGUF, recorded by bench/llm_gemma3_reference.py, for every string above."""
+    want = gemma_reference["tokenizer"]
+    assert set(want) == set(STRINGS)
+    mismatches = [(s, gemma_tokenizer.encode(s), ids) for s, ids in want.items() if gemma_tokenizer.encode(s) != ids]
+    assert not mismatches[:3], f"{len(mismatches)} of {len(want)} strings differ"
+    for s in STRINGS[:60]:
+        assert gemma_tokenizer.decode(gemma_tokenizer.encode(s), skip_special=True) == s
+    # Streaming decodes token by token as bytes: byte-fallback pieces join into the character.
+    ids = gemma_tokenizer.encode("naïve 🎉 日本")[1:]
+    assert b"".join(gemma_tokenizer.decode_bytes([i]) for i in ids).decode("utf-8") == "naïve 🎉 日本"
+    # A text that writes BOS itself (a chat template) gets one BOS, not two.
+    assert gemma_tokenizer.encode("<bos>Hi")[:2] == [2, gemma_tokenizer.encode("Hi")[1]]
+
+
+def _tiny_bpe_metadata(**changes):
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab", "<s>"],
+            "tokenizer.ggml.token_type": [1, 1, 1, 3], "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.bos_token_id": 3}
+    return {**meta, **changes}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"tokenizer.ggml.token_type": [1, 1, 1]}, "token_type has 3 entries for 4 tokens"),
+    ({"tokenizer.ggml.bos_token_id": 9}, "bos_token_id = 9 is outside the vocabulary"),
+    ({"tokenizer.ggml.merges": ["a c"]}, "the merge 'a' \\+ 'c'"),
+    ({"tokenizer.ggml.merges": ["ab"]}, "not two tokens"),
+    ({"tokenizer.ggml.model": "bert"}, "tokenizer model 'bert' is not supported \\(supported: gpt2, llama\\)"),
+])
+def test_inconsistent_tokenizer_metadata_is_a_clear_error(changes, message) -> None:
+    from edgerun.llm.tokenizer import tokenizer_from_gguf
+
+    assert tokenizer_from_gguf(_tiny_bpe_metadata()).encode("ab<s>a") == [2, 3, 0]
+    with pytest.raises(EdgerunError, match=message):
+        tokenizer_from_gguf(_tiny_bpe_metadata(**changes))
