@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.llm.tokenizer import BPETokenizer
+from edgerun.llm.tokenizer import Tokenizer
 
 JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance.JsonCompileOptions
 ANY_JSON_OBJECT = {"type": "object"}
@@ -65,7 +65,7 @@ class GrammarCompiler:
     """Builds matchers for one tokenizer. llguidance's tokenizer (the vocabulary as bytes, its token trie) is
     made once, on the first structured request (about 0.6 s for SmolLM2's 49,152 tokens)."""
 
-    def __init__(self, tokenizer: BPETokenizer | None, eos_token_id: int | None, stop_token_ids: list[int],
+    def __init__(self, tokenizer: Tokenizer | None, eos_token_id: int | None, stop_token_ids: list[int],
                  max_grammar_chars: int) -> None:
         self.tokenizer, self.eos = tokenizer, eos_token_id
         self.stop_ids, self.max_chars = stop_token_ids, max_grammar_chars
@@ -132,7 +132,7 @@ class GrammarCompiler:
             return self._ll
 
 
-def make_ll_tokenizer(tokenizer: BPETokenizer | None, eos_token_id: int | None, stop_token_ids: list[int]) -> Any:
+def make_ll_tokenizer(tokenizer: Tokenizer | None, eos_token_id: int | None, stop_token_ids: list[int]) -> Any:
     """llguidance's view of our byte-level BPE tokenizer: every token's bytes, the special ids, and our own
     encoder (llguidance uses it to re-tokenise text it forces)."""
     import llguidance
@@ -141,7 +141,7 @@ def make_ll_tokenizer(tokenizer: BPETokenizer | None, eos_token_id: int | None, 
         raise EdgerunError("structured output needs the model's tokenizer and end-of-sequence token")
 
     class _Vocabulary:
-        def __init__(self, tokenizer: BPETokenizer, eos_token_id: int) -> None:
+        def __init__(self, tokenizer: Tokenizer, eos_token_id: int) -> None:
             self.tokenizer, self.eos_token_id, self.bos_token_id = tokenizer, eos_token_id, tokenizer.bos_id
             self.tokens = [tokenizer.decode_bytes([i]) for i in range(tokenizer.vocab_size)]
             self.special_token_ids = list(tokenizer.special_ids)
