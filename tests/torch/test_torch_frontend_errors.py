@@ -105,19 +105,24 @@ def test_non_tensor_outputs_are_rejected() -> None:
         export_graph(ReturnsInt(), (torch.randn(3),))
 
 
-class Transposed(nn.Module):
+class DropoutAttention(nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+
+class WithDropoutAttention(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.up = nn.ConvTranspose2d(3, 4, 2, stride=2)
+        self.attn = DropoutAttention()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.up(x)
+        return self.attn(x)
 
 
 def test_unsupported_attribute_combination_is_explicit() -> None:
-    with pytest.raises(UnsupportedOpError, match="transposed convolution") as info:
-        export_graph(Transposed(), (torch.randn(1, 3, 4, 4),))
-    assert info.value.module_path == "up"
+    with pytest.raises(UnsupportedOpError, match="attention dropout") as info:
+        export_graph(WithDropoutAttention(), (torch.randn(1, 2, 4, 8),))
+    assert info.value.module_path == "attn"
 
 
 def test_the_data_dependent_hint_recommends_the_control_flow_edgerun_converts() -> None:

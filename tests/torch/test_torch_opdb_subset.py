@@ -19,7 +19,7 @@ SUBSET = (
     "sum", "amax", "softmax", "var",
     "cat", "transpose", "index_select", "roll",
     "nn.functional.linear", "nn.functional.conv2d", "nn.functional.layer_norm", "nn.functional.gelu",
-    "nn.functional.max_pool2d", "nn.functional.scaled_dot_product_attention",
+    "nn.functional.max_pool2d", "nn.functional.scaled_dot_product_attention", "nn.functional.conv_transpose2d", "topk",
 )
 
 

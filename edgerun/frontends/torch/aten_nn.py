@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from edgerun.frontends.torch.aten_conv_transpose import transposed_convolution
 from edgerun.frontends.torch.context import ConvertContext, handles, reads_beyond, reject_extra_outputs
 from edgerun.ir.dtypes import DType
 
@@ -80,11 +81,11 @@ def _linear(ctx: ConvertContext, node: Any) -> str:
 @handles("aten.convolution.default")
 def _convolution(ctx: ConvertContext, node: Any) -> str:
     a = ctx.bind(node)
-    if a["transposed"]:
-        ctx.unsupported("transposed convolution")
     x, w, bias = _float_operands(ctx, node, a["input"], a["weight"], a["bias"])
     if not ctx.b.dtype(x).is_float:
         ctx.unsupported("integer convolution")
+    if a["transposed"]:
+        return transposed_convolution(ctx, node, a, x, w, bias)
     rank = len(ctx.b.shape(w))
     spatial = max(rank - 2, 1)
     stride, padding, dilation = (_per_axis(a[k], spatial) for k in ("stride", "padding", "dilation"))
@@ -258,3 +259,29 @@ def _embedding(ctx: ConvertContext, node: Any) -> str:
     if len(ctx.b.shape(weight)) != 2:
         ctx.unsupported("embedding with a weight that is not 2-D")
     return ctx.b.emit("gather", [weight, indices], axis=0)
+
+
+@handles("aten.native_group_norm.default")
+def _group_norm(ctx: ConvertContext, node: Any) -> list[str | None]:
+    """GroupNorm (diffusion U-Nets, detectors' heads): each sample's channels in `group` groups, normalised
+    over a group's channels and positions (biased variance), then the per-channel affine."""
+    a = ctx.bind(node)
+    x = ctx.v(a["input"])
+    shape = ctx.b.shape(x)
+    dtype = ctx.b.dtype(x)
+    groups = int(a["group"])
+    if len(shape) < 2 or not dtype.is_float or 0 in shape:
+        ctx.unsupported("group norm of this input")
+    b = ctx.b
+    n, c = shape[0], shape[1]
+    grouped = b.emit("reshape", [x], shape=[n, groups, -1])
+    mean, rstd = _layer_norm_stats(ctx, grouped, 1, float(a["eps"]))
+    y = b.emit("reshape", [b.binary("mul", b.binary("sub", grouped, mean), rstd)], shape=list(shape))
+    channel = [c] + [1] * (len(shape) - 2)
+    if a["weight"] is not None:
+        y = b.binary("mul", y, b.emit("reshape", [ctx.operand(a["weight"], dtype)], shape=channel))
+    if a["bias"] is not None:
+        y = b.binary("add", y, b.emit("reshape", [ctx.operand(a["bias"], dtype)], shape=channel))
+    if not reads_beyond(ctx, node, 1):
+        return [y, None, None]
+    return [y, b.emit("reshape", [mean], shape=[n, groups]), b.emit("reshape", [rstd], shape=[n, groups])]

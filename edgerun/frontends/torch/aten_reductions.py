@@ -109,6 +109,16 @@ def _any_all(ctx: ConvertContext, node: Any) -> str:
 
 @handles("aten.var.correction", "aten.var.dim", "aten.std.correction", "aten.std.dim")
 def _var(ctx: ConvertContext, node: Any) -> str:
+    return _variance(ctx, node)[0]
+
+
+@handles("aten.var_mean.correction", "aten.std_mean.correction")
+def _var_mean(ctx: ConvertContext, node: Any) -> list[str]:
+    return _variance(ctx, node)
+
+
+def _variance(ctx: ConvertContext, node: Any) -> list[str]:
+    """[variance or standard deviation, mean] as var/std/var_mean/std_mean define them."""
     a = ctx.bind(node)
     x = ctx.v(a["self"])
     if not ctx.b.dtype(x).is_float:
@@ -122,11 +132,14 @@ def _var(ctx: ConvertContext, node: Any) -> str:
     correction = 1 if correction is None else float(correction)
     n = int(np.prod([shape[i] for i in axes_list])) if shape else 1
     b = ctx.b
-    centered = b.binary("sub", x, _reduce(ctx, "reduce_mean", x, axes_list, True))
+    mean = _reduce(ctx, "reduce_mean", x, axes_list, True)
+    centered = b.binary("sub", x, mean)
     total = _reduce(ctx, "reduce_sum", b.binary("mul", centered, centered), axes_list, bool(a["keepdim"]))
     # torch divides by max(0, n - correction): no degrees of freedom gives inf, or nan for 0/0.
     var = b.binary("div", total, b.scalar(max(0.0, n - correction), total))
-    return b.unary("sqrt", var) if "std" in str(node.target) else var
+    if not a["keepdim"]:
+        mean = b.emit("reshape", [mean], shape=list(b.shape(var)))
+    return [b.unary("sqrt", var) if "std" in str(node.target) else var, mean]
 
 
 @handles("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int")

@@ -29,7 +29,8 @@ OUTCOMES = ("pass", "unsupported", "export_failure", "skipped", "FAIL")
 
 # OpInfos whose aten_name differs from the ATen op our handler serves.
 EXTRA_OPINFOS: dict[str, tuple[str, ...]] = {
-    "aten.convolution": ("nn.functional.conv1d", "nn.functional.conv2d"),
+    "aten.convolution": ("nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv_transpose1d",
+                         "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d"),
     "aten._native_batch_norm_legit_no_training": ("nn.functional.batch_norm",),
     "aten.native_layer_norm": ("nn.functional.layer_norm",),
     "aten._softmax": ("softmax",),
@@ -46,6 +47,8 @@ EXTRA_OPINFOS: dict[str, tuple[str, ...]] = {
     "aten.reflection_pad2d": ("nn.functional.pad",),
     "aten.index": ("__getitem__",),
     "aten._to_copy": ("to",),
+    "aten.sort": ("msort",),
+    "aten.native_group_norm": ("nn.functional.group_norm",),
 }
 
 

@@ -9,10 +9,12 @@ from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.torch import (
     aten_creation,
     aten_elementwise,
+    aten_indexing,
     aten_nn,
     aten_pooling,
     aten_reductions,
     aten_shape,
+    aten_sorting,
 )
 from edgerun.frontends.torch.context import HANDLERS, ConvertContext
 from edgerun.frontends.torch.control_flow import convert_higher_order
@@ -22,7 +24,8 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, same_values
 from edgerun.ir.tensor_spec import TensorSpec
 
-_HANDLER_MODULES = (aten_creation, aten_elementwise, aten_nn, aten_pooling, aten_reductions, aten_shape)  # registration
+_HANDLER_MODULES = (aten_creation, aten_elementwise, aten_indexing, aten_nn, aten_pooling, aten_reductions, aten_shape,
+                    aten_sorting)  # registration
 
 
 class FrontendBugError(RuntimeError):

@@ -87,10 +87,14 @@ def symbol_names(ep: Any, user_inputs: list[Any], specs: list[Any]) -> tuple[dic
         entries = spec.items() if isinstance(spec, Mapping) else enumerate(spec)
         shape = node.meta["val"].shape
         for axis, dim in entries:
-            if dim is None or getattr(dim, "root", None) is not None:
-                continue  # derived Dims are expressions over their root's symbol
+            if dim is None:
+                continue
             expr = getattr(shape[int(axis)], "node", None)
             expr = getattr(expr, "expr", None)
+            root = getattr(dim, "root", None)
+            if root is not None and expr is not None and len(getattr(expr, "free_symbols", ())) == 1:
+                # A derived Dim (4*h) is an expression over its root's symbol, which no input may carry alone.
+                expr, dim = next(iter(expr.free_symbols)), root
             if expr is not None and getattr(expr, "is_Symbol", False):
                 known = names.get(str(expr))
                 if known is not None and known != dim.__name__:

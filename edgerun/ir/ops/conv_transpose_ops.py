@@ -21,6 +21,7 @@ from edgerun.ir.builder import Builder, absent
 from edgerun.ir.ops._rules import require_float, same_dtype
 from edgerun.ir.ops.raster import strided_copy_regions
 from edgerun.ir.registry import OpDef, OpKind, register
+from edgerun.ir.symbolic import is_symbolic
 from edgerun.ir.tensor_spec import TensorSpec
 
 Attrs = dict[str, Any]
@@ -61,7 +62,7 @@ def _rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
         raise ValueError(f"conv_transpose2d bias must be {dtype.value}[{cout}], got {ins[2]}")
     sizes = [(n - 1) * s + (k - 1) * d + 1 - b - e + op for n, s, k, d, b, e, op in
              zip(x.shape[2:], stride, w.shape[2:], dil, pads[:2], pads[2:], out_pad)]
-    if min(sizes) < 1:
+    if any(not is_symbolic(s) and s < 1 for s in sizes):  # a symbolic size is checked once it is bound
         raise ValueError(f"conv_transpose2d output would be {sizes}")
     return [TensorSpec((x.shape[0], cout, sizes[0], sizes[1]), dtype)]
 

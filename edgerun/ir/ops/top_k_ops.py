@@ -3,7 +3,8 @@
 A composite so that a template keeps it until its shapes are concrete: the decomposition builds tables the
 size of the axis (the ranking below), which a symbolic axis cannot give; a backend with a TopK kernel could
 claim it whole (none does yet). Decomposed, each element's rank is how many elements beat it (ties:
-lower index first, as ONNX); ranks form a permutation, so output slot r picks the one element of rank r
+lower index first, as ONNX; with attr `nan_largest`, NaN ranks above every number as in torch's sort and
+topk); ranks form a permutation, so output slot r picks the one element of rank r
 with a masked sum, which is exact. The pairwise comparison costs n^2 per row: longer axes are refused
 rather than made slow silently (at import when static, at specialisation when symbolic). A k computed at
 run time is `top_k_dynamic` (data_dependent_ops.py).
@@ -60,6 +61,11 @@ def _decompose(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
     xj = b.emit("reshape", [xt], shape=[*lead, 1, n])
     beats = b.emit("gt" if largest else "lt", [xj, xi])
     ties = b.emit("eq", [xj, xi])
+    if attrs.get("nan_largest") and b.dtype(x).is_float:  # torch's order: NaN above every number, NaNs tie
+        nan_i, nan_j = b.emit("ne", [xi, xi]), b.emit("ne", [xj, xj])
+        above = [nan_j, b.emit("logical_not", [nan_i])] if largest else [nan_i, b.emit("logical_not", [nan_j])]
+        beats = b.emit("logical_or", [beats, b.emit("logical_and", above)])
+        ties = b.emit("logical_or", [ties, b.emit("logical_and", [nan_i, nan_j])])
     earlier = b.const(np.arange(n)[None, :] < np.arange(n)[:, None])  # [i, j]: j < i
     wins = b.emit("logical_or", [beats, b.emit("logical_and", [ties, earlier])])
     ranks = b.emit("reduce_sum", [b.emit("cast", [wins], dtype="int64")], axes=[rank], keepdims=False)

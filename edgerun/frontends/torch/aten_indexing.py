@@ -1,0 +1,46 @@
+"""Handlers for ATen element-wise indexing: gather (torch.gather, a detector picking its top boxes).
+
+torch.gather reads input[..., index[i], ...] along one axis for every element of `index`, whose other axes
+may be shorter than the input's. It runs as one IR gather on the flattened input with flat element
+indices: the index (negative ones wrapped) times the axis's stride, plus a constant grid of the other
+axes' offsets. The grid needs static shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from edgerun.frontends.torch.context import ConvertContext, handles
+from edgerun.ir.dtypes import DType
+
+
+@handles("aten.gather.default")
+def _gather(ctx: ConvertContext, node: Any) -> str:
+    a = ctx.bind(node)
+    x, index = ctx.v(a["self"]), ctx.cast(ctx.v(a["index"]), DType.int64)
+    b = ctx.b
+    shape, ishape = b.shape(x), b.shape(index)
+    if not all(isinstance(d, int) for d in (*shape, *ishape)):
+        ctx.unsupported("gather over symbolic sizes")
+    if not shape:  # a 0-d input: every index is 0 (or -1), the output has the index's shape
+        x, shape = b.emit("reshape", [x], shape=[1]), (1,)
+    axis = int(a["dim"]) % len(shape)
+    if len(ishape) != len(shape):
+        index = b.emit("reshape", [index], shape=[1] * len(shape))
+        ishape = (1,) * len(shape)
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    grid = np.zeros(ishape, dtype=np.int64)
+    for d in range(len(ishape)):
+        if d != axis:
+            view = [1] * len(ishape)
+            view[d] = ishape[d]
+            grid = grid + np.arange(ishape[d], dtype=np.int64).reshape(view) * strides[d]
+    wrapped = b.emit("where", [b.binary("lt", index, b.scalar(0, index)),
+                               b.binary("add", index, b.scalar(shape[axis], index)), index])
+    flat_index = b.binary("add", b.binary("mul", wrapped, b.scalar(strides[axis], wrapped)), b.const(grid))
+    y = b.emit("gather", [b.emit("reshape", [x], shape=[math.prod(shape)]), flat_index], axis=0)
+    out = ctx.out_shape(node)
+    return y if b.shape(y) == out else b.emit("reshape", [y], shape=list(out))
