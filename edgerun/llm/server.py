@@ -90,7 +90,7 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
     names = (model_id, *config.aliases)
     metrics = ServerMetrics()
     engine = Engine(model, metrics, max_queue=config.max_queue, max_pending_tokens=config.max_pending_tokens,
-                    step_gate=step_gate)
+                    prefix_cache_bytes=config.prefix_cache_bytes, step_gate=step_gate)
     templates = TemplatePool(workers=config.template_workers, timeout_s=config.template_timeout_s,
                              memory_bytes=config.template_memory_bytes, max_chars=config.max_prompt_chars)
     end = model.tokenizer.token_id("<|im_end|>") if model.tokenizer is not None else None

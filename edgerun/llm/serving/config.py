@@ -19,6 +19,7 @@ class ServerConfig:
     max_stop_chars: int = 256  # characters per stop string
     max_queue: int = 64  # requests waiting behind the running one; past it 429
     max_pending_tokens: int | None = None  # new tokens reserved by all admitted requests; past it 503
+    prefix_cache_bytes: int = 256 << 20  # KV rows of earlier prompts kept for reuse (0: no prefix cache)
     template_timeout_s: float = 2.0  # a chat template's rendering is stopped after this
     template_memory_bytes: int = 512 << 20  # the address space a template worker may use
     template_workers: int = 2  # processes rendering chat templates
@@ -30,7 +31,7 @@ class ServerConfig:
                      "template_memory_bytes", "template_workers", "max_grammar_chars", "max_embedding_inputs"):
             if getattr(self, name) < 1:
                 raise EdgerunError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_stop", "max_queue"):
+        for name in ("max_stop", "max_queue", "prefix_cache_bytes"):
             if getattr(self, name) < 0:
                 raise EdgerunError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_tokens_limit", "max_pending_tokens"):

@@ -3,7 +3,8 @@
 A step is one model call: a prefill chunk or one decode step. Before every step the engine looks at the request's
 cancel flag, so a request whose client left stops within one step and a request cancelled while it waited
 never runs. The model has one KV cache, so requests run one after another, first come first served; the
-cache keeps the whole chunks of prefix a request shares with the one before it (StepRunner.run_prompt).
+cache keeps the whole chunks of prefix a request shares with the one before it (StepRunner.run_prompt), and
+the prefix cache (prefix_cache.py) brings back those of earlier requests.
 
 Admission is bounded: past `max_queue` waiting requests `submit` raises the 429 error, past
 `max_pending_tokens` new tokens reserved by the admitted requests the 503 error (both OpenAI's form). A
@@ -31,6 +32,7 @@ from edgerun.llm.model import GenerationRequest, LanguageModel
 from edgerun.llm.sampling import next_token
 from edgerun.llm.serving.api_error import queue_full, token_budget
 from edgerun.llm.serving.metrics import ServerMetrics
+from edgerun.llm.serving.prefix_cache import PrefixCache
 
 Emit = Callable[[str, Any], None]
 
@@ -52,6 +54,7 @@ class Job:
     constraint: Constraint | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # model calls run for this request
+    prompt_steps: int = 0  # of those, the prompt's (prefill chunks)
     outcome: str = "waiting"  # then "running", and "stop", "length", "cancelled" or "error"
     admitted_at: float = 0.0
     first_token_at: float | None = None
@@ -62,11 +65,13 @@ class Job:
 
 class Engine:
     def __init__(self, model: LanguageModel, metrics: ServerMetrics, *, max_queue: int,
-                 max_pending_tokens: int | None, step_gate: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        """`step_gate` is called on the engine thread before every model call (tests pace the engine with it);
-        `clock` times the first token and the decode speed."""
+                 max_pending_tokens: int | None, prefix_cache_bytes: int = 0,
+                 step_gate: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        """`prefix_cache_bytes`: the budget of the prefix cache (0: none). `step_gate` is called on the engine
+        thread before every model call (tests pace the engine with it); `clock` times the first token and the
+        decode speed."""
         self.model, self.metrics = model, metrics
+        self.prefix_cache = PrefixCache(model, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.max_queue, self.max_pending_tokens = max_queue, max_pending_tokens
         self.step_gate, self.clock = step_gate, clock
         self.steps = 0  # model calls since start, all requests
@@ -173,6 +178,11 @@ class Engine:
         rng = np.random.default_rng(req.params.seed)
         prefill_start = self.clock()
         logits: np.ndarray | None = None
+        if self.prefix_cache is not None:
+            restored = self.prefix_cache.restore(req.prompt_ids)
+            if restored:
+                self.metrics.prefix_cache_hits.inc()
+                self.metrics.prefix_cache_tokens.inc(restored)
         kept = len(req.prompt_ids) - len(runner.reuse_prefix(req.prompt_ids))
         for end in prompt_steps(len(req.prompt_ids), kept, runner.chunk):
             if not self._step(job):
@@ -180,7 +190,11 @@ class Engine:
             # The prompt up to `end` as StepRunner.run_prompt runs a whole prompt: its kept whole chunks
             # reused, the rest through prefill. So these calls together are exactly run_prompt(prompt_ids).
             logits = runner.run_prompt(req.prompt_ids[:end])
+            job.prompt_steps += 1
         assert logits is not None
+        if self.prefix_cache is not None:
+            self.prefix_cache.save(req.prompt_ids)
+            self.metrics.prefix_cache_bytes.set(self.prefix_cache.bytes)
         self.metrics.prompt_tokens.inc(len(req.prompt_ids))
         prefill_s = self.clock() - prefill_start
         generated: list[int] = []

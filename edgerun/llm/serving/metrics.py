@@ -27,6 +27,12 @@ class ServerMetrics:
                                              registry=r)
         self.model_steps = Counter("edgerun_llm_model_steps", "Model calls (a prefill chunk or a decode step)",
                                    registry=r)
+        self.prefix_cache_hits = Counter("edgerun_llm_prefix_cache_hits", "Prompts that restored saved KV rows",
+                                         registry=r)
+        self.prefix_cache_tokens = Counter("edgerun_llm_prefix_cache_tokens",
+                                           "Prompt tokens whose KV rows were restored, not computed", registry=r)
+        self.prefix_cache_bytes = Gauge("edgerun_llm_prefix_cache_bytes", "Host memory the saved KV rows take",
+                                        registry=r)
         self.requests = Counter("edgerun_llm_requests", "Finished or refused requests by outcome",
                                 ["outcome"], registry=r)
 
