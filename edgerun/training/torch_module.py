@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -81,12 +82,13 @@ def from_torch(module: Any, example_inputs: Sequence[Any], loss: str | Callable[
     """A training program of `module` at the shapes of `example_inputs`. `loss`: "cross_entropy", "mse",
     or a function (outputs, targets) -> scalar tensor, exported with the module (give `example_targets`).
     `trainable_params`: parameter names (module.named_parameters()) or a filter over them; default every
-    parameter that requires a gradient."""
+    parameter that requires a gradient and that the exported graph reads (the others are named in a warning)."""
     program, loss_name = export_for_training(module, tuple(example_inputs), loss, example_targets)
     if trainable_params is None:
         names = [n for n, p in module.named_parameters() if p.requires_grad]
         missing = [n for n in names if n not in program.graph.constants]
-        if missing:
-            raise EdgerunError(f"parameters {missing[:5]} were folded away at export and cannot train")
-        trainable_params = names
+        if missing:  # a parameter the outputs never read (a pooler beside the hidden states) has no gradient
+            warnings.warn(f"parameters {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the exported "
+                          "graph (unused by its outputs, or folded at export) and do not train", stacklevel=2)
+        trainable_params = [n for n in names if n in program.graph.constants]
     return trainable(program, loss_name, trainable_params, optimizer, clip_norm=clip_norm, backends=backends)

@@ -1,6 +1,8 @@
 """A small CNN for 8x8 grey-scale digits (scikit-learn's bundled digits): the on-device training example.
 
-conv 3x3 (8) - relu - max pool 2 - conv 3x3 (16) - relu - avg pool 2 - linear (64 -> 32) - relu - linear (10).
+conv 3x3 (c1) - relu - max pool 2 - conv 3x3 (c2) - relu - avg pool 2 - linear (4 c2 -> hidden) - relu -
+linear (10). The default widths (8, 16, 32) keep the gradient tests cheap; (32, 64, 128) is the width that
+reaches 98% on held-out digits (bench/training.py --digits).
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from torch import nn
 
 
 class DigitsCNN(nn.Module):
-    def __init__(self, classes: int = 10) -> None:
+    def __init__(self, c1: int = 8, c2: int = 16, hidden: int = 32, classes: int = 10) -> None:
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                      nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2))
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, classes))
+        self.features = nn.Sequential(nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * c2, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))

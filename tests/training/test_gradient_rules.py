@@ -16,8 +16,9 @@ from edgerun.ir.ops.raster import check_regions
 from edgerun.ir.region import Region
 from edgerun.ir.registry import NoGradientError, OpKind, all_ops, gradient_rule, no_gradient_reason
 from edgerun.ir.tensor_spec import TensorSpec
-from edgerun.passes.autodiff import append_gradients
-from tests.training.gradcheck import check_gradient
+from edgerun.oracle.interpreter import interpret
+from edgerun.passes.autodiff import append_gradients, gradient_graph
+from tests.training.gradcheck import check_gradient, loss_graph
 
 R = np.random.default_rng(0)
 X = R.standard_normal((3, 4))
@@ -65,6 +66,7 @@ CASES: list[tuple[str, Any, list[np.ndarray]]] = [
     ("softmax", _one("softmax", axis=1), [X]),
     ("log_softmax", _one("log_softmax", axis=0), [X]),
     ("relu", _one("relu"), [X]),
+    ("clamp", _one("clamp", min=-0.5, max=0.5), [X]),
     ("gelu (its decomposition)", _one("gelu"), [X]),
     ("layer_norm", _one("layer_norm", normalized_ndim=1, eps=1e-5), [X, R.standard_normal(4), R.standard_normal(4)]),
     *[(f"conv2d {attrs}", _one("conv2d", **attrs),
@@ -90,6 +92,16 @@ CASES: list[tuple[str, Any, list[np.ndarray]]] = [
 @pytest.mark.parametrize("emit,inputs", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_rule_matches_finite_differences(emit: Any, inputs: list[np.ndarray]) -> None:
     check_gradient(emit, inputs, directions=2)
+
+
+def test_relu_and_clamp_pass_no_gradient_at_a_bound_as_torch_does() -> None:
+    # A ReLU6 over a window of zeros sees exactly 0; maximum/minimum alone would split the gradient there.
+    x = np.array([[-1.0, 0.0, 3.0, 6.0, 7.0]])
+    for op, attrs, want in (("relu", {}, [0, 0, 1, 1, 1]), ("clamp", {"min": 0.0, "max": 6.0}, [0, 0, 1, 0, 0])):
+        g = loss_graph(lambda b, n, op=op, attrs=attrs: b.emit(op, n, **attrs), [x])
+        weights = next(a for a in g.constants.values() if a.shape == x.shape)
+        grad = interpret(gradient_graph(g, g.outputs[0], ["x0"]), [x])[1]
+        np.testing.assert_array_equal(grad, weights * np.array([want]))
 
 
 def test_cast_passes_the_gradient_back_in_the_input_type() -> None:

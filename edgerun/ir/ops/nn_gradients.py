@@ -1,6 +1,7 @@
 """Direct vector-Jacobian products of composites (ops/nn_ops.py) where they are cheaper or steadier than
-differentiating the decomposition: relu (one mask, and torch's zero gradient at 0), softmax and log-softmax
-(the output alone, no max or exponentials recomputed), layer norm (one pass over the normalised axes).
+differentiating the decomposition: relu and clamp (one mask, and torch's zero gradient at a bound), softmax
+and log-softmax (the output alone, no max or exponentials recomputed), layer norm (one pass over the
+normalised axes).
 Every other composite is differentiated through its decomposition."""
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ def _relu(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     if g is None or not needs[0]:
         return [None]
     return [b.binary("mul", g, as_float(b, b.binary("gt", x, b.scalar(0.0, x)), g))]
+
+
+@register_gradient("clamp")
+def _clamp(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
+    """The gradient passes strictly inside the bounds, as torch's hardtanh (ReLU6) does: a value exactly at a
+    bound (a ReLU6 over a window of zeros) gets none, where maximum/minimum would split it."""
+    g, x = grads[0], node.inputs[0]
+    if g is None or not needs[0]:
+        return [None]
+    inside = None
+    for key, op in (("min", "gt"), ("max", "lt")):
+        if node.attrs.get(key) is not None:
+            test = b.binary(op, x, b.scalar(float(node.attrs[key]), x))
+            inside = test if inside is None else b.binary("logical_and", inside, test)
+    return [g if inside is None else b.binary("mul", g, as_float(b, inside, g))]
 
 
 @register_gradient("softmax")
