@@ -48,9 +48,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, host=args.host, port=args.port,
                     workers=args.workers, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
     else:
-        # Open push streams never end by themselves; a stop waits this long for them, then closes them.
-        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                    timeout_graceful_shutdown=2)
+        app = create_app(cfg)
+        watch = app.state.release_watch
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # Ctrl-C or SIGTERM: end the open push streams first, so the graceful stop finds no response
+                # in flight and has nothing to cancel (no CancelledError tracebacks).
+                watch.close()
+                super().handle_exit(sig, frame)
+
+        # Push streams still open after this long are closed by uvicorn (a device that keeps its stream
+        # when told to go): the stop never hangs.
+        try:
+            Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                                  timeout_graceful_shutdown=2)).run()
+        finally:  # uvicorn re-raises the Ctrl-C once stopped: the command then exits 130, as a shell expects
+            print("edgerun fleet server stopped", flush=True)
     return 0
 
 
@@ -147,6 +161,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     package = pack_task(args.dir, args.output)
     print(f"packed {package.name} v{package.version}: {len(package.files)} file(s) → {args.output}")
+    if not package.config.get("schedule") and not package.config.get("triggers"):
+        # Such a task is installed but runs only when the agent's host application calls it, so a release
+        # of it gathers no reports by itself and waits at its first step: say so before it is published.
+        print(f"note: {package.name} has no schedule and no triggers: agents install it but run it only when "
+              f"their application calls it (Agent.run_task), so its release gets no reports until then")
     return 0
 
 

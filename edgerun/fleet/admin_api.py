@@ -111,6 +111,29 @@ def build_admin_router(engine: sa.Engine, service: FleetService, store: BlobStor
     return admin
 
 
+def _last_runs(conn: sa.Connection, device_ids: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per device and task, the version of its latest reported run and when the report came.
+
+    The device table's `tasks` is what the device had installed at its last check-in; an agent on the push
+    stream checks in when nudged (or every 300 s), installs after that, and reports each run, so its reports
+    are the fresher word on what it runs (a rollback's version shows once it has run) and on when it was last
+    heard from."""
+    if not device_ids:
+        return {}
+    latest = (sa.select(reports.c.device_id, reports.c.task, sa.func.max(reports.c.received_at).label("at"))
+              .where(reports.c.device_id.in_(device_ids)).group_by(reports.c.device_id, reports.c.task).subquery())
+    rows = conn.execute(sa.select(reports.c.device_id, reports.c.task, reports.c.version, latest.c.at)
+                        .join(latest, sa.and_(reports.c.device_id == latest.c.device_id,
+                                              reports.c.task == latest.c.task,
+                                              reports.c.received_at == latest.c.at))).all()
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        best = out.setdefault(r.device_id, {}).get(r.task)
+        if best is None or r.version > best["version"]:  # two reports in one flush share received_at
+            out[r.device_id][r.task] = {"version": r.version, "at": r.at}
+    return out
+
+
 def overview_data(engine: sa.Engine) -> dict[str, Any]:
     with engine.connect() as conn:
         rel_rows = conn.execute(sa.select(releases).order_by(releases.c.id.desc()).limit(100)).all()
@@ -123,6 +146,7 @@ def overview_data(engine: sa.Engine) -> dict[str, Any]:
         dev_rows = conn.execute(sa.select(devices.c.id, devices.c.profile, devices.c.last_seen)
                                 .order_by(devices.c.last_seen.desc()).limit(200)).all()
         count = conn.execute(sa.select(sa.func.count()).select_from(devices)).scalar() or 0
+        running = _last_runs(conn, [d.id for d in dev_rows])
     return {
         "now": time.time(),
         "releases": [rel.describe_row(r) for r in rel_rows],
@@ -131,6 +155,9 @@ def overview_data(engine: sa.Engine) -> dict[str, Any]:
                       "mean_latency_ms": float(v.lat or 0.0)} for v in versions],
         "devices": [{"id": d.id, "app_version": d.profile.get("app_version", ""), "os": d.profile.get("os", ""),
                      "groups": list(d.profile.get("device_groups", [])) + list(d.profile.get("user_groups", [])),
-                     "tasks": d.profile.get("tasks", {}), "last_seen": d.last_seen} for d in dev_rows],
+                     "tasks": d.profile.get("tasks", {}),
+                     "running": {task: run["version"] for task, run in running.get(d.id, {}).items()},
+                     "last_seen": max([d.last_seen, *(run["at"] for run in running.get(d.id, {}).values())])}
+                    for d in dev_rows],
         "device_count": count,
     }

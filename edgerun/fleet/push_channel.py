@@ -38,7 +38,9 @@ class ReleaseWatch:
         self.generation = 0
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._signature: tuple[Any, ...] | None = None
+        self.closed = False
 
     def _current_signature(self) -> tuple[Any, ...]:
         releases = self.service._cached_releases()
@@ -64,11 +66,27 @@ class ReleaseWatch:
             self._changed.set()
             self._changed = asyncio.Event()
 
+    def close(self) -> None:
+        """End every open stream now (the server is stopping). An open stream never ends by itself, so
+        without this the server's graceful stop runs out and cancels them mid-response, which uvicorn logs
+        as a CancelledError traceback per stream. Safe to call from a signal handler's thread."""
+        self.closed = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._changed is not None:
+            self._changed.set()
+
     async def wait(self, generation: int, timeout_s: float) -> int:
         """The generation once it moved past `generation`, or the same one after `timeout_s`."""
         if self._task is None:  # started on the event loop that serves the streams
             self._changed = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._watch())
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._watch())
         if self.generation != generation:
             return self.generation
         assert self._changed is not None
@@ -83,8 +101,10 @@ async def device_events(watch: ReleaseWatch, owner: DeviceIdentity,
     """The event stream of one device: `hello` at once, then `changed` whenever a change concerns it."""
     generation = watch.generation
     yield sse("hello", {"generation": generation})
-    while True:
+    while not watch.closed:
         seen = await watch.wait(generation, HEARTBEAT_S)
+        if watch.closed:
+            return  # the server is stopping: end the response cleanly (the device reconnects later)
         if seen == generation:
             yield b": ping\n\n"
             continue
