@@ -51,7 +51,6 @@ def compare(name: str, rounds: int, runs: int) -> dict[str, Any]:
     from edgerun.errors import BackendUnavailableError
     from edgerun.frontends.torch import export
     from edgerun.search import load
-    from edgerun.search.tune import busy_after_call_s
 
     spec = zoo.get(name)
     args = spec.example_inputs()
@@ -68,7 +67,7 @@ def compare(name: str, rounds: int, runs: int) -> dict[str, Any]:
         loaded[backend] = load(program, backends=[backend])
     samples: dict[str, list[float]] = {k: [] for k in loaded}
     labels = list(loaded)
-    busy = {label: busy_after_call_s(model) for label, model in loaded.items()}
+    busy = {label: model.busy_after_call_s for label, model in loaded.items()}
     previous = labels[-1]
     for round_ in range(rounds):
         # Rotated, each block led in for as long as the previous one's threads spin: in a fixed order,

@@ -113,6 +113,14 @@ class LoadedProgram(MethodAccess):
     def arena_bytes(self) -> int:
         return self.plan.arena_bytes
 
+    @property
+    def busy_after_call_s(self) -> float:
+        """How long the threads of the backends this program runs on stay busy after a call (each backend's
+        declaration): what a measurement of another program waits out first."""
+        backends = self.parts.backends
+        return max((backends[p.backend].busy_after_call_s for p in self.partitions if p.backend in backends),
+                   default=0.0)
+
     def __repr__(self) -> str:
         backends = sorted({p.backend for p in self.partitions})
         return (f"<LoadedProgram {len(self.graph.inputs)} inputs, {len(self.graph.outputs)} outputs, "

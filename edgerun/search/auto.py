@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from edgerun.backends.base import Backend
 from edgerun.backends.registry import get_backend
@@ -104,13 +104,14 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
         key = f"{program_key(graph, program)}.{'+'.join(sorted(backends))}"
         budget_s = math.inf if tune else measure_budget_s
         tuned_from = time.perf_counter()
-        placement, tuning, loaded = tune_placement(graph, table, best, key, budget_s=budget_s, loader=loader,
-                                                   build_estimate=functools.partial(build_seconds, graph, profiles))
-        if loaded is not None and tuning.get("source") == "measured":
-            settings, loaded = tune_settings(placement, loaded, synthetic_inputs(graph), loader, backends, key,
-                                             deadline=tuned_from + budget_s)
+        placement, tuning, trial = tune_placement(graph, table, best, key, budget_s=budget_s, loader=loader,
+                                                  build_estimate=functools.partial(build_seconds, graph, profiles))
+        if trial is not None and tuning.get("source") == "measured":
+            settings, trial = tune_settings(placement, trial, synthetic_inputs(graph), loader, backends, key,
+                                            deadline=tuned_from + budget_s)
         else:
             settings = cached_settings(key) or {}
+        loaded = cast(LoadedProgram | None, trial)  # what `loader` loaded
         if state is not None and saved:
             state.assign(saved.pop())  # freed before the winner is compiled: its sessions reuse the memory
     algorithms = choose_algorithms(graph, placement, backends, profiles)

@@ -7,8 +7,8 @@ real programs spinning won by 8-17% (MobileNetV2 5.40 -> 5.00 ms, ShuffleNetV2
 3.75 -> 3.29, the MLP 35 -> 29 us, SmolLM2's decode 102 -> 110 tokens/s; load 0.1-1.5). So the
 first auto load of a program, when its measuring budget is not spent, also loads the winner once per open
 setting with that setting changed, times both in interleaved rounds (timing.py), and keeps the change only
-if it wins by SETTING_GAIN (spinning costs every other process a core). The choice is cached beside the
-tuned placement, per (device, program), and applied around the load of the cached winner.
+if it wins by SETTING_GAIN (spinning costs every other process a core). The choice is cached in the
+program's tuned entry (tune.py's one cache), and applied around the load of the cached winner.
 
 Settings live on the shared backend instances (compile reads them), so they are applied for the duration of
 one load and restored after; the sessions a load built keep what they were built with.
@@ -19,32 +19,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from edgerun.backends.base import Backend
-from edgerun.runtime import LoadedProgram
 from edgerun.search.calibrate import SETTING_GAIN
-from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
-from edgerun.search.timing import steady_seconds
-from edgerun.search.tune import busy_after_call_s, warm_up_seconds
+from edgerun.search.timing import Clock, steady_seconds, warm_up_seconds
+from edgerun.search.tune import CandidateLoader, Trial, read_tuned, update_tuned
 
 Settings = dict[str, dict[str, Any]]  # backend name -> {setting: value}
 
 
-def settings_path(program_key: str) -> Path:
-    return cache_dir() / "tuned" / device_fingerprint() / f"{program_key}.settings.json"
-
-
 def cached_settings(program_key: str) -> Settings | None:
     """The settings tuned for this program on this device, if any were."""
-    data = read_json(settings_path(program_key))
-    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
+    data = read_tuned(program_key).get("settings")
+    if not isinstance(data, dict):
         return None
-    return {str(b): dict(v) for b, v in data["settings"].items() if isinstance(v, dict)}
+    return {str(b): dict(v) for b, v in data.items() if isinstance(v, dict)}
 
 
 @contextlib.contextmanager
@@ -68,9 +61,9 @@ def applied_settings(backends: Mapping[str, Backend], settings: Settings) -> Ite
             backend.apply_settings(before)
 
 
-def tune_settings(placement: Mapping[str, str], loaded: LoadedProgram, inputs: list[np.ndarray],
-                  loader: Callable[[Mapping[str, str]], LoadedProgram], backends: Mapping[str, Backend],
-                  program_key: str, deadline: float) -> tuple[Settings, LoadedProgram]:
+def tune_settings(placement: Mapping[str, str], loaded: Trial, inputs: list[np.ndarray],
+                  loader: CandidateLoader, backends: Mapping[str, Backend],
+                  program_key: str, deadline: float, *, clock: Clock = time.perf_counter) -> tuple[Settings, Trial]:
     """The settings that beat the current ones on this program, and the winner loaded with them.
 
     Each open setting of each backend the placement uses is tried alone, in turn, while time is left before
@@ -84,7 +77,7 @@ def tune_settings(placement: Mapping[str, str], loaded: LoadedProgram, inputs: l
         for setting, values in backend.tunable_settings().items():
             if len(values) < 2:
                 continue
-            if time.perf_counter() >= deadline:
+            if clock() >= deadline:
                 finished = False
                 break
             trial = {b: dict(v) for b, v in settings.items()}  # what won so far, and this change
@@ -92,12 +85,13 @@ def tune_settings(placement: Mapping[str, str], loaded: LoadedProgram, inputs: l
             with applied_settings(backends, trial):
                 other = loader(placement)
             runs = {"current": functools.partial(loaded.run, inputs), "changed": functools.partial(other.run, inputs)}
-            busy = {"current": busy_after_call_s(loaded), "changed": busy_after_call_s(other)}
-            times = steady_seconds(runs, busy, {k: warm_up_seconds(r) for k, r in runs.items()}, deadline)
+            busy = {"current": loaded.busy_after_call_s, "changed": other.busy_after_call_s}
+            times = steady_seconds(runs, busy, {k: warm_up_seconds(r, clock=clock) for k, r in runs.items()},
+                                   deadline, clock=clock)
             if times["current"] >= SETTING_GAIN * times["changed"]:
                 settings.setdefault(name, {})[setting] = values[1]
                 loaded = other
             del other, runs
     if finished:
-        write_json(settings_path(program_key), {"settings": settings})
+        update_tuned(program_key, settings=settings)
     return settings, loaded

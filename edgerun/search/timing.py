@@ -1,18 +1,21 @@
-"""Timing candidate placements at first load so that the figures are what a user gets in steady state.
+"""Timing candidates at first load: the one place the search reads a clock.
 
-Several loaded candidates timed one after the other in one process mislead in two ways (both seen on
-SqueezeNet, idle 2-core machine: a mix with the last conv on the reference measured 8.0 ms against 16.0 ms
-for all on ONNX Runtime at first load, and ran 11-16 ms against 4.6 ms afterwards):
+Every function here takes the clock (`Clock`, seconds as a float; `time.perf_counter` by default), so the
+search's decisions are tested exactly on a fake clock that the fake candidates advance.
 
-- a candidate's threads keep cores busy after its call returns: numpy's OpenBLAS threads spin for about
-  0.1 s after a GEMM (ORT's SqueezeNet ran 6.0 ms instead of 4.6 for 110 ms after five 512x512 GEMMs), so
-  the candidate timed next pays for the one timed before;
-- a fresh session's first calls are slow (arena growth, cold caches, a pool whose threads went to sleep).
+Two figures are taken of a loaded candidate:
 
-So the candidates are timed in interleaved rounds, in a rotated order. Each block opens with untimed calls
-for as long as the previous candidate's backends keep their threads busy (`Backend.busy_after_call_s`),
-at least one call; then BLOCK_CALLS timed calls, whose median is the block's figure. A candidate's time is
-the smallest of its block medians: on a shared machine noise only adds, and warm-up only fades.
+- its *warm-up*: the fastest of a few first calls (`warm_up_seconds`). A fresh session's first call can be
+  many times its steady time (arena growth, cold caches, a pool whose threads went to sleep), so one call is
+  not enough; a call already past the time that rules the candidate out is abandoned at the next instruction
+  boundary, so a misjudged candidate cannot eat the load.
+- its *steady* time (`steady_seconds`), for the contenders left after the warm-ups. Timed one after the
+  other, candidates mislead: a backend's threads keep cores busy after its call returns (numpy's BLAS pool
+  spins for about 0.1 s), so the next candidate pays for the one before. So the contenders are timed in
+  interleaved rounds, in a rotated order; each block opens with untimed calls for as long as the previous
+  candidate declares its threads busy (`Backend.busy_after_call_s`), then BLOCK_CALLS timed calls, whose
+  median is the block's figure. A candidate's time is the smallest of its block medians: on a shared
+  machine noise only adds, and warm-up only fades.
 """
 
 from __future__ import annotations
@@ -21,15 +24,57 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
+
+Clock = Callable[[], float]  # seconds, monotonic
+
+# Warm-up: the fastest of up to WARM_UP_CALLS calls made within WARM_UP_S (a model whose first call takes
+# longer is called once).
+WARM_UP_CALLS = 5
+WARM_UP_S = 0.05
 
 BLOCK_CALLS = 3  # timed calls per block; their median is the block's figure
-MIN_ROUNDS = 3  # rounds every contender gets, the budget permitting (at least 2 in any case)
-MAX_ROUNDS = 8  # while the budget lasts, unless one candidate leads by DECISIVE
+MIN_ROUNDS = 3  # rounds every contender gets, the deadline permitting (at least 2 in any case)
+MAX_ROUNDS = 8  # while time is left, unless one candidate leads by DECISIVE
 DECISIVE = 1.3  # after the minimum rounds, a lead this large ends the timing (more rounds would not change it)
+
+# A warm-up call is handed a sink called at each instruction boundary (runtime.instructions.EventSink).
+Sink = Callable[[Any], None]
+
+
+class _Overrun(Exception):
+    """Raised from the sink: the warm-up call ran past the time that already rules it out."""
+
+
+def warm_up_seconds(run: Callable[[Sink | None], object], limit_s: float = math.inf, *,
+                    calls: int = WARM_UP_CALLS, within_s: float = WARM_UP_S,
+                    clock: Clock = time.perf_counter) -> float:
+    """The fastest of up to `calls` timed calls of `run(sink)`, the first always made, the others while
+    `within_s` lasts; math.inf when a call ran past `limit_s`, abandoned at the next instruction boundary."""
+    sink: Sink | None = None
+    t0 = 0.0
+    if math.isfinite(limit_s):
+        def sink(event: object) -> None:
+            if clock() - t0 > limit_s:
+                raise _Overrun
+    start = clock()
+    best = math.inf
+    for _ in range(max(calls, 1)):
+        t0 = clock()
+        try:
+            run(sink)
+        except _Overrun:
+            return math.inf
+        t1 = clock()
+        best = min(best, t1 - t0)
+        if t1 - start >= within_s:
+            break
+    return best
 
 
 def steady_seconds(calls: Mapping[str, Callable[[], object]], busy_after_s: Mapping[str, float],
-                   call_s: Mapping[str, float], deadline: float = math.inf) -> dict[str, float]:
+                   call_s: Mapping[str, float], deadline: float = math.inf, *,
+                   clock: Clock = time.perf_counter) -> dict[str, float]:
     """Per label, seconds of one call in steady state: the smallest of its per-round block medians.
 
     `calls`: label -> a call of that candidate; `busy_after_s`: label -> how long its threads stay busy after
@@ -43,25 +88,23 @@ def steady_seconds(calls: Mapping[str, Callable[[], object]], busy_after_s: Mapp
     if not labels:
         return best
     round_s = sum(busy_after_s.get(lb, 0.0) + (1 + BLOCK_CALLS) * call_s.get(lb, 0.0) for lb in labels)
-    left = deadline - time.perf_counter()
-    block = BLOCK_CALLS if round_s * MIN_ROUNDS <= left else 1
+    block = BLOCK_CALLS if round_s * MIN_ROUNDS <= deadline - clock() else 1
     min_rounds = MIN_ROUNDS if block == BLOCK_CALLS else 2
     previous = labels[-1]  # whatever ran last before the rounds: the warm-ups ran in order
     rounds = 0
-    while rounds < min_rounds or (rounds < MAX_ROUNDS and time.perf_counter() + round_s < deadline
-                                  and not _decided(best)):
+    while rounds < min_rounds or (rounds < MAX_ROUNDS and clock() + round_s < deadline and not _decided(best)):
         shift = rounds % len(labels)
         for label in labels[shift:] + labels[:shift]:
             call = calls[label]
-            settle_until = time.perf_counter() + (busy_after_s.get(previous, 0.0) if previous != label else 0.0)
+            settle_until = clock() + (busy_after_s.get(previous, 0.0) if previous != label else 0.0)
             call()
-            while time.perf_counter() < settle_until:
+            while clock() < settle_until:
                 call()
             times = []
             for _ in range(block):
-                start = time.perf_counter()
+                start = clock()
                 call()
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
             best[label] = min(best[label], statistics.median(times))
             previous = label
         rounds += 1

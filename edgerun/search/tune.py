@@ -1,25 +1,28 @@
 """Tuning: measure the best few candidate placements on this device and remember the winner.
 
 Every `backends="auto"` load does this, bounded (FIRST_LOAD_BUDGET_S), when no winner is cached yet: the
-cost model alone was seen 4.6x off on a busy machine (it put most of an MLP on the reference), and a
-measured choice among the model's best few candidates, which include every backend alone, cannot be worse
-than the best single-engine placement it measured. Once the budget is spent, a single engine the model
-ranks slower than its optimum is left out (one warm-up call of the reference alone on an OCR detector took
-7 s), and so is any candidate modelled MODELLED_CUTOFF times slower; when the optimum itself runs on one
-engine, other single engines are measured only within SINGLE_SLACK of it, or within CHEAP_SINGLE_SLACK
-while the budget lasts. The single engine cheapest to
-build among those modelled within CHEAP_SINGLE_SLACK of the optimum is measured whatever those rules say,
-first, and the rest are built cheapest first, so a mis-modelled dear engine (MNN's conversion: 1-4 s) can
-neither hide nor starve it. Under a mixed optimum that single engine is the net, built whatever the
-budget says; when it measures more than CHEAP_SINGLE_SLACK times its modelled time, the next such engine
-becomes the net. An optimum on one engine is its own net, handed over the same way. `tune=True`
-measures without the bound.
+cost model alone can be several times off (on a busy machine above all), and a measured choice among the
+model's best few candidates, which include every backend alone, cannot be worse than the best
+single-engine placement it measured. `tune=True` measures without the bound.
 
-Candidates are the cost model's optimum, the same search with a costlier partition (fewer, larger
-partitions), and each backend on its own (with reference taking what it cannot run), ordered by modelled
-latency (and built in measuring_order's). Each is loaded and timed on synthetic inputs (zeros for integers, which are always valid indices;
-normal noise for floats). The winner is cached under (device fingerprint, program hash), so the next load
-of the same program on the same machine skips the measurement.
+The search is data:
+- the candidates (`candidate_placements`): the model's optimum, each backend alone (with the reference
+  taking what it cannot run), the optimum with costlier partitions; ordered by modelled latency;
+- the margins (`Margins`): every factor the decisions use, each named for what it means;
+- the rules (`LEAVE_OUT`): an ordered table of (reason, test); pass 1 leaves a candidate out under the
+  first rule that holds, and writes the reason in the report. The optimum is never left out, nor the
+  cheap single engine measured first; the net (below) only by a rule that does not spare it;
+- one timing module (timing.py), and one clock and one loader, both injected, so the tests run the whole
+  search on a fake clock with fake candidates and check its decisions exactly;
+- one cache entry per (device, program and candidates): the winner's placement, the report, and the
+  backend settings tuned for it (settings_tune.py).
+
+The *net* is the single engine measured whatever the budget says, so a mixed optimum the model misjudged
+cannot win by default: the cheapest to build of the single engines modelled within `cheap_single_slack`
+of the optimum, or without build estimates the best-modelled one within `single_slack`. A net that
+measures more than `cheap_single_slack` times its modelled time was itself misjudged, and hands over to the
+next such engine. Candidates are built in `measuring_order` (the net, the optimum, then cheapest build
+first) so that a dear build cannot spend the budget a cheap one needed.
 """
 
 from __future__ import annotations
@@ -28,152 +31,243 @@ import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from edgerun.ir.graph import Graph
-from edgerun.runtime import LoadedProgram
-from edgerun.runtime.instructions import EventSink, InstructionEvent
 from edgerun.runtime.loader import load_prepared
 from edgerun.search.cost_model import CostTable
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
 from edgerun.search.placement_search import SearchResult, search_placement
-from edgerun.search.timing import steady_seconds
+from edgerun.search.timing import Clock, Sink, steady_seconds, warm_up_seconds
 
 DEFAULT_CANDIDATES = 3
 # The measuring a plain auto load may spend, once per (device, program): loading and timing candidates.
 FIRST_LOAD_BUDGET_S = 2.0
+# The cost of a partition in the "fewer partitions" candidate, as a multiple of the calibrated one.
+FEWER_PARTITIONS_SCALE = 8.0
+
+
+@dataclass(frozen=True)
+class Margins:
+    """The factors the search decides by; each is a ratio of times unless its name ends in _s."""
+
+    # A candidate whose warm-up is this many times the best warm-up so far is out (a fresh session's first
+    # call, or one right after another candidate's, can be this far above its steady time).
+    contender_factor: float = 3.0
+    # A placement over more backends must measure this much faster per extra backend to win: a few calls
+    # cannot resolve less, and mixing costs what a short measurement may miss (threads left spinning).
+    mixed_margin: float = 1.05
+    # A candidate modelled this many times slower than the optimum is never loaded: beyond the model's error.
+    modelled_cutoff: float = 10.0
+    # Under an optimum on one engine, another single engine is measured only within this factor of it...
+    single_slack: float = 1.25
+    # ...or within this one while the budget lasts. It also bounds the net: a single engine modelled
+    # within it is the net's candidate, and a net measuring more than this times its model hands over.
+    cheap_single_slack: float = 2.0
+    # An estimated build counts this many times against the budget (calibration's build figures come from
+    # small graphs and run low on large ones).
+    build_margin: float = 2.0
+    # A warm-up call is abandoned mid-call only once past the contender cut *and* this long: a fresh
+    # session's first call is granted this much, whatever the fastest warm-up so far.
+    abandon_floor_s: float = 0.05
+
+
+MARGINS = Margins()
+
+
+class Candidate(NamedTuple):
+    label: str  # "search", "all <backend>", "search, fewer partitions"
+    placement: dict[str, str]  # node name -> backend
+    modelled_s: float
+
+
+class Trial(Protocol):
+    """A loaded candidate, as the search sees it (a LoadedProgram; a fake in the tests)."""
+
+    @property
+    def busy_after_call_s(self) -> float: ...
+
+    def run(self, inputs: list[np.ndarray], sink: Sink | None = None) -> object: ...
+
+
+CandidateLoader = Callable[[Mapping[str, str]], Trial]
 
 
 def tuned_path(program_hash: str, fingerprint: str | None = None) -> Path:
+    """The one cache entry of a program on this device: its winner, the report, the tuned settings."""
     return cache_dir() / "tuned" / (fingerprint or device_fingerprint()) / f"{program_hash}.json"
+
+
+def read_tuned(program_hash: str) -> dict[str, Any]:
+    data = read_json(tuned_path(program_hash))
+    return data if isinstance(data, dict) else {}
+
+
+def update_tuned(program_hash: str, **entries: Any) -> None:
+    write_json(tuned_path(program_hash), {**read_tuned(program_hash), **entries})
 
 
 def cached_placement(graph: Graph, program_hash: str) -> dict[str, str] | None:
     """The tuned winner for this program on this machine, if one is cached and still fits the graph."""
-    data = read_json(tuned_path(program_hash))
-    if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
+    data = read_tuned(program_hash).get("placement")
+    if not isinstance(data, dict):
         return None
-    placement = {str(k): str(v) for k, v in data["placement"].items()}
+    placement = {str(k): str(v) for k, v in data.items()}
     return placement if set(placement) == {n.name for n in graph.nodes} else None
 
 
 def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
-                         count: int = DEFAULT_CANDIDATES) -> list[tuple[str, dict[str, str], float]]:
-    """(label, placement, modelled seconds) of the distinct candidates, in the order they are measured:
-    the model's optimum, then every backend alone (cheapest modelled first: the search must never lose to
-    one of them), then the optimum with costlier partitions; at least `count`, and every single backend."""
+                         count: int = DEFAULT_CANDIDATES) -> list[Candidate]:
+    """The distinct candidates in model order: the model's optimum, then every backend alone (cheapest
+    modelled first: the search must never lose to one of them), then the optimum with costlier partitions;
+    at least `count`, and every single backend."""
     names = [n.name for n in graph.nodes]
     singles: list[tuple[str, list[str], float]] = []
     for b, backend in enumerate(table.backends):
         per_node = [backend if np.isfinite(table.seconds[k, b]) else "reference" for k in range(len(names))]
         cost = float(sum(table.seconds[k, table.backends.index(x)] for k, x in enumerate(per_node)))
         singles.append((f"all {backend}", per_node, cost))
-    fewer = search_placement(table, partition_scale=8.0)
+    fewer = search_placement(table, partition_scale=FEWER_PARTITIONS_SCALE)
     found = [("search", best.backend_of, best.seconds), *sorted(singles, key=lambda c: c[2]),
              ("search, fewer partitions", fewer.backend_of, fewer.seconds)]
     unique: dict[tuple[str, ...], tuple[str, list[str], float]] = {}
     for label, per_node, cost in found:
         unique.setdefault(tuple(per_node), (label, per_node, cost))
     chosen = list(unique.values())[:max(count, 1 + len(singles))]
-    return [(label, dict(zip(names, per_node)), cost) for label, per_node, cost in chosen]
+    return [Candidate(label, dict(zip(names, per_node)), cost) for label, per_node, cost in chosen]
 
 
-CandidateLoader = Callable[[Mapping[str, str]], LoadedProgram]
+def is_single(candidate: Candidate, k: int) -> bool:
+    """A single-engine candidate: one labelled so, or the optimum when it runs on one backend."""
+    return candidate.label.startswith("all ") or (k == 0 and len(set(candidate.placement.values())) == 1)
 
 
-# A candidate whose warm-up call is this much slower than the best warm-up is out. Not less: a fresh
-# session's first call, or one right after another candidate's, was seen 3x its steady time.
-CONTENDER_FACTOR = 3.0
-# A placement over several backends must measure this much faster than one over fewer to win: a few calls
-# on a busy machine cannot resolve less, and mixing costs what a short measurement may miss (threads of the
-# backend left behind spinning while the next one works).
-MIXED_MARGIN = 1.05
-# A candidate modelled this many times slower than the optimum is not even loaded (the model's estimates were
-# seen 0.23x to 4.1x off; running the reference alone on an OCR detector once costs seconds of load time).
-MODELLED_CUTOFF = 10.0
-# When the optimum already runs on one engine, another single engine is measured only if the model ranks it
-# within this factor of the optimum: the model put the reference 1.3-3x behind ORT on real OCR, audio and
-# detection models where it measured 8-13x behind, after 2-5 s of first load spent running it once.
-SINGLE_SLACK = 1.25
-# Of the single engines modelled within CHEAP_SINGLE_SLACK of the optimum, the cheapest to build (by
-# calibration's estimate) is always measured, first, when its estimate fits the budget: with MNN's memory
-# rate corrected the model put ResNet-18 at 26-28 ms on MNN and 41-55 on ORT (load 7-12), where at idle the
-# two ran within 5% and ORT sometimes ahead, so ORT fell outside SINGLE_SLACK, or MNN's conversions (1-4 s)
-# spent the budget before ORT's session (0.3-0.4 s; estimated 0.6 s at load 7) was reached.
-CHEAP_SINGLE_SLACK = 2.0
+@dataclass
+class FirstPass:
+    """What pass 1's rules look at: the candidates, their build estimates, the clock and the budget."""
+
+    candidates: list[Candidate]
+    builds: list[float]  # estimated build seconds per candidate (0 without estimates)
+    margins: Margins
+    clock: Clock
+    deadline: float
+    budget_s: float
+    estimates_builds: bool
+    net: int = 0  # the candidate built whatever the budget says
+    always: int | None = None  # the cheap single engine, measured first whatever the rules say
+    tried_nets: set[int] = field(default_factory=set)
+
+    @property
+    def optimum_s(self) -> float:
+        return self.candidates[0].modelled_s
+
+    @property
+    def optimum_is_single(self) -> bool:
+        return len(set(self.candidates[0].placement.values())) == 1
+
+    @property
+    def singles(self) -> int:
+        return sum(1 for c in self.candidates if c.label.startswith("all "))
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.budget_s) and self.estimates_builds
+
+    def spent(self) -> bool:
+        return self.clock() >= self.deadline
+
+    def over(self, k: int, factor: float) -> bool:
+        """Candidate k is modelled more than `factor` times the optimum."""
+        return self.candidates[k].modelled_s > factor * self.optimum_s
+
+    def close_singles(self, factor: float, exclude: frozenset[int] = frozenset()) -> list[int]:
+        """The single-engine candidates modelled within `factor` of the optimum, less `exclude`."""
+        return [k for k, c in enumerate(self.candidates)
+                if k not in exclude and is_single(c, k) and not self.over(k, factor)]
 
 
-# A candidate's warm-up is its fastest of up to WARM_UP_CALLS calls made within WARM_UP_S: a fresh ORT
-# session's first call on DIN took 8.4 ms against 0.06 ms in steady state (load 5), which put it beyond
-# CONTENDER_FACTOR of the reference's 0.37 ms and left DIN on the reference at 2.4x ORT's time. A model
-# whose first call takes longer than WARM_UP_S is called once, as before.
-WARM_UP_CALLS = 5
-WARM_UP_S = 0.05
-# A warm-up call is abandoned mid-call only once it is past CONTENDER_FACTOR x the best warm-up *and* this
-# long: a fresh ORT session's first call on DIN (8 ms against 0.06 ms steady) was abandoned against the
-# reference's 0.14 ms, so ORT was never measured and DIN ran on the reference at 2.8x ORT's time
-# (bench/peers.py, idle). Past 50 ms a first call still loses what it would cost: SqueezeNet's reference
-# alone took 2.1 s for its one call.
-ABANDON_FLOOR_S = WARM_UP_S
+@dataclass(frozen=True)
+class Rule:
+    reason: str  # written in the report for the candidate it leaves out
+    holds: Callable[[FirstPass, int], bool]
+    spares_net: bool = False  # the net is built even when this rule holds
 
 
-class _Overrun(Exception):
-    """Raised from the profiling sink: the warm-up call ran past the time that already rules it out."""
+# Pass 1 leaves candidate k out under the first of these that holds (never the optimum, k = 0, nor the net).
+LEAVE_OUT: tuple[Rule, ...] = (
+    # A variant of the optimum past the budget: left out on purpose, so the winner is still cached.
+    Rule("budget spent before it was loaded", lambda p, k: k > p.singles and p.spent()),
+    Rule("modelled beyond the cutoff", lambda p, k: p.over(k, p.margins.modelled_cutoff)),
+    # Single engines are measured against the model misjudging a mix; an optimum on one engine already is
+    # that net, so another is measured only when modelled close to it.
+    Rule("the optimum is one engine; modelled slower than it",
+         lambda p, k: p.optimum_is_single and p.over(k, p.margins.single_slack)
+         and (p.over(k, p.margins.cheap_single_slack) or p.spent())),
+    Rule("its build would overrun the budget",
+         lambda p, k: p.estimates_builds and p.clock() + p.margins.build_margin * p.builds[k] > p.deadline,
+         spares_net=True),
+    Rule("budget spent, modelled slower than the optimum",
+         lambda p, k: p.candidates[k].modelled_s >= p.optimum_s and p.spent()),
+)
 
 
-def warm_up_seconds(run: Callable[[EventSink | None], object], limit_s: float = math.inf,
-                    calls: int = WARM_UP_CALLS, within_s: float = WARM_UP_S) -> float:
-    """The fastest of up to `calls` timed calls of `run(sink)`, the first always made, the others while
-    `within_s` lasts; math.inf when a call ran past `limit_s`, abandoned at the next instruction boundary.
-
-    The limit is what keeps a misjudged candidate from eating the load: the model ranked the reference alone
-    1.4x behind SqueezeNet's optimum, and its one warm-up call took 2.1 s at load 8 (all-ORT: 60 ms), where
-    3x the best warm-up so far (CONTENDER_FACTOR) already culls it.
-    """
-    sink: EventSink | None = None
-    t0 = 0.0
-    if math.isfinite(limit_s):
-        def sink(event: InstructionEvent) -> None:
-            if time.perf_counter() - t0 > limit_s:
-                raise _Overrun
-    start = time.perf_counter()
-    best = math.inf
-    for _ in range(max(calls, 1)):
-        t0 = time.perf_counter()
-        try:
-            run(sink)
-        except _Overrun:
-            return math.inf
-        t1 = time.perf_counter()
-        best = min(best, t1 - t0)
-        if t1 - start >= within_s:
-            break
-    return best
+def leave_out_reason(p: FirstPass, k: int) -> str | None:
+    """Why candidate k is not loaded, or None. The optimum, the cheap single engine and a net handed over
+    to are always loaded; the net otherwise only escapes the rules that spare it."""
+    if k == 0 or k == p.always or (p.tried_nets and k == p.net):
+        return None
+    return next((rule.reason for rule in LEAVE_OUT if rule.holds(p, k) and not (rule.spares_net and k == p.net)),
+                None)
 
 
-# Calibration's build figures come from small graphs and run low on big ones: ResNet-50 on MNN was estimated
-# at 1.6 s and converted in 4.0 s (load 4.5; ORT's session built in 0.2 s against 0.5), which took its first auto load
-# to 3.1-3.6 s for a candidate that lost. A build counts this many times its estimate against the budget.
-BUILD_MARGIN = 2.0
+def measuring_order(builds: Sequence[float], first: int | None) -> list[int]:
+    """Indices into the candidates (model order) in the order pass 1 builds them: the cheap single engine
+    that is always measured (`first`), the optimum (its warm-up sets the cut the others are abandoned at),
+    then the rest cheapest build first, so a dear build cannot spend the budget a cheaper one needed."""
+    head = [k for k in (first, 0) if k is not None]
+    return list(dict.fromkeys(head)) + sorted((k for k in range(len(builds)) if k not in head),
+                                              key=lambda k: builds[k])
 
 
-def load_candidate(graph: Graph, placement: Mapping[str, str], loader: CandidateLoader | None) -> LoadedProgram:
-    # The graph is the one the search placed (prepared for its candidates): hand it to the runtime as it is.
-    return loader(placement) if loader is not None else \
-        load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
+def cheap_single(p: FirstPass) -> int | None:
+    """The single engine always measured first: of those modelled within cheap_single_slack of the optimum,
+    the cheapest to build, if its estimated build fits the budget and it is not the optimum itself."""
+    close = p.close_singles(p.margins.cheap_single_slack)
+    if not close:
+        return None
+    k = min(close, key=lambda k: p.builds[k])
+    return k if k and p.builds[k] <= p.budget_s else None
 
 
-def busy_after_call_s(loaded: LoadedProgram) -> float:
-    """How long the threads of the backends `loaded` runs on stay busy after a call (Backend's declaration)."""
-    backends = loaded.parts.backends
-    return max((backends[p.backend].busy_after_call_s for p in loaded.partitions if p.backend in backends),
-               default=0.0)
+def next_net(p: FirstPass) -> int | None:
+    """Once the net measured far slower than its model: the cheapest build among the single engines
+    modelled within cheap_single_slack of the optimum and not yet tried."""
+    close = [k for k in p.close_singles(p.margins.cheap_single_slack, frozenset({0, *p.tried_nets}))
+             if p.candidates[k].label.startswith("all ")]
+    return min(close, key=lambda k: p.builds[k], default=None)
+
+
+def safety_net(candidates: Sequence[Candidate], builds: Sequence[float] | None, margins: Margins = MARGINS) -> int:
+    """Under a mixed optimum without a cheap single engine: of the single engines modelled within
+    single_slack of the best-modelled one, the cheapest to build (without estimates, the best-modelled)."""
+    singles = [k for k, c in enumerate(candidates) if c.label.startswith("all ")]
+    if not singles:
+        return 0
+    close = [k for k in singles if candidates[k].modelled_s <= margins.single_slack * candidates[singles[0]].modelled_s]
+    return close[0] if builds is None else min(close, key=lambda k: builds[k])
+
+
+def load_candidate(graph: Graph, placement: Mapping[str, str]) -> Trial:
+    """The default loader: the graph the search placed (prepared for its candidates), handed to the runtime."""
+    return load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
 
 
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
+    """Inputs to time candidates on: zeros for integers (always valid indices), normal noise for floats."""
     rng = np.random.default_rng(0)
     arrays = []
     for name in graph.inputs:
@@ -185,170 +279,80 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
     return arrays
 
 
-def measuring_order(builds: Sequence[float], first: int | None) -> list[int]:
-    """Indices into the candidates (model order) in the order pass 1 builds them: the cheap single engine
-    that is always measured (`first`), the optimum (its warm-up sets the cut the others are abandoned at),
-    then the rest cheapest build first, so a dear conversion cannot spend the budget a cheaper one needed."""
-    head = [k for k in (first, 0) if k is not None]
-    return list(dict.fromkeys(head)) + sorted((k for k in range(len(builds)) if k not in head),
-                                              key=lambda k: builds[k])
-
-
-def _cheap_single(candidates: Sequence[tuple[str, Mapping[str, str], float]], builds: Sequence[float],
-                  budget_s: float) -> int | None:
-    """The single engine always measured: of those modelled within CHEAP_SINGLE_SLACK of the optimum, the
-    cheapest to build, if its estimated build fits the budget and it is not the optimum itself."""
-    close = [k for k, (label, placement, modelled) in enumerate(candidates)
-             if (label.startswith("all ") or (not k and len(set(placement.values())) == 1))
-             and modelled <= CHEAP_SINGLE_SLACK * candidates[0][2]]
-    if not close:
-        return None
-    k = min(close, key=lambda k: builds[k])
-    return k if k and builds[k] <= budget_s else None
-
-
-def _next_net(candidates: Sequence[tuple[str, Mapping[str, str], float]], builds: Sequence[float],
-              tried: set[int]) -> int | None:
-    """The next net under a mixed optimum once the cheap single engine measured far slower than its model:
-    of the single engines modelled within CHEAP_SINGLE_SLACK of the optimum and not yet tried, the cheapest
-    to build (built whatever the budget says, as the net is)."""
-    close = [k for k, (label, _, modelled) in enumerate(candidates)
-             if k and k not in tried and label.startswith("all ") and modelled <= CHEAP_SINGLE_SLACK * candidates[0][2]]
-    return min(close, key=lambda k: builds[k], default=None)
-
-
-def _safety_net(candidates: Sequence[tuple[str, Mapping[str, str], float]],
-                build_estimate: Callable[[Mapping[str, str]], float] | None) -> int:
-    """Under a mixed optimum, the single engine built whatever its build costs: of those modelled within
-    SINGLE_SLACK of the best-modelled one, the cheapest to build. The best-modelled alone was MNN on ResNet-18
-    (21.3 ms modelled against ORT's 21.7): the mix measured 234 ms, ORT was left out for its build, and the
-    MNN-and-reference placement (30 ms) won and was cached, 1.3x ORT's 20 ms (bench/peers.py, idle)."""
-    singles = [(k, c) for k, c in enumerate(candidates) if c[0].startswith("all ")]
-    if not singles:
-        return 0
-    close = [(k, c) for k, c in singles if c[2] <= SINGLE_SLACK * singles[0][1][2]]
-    if build_estimate is None:
-        return close[0][0]
-    return min(close, key=lambda kc: build_estimate(kc[1][1]))[0]
-
-
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
                    count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
                    loader: CandidateLoader | None = None,
                    build_estimate: Callable[[Mapping[str, str]], float] | None = None,
-                   abandon_floor_s: float = ABANDON_FLOOR_S,
-                   ) -> tuple[dict[str, str], dict[str, Any], LoadedProgram | None]:
+                   margins: Margins = MARGINS, clock: Clock = time.perf_counter,
+                   ) -> tuple[dict[str, str], dict[str, Any], Trial | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
-    when it came from the cache). Candidates are measured in measuring_order (candidate_placements' order
-    when the load is unbounded or builds are not estimated); past `budget_s`
-    no candidate beyond the optimum and the single engines is loaded, and a single engine only when the
-    model ranks it no slower than the optimum, and no candidate but the optimum whose `build_estimate`
-    (seconds to compile its partitions) would overrun the budget. The winner is cached when every candidate
-    was measured or deliberately left out."""
+    when it came from the cache). Pass 1 loads the candidates (LEAVE_OUT decides which) and times their
+    warm-ups, freeing clear losers at once; pass 2 times the contenders left in interleaved rounds. The
+    winner is cached when every candidate was measured or deliberately left out."""
     cached = cached_placement(graph, program_hash)
     if cached is not None:
         return cached, {"source": "cache"}, None
-    start = time.perf_counter()
-    deadline = start + budget_s
+    load = loader or functools.partial(load_candidate, graph)
+    start = clock()
     candidates = candidate_placements(graph, table, best, count)
-    singles = sum(1 for label, _, _ in candidates if label.startswith("all "))
+    builds = [build_estimate(c.placement) if build_estimate is not None else 0.0 for c in candidates]
+    p = FirstPass(candidates, builds, margins, clock, start + budget_s, budget_s, build_estimate is not None)
     inputs = synthetic_inputs(graph)
-    # Pass 1: load each candidate and time its warm-up (warm_up_seconds). The optimum and the single-engine
-    # placements always (auto must not lose to one of them); the budget bounds the rest. Clear losers are
-    # freed at once; on a bounded load a warm-up already past the cut is abandoned mid-call.
-    warm: list[tuple[float, str, dict[str, str], float, LoadedProgram | None]] = []
-    hopeless: list[tuple[str, float, str]] = []  # (label, modelled, why it was not loaded)
-    abandoned: list[tuple[str, float, str]] = []  # (label, modelled, why): loaded, warm-up cut short
-    optimum_is_single = len(set(candidates[0][1].values())) == 1
-    bounded = math.isfinite(budget_s) and build_estimate is not None
-    builds = [build_estimate(p) if build_estimate is not None else 0.0 for _, p, _ in candidates]
-    # Measured whatever the budget and the rules below say; it is also the net under a mixed optimum.
-    always = _cheap_single(candidates, builds, budget_s) if bounded else None
-    safety_net = 0 if optimum_is_single else always if always is not None else _safety_net(candidates, build_estimate)
-    tried_nets: set[int] = set()
-    for k in measuring_order(builds, always) if bounded else range(len(candidates)):
-        label, placement, modelled = candidates[k]
-        if k == always or (tried_nets and k == safety_net):
-            pass  # the net: measured whatever the budget says
-        elif k > singles and time.perf_counter() >= deadline:
-            # A variant of the optimum, past the budget: left out on purpose, so the winner is still cached
-            # (ResNet-50 at load 6 ran out before "fewer partitions" and measured everything again next load).
-            hopeless.append((label, modelled, "budget spent before it was loaded"))
+    always = p.always = cheap_single(p) if p.bounded else None
+    p.net = 0 if p.optimum_is_single else always if always is not None \
+        else safety_net(candidates, builds if build_estimate is not None else None, margins)
+    warm: list[tuple[float, Candidate, Trial | None]] = []  # (warm-up seconds, candidate, loaded or freed)
+    left_out: list[tuple[Candidate, str]] = []  # not loaded
+    abandoned: list[tuple[Candidate, str]] = []  # loaded, warm-up cut short
+    for k in measuring_order(builds, always) if p.bounded else range(len(candidates)):
+        candidate = candidates[k]
+        reason = leave_out_reason(p, k)
+        if reason is not None:
+            left_out.append((candidate, reason))
             continue
-        elif k and modelled > MODELLED_CUTOFF * candidates[0][2]:
-            hopeless.append((label, modelled, "modelled beyond the cutoff"))
-            continue  # beyond any error the model was seen to make: loading and running it would only cost
-        elif k and optimum_is_single and modelled > SINGLE_SLACK * candidates[0][2] \
-                and (modelled > CHEAP_SINGLE_SLACK * candidates[0][2] or time.perf_counter() >= deadline):
-            # Single engines are measured against the model misjudging a mix; an optimum on one engine
-            # already is that safety net (the reference alone on an OCR detector: 3.5 s for one call). One
-            # modelled within CHEAP_SINGLE_SLACK is still measured while the budget lasts (a warm-up past 3x
-            # the best is abandoned): MNN alone on llama_small was modelled 2.35 ms, ORT 3.08, and MNN's
-            # 2.62 ms was cached against ORT's 2.07 (bench/peers.py, idle).
-            hopeless.append((label, modelled, "the optimum is one engine; modelled slower than it"))
-            continue
-        elif k and k != safety_net and build_estimate is not None \
-                and time.perf_counter() + BUILD_MARGIN * builds[k] > deadline:
-            # Building it alone would overrun the budget (MNN converts a large model in seconds); the
-            # optimum and the best single engine, the net under a mix the model misjudged, are built anyway.
-            hopeless.append((label, modelled, "its build would overrun the budget"))
-            continue
-        elif k and modelled >= candidates[0][2] and time.perf_counter() >= deadline:
-            # The model says it loses and the budget is spent: on an OCR detector one warm-up call of the
-            # reference alone took 7 s of a 15 s load.
-            hopeless.append((label, modelled, "budget spent, modelled slower than the optimum"))
-            continue
-        loaded = load_candidate(graph, placement, loader)
+        loaded = load(candidate.placement)
         # Bounded loads only: tune=True measures every candidate in full, for the report.
-        limit = max(CONTENDER_FACTOR * min((w[0] for w in warm), default=math.inf), abandon_floor_s) \
+        limit = max(margins.contender_factor * min((w[0] for w in warm), default=math.inf), margins.abandon_floor_s) \
             if math.isfinite(budget_s) else math.inf
-        first = warm_up_seconds(functools.partial(loaded.run, inputs), limit)
-        if bounded and k == safety_net and first > CHEAP_SINGLE_SLACK * modelled:
-            # The net itself is misjudged (the reference alone on MiniLM: modelled 8.5 ms next to a mix's
-            # 8.2, measured 30.8; ORT and MNN were then left out for their builds and a 19 ms mix was cached
-            # against ORT's 8 ms), or the optimum on one engine is (MNN alone on MobileNetV2: modelled 4.8 ms,
-            # measured 10.7; ORT, modelled 6.8 and so outside SINGLE_SLACK, was never timed: 1.71x ORT in
-            # bench/peers.py): the next close single engine becomes the net and is built anyway.
-            tried_nets.add(k)
-            safety_net = _next_net(candidates, builds, tried_nets) or safety_net
-        if not math.isfinite(first):  # abandoned mid-call: slower than the cut already
-            abandoned.append((label, modelled, f"warm-up call abandoned after {limit * 1e3:.1f} ms"))
+        first = warm_up_seconds(functools.partial(loaded.run, inputs), limit, clock=clock)
+        if p.bounded and k == p.net and first > margins.cheap_single_slack * candidate.modelled_s:
+            p.tried_nets.add(k)  # the net itself was misjudged: the next close single engine is built anyway
+            p.net = next_net(p) or p.net
+        if not math.isfinite(first):
+            abandoned.append((candidate, f"warm-up call abandoned after {limit * 1e3:.1f} ms"))
             del loaded
             continue
-        warm.append((first, label, placement, modelled, loaded))
-        cut = CONTENDER_FACTOR * min(w[0] for w in warm)
-        warm = [w if w[0] <= cut else (*w[:4], None) for w in warm]
-    # Pass 2: the contenders timed as they will run, in interleaved rounds (timing.py); a candidate
-    # culled after its warm-up keeps its warm-up time. One contender left wins whatever it measures.
-    kept = {label: loaded for _, label, _, _, loaded in warm if loaded is not None}
+        warm.append((first, candidate, loaded))
+        cut = margins.contender_factor * min(w[0] for w in warm)
+        warm = [w if w[0] <= cut else (w[0], w[1], None) for w in warm]
+    # Pass 2: the contenders timed as they will run; one culled after its warm-up keeps its warm-up time.
+    kept = {c.label: loaded for _, c, loaded in warm if loaded is not None}
     steady: dict[str, float] = {}
     if len(kept) > 1:
-        steady = steady_seconds({label: functools.partial(loaded.run, inputs) for label, loaded in kept.items()},
-                                {label: busy_after_call_s(loaded) for label, loaded in kept.items()},
-                                {w[1]: w[0] for w in warm}, deadline)
-    measured = [(steady.get(label, first), label, placement, modelled) for first, label, placement, modelled, _
-                in warm]
-    loaded_by_label = kept
-    winner = min(measured, key=lambda m: m[0] * MIXED_MARGIN ** (len(set(m[2].values())) - 1))
-    left_out = hopeless + abandoned
+        steady = steady_seconds({label: functools.partial(t.run, inputs) for label, t in kept.items()},
+                                {label: t.busy_after_call_s for label, t in kept.items()},
+                                {c.label: first for first, c, _ in warm}, p.deadline, clock=clock)
+    measured = [(steady.get(c.label, first), c) for first, c, _ in warm]
+    winner = min(measured, key=lambda m: m[0] * margins.mixed_margin ** (len(set(m[1].placement.values())) - 1))[1]
+    left_out += abandoned
     complete = len(measured) + len(left_out) == len(candidates)
-    considered = {lb for _, lb, _, _ in measured} | {lb for lb, _, _ in left_out}
-    report = {"source": "measured", "winner": winner[1], "complete": complete,
-              "spent_s": time.perf_counter() - start, "budget_s": budget_s,
-              "candidates": [{"label": lb, "measured_s": s, "modelled_s": m, "backends": len(set(p.values()))}
-                             for s, lb, p, m in measured]
-              + [{"label": lb, "measured_s": None, "modelled_s": m, "skipped": why} for lb, m, why in left_out]
-              + [{"label": lb, "measured_s": None, "modelled_s": m} for lb, _, m in candidates
-                 if lb not in considered]}
+    considered = {c.label for _, c in measured} | {c.label for c, _ in left_out}
+    report = {"source": "measured", "winner": winner.label, "complete": complete,
+              "spent_s": clock() - start, "budget_s": budget_s,
+              "candidates": [{"label": c.label, "measured_s": s, "modelled_s": c.modelled_s,
+                              "backends": len(set(c.placement.values()))} for s, c in measured]
+              + [{"label": c.label, "measured_s": None, "modelled_s": c.modelled_s, "skipped": why}
+                 for c, why in left_out]
+              + [{"label": c.label, "measured_s": None, "modelled_s": c.modelled_s} for c in candidates
+                 if c.label not in considered]}
     if complete:
-        write_json(tuned_path(program_hash), {"placement": winner[2], **report})
-    chosen = loaded_by_label.get(winner[1])
+        update_tuned(program_hash, placement=winner.placement, **report)
+    chosen = kept.get(winner.label)
     if chosen is not None and steady:
-        # The rounds may have ended on another contender whose threads still spin (the reference's BLAS
-        # pool: 0.12 s); the winner runs until they are done, so the caller's first calls are not slowed
-        # by the measurement (a tiny model's first 20 calls take a millisecond).
-        settle_until = time.perf_counter() + max((busy_after_call_s(other) for label, other in kept.items()
-                                                  if label != winner[1]), default=0.0)
-        while time.perf_counter() < settle_until:
+        # The rounds may have ended on another contender whose threads still spin; the winner runs until
+        # they are done, so the caller's first calls are not slowed by the measurement.
+        settle_until = clock() + max((t.busy_after_call_s for label, t in kept.items() if label != winner.label),
+                                     default=0.0)
+        while clock() < settle_until:
             chosen.run(inputs)
-    return winner[2], report, chosen
+    return winner.placement, report, chosen

@@ -1,346 +1,257 @@
-"""The first auto load's measurements (edgerun.search.tune): warm-up calls that see past a fresh session's
-slow first call, within a bounded time."""
+"""The first auto load's measurements (edgerun.search.tune, timing): every decision of the search checked
+exactly, on a fake clock that fake engines advance as they are built and called."""
 
 from __future__ import annotations
 
 import math
-import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from search_testkit import small_conv_net
+from search_testkit import FakeClock, FakeEngines, FakeTrial, chain, modelled_table
 
-from edgerun.backends.registry import get_backend
-from edgerun.ir.builder import Builder
-from edgerun.ir.dtypes import DType
-from edgerun.ir.graph import Graph
-from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle import interpret
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.instructions import EventSink, InstructionEvent
-from edgerun.search import CACHE_ENV, BackendProfile, cost_table, search_placement
-from edgerun.search.tune import BUILD_MARGIN, WARM_UP_CALLS, WARM_UP_S, tune_placement, warm_up_seconds
+from edgerun.search import CACHE_ENV, search_placement
+from edgerun.search.placement_search import SearchResult
+from edgerun.search.timing import WARM_UP_CALLS, WARM_UP_S, warm_up_seconds
+from edgerun.search.tune import (
+    LEAVE_OUT,
+    MARGINS,
+    Candidate,
+    FirstPass,
+    cached_placement,
+    cheap_single,
+    measuring_order,
+    safety_net,
+    tune_placement,
+)
+
+ORT, REF, MNN = "onnxruntime", "reference", "mnn"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    return tmp_path
+
+
+def by_label(report: dict) -> dict:  # type: ignore[type-arg]
+    return {c["label"]: c for c in report["candidates"]}
 
 
 def test_warm_up_sees_past_a_slow_first_call() -> None:
-    calls = [0]
-
-    def fresh_session() -> None:  # DIN on a fresh ORT session: the first call 8 ms, then microseconds
-        calls[0] += 1
-        time.sleep(0.008 if calls[0] == 1 else 0.0005)
-
-    got = warm_up_seconds(lambda sink: fresh_session(), within_s=1.0)  # a generous window: a busy box sleeps long
-    assert got < 0.006
-    assert calls[0] == WARM_UP_CALLS
+    clock = FakeClock()
+    fresh = FakeTrial(clock, lambda n: 0.008 if n == 1 else 0.0005)  # a fresh session: 8 ms, then 0.5
+    assert warm_up_seconds(lambda sink: fresh.run(None, sink), clock=clock) == pytest.approx(0.0005, rel=1e-12)
+    assert fresh.calls == WARM_UP_CALLS
 
 
 def test_warm_up_calls_a_slow_model_once() -> None:
-    calls = [0]
-
-    def slow() -> None:
-        calls[0] += 1
-        time.sleep(WARM_UP_S * 1.2)
-
-    assert warm_up_seconds(lambda sink: slow()) >= WARM_UP_S
-    assert calls[0] == 1
+    clock = FakeClock()
+    slow = FakeTrial(clock, lambda n: WARM_UP_S * 1.2)
+    assert warm_up_seconds(lambda sink: slow.run(None, sink), clock=clock) == pytest.approx(WARM_UP_S * 1.2, rel=1e-12) and slow.calls == 1
 
 
-def slow_chain(nodes: int = 40, size: int = 256) -> Graph:
-    """`nodes` dependent 256x256 matmuls: a program whose every instruction takes a while on the reference."""
-    g = Graph()
-    b = Builder(g)
-    v = g.add_input("x", TensorSpec((size, size), DType.float32))
-    w = b.const((np.eye(size) * 0.5 + 0.5 / size).astype(np.float32))
-    for _ in range(nodes):
-        v = b.emit("matmul", [v, w])
-    g.outputs = [v]
-    return g
+def test_a_warm_up_past_its_limit_is_abandoned_at_the_next_instruction_boundary() -> None:
+    clock = FakeClock()
+    trial = FakeTrial(clock, lambda n: 0.04, instructions=4)  # 10 ms per instruction
+    assert warm_up_seconds(lambda sink: trial.run(None, sink), limit_s=0.025, clock=clock) == math.inf
+    assert clock.now == pytest.approx(0.03)  # three instructions ran: the third crossed 25 ms
 
 
-def test_a_warm_up_past_its_limit_is_abandoned_between_instructions_and_the_program_still_runs() -> None:
-    graph = slow_chain()
-    loaded = runtime_load(graph, ["reference"])
-    x = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+def test_the_runtime_stops_a_call_whose_sink_raises_and_still_runs_after() -> None:
+    g = chain(40)
+    loaded = runtime_load(g, ["reference"])
+    x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
     executed: list[InstructionEvent] = []
 
-    def run(sink: EventSink | None) -> None:  # the sink warm_up_seconds hands in, counting what ran
+    def run(sink: EventSink | None) -> None:
         def counting(event: InstructionEvent) -> None:
             executed.append(event)
             if sink is not None:
                 sink(event)
         loaded.run([x], counting)
 
-    assert warm_up_seconds(run, calls=1) < math.inf and len(executed) == len(loaded.instructions) == 40
-    executed.clear()
-    assert warm_up_seconds(run, limit_s=1e-9) == math.inf
-    assert len(executed) == 1  # stopped at the first instruction boundary past the limit
-    np.testing.assert_allclose(loaded(x), interpret(graph, [x])[0], rtol=1e-4)  # lock released, arena fine
+    ticks = iter(range(10**6))
+    assert warm_up_seconds(run, limit_s=0.5, calls=1, clock=lambda: float(next(ticks))) == math.inf
+    assert len(executed) == 1  # one clock tick per reading: the first boundary is past the limit
+    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-5)  # lock released, arena fine
 
 
-def _reference_modelled_at(g: Graph, factor: float) -> Any:
-    """The cost table of `g` over ORT and the reference with the reference modelled at `factor` x ORT."""
-    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
-    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
-    table.seconds[:, ref] = table.seconds[:, ort] * factor
-    return table
+def _tune(table_s: dict[str, float], engines: FakeEngines, key: str, optimum: list[str] | None = None,
+          **kwargs: object) -> tuple[dict[str, str], dict, object]:  # type: ignore[type-arg]
+    g = chain()
+    table = modelled_table(g, table_s)
+    best = search_placement(table) if optimum is None else \
+        SearchResult(optimum, sum(table_s[b] for b in optimum), switches=len(set(optimum)))
+    return tune_placement(g, table, best, key, loader=engines, clock=engines.clock, **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("onnxruntime")
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = Graph()
-    b = Builder(g)
-    v = g.add_input("x", TensorSpec((1, 8, 16, 16), DType.float32))
-    for _ in range(4):  # ~20x slower on the reference than on ORT
-        w = b.const(np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1)
-        v = b.emit("tanh", [b.emit("conv2d", [v, w], padding=[1, 1, 1, 1])])
-    g.outputs = [v]
-    table = _reference_modelled_at(g, 1.1)  # misjudged: modelled close, so it is loaded
-    # No floor here: this reference call takes ~1 ms, under the 50 ms a first call is always granted.
-    placement, report, loaded = tune_placement(g, table, search_placement(table), "abandon-test", budget_s=2.0,
-                                               abandon_floor_s=0.0)
-    reasons = {c["label"]: c.get("skipped", "") for c in report["candidates"]}
-    assert "abandoned" in reasons["all reference"]
-    assert report["complete"] and set(placement.values()) == {"onnxruntime"} and loaded is not None
+def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost() -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-4, REF: 2e-3}, instructions=6)  # the reference 20x slower
+    # Modelled close (1.1x), so the reference is loaded; its warm-up is cut at 3x ORT's 0.6 ms.
+    placement, report, loaded = _tune({ORT: 1.0, REF: 1.1}, engines, "abandon", budget_s=2.0,
+                                      margins=replace(MARGINS, abandon_floor_s=0.0))
+    assert by_label(report)["all reference"]["skipped"] == "warm-up call abandoned after 1.8 ms"
+    assert report["complete"] and set(placement.values()) == {ORT} and loaded is not None
+    assert cached_placement(chain(), "abandon") == placement
 
 
-def test_a_build_counts_twice_its_estimate_against_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Calibration's build figures ran 2.6x low on ResNet-50's MNN conversion (1.6 s estimated, 4.0 s taken).
-    assert BUILD_MARGIN * 0.6 > 1.0
-    pytest.importorskip("onnxruntime")
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    backends = {"onnxruntime": get_backend("onnxruntime"), "reference": get_backend("reference")}
-    g = slow_chain(nodes=3, size=16)
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, backends, {"onnxruntime": fixed, "reference": fixed})
-    ref, ort = table.backends.index("reference"), table.backends.index("onnxruntime")
-    # Modelled no faster than ORT runs three 16x16 matmuls (tens of microseconds), so the optimum is not
-    # misjudged and does not hand over to the reference, which would then be built whatever the budget says.
-    table.seconds[:, ort] = 0.01
-    table.seconds[:, ref] = table.seconds[:, ort] * 1.1  # within SINGLE_SLACK: measured, unless its build
-    budget = 1.0
+@pytest.mark.parametrize("floor_s", [MARGINS.abandon_floor_s, 0.0])
+def test_a_fresh_sessions_slow_first_call_is_not_abandoned_below_the_floor(floor_s: float) -> None:
+    clock = FakeClock()
+    # The reference is the optimum and warms up at 0.6 ms a call; ORT's fresh session takes 8 ms for its
+    # first call, then 0.06 ms.
+    engines = FakeEngines(clock, {ORT: 1e-5, REF: 1e-4}, first_call_s={ORT: 8e-3})
+    placement, report, _ = _tune({ORT: 1.0, REF: 0.9}, engines, f"fresh-{floor_s}", budget_s=2.0,
+                                 margins=replace(MARGINS, abandon_floor_s=floor_s))
+    ort = by_label(report)["all onnxruntime"]
+    if floor_s:
+        assert ort["measured_s"] == pytest.approx(6e-5) and set(placement.values()) == {ORT}
+    else:  # no floor: 8 ms is past 3x the reference's 0.6 ms, and ORT is lost
+        assert ort["skipped"] == "warm-up call abandoned after 1.8 ms" and set(placement.values()) == {REF}
+
+
+@pytest.mark.parametrize("build_margin", [MARGINS.build_margin, 1.0])
+def test_a_build_counts_its_margin_times_its_estimate_against_the_budget(build_margin: float) -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-4, REF: 1e-4})
 
     def estimate(placement: dict[str, str]) -> float:  # the reference's build fits the budget once, not twice
-        return 0.6 * budget if set(placement.values()) == {"reference"} else 0.0
+        return 0.6 if set(placement.values()) == {REF} else 0.0
 
-    _, report, _ = tune_placement(g, table, search_placement(table), "margin-test", budget_s=budget,
-                                  build_estimate=estimate)
-    reasons = {c["label"]: c.get("skipped") for c in report["candidates"]}
-    assert reasons["all reference"] == "its build would overrun the budget"
-
-
-def test_a_fresh_sessions_slow_first_call_is_not_abandoned_against_a_fast_warm_up(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Seen in bench/peers.py, idle: DIN's reference warm-up (0.14 ms) set a 0.42 ms cut, ORT's fresh session
-    # spent ~8 ms on its first call and was abandoned unmeasured, and DIN ran on the reference at 2.8x ORT.
-    # (How slow a fresh session's first call is varies: this graph does not always reach the cut, so the
-    # test guards the outcome; ABANDON_FLOOR_S is what makes it hold when it does.)
-    pytest.importorskip("onnxruntime")
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = Graph()
-    b = Builder(g)
-    v = g.add_input("x", TensorSpec((1, 16), DType.float32))
-    for k in range(40):  # DIN-sized: many tiny ops, where per-op overhead is all there is
-        v = b.emit("tanh" if k % 2 else "sigmoid", [v])
-    g.outputs = [v]
-    table = _reference_modelled_at(g, 0.9)  # the reference is the optimum: warmed up first
-    _, report, _ = tune_placement(g, table, search_placement(table), "fresh-first-call", budget_s=2.0)
-    by_label = {c["label"]: c for c in report["candidates"]}
-    assert by_label["all onnxruntime"]["measured_s"] is not None, by_label["all onnxruntime"]
-    assert "abandoned" not in by_label["all onnxruntime"].get("skipped", "")
+    _, report, _ = _tune({ORT: 1.0, REF: 1.1}, engines, f"margin-{build_margin}", budget_s=1.0,
+                         build_estimate=estimate, margins=replace(MARGINS, build_margin=build_margin))
+    reference = by_label(report)["all reference"]
+    if build_margin > 1.0 / 0.6:
+        assert reference["skipped"] == "its build would overrun the budget"
+    else:
+        assert reference["measured_s"] is not None
+    assert report["complete"]
 
 
-def test_under_a_mixed_optimum_the_safety_net_is_the_cheapest_build_among_close_single_engines() -> None:
-    from edgerun.search.tune import SINGLE_SLACK, _safety_net
-
-    candidates = [("search", {"a": "mnn", "b": "reference"}, 0.0207), ("all mnn", {"a": "mnn", "b": "mnn"}, 0.0213),
-                  ("all onnxruntime", {"a": "onnxruntime", "b": "onnxruntime"}, 0.0217),
-                  ("all reference", {"a": "reference", "b": "reference"}, 0.0213 * SINGLE_SLACK * 1.01)]
-    builds = {"mnn": 4.0, "onnxruntime": 0.3, "reference": 0.01}
-
-    def build(placement: dict[str, str]) -> float:
-        return builds[next(iter(placement.values()))]
-
-    assert _safety_net(candidates, build) == 2  # ORT: as close as MNN, a tenth of its build
-    assert _safety_net(candidates, None) == 1  # no build figures: the best-modelled
-    builds["onnxruntime"] = 5.0
-    assert _safety_net(candidates, build) == 1  # the reference builds cheapest but is modelled too far behind
+def test_a_candidate_modelled_beyond_the_cutoff_is_never_loaded_and_the_winner_is_still_cached() -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-4, REF: 1e-4})
+    placement, report, loaded = _tune({ORT: 1.0, REF: 10 * MARGINS.modelled_cutoff}, engines, "cutoff")
+    assert [c["label"] for c in report["candidates"] if c.get("skipped")] == ["all reference"]
+    assert by_label(report)["all reference"]["skipped"] == "modelled beyond the cutoff"
+    assert engines.loaded == [(ORT,)] and report["complete"] and report["winner"] == "search"
+    assert cached_placement(chain(), "cutoff") == placement and loaded is not None
 
 
-def _mnn_modelled_ahead(g: Graph, mnn_factor: float) -> Any:
-    """The cost table of `g` over ORT, MNN and the reference: MNN modelled at `mnn_factor` x ORT, the
-    reference far behind (fixed figures: nothing here depends on this machine's calibration)."""
-    names = ("onnxruntime", "mnn", "reference")
-    backends = {n: get_backend(n) for n in names}
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, backends, {n: fixed for n in names})
-    col = {n: table.backends.index(n) for n in names}
-    ort = table.seconds[:, col["onnxruntime"]].copy()
-    table.seconds[:, col["mnn"]] = ort * mnn_factor
-    table.seconds[:, col["reference"]] = ort * 50.0
-    return table
+def test_a_spent_budget_leaves_out_single_engines_the_model_ranks_slower() -> None:
+    engines = FakeEngines(FakeClock(), {ORT: 1e-4, REF: 1e-4})
+    _, rushed, _ = _tune({ORT: 1.0, REF: 1.1}, engines, "rushed", budget_s=1e-9)
+    assert by_label(rushed)["all reference"]["skipped"] == "budget spent, modelled slower than the optimum"
+    assert rushed["complete"]
+    engines = FakeEngines(FakeClock(), {ORT: 1e-4, REF: 1e-4})
+    _, unbounded, _ = _tune({ORT: 1.0, REF: 1.1}, engines, "unbounded")
+    assert all(c["measured_s"] is not None for c in unbounded["candidates"])
+
+
+@pytest.mark.parametrize("over_optimum", [1.1, 1.6, 2.5])
+def test_under_an_optimum_on_one_engine_another_is_measured_only_when_modelled_close(over_optimum: float) -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-5, REF: 1e-4})  # ORT is in fact 10x faster
+    placement, report, _ = _tune({REF: 1.0, ORT: over_optimum}, engines, f"close-{over_optimum}", budget_s=2.0,
+                                 build_estimate=lambda placement: 0.0)
+    ort = by_label(report)["all onnxruntime"]
+    if over_optimum <= MARGINS.cheap_single_slack:  # within the slack, or within 2x while the budget lasts
+        assert ort["measured_s"] == pytest.approx(6e-5) and set(placement.values()) == {ORT}
+    else:
+        assert ort["skipped"] == "the optimum is one engine; modelled slower than it"
+        assert set(placement.values()) == {REF}
 
 
 @pytest.mark.parametrize("mnn_build_s", [0.3, 5.0])  # a conversion that fits the budget, and one that does not
-def test_a_cheap_engine_the_model_ranks_far_behind_is_still_measured_and_the_faster_wins(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mnn_build_s: float) -> None:
-    # Seen under load 7: with MNN's memory rate corrected the model put ResNet-18 at 26 ms on MNN against 41 on ORT,
-    # where at idle the two ran within 5%; ORT fell outside SINGLE_SLACK, or MNN's conversion spent the
-    # budget first, and was never timed.
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("MNN")
-    from edgerun.search.tune import CHEAP_SINGLE_SLACK, SINGLE_SLACK, candidate_placements
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = small_conv_net()
-    table = _mnn_modelled_ahead(g, 0.8)
-    best = search_placement(table)
-    assert set(best.backend_of) == {"mnn"}  # the optimum: MNN alone (labelled "search")
-    modelled = {lb: m for lb, _, m in candidate_placements(g, table, best)}
-    # ORT modelled ~1.8x behind: outside SINGLE_SLACK, within CHEAP_SINGLE_SLACK
-    assert SINGLE_SLACK < modelled["all onnxruntime"] / modelled["search"] < CHEAP_SINGLE_SLACK
-    builds = {"mnn": mnn_build_s, "onnxruntime": 0.1, "reference": 0.001}
+def test_the_cheapest_close_engine_is_built_first_and_the_faster_wins(mnn_build_s: float) -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-3, MNN: 1.5e-3, REF: 5e-2},
+                          build_s={MNN: mnn_build_s, ORT: 0.1, REF: 0.001})
+    builds = engines.build_s
 
     def estimate(placement: dict[str, str]) -> float:
         return sum(builds[b] for b in set(placement.values()))
 
-    placement, report, loaded = tune_placement(g, table, best, f"mnn-ahead-{mnn_build_s}", budget_s=1.0,
-                                               build_estimate=estimate)
-    by_label = {c["label"]: c for c in report["candidates"]}
-    measured = {lb: c["measured_s"] for lb, c in by_label.items() if c["measured_s"] is not None}
-    assert set(measured) == {"search", "all onnxruntime"}, by_label
-    # ORT's session (the cheapest build within CHEAP_SINGLE_SLACK) is built and warmed up before MNN's
-    # conversion: the report lists them in that order.
-    assert list(measured) == ["all onnxruntime", "search"]
-    assert report["winner"] == min(measured, key=lambda lb: measured[lb])
-    assert set(placement.values()) == ({"onnxruntime"} if report["winner"] == "all onnxruntime" else {"mnn"})
+    # MNN alone is the optimum; ORT modelled 1.8x behind (outside single_slack, within cheap_single_slack).
+    placement, report, loaded = _tune({ORT: 1.0, MNN: 0.55, REF: 50.0}, engines, f"mnn-{mnn_build_s}",
+                                      budget_s=1.0, build_estimate=estimate)
+    assert engines.loaded == [(ORT,), (MNN,)]  # ORT's cheap build before MNN's conversion; the reference never
+    assert by_label(report)["all reference"]["skipped"] == "modelled beyond the cutoff"
+    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {ORT}
+    assert [c["label"] for c in report["candidates"] if c["measured_s"]] == ["all onnxruntime", "search"]
     assert report["complete"] and loaded is not None
-    x = np.random.default_rng(0).standard_normal((1, 8, 32, 32)).astype(np.float32)
-    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-3, atol=1e-4)
+
+
+def test_a_net_under_a_mixed_optimum_that_measures_far_slower_than_modelled_hands_over() -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-3, REF: 4e-3}, build_s={ORT: 0.5})
+    # A mixed optimum; the reference alone modelled next to ORT, so (cheapest to build) it is the net; it
+    # measures 3.8x its model, and ORT becomes the net, built although its build spends the whole budget.
+    placement, report, loaded = _tune({ORT: 1e-3, REF: 1.05e-3}, engines, "net-handover",
+                                      optimum=[ORT] * 3 + [REF] * 3, budget_s=0.5,
+                                      build_estimate=lambda p: 0.0 if set(p.values()) == {REF} else 0.5)
+    assert engines.loaded == [(REF,), (ORT, REF), (ORT,)]
+    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {ORT}
+    assert report["complete"] and loaded is not None
+
+
+def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_over_too() -> None:
+    clock = FakeClock()
+    engines = FakeEngines(clock, {ORT: 1e-3, REF: 4e-3}, build_s={ORT: 0.5})
+    ratio = 1.5 * MARGINS.single_slack  # ORT modelled this far behind: outside single_slack
+    placement, report, _ = _tune({ORT: 1e-3, REF: 1e-3 / ratio}, engines, "single-handover", budget_s=0.5,
+                                 build_estimate=lambda p: 0.0 if set(p.values()) == {REF} else 0.5)
+    assert engines.loaded == [(REF,), (ORT,)]
+    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {ORT}
+
+
+def test_a_mix_must_win_by_the_mixed_margin_per_extra_backend() -> None:
+    for mix_s, winner in ((0.97, "all onnxruntime"), (0.9, "search")):
+        clock = FakeClock()
+        engines = FakeEngines(clock, {ORT: 1.0 / 6, REF: 2.0 / 6}, call_s={(ORT, REF): mix_s})
+        _, report, _ = _tune({ORT: 1.0, REF: 1.0}, engines, f"mixed-{mix_s}", optimum=[ORT] * 3 + [REF] * 3)
+        assert by_label(report)["search"]["measured_s"] == pytest.approx(mix_s)
+        assert report["winner"] == winner
+
+
+def _candidates(*modelled: tuple[str, dict[str, str], float]) -> list[Candidate]:
+    return [Candidate(*c) for c in modelled]
+
+
+def test_under_a_mixed_optimum_the_safety_net_is_the_cheapest_build_among_close_single_engines() -> None:
+    candidates = _candidates(("search", {"a": MNN, "b": REF}, 0.0207), ("all mnn", {"a": MNN, "b": MNN}, 0.0213),
+                             ("all onnxruntime", {"a": ORT, "b": ORT}, 0.0217),
+                             ("all reference", {"a": REF, "b": REF}, 0.0213 * MARGINS.single_slack * 1.01))
+    assert safety_net(candidates, [0.0, 4.0, 0.3, 0.01]) == 2  # ORT: as close as MNN, a tenth of its build
+    assert safety_net(candidates, None) == 1  # no build figures: the best-modelled
+    assert safety_net(candidates, [0.0, 4.0, 5.0, 0.01]) == 1  # the reference builds cheapest but is too far
 
 
 def test_the_cheap_single_engine_is_built_first_then_the_optimum_then_the_rest_cheapest_first() -> None:
-    from edgerun.search.tune import CHEAP_SINGLE_SLACK, _cheap_single, measuring_order
+    candidates = _candidates(("search", {"a": MNN, "b": ORT}, 0.026), ("all mnn", {"a": MNN, "b": MNN}, 0.028),
+                             ("all onnxruntime", {"a": ORT, "b": ORT}, 0.041),
+                             ("all reference", {"a": REF, "b": REF}, 2.8),
+                             ("search, fewer partitions", {"a": MNN, "b": MNN}, 0.027))
+    builds = [0.8, 0.85, 0.6, 0.001, 0.9]
 
-    candidates = [("search", {"a": "mnn", "b": "onnxruntime"}, 0.026), ("all mnn", {"a": "mnn", "b": "mnn"}, 0.028),
-                  ("all onnxruntime", {"a": "onnxruntime", "b": "onnxruntime"}, 0.041),
-                  ("all reference", {"a": "reference", "b": "reference"}, 2.8),
-                  ("search, fewer partitions", {"a": "mnn", "b": "mnn"}, 0.027)]
-    builds = [0.8, 0.85, 0.6, 0.001, 0.9]  # estimates for ResNet-18 at load 7
-    assert _cheap_single(candidates, builds, 2.0) == 2  # the reference builds cheaper but is modelled 100x behind
+    def first_pass(budget_s: float) -> FirstPass:
+        return FirstPass(candidates, builds, MARGINS, FakeClock(), budget_s, budget_s, True)
+
+    assert cheap_single(first_pass(2.0)) == 2  # the reference builds cheaper but is modelled 100x behind
     assert measuring_order(builds, 2) == [2, 0, 3, 1, 4]
     assert measuring_order(builds, None) == [0, 3, 2, 1, 4]
-    assert _cheap_single(candidates, builds, 0.5) is None  # its build alone would not fit the budget
-    candidates[2] = (*candidates[2][:2], 0.026 * CHEAP_SINGLE_SLACK * 1.01)
-    assert _cheap_single(candidates, builds, 2.0) == 1  # ORT modelled too far behind: MNN alone is the cheapest
+    assert cheap_single(first_pass(0.5)) is None  # its build alone would not fit the budget
+    candidates[2] = candidates[2]._replace(modelled_s=0.026 * MARGINS.cheap_single_slack * 1.01)
+    assert cheap_single(first_pass(2.0)) == 1  # ORT modelled too far behind: MNN alone is the cheapest
 
 
-def _ort_and_reference_table(g: Graph, reference_over_ort: float) -> Any:
-    """The cost table of `g` on ORT and the reference (fixed figures), the reference modelled at the factor."""
-    names = ("onnxruntime", "reference")
-    fixed = BackendProfile(5e10, 5e10, 1e9, 1e10, 1e-6, 0.0)
-    table = cost_table(g, {n: get_backend(n) for n in names}, dict.fromkeys(names, fixed))
-    ort, ref = table.backends.index("onnxruntime"), table.backends.index("reference")
-    table.seconds[:, ref] = table.seconds[:, ort] * reference_over_ort
-    return table
-
-
-def _tune_with_ort_over_budget(g: Graph, table: Any, optimum: Any, name: str) -> tuple[Any, Any, Any]:
-    """tune_placement on a bounded load in which building ORT's session alone "overruns" the budget.
-
-    The warm-up floor stays at its default: with none, ORT's first call was abandoned at a 0.5 ms cut (3x the best
-    warm-up so far) in two fresh-clone CI runs (a busy two-worker host); abandoning is not what these tests check.
-    """
-    budget = 0.5
-
-    def estimate(placement: dict[str, str]) -> float:
-        return 0.0 if set(placement.values()) == {"reference"} else budget
-
-    return tune_placement(g, table, optimum, name, budget_s=budget, build_estimate=estimate)
-
-
-def _assert_ort_was_built_won_and_runs(g: Graph, placement: Any, report: Any, loaded: Any) -> None:
-    by_label = {c["label"]: c for c in report["candidates"]}
-    assert by_label["all onnxruntime"]["measured_s"] is not None, by_label  # built anyway: the next net
-    assert report["winner"] == "all onnxruntime" and set(placement.values()) == {"onnxruntime"}
-    assert report["complete"] and loaded is not None
-    x = np.random.default_rng(0).standard_normal((1, 8, 32, 32)).astype(np.float32)
-    np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-3, atol=1e-4)
-
-
-def test_a_net_that_measures_far_slower_than_modelled_hands_over_to_the_next_close_single_engine(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Seen in bench/peers.py, idle: on MiniLM the reference alone was modelled 8.5 ms beside a three-engine
-    # mix's 8.2 and measured 30.8; as the net it was built first, the mix next, and ORT (8 ms) and MNN were
-    # left out "for their build": the 19 ms mix was cached.
-    pytest.importorskip("onnxruntime")
-    from edgerun.search.placement_search import SearchResult
-    from edgerun.search.tune import CHEAP_SINGLE_SLACK
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = small_conv_net()
-    table = _ort_and_reference_table(g, 1.05)  # the reference misjudged: modelled next to ORT
-    ort = table.backends.index("onnxruntime")
-    # A mixed optimum: the convs on ORT, the relus on the reference (forced; the model need not agree).
-    per_node = ["onnxruntime" if n.op == "conv2d" else "reference" for n in g.nodes]
-    assert len(set(per_node)) == 2
-    mixed = SearchResult(per_node, float(table.seconds[:, ort].sum()), switches=len(per_node))
-    placement, report, loaded = _tune_with_ort_over_budget(g, table, mixed, "net-handover")
-    by_label = {c["label"]: c for c in report["candidates"]}
-    ref_measured = by_label["all reference"]["measured_s"] or math.inf
-    assert ref_measured > CHEAP_SINGLE_SLACK * by_label["all reference"]["modelled_s"]  # really misjudged
-    _assert_ort_was_built_won_and_runs(g, placement, report, loaded)
-
-
-def test_a_single_engine_optimum_that_measures_far_slower_than_modelled_hands_over_too(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Seen in bench/peers.py: MNN alone on MobileNetV2 was the optimum, modelled 4.8 ms and measured 10.7;
-    # ORT, modelled 6.8 (outside SINGLE_SLACK of it), was never timed, and edgerun ran at 1.71x ORT.
-    pytest.importorskip("onnxruntime")
-    from edgerun.search.placement_search import SearchResult
-    from edgerun.search.tune import CHEAP_SINGLE_SLACK, SINGLE_SLACK
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = small_conv_net()
-    table = _ort_and_reference_table(g, 1 / (1.5 * SINGLE_SLACK))  # the reference misjudged: far ahead
-    ref = table.backends.index("reference")
-    optimum = SearchResult(["reference"] * len(g.nodes), float(table.seconds[:, ref].sum()), switches=0)
-    assert float(table.seconds[:, table.backends.index("onnxruntime")].sum()) <= CHEAP_SINGLE_SLACK * optimum.seconds
-    placement, report, loaded = _tune_with_ort_over_budget(g, table, optimum, "single-handover")
-    opt = next(c for c in report["candidates"] if c["label"] in ("search", "all reference") and c["measured_s"])
-    assert opt["measured_s"] > CHEAP_SINGLE_SLACK * opt["modelled_s"]  # really misjudged
-    _assert_ort_was_built_won_and_runs(g, placement, report, loaded)
-
-
-@pytest.mark.parametrize("ort_over_optimum", [1.6, 2.5])
-def test_a_single_engine_optimum_measures_another_single_modelled_within_two_x_while_the_budget_lasts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ort_over_optimum: float) -> None:
-    # Seen in bench/peers.py, idle: MNN alone on llama_small was the optimum (modelled 2.35 ms, measured 2.62),
-    # ORT was modelled 3.08 (1.31x: outside SINGLE_SLACK) and left out, and it runs the model in 2.07.
-    pytest.importorskip("onnxruntime")
-    from edgerun.search.placement_search import SearchResult
-    from edgerun.search.tune import CHEAP_SINGLE_SLACK, SINGLE_SLACK
-
-    assert SINGLE_SLACK < 1.6 < CHEAP_SINGLE_SLACK < 2.5
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    g = small_conv_net()
-    table = _ort_and_reference_table(g, 1.0)
-    ort, ref = table.backends.index("onnxruntime"), table.backends.index("reference")
-    # Modelled far slower than either runs (so the optimum is not misjudged and hands nothing over).
-    table.seconds[:, ref] = 0.1
-    table.seconds[:, ort] = 0.1 * ort_over_optimum
-    optimum = SearchResult(["reference"] * len(g.nodes), float(table.seconds[:, ref].sum()), switches=0)
-    placement, report, _ = tune_placement(g, table, optimum, f"within-two-x-{ort_over_optimum}", budget_s=2.0,
-                                          build_estimate=lambda placement: 0.0)
-    by_label = {c["label"]: c for c in report["candidates"]}
-    if ort_over_optimum < CHEAP_SINGLE_SLACK:  # measured while the budget lasts, and faster for real
-        assert by_label["all onnxruntime"]["measured_s"] is not None, by_label
-        assert report["winner"] == "all onnxruntime" and set(placement.values()) == {"onnxruntime"}
-    else:
-        assert by_label["all onnxruntime"]["skipped"] == "the optimum is one engine; modelled slower than it"
-        assert set(placement.values()) == {"reference"}
+def test_the_rules_are_a_table_each_with_the_reason_it_reports() -> None:
+    reasons = [rule.reason for rule in LEAVE_OUT]
+    assert len(set(reasons)) == len(reasons) == 5
+    assert [rule.reason for rule in LEAVE_OUT if rule.spares_net] == ["its build would overrun the budget"]

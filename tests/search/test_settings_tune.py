@@ -17,8 +17,8 @@ from edgerun.backends.onnxruntime import OnnxRuntimeBackend
 from edgerun.oracle import interpret
 from edgerun.runtime.loader import load_prepared
 from edgerun.search import CACHE_ENV, settings_tune
-from edgerun.search.settings_tune import applied_settings, cached_settings, settings_path, tune_settings
-from edgerun.search.tune import synthetic_inputs
+from edgerun.search.settings_tune import applied_settings, cached_settings, tune_settings
+from edgerun.search.tune import synthetic_inputs, tuned_path
 
 
 def _spinning(loaded) -> bool:  # type: ignore[no-untyped-def]
@@ -70,7 +70,7 @@ def test_a_setting_that_does_not_win_is_not_kept_and_running_out_of_time_caches_
     settings, loaded = tune_settings(placement, current, synthetic_inputs(g), loader, backends, "late",
                                      deadline=time.perf_counter() - 1.0)
     assert settings == {} and loaded is current
-    assert cached_settings("late") is None and not settings_path("late").exists()
+    assert cached_settings("late") is None and not tuned_path("late").exists()
 
 
 def test_a_setting_the_user_fixed_is_not_tuned_or_overridden(setup) -> None:  # type: ignore[no-untyped-def]
