@@ -8,6 +8,7 @@ calls the `run_fn` it was handed when a trigger matches.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import platform
@@ -91,7 +92,15 @@ class Agent:
         self.push_listener: PushListener | None = None  # set while run_forever(push=True) runs
         # Pre-started isolated workers per active task version (warm_pool.py); None: every run starts cold.
         self.pool = WarmPool(self._launch_for, max_concurrency=max_concurrent_runs) if warm_workers else None
-        self._state_lock = threading.Lock()  # runs may go concurrently; their outbox writes take turns
+        # Runs in progress, by a key of their own: (task, version, cancel event). A newer assignment for the
+        # task sets the event, and the run stops at once (outcome `cancelled`).
+        self._in_flight: dict[int, tuple[str, int, threading.Event]] = {}
+        self._run_keys = itertools.count()
+        self._runs_lock = threading.Lock()
+        # Scheduled runs started by run_forever on threads of their own, so the loop (check-in, reports,
+        # push) never waits for a task; at most `max_concurrent_runs` at once, one per task.
+        self._background: dict[str, threading.Thread] = {}
+        self.max_concurrent_runs = max_concurrent_runs
 
     # ---- trust and identity -------------------------------------------------------------------------
     def _load_root(self, root_path: str | Path | None) -> Root:
@@ -237,6 +246,7 @@ class Agent:
         version = int(manifest["version"])
         if current is not None and current[0] == version:
             return False
+        self.cancel_runs(task, f"version {version} was assigned")
         try:  # signed, yet unusable here: refuse it and say so once, so the rollout can roll it back
             validate_release_manifest(manifest)
             minimum = None if manifest.get("removed") else manifest["config"].get("min_isolation")
@@ -263,6 +273,7 @@ class Agent:
         return True
 
     def _deactivate(self, task: str) -> None:
+        self.cancel_runs(task, "the task was removed")
         self.installer.deactivate(task)
         if self.pool is not None:
             self.pool.retire(lambda folder: folder.parent.name != task)
@@ -292,17 +303,37 @@ class Agent:
         version, folder = active[task]
         return version, folder, json.loads((folder / "release.json").read_text())["signed"]["config"]
 
+    def cancel_runs(self, task: str, why: str) -> int:
+        """Stop every run of `task` in progress (a newer assignment replaced or removed its version)."""
+        with self._runs_lock:
+            events = [e for t, _, e in self._in_flight.values() if t == task and not e.is_set()]
+        for event in events:
+            event.set()
+        if events:
+            log.info("agent %s: %s: %d run(s) cancelled: %s", self.device_id, task, len(events), why)
+        return len(events)
+
     def run_task(self, task: str, inputs: Any = None) -> RunResult:
         """Run the active version of `task` in the compute container and queue its report."""
         version, folder, config = self.task_config(task)
+        key, cancel = next(self._run_keys), threading.Event()
+        with self._runs_lock:
+            self._in_flight[key] = (task, version, cancel)
+        try:
+            return self._run_task(task, version, folder, config, inputs, cancel)
+        finally:
+            with self._runs_lock:
+                del self._in_flight[key]
+
+    def _run_task(self, task: str, version: int, folder: Path, config: dict[str, Any], inputs: Any,
+                  cancel: threading.Event) -> RunResult:
         expired = self._expired_release(task, folder)
         if expired is not None:
             return expired
         reason = self.state.quarantined(task, version)
         if reason is not None:  # reported once when it was quarantined
             return RunResult("failure", 0.0, error=f"not run: quarantined: {reason}")
-        with self._state_lock:
-            run_id = self.state.begin_run(task, version)
+        run_id = self.state.begin_run(task, version)
         self._step("run-begun", task)
         try:
             # Before every run: the files are exactly the signed ones, and the config is one we can honour.
@@ -319,14 +350,13 @@ class Agent:
             self._step("run-verified", task)
             if self.pool is not None:
                 result = self.pool.run(folder, config["entry"], Limits.from_config(config["limits"]),
-                                       inputs if inputs is not None else {})
+                                       inputs if inputs is not None else {}, cancel)
             else:
-                result = self._run_cold(folder, config, inputs)
+                result = self._run_cold(folder, config, inputs, cancel)
         self._step("run-ended", task)
         result.error = safe_text(result.error)
         try:
-            with self._state_lock:
-                self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
+            self.state.finish_run(run_id, result.outcome, result.latency_ms, result.error)
         except Exception as exc:  # whatever the run did to our bookkeeping, it is the task's
             self._quarantine_after_bookkeeping(task, version, run_id, exc)
             result = RunResult("crash", result.latency_ms, error=f"quarantined: {type(exc).__name__} recording "
@@ -340,9 +370,8 @@ class Agent:
         (and quarantines the version after a second time: agent_state.py)."""
         reason = f"the agent could not record a run's result ({type(exc).__name__})"
         log.error("agent %s: %s v%d quarantined: %s", self.device_id, task, version, reason)
-        with self._state_lock:
-            self.state.finish_run(run_id, "crash", 0.0, reason)
-            self.state.quarantine(task, version, reason)
+        self.state.finish_run(run_id, "crash", 0.0, reason)
+        self.state.quarantine(task, version, reason)
 
     def _step(self, name: str, task: str = "") -> None:
         if self.on_step is not None:
@@ -360,9 +389,10 @@ class Agent:
     def _launch_for(self, folder: Path, entry: str, limits: Limits) -> Launch:
         return Launch.prepare(folder, entry, limits, worker_script=WARM_WORKER, **self._container_options(folder))
 
-    def _run_cold(self, folder: Path, config: dict[str, Any], inputs: Any) -> RunResult:
+    def _run_cold(self, folder: Path, config: dict[str, Any], inputs: Any, cancel: threading.Event) -> RunResult:
         return run_in_container(folder, config["entry"], inputs if inputs is not None else {},
-                                limits=Limits.from_config(config["limits"]), **self._container_options(folder))
+                                limits=Limits.from_config(config["limits"]), cancel=cancel,
+                                **self._container_options(folder))
 
     def _expired_release(self, task: str, folder: Path) -> RunResult | None:
         """An active release past its signed expiry is not run any more (it is reported in `errors`)."""
@@ -373,22 +403,37 @@ class Agent:
             return RunResult("expired", 0.0, error=str(exc))
         return None
 
-    def run_scheduled(self, now: float | None = None) -> int:
-        """Run tasks whose config has `schedule: {"every_s": N}` and are due; returns runs started."""
+    def run_scheduled(self, now: float | None = None, *, wait: bool = True) -> int:
+        """Run tasks whose config has `schedule: {"every_s": N}` and are due; returns runs started.
+
+        With `wait` the runs go one after another on this thread. Without it each starts on a thread of its
+        own and this returns at once (run_forever: the loop never waits for a task); a task whose previous
+        run is still going, or a run beyond `max_concurrent_runs`, waits for a later round."""
         now = time.monotonic() if now is None else now
+        self._background = {t: th for t, th in self._background.items() if th.is_alive()}
         started = 0
         for task in self.installer.active():
             schedule = self.task_config(task)[2].get("schedule")
             every = schedule.get("every_s") if isinstance(schedule, dict) else None
             if not isinstance(every, (int, float)) or now - self._last_run.get(task, -1e18) < float(every):
                 continue  # no schedule, or not due (a malformed one was refused at install)
+            if not wait and (task in self._background or len(self._background) >= self.max_concurrent_runs):
+                continue
             self._last_run[task] = now
-            try:
-                self.run_task(task, {"scheduled": True})
-            except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:  # one task never stops the rest
-                self.errors.append(f"{task}: run: {type(exc).__name__}: {exc}"[:500])
+            if wait:
+                self._scheduled_run(task)
+            else:
+                thread = threading.Thread(target=self._scheduled_run, args=(task,), name=f"run-{task}", daemon=True)
+                self._background[task] = thread
+                thread.start()
             started += 1
         return started
+
+    def _scheduled_run(self, task: str) -> None:
+        try:
+            self.run_task(task, {"scheduled": True})
+        except (FleetError, OSError, ValueError, KeyError, TypeError) as exc:  # one task never stops the rest
+            self.errors.append(f"{task}: run: {type(exc).__name__}: {exc}"[:500])
 
     def flush_reports(self) -> int:
         sent = 0
@@ -402,8 +447,9 @@ class Agent:
             sent += len(batch)
         return sent
 
-    def step(self, check_in: bool = True) -> None:
-        """One round of the agent loop; network errors are logged and retried next round."""
+    def step(self, check_in: bool = True, *, wait: bool = True) -> None:
+        """One round of the agent loop; network errors are logged and retried next round. `wait=False`
+        starts due scheduled runs in the background instead of running them here (`run_scheduled`)."""
         self.errors = []
         if check_in:
             try:
@@ -417,7 +463,7 @@ class Agent:
         # if the next run kills the agent again, so the rollout can count it and roll the release back.
         self._flush_logged()
         self.announce_active()
-        self.run_scheduled()
+        self.run_scheduled(wait=wait)
         if self.hooks is not None:
             self.hooks.poll()
         self._flush_logged()
@@ -445,7 +491,7 @@ class Agent:
                     wake.clear()  # a nudge arriving during this round wakes the next one at once
                     last_checkin = time.monotonic()
                 try:
-                    self.step(check_in=due)
+                    self.step(check_in=due, wait=False)
                 except Exception as exc:  # the loop outlives any fault of one round
                     self.failed_rounds += 1
                     self.errors.append(f"round: {type(exc).__name__}: {exc}"[:500])
@@ -461,6 +507,16 @@ class Agent:
         finally:
             if listener is not None:
                 listener.stop()
+            self._stop_background_runs()
+
+    def _stop_background_runs(self, grace_s: float = 10.0) -> None:
+        """Cancel the runs in progress and wait (bounded) for their reports to be written."""
+        with self._runs_lock:
+            events = [e for _, _, e in self._in_flight.values()]
+        for event in events:
+            event.set()
+        for thread in list(self._background.values()):
+            thread.join(grace_s)
 
     def next_wait_s(self) -> float:
         """The check-in interval, doubled per consecutive failed round up to 64×, with jitter (no stampede)."""
@@ -468,6 +524,7 @@ class Agent:
         return self.checkin_interval_s * factor * (random.uniform(0.5, 1.0) if self.failed_rounds else 1.0)
 
     def close(self) -> None:
+        self._stop_background_runs()
         if self.pool is not None:
             self.pool.close()
         self.http.close()

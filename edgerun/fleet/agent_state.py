@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -63,6 +64,7 @@ class AgentState:
         path = Path(path)
         _private(path)
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a report acknowledged to the caller survives power loss
         self.db.executescript(_SCHEMA)
@@ -70,25 +72,40 @@ class AgentState:
     def close(self) -> None:
         self.db.close()
 
+    # One connection shared by the agent's threads (its loop and its runs): every statement takes the lock,
+    # and a transaction holds it from BEGIN to COMMIT, so no other thread's statement lands inside it.
+    def _sql(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self.db.execute(sql, params).fetchall()
+
+    def _one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        rows = self._sql(sql, params)
+        return rows[0] if rows else None
+
+    def _many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        with self._lock:
+            self.db.executemany(sql, rows)
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
         """All or nothing (the connection autocommits each statement otherwise)."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
 
     # ---- key/value ----------------------------------------------------------------------------------
     def get(self, key: str, default: str | None = None) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        row = self._one("SELECT value FROM meta WHERE key = ?", (key,))
         return row[0] if row else default
 
     def put(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
-                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self._sql("INSERT INTO meta (key, value) VALUES (?, ?) "
+                  "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
     def get_json(self, key: str) -> Any:
         raw = self.get(key)
@@ -104,46 +121,46 @@ class AgentState:
 
     # ---- highest versions seen (anti-rollback) -----------------------------------------------------
     def seen_version(self, task: str) -> int:
-        row = self.db.execute("SELECT version FROM seen WHERE task = ?", (task,)).fetchone()
+        row = self._one("SELECT version FROM seen WHERE task = ?", (task,))
         return int(row[0]) if row else 0
 
     def raise_seen(self, task: str, version: int) -> None:
-        self.db.execute("INSERT INTO seen (task, version) VALUES (?, ?) ON CONFLICT(task) DO UPDATE "
-                        "SET version = MAX(version, excluded.version)", (task, version))
+        self._sql("INSERT INTO seen (task, version) VALUES (?, ?) ON CONFLICT(task) DO UPDATE "
+                  "SET version = MAX(version, excluded.version)", (task, version))
 
     def reset_seen(self) -> None:
         """Forget every version floor (the release key rotated: what the old key signed no longer verifies)."""
-        self.db.execute("DELETE FROM seen")
+        self._sql("DELETE FROM seen")
 
     # ---- report outbox ------------------------------------------------------------------------------
     def begin_run(self, task: str, version: int) -> str:
         run_id = uuid.uuid4().hex
-        self.db.execute("INSERT INTO outbox (id, task, version, state, created) VALUES (?, ?, ?, 'running', ?)",
-                        (run_id, task, version, time.time()))
+        self._sql("INSERT INTO outbox (id, task, version, state, created) VALUES (?, ?, ?, 'running', ?)",
+                  (run_id, task, version, time.time()))
         return run_id
 
     def finish_run(self, run_id: str, outcome: str, latency_ms: float, error: str) -> None:
         with self._transaction():
-            self.db.execute("UPDATE outbox SET state = 'done', outcome = ?, latency_ms = ?, error = ? WHERE id = ?",
-                            (outcome, latency_ms, safe_text(error), run_id))
-            self.db.execute("DELETE FROM meta WHERE key = (SELECT 'interrupted:' || task || ':' || version "
-                            "FROM outbox WHERE id = ?)", (run_id,))
+            self._sql("UPDATE outbox SET state = 'done', outcome = ?, latency_ms = ?, error = ? WHERE id = ?",
+                      (outcome, latency_ms, safe_text(error), run_id))
+            self._sql("DELETE FROM meta WHERE key = (SELECT 'interrupted:' || task || ':' || version "
+                      "FROM outbox WHERE id = ?)", (run_id,))
 
     def report_refusal(self, task: str, version: int, error: str, kind: str = "refused") -> None:
         """One failure report for a signed version this device refuses to run (same id on every retry)."""
         run_id = hashlib.sha256(f"{kind}:{task}:{version}".encode()).hexdigest()[:32]
-        self.db.execute("INSERT OR IGNORE INTO outbox (id, task, version, state, outcome, latency_ms, error, created) "
-                        "VALUES (?, ?, ?, 'done', 'failure', 0, ?, ?)",
-                        (run_id, task, version, safe_text(error), time.time()))
+        self._sql("INSERT OR IGNORE INTO outbox (id, task, version, state, outcome, latency_ms, error, created) "
+                  "VALUES (?, ?, ?, 'done', 'failure', 0, ?, ?)",
+                  (run_id, task, version, safe_text(error), time.time()))
 
     def recover_interrupted_runs(self) -> list[tuple[str, int]]:
         """Turn runs the agent died during into crash reports, count them per version, and quarantine a
         version interrupted `QUARANTINE_AFTER` times in a row; returns the versions quarantined now."""
         quarantined = []
         with self._transaction():
-            rows = self.db.execute("SELECT task, version FROM outbox WHERE state = 'running'").fetchall()
-            self.db.execute("UPDATE outbox SET state = 'done', outcome = 'crash', latency_ms = 0, "
-                            "error = 'interrupted: the agent stopped during the run' WHERE state = 'running'")
+            rows = self._sql("SELECT task, version FROM outbox WHERE state = 'running'")
+            self._sql("UPDATE outbox SET state = 'done', outcome = 'crash', latency_ms = 0, "
+                      "error = 'interrupted: the agent stopped during the run' WHERE state = 'running'")
             for task, version in rows:
                 key = f"interrupted:{task}:{version}"
                 count = int(self.get(key, "0") or 0) + 1
@@ -160,24 +177,24 @@ class AgentState:
             self._quarantine(task, version, reason)
 
     def _quarantine(self, task: str, version: int, reason: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO quarantine (task, version, reason) VALUES (?, ?, ?)",
-                        (task, version, safe_text(reason)))
+        self._sql("INSERT OR IGNORE INTO quarantine (task, version, reason) VALUES (?, ?, ?)",
+                  (task, version, safe_text(reason)))
         self.report_refusal(task, version, f"quarantined: {reason}", kind="quarantined")
 
     def quarantined(self, task: str, version: int) -> str | None:
         """The reason this version is quarantined, or None."""
-        row = self.db.execute("SELECT reason FROM quarantine WHERE task = ? AND version = ?",
-                              (task, version)).fetchone()
+        row = self._one("SELECT reason FROM quarantine WHERE task = ? AND version = ?",
+                        (task, version))
         return str(row[0]) if row else None
 
     def pending_reports(self, limit: int = 500) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT id, task, version, outcome, latency_ms, error FROM outbox "
-                               "WHERE state = 'done' ORDER BY created LIMIT ?", (limit,)).fetchall()
+        rows = self._sql("SELECT id, task, version, outcome, latency_ms, error FROM outbox "
+                         "WHERE state = 'done' ORDER BY created LIMIT ?", (limit,))
         return [{"id": r[0], "task": r[1], "version": r[2], "outcome": r[3], "latency_ms": r[4] or 0.0,
                  "error": r[5] or ""} for r in rows]
 
     def mark_sent(self, ids: list[str]) -> None:
-        self.db.executemany("UPDATE outbox SET state = 'sent' WHERE id = ?", [(i,) for i in ids])
+        self._many("UPDATE outbox SET state = 'sent' WHERE id = ?", [(i,) for i in ids])
 
     def count(self, state: str) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE state = ?", (state,)).fetchone()[0])
+        return int(self._one("SELECT COUNT(*) FROM outbox WHERE state = ?", (state,))[0])

@@ -30,7 +30,8 @@ from edgerun.fleet.sandbox_cgroup import RunCgroup, sweep_stale
 from edgerun.fleet.sandbox_seccomp import filter_fd
 
 WORKER = Path(__file__).with_name("container_worker.py")
-OUTCOMES = ("success", "failure", "timeout", "crash")
+# "cancelled": stopped because a newer assignment replaced or removed the task's version (agent.py).
+OUTCOMES = ("success", "failure", "timeout", "crash", "cancelled")
 MAX_RESULT_BYTES = 16 * 1024 * 1024  # a bigger result is a crash, not a reason for the agent to grow
 TAIL_BYTES = 4000  # of the task's stdout and stderr, kept for the report
 
@@ -76,14 +77,15 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
                      memory_mb: int = 512, limits: Limits | None = None, network: bool = False,
                      work_root: str | Path | None = None, level: str | None = None,
                      hide: list[Path] | None = None, readonly_shares: list[Path] | None = None,
-                     extra_env: dict[str, str] | None = None) -> RunResult:
+                     extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None) -> RunResult:
     """Run `run(inputs)` from `entry` in `task_dir` once, isolated; never raises for task faults.
 
     `limits` overrides `timeout_s`/`memory_mb`. `hide` names folders that must never be visible (the agent's
     state); `readonly_shares` are files shared read-only at their own path (collective storage, the device's
     search cache); `extra_env` adds environment variables (EDGERUN_CACHE_DIR naming that cache). Where a
     folder is needed on the host (rlimit-only level) it goes under `work_root`, so a run cut short by
-    kill -9 leaves its leftovers where the next start sweeps them (`clear_scratch`).
+    kill -9 leaves its leftovers where the next start sweeps them (`clear_scratch`). Setting `cancel` stops
+    the run at once (every process of it killed; outcome `cancelled`).
     """
     limits = limits or Limits(timeout_s=timeout_s, memory_mb=memory_mb)
     launch = Launch.prepare(task_dir, entry, limits, network=network, work_root=work_root, level=level,
@@ -91,7 +93,7 @@ def run_in_container(task_dir: str | Path, entry: str, inputs: Any, *, timeout_s
     start = time.perf_counter()
     try:
         result = _spawn_and_watch(launch.prefix, launch.worker, launch.spec, launch.env, launch.cwd, inputs,
-                                  limits.timeout_s, launch.cgroup, start, extra_fds=launch.extra_fds)
+                                  limits.timeout_s, launch.cgroup, start, extra_fds=launch.extra_fds, cancel=cancel)
     finally:
         result_extra = launch.release()
     result.extra.update(isolation=launch.level, seccomp=launch.seccomp_fd is not None, **result_extra)
@@ -146,7 +148,10 @@ class Launch:
             cwd = str(scratch_host)
         spec = {"task_dir": run_dir, "entry": entry, "uid": uid, "limits": limits.as_worker_spec(),
                 "python_path": [str(package_root())], "set_no_new_privs": not level.startswith("bwrap"),
-                "limit_nproc": uid is not None or level.startswith("bwrap")}
+                "limit_nproc": uid is not None or level.startswith("bwrap"),
+                # A warm worker may SIGKILL every other process of its identity after each run only where
+                # that identity is the run's own (its uid, or bubblewrap's pid namespace): warm_worker.py.
+                "own_identity": uid is not None or level.startswith("bwrap")}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
         if scratch_host is not None:
@@ -184,7 +189,8 @@ def _make_scratch(work_root: str | Path | None, uid: int | None) -> Path:
 
 def _spawn_and_watch(prefix: list[str], worker: list[str], spec: dict[str, Any], env: dict[str, str],
                      cwd: str | None, inputs: Any, timeout_s: float, cgroup: RunCgroup | None,
-                     start: float, extra_fds: tuple[int, ...] = ()) -> RunResult:
+                     start: float, extra_fds: tuple[int, ...] = (),
+                     cancel: threading.Event | None = None) -> RunResult:
     result_r, result_w = os.pipe()  # the agent's end stays here; the task never sees the agent's side
     command = [*prefix, *worker, json.dumps({**spec, "result_fd": result_w})]
     try:
@@ -199,9 +205,9 @@ def _spawn_and_watch(prefix: list[str], worker: list[str], spec: dict[str, Any],
     threading.Thread(target=_feed, args=(proc.stdin, json.dumps(inputs).encode()), daemon=True).start()
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
     streams = {out_fd: bytearray(), err_fd: bytearray(), result_r: bytearray()}
-    timed_out = _pump(proc, streams, result_r, deadline=start + timeout_s)
+    stopped = _pump(proc, streams, result_r, deadline=start + timeout_s, cancel=cancel)
     latency = (time.perf_counter() - start) * 1000
-    if timed_out:
+    if stopped:
         _kill_tree(proc)
     code = proc.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -210,7 +216,9 @@ def _spawn_and_watch(prefix: list[str], worker: list[str], spec: dict[str, Any],
     proc.stdout.close()  # type: ignore[union-attr]
     proc.stderr.close()  # type: ignore[union-attr]
     stdout_tail, stderr_tail = (bytes(streams[fd]).decode(errors="replace") for fd in (out_fd, err_fd))
-    if timed_out:
+    if stopped == "cancelled":
+        return RunResult("cancelled", latency, error="cancelled: a newer assignment replaced this version")
+    if stopped:
         return RunResult("timeout", latency, error=f"exceeded {timeout_s:g}s")
     if code < 0 or code > 128:
         sig = -code if code < 0 else code - 128
@@ -230,8 +238,10 @@ def _feed(pipe: Any, data: bytes) -> None:
         pipe.close()
 
 
-def _pump(proc: subprocess.Popen[bytes], streams: dict[int, bytearray], result_fd: int, deadline: float) -> bool:
-    """Read stdout, stderr and the result pipe until the worker ends; True if the deadline passed first.
+def _pump(proc: subprocess.Popen[bytes], streams: dict[int, bytearray], result_fd: int, deadline: float,
+          cancel: threading.Event | None = None) -> str:
+    """Read stdout, stderr and the result pipe until the worker ends; "timeout" if the deadline passed
+    first, "cancelled" if `cancel` was set first, else "".
 
     stdout and stderr keep only their tails; the result pipe stops growing past MAX_RESULT_BYTES + 1, which
     _parse_frame refuses. The worker's exit ends the wait even if a (soon killed) child holds a pipe open.
@@ -244,7 +254,9 @@ def _pump(proc: subprocess.Popen[bytes], streams: dict[int, bytearray], result_f
         while sel.get_map():
             now = time.perf_counter()
             if now >= deadline:
-                return True
+                return "timeout"
+            if cancel is not None and cancel.is_set():
+                return "cancelled"
             exited = proc.poll() is not None
             for key, _ in sel.select(timeout=0.02 if exited else min(0.1, deadline - now)):
                 fd = int(key.fd)  # type: ignore[arg-type]
@@ -263,7 +275,7 @@ def _pump(proc: subprocess.Popen[bytes], streams: dict[int, bytearray], result_f
                     del buf[: max(0, len(buf) - TAIL_BYTES)]
             if exited and not any(sel.select(timeout=0)):
                 break
-        return False
+        return ""
     finally:
         sel.close()
 

@@ -6,7 +6,11 @@ mount view (task files read-only, a private scratch), cgroup, seccomp filter and
 its life: it serves the runs of one task version one after another (state a task keeps between its own runs
 stays within that task version, as in Walle), and is killed when a run overstays its time limit, when it
 crashes (the run is reported as a crash and a fresh worker replaces it), after `MAX_RUNS` runs, or when the
-version retires. At most `max_concurrency` runs go at once, over all tasks.
+version retires. After each run the worker kills every other process of the run's identity, so nothing a
+run started outlives it (warm_worker.py). At most `max_concurrency` runs go at once, over all tasks.
+
+Each version folder has its own spawner thread: a task whose module takes a minute to import delays only
+its own workers, never another task's first run.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ LaunchFactory = Callable[[Path, str, Limits], Launch]
 class WarmWorker:
     """One pre-started worker of one task version."""
 
-    def __init__(self, launch: Launch, limits: Limits) -> None:
+    def __init__(self, launch: Launch, limits: Limits, *, wait: bool = True) -> None:
+        """Start the worker; with `wait`, also wait for its ready frame (else call `wait_ready`)."""
         self.launch, self.limits = launch, limits
+        self.startup_ms = 0.0
         self.runs = 0
         self.startup_error = ""
         self._buf = bytearray()
@@ -63,21 +69,38 @@ class WarmWorker:
         finally:
             os.close(result_w)
         self._result_r = result_r
+        self._started = start
         for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
             threading.Thread(target=self._drain, args=(pipe, self._tails[name]), daemon=True).start()
-        status, record = self._read_frame(start + max(STARTUP_S, limits.timeout_s))
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for the ready frame (imports and the task's module-level set-up); a worker that does not
+        send one in time is closed, with `startup_error` saying why."""
+        if self.proc is None:
+            return
+        status, record = self._read_frame(self._started + max(STARTUP_S, self.limits.timeout_s))
         if status != "frame" or not record.get("ready"):
             self.startup_error = (str(record.get("error", "")) if status == "frame" else
                                   f"the warm worker did not start ({status}): {self._tail('stderr')}")
             self.close()
-        self.startup_ms = (time.perf_counter() - start) * 1000
+        self.startup_ms = (time.perf_counter() - self._started) * 1000
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group from any thread; the thread waiting on it then closes it."""
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def run(self, inputs: Any) -> RunResult:
-        """One run; never raises for the task's faults. A worker that is not alive afterwards is discarded."""
+    def run(self, inputs: Any, cancel: threading.Event | None = None) -> RunResult:
+        """One run; never raises for the task's faults. A worker that is not alive afterwards is discarded.
+        Setting `cancel` stops the run at once (the worker is killed; outcome `cancelled`)."""
         assert self.proc is not None and self.proc.stdin is not None
         start = time.perf_counter()
         payload = json.dumps({"inputs": inputs}).encode()
@@ -87,8 +110,12 @@ class WarmWorker:
         except OSError:
             pass  # it died while idle: read what it left below
         self.runs += 1
-        status, record = self._read_frame(start + self.limits.timeout_s)
+        status, record = self._read_frame(start + self.limits.timeout_s, cancel)
         latency = (time.perf_counter() - start) * 1000
+        if status == "cancelled" or (status != "frame" and cancel is not None and cancel.is_set()):
+            self.close()
+            return self._done(RunResult("cancelled", latency,
+                                        error="cancelled: a newer assignment replaced this version"))
         if status == "timeout":
             self.close()
             return self._done(RunResult("timeout", latency, error=f"exceeded {self.limits.timeout_s:g}s"))
@@ -120,8 +147,8 @@ class WarmWorker:
             return self.proc.wait(2)
         return None
 
-    def _read_frame(self, deadline: float) -> tuple[str, dict[str, Any]]:
-        """("frame", record), ("timeout", {}), ("eof", {}) or ("malformed", {})."""
+    def _read_frame(self, deadline: float, cancel: threading.Event | None = None) -> tuple[str, dict[str, Any]]:
+        """("frame", record), ("timeout", {}), ("cancelled", {}), ("eof", {}) or ("malformed", {})."""
         with selectors.DefaultSelector() as sel:
             sel.register(self._result_r, selectors.EVENT_READ)
             while True:
@@ -139,7 +166,9 @@ class WarmWorker:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     return "timeout", {}
-                if not sel.select(timeout=left):
+                if cancel is not None and cancel.is_set():
+                    return "cancelled", {}
+                if not sel.select(timeout=min(left, 0.1) if cancel is not None else left):
                     continue
                 chunk = os.read(self._result_r, 1 << 16)
                 if not chunk:
@@ -183,26 +212,33 @@ class WarmPool:
         self._idle: dict[Path, list[WarmWorker]] = {}
         self._lock = threading.Lock()
         self.replaced = 0  # workers discarded after a crash or timeout and started anew
-        # Every worker is started by this one long-lived thread: bubblewrap's --die-with-parent kills a
-        # worker when the *thread* that started it ends, and a run's or a prestart's thread soon does.
-        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
-        threading.Thread(target=self._spawner, name="warm-spawner", daemon=True).start()
+        # Workers are started by long-lived threads, one per version folder: bubblewrap's --die-with-parent
+        # kills a worker when the *thread* that started it ends, and a run's or a prestart's thread soon
+        # does; one thread per folder, so a slow start-up holds up only its own task.
+        self._spawners: dict[Path, _Spawner] = {}
+        self._starting: set[WarmWorker] = set()  # killed by close() while they start
 
-    def _spawner(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, future = job
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # handed to whoever waits on it
-                future.set_exception(exc)
+    def _submit(self, folder: Path, fn: Callable[[], Any]) -> Future[Any]:
+        with self._lock:
+            spawner = self._spawners.get(folder)
+            if spawner is None:
+                spawner = self._spawners[folder] = _Spawner(f"warm-spawner-{folder.parent.name}-{folder.name}")
+        return spawner.submit(fn)
 
-    def _submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._jobs.put((fn, future))
-        return future
+    def _new_worker(self, folder: Path, entry: str, limits: Limits) -> WarmWorker:
+        """Start one worker and wait for it to be ready (on the folder's spawner thread)."""
+        worker = WarmWorker(self.launch_for(folder, entry, limits), limits, wait=False)
+        with self._lock:
+            self._starting.add(worker)
+        try:
+            worker.wait_ready()
+        finally:
+            with self._lock:
+                self._starting.discard(worker)
+        return worker
 
     def _start(self, folder: Path, entry: str, limits: Limits) -> WarmWorker:
-        worker: WarmWorker = self._submit(lambda: WarmWorker(self.launch_for(folder, entry, limits), limits)).result()
+        worker: WarmWorker = self._submit(folder, lambda: self._new_worker(folder, entry, limits)).result()
         return worker
 
     def prestart(self, folder: Path, entry: str, limits: Limits, *, wait: bool = False) -> None:
@@ -211,10 +247,10 @@ class WarmPool:
             with self._lock:
                 missing = self.per_version - len(self._idle.get(folder, []))
             for _ in range(missing):
-                worker = WarmWorker(self.launch_for(folder, entry, limits), limits)
+                worker = self._new_worker(folder, entry, limits)
                 if worker.alive:
                     self._give(folder, worker)
-        done = self._submit(fill)
+        done = self._submit(folder, fill)
         if wait:
             done.result()
 
@@ -235,15 +271,19 @@ class WarmPool:
                 return
         worker.close()  # the version was pruned meanwhile
 
-    def run(self, folder: Path, entry: str, limits: Limits, inputs: Any) -> RunResult:
+    def run(self, folder: Path, entry: str, limits: Limits, inputs: Any,
+            cancel: threading.Event | None = None) -> RunResult:
         with self._slots:
             worker = self._take(folder)
             if worker is None:
                 worker = self._start(folder, entry, limits)  # nothing warm: this run pays the start-up
+                if cancel is not None and cancel.is_set():  # replaced while its worker started
+                    worker.close()
+                    return RunResult("cancelled", worker.startup_ms,
+                                     error="cancelled: a newer assignment replaced this version")
                 if not worker.alive:
-                    return RunResult("failure", getattr(worker, "startup_ms", 0.0),
-                                     error=f"not run: {worker.startup_error[-2000:]}")
-            result = worker.run(inputs)
+                    return RunResult("failure", worker.startup_ms, error=f"not run: {worker.startup_error[-2000:]}")
+            result = worker.run(inputs, cancel)
             if worker.alive:
                 self._give(folder, worker)
             else:
@@ -257,9 +297,39 @@ class WarmPool:
         with self._lock:
             gone = [f for f in self._idle if not keep(f)]
             workers = [w for f in gone for w in self._idle.pop(f)]
+            spawners = [self._spawners.pop(f) for f in list(self._spawners) if not keep(f)]
         for w in workers:
             w.close()
+        for spawner in spawners:
+            spawner.stop()
 
     def close(self) -> None:
+        with self._lock:
+            starting = list(self._starting)
+        for w in starting:
+            w.kill()  # its spawner thread sees it die and closes it
         self.retire(lambda _folder: False)
-        self._jobs.put(None)
+
+
+class _Spawner:
+    """One long-lived thread that runs start-up jobs in order (see WarmPool.__init__ for why a thread)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, future = job
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to whoever waits on it
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)  # after the jobs already queued

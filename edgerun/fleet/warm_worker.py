@@ -6,6 +6,10 @@ cold run pays on every trigger once: it imports numpy and edgerun and executes t
 model the script loads at import stays loaded. It writes a ready frame, then serves runs of this one task
 version: stdin carries frames (8-byte big-endian length + JSON inputs), the result pipe one frame per run,
 as a cold worker writes it. The agent kills it when a run overstays its limit or the version retires.
+
+After each run, before its result frame, it SIGKILLs every other process its identity may signal
+(`kill(-1)`): where that identity is the run's own (bubblewrap's pid namespace, or the run's own uid),
+that is exactly what the run started, detached children included, so no process outlives its run.
 """
 
 import json
@@ -13,6 +17,7 @@ import os
 import pkgutil  # noqa: F401 - runpy needs it; imported before the uid drop, which may hide the stdlib
 import resource
 import runpy
+import signal
 import sys
 import traceback
 
@@ -34,11 +39,28 @@ def _read_frame(stream):
     return json.loads(body) if len(body) == size else None
 
 
+def _kill_what_the_run_left() -> None:
+    """SIGKILL every process of this worker's identity but itself (kill(-1) spares the caller and pid 1),
+    then reap its own children. Killed processes stay zombies until reaped, so kill(-1) keeps finding them;
+    the loop is bounded and each pass is one system call."""
+    for _ in range(20):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     sys.path[:0] = list(spec.get("python_path", []))
     from edgerun.fleet.container_worker import confine  # the agent's own package, read-only in the sandbox
 
+    reap = bool(spec.get("own_identity"))
     per_run_cpu = int(spec["limits"]["cpu_s"])
     runs_allowed = int(spec.get("max_runs", 1000))
     # The CPU rlimit counts the process's whole life: the hard limit allows every run it may serve, and
@@ -73,6 +95,8 @@ def main() -> int:
             json.dumps(record)  # an unserialisable result is the task's fault, as in a cold run
         except BaseException:
             record = {"ok": False, "error": traceback.format_exc(limit=5)}
+        if reap:
+            _kill_what_the_run_left()
         _frame(out, record)
     return 0
 
