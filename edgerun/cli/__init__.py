@@ -53,6 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgerunError as exc:
         print(f"edgerun: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A path typed wrong, a folder where a file goes, a file that may not be read: one line naming it
+        # (each command checks what it can say better, e.g. "not a test bundle"; this catches the rest).
+        print(f"edgerun: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("edgerun: interrupted", file=sys.stderr)
         return 130

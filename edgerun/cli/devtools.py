@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 from edgerun.devtools.backends import backend_from_spec
@@ -92,6 +93,16 @@ def _inspect_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
     return 0 if report.first_below is None else 1
 
 
+def _report_dir(path: str) -> None:
+    """Make the report folder, saying so when it replaces an earlier report there (the default is the same
+    ./migration-report/ for every run, so a second migrate would otherwise overwrite the first silently)."""
+    earlier = [n for n in ("migration.md", "migration.json", "tests.bundle") if os.path.exists(os.path.join(path, n))]
+    if earlier:
+        print(f"migrate: replacing the earlier report in {path}/ ({', '.join(earlier)}); "
+              "--report-dir DIR keeps it", file=sys.stderr)
+    os.makedirs(path, exist_ok=True)
+
+
 def _migrate_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
     from edgerun.devtools.quant_migrate import migrate_against_float
 
@@ -99,7 +110,7 @@ def _migrate_against(args: argparse.Namespace, loaded: LoadedGraph) -> int:
                                    min_snr_db=args.min_snr)
     print(report.table())
     print(report.summary())
-    os.makedirs(args.report_dir, exist_ok=True)
+    _report_dir(args.report_dir)
     path = os.path.join(args.report_dir, "migration.json")
     report.save(path)
     print(f"report: {path}")
@@ -116,7 +127,7 @@ def _migrate(args: argparse.Namespace) -> int:
     if not args.target:
         raise EdgerunError("migrate needs --to BACKEND, or --against FLOAT_PROGRAM for a quantized program")
     inputs = _inputs(args, loaded)
-    os.makedirs(args.report_dir, exist_ok=True)
+    _report_dir(args.report_dir)
     bundle_path = args.bundle or os.path.join(args.report_dir, "tests.bundle")
     bundle = TestBundle.read(bundle_path) if args.bundle else carve_to(loaded, inputs, bundle_path, progress=True)
     report = migrate(loaded, inputs, bundle, backend_from_spec(args.source), backend_from_spec(args.target),

@@ -108,8 +108,11 @@ def _load(args: argparse.Namespace) -> Any:
     backends = args.backends
     if backends and backends != "auto":
         backends = [b for b in backends.split(",") if b]
+    from edgerun.cli.progress import Progress
+
     start = time.perf_counter()
-    model = edgerun.llm.load(args.model, dequantize=args.dequantize, context=args.context, backends=backends)
+    with Progress(f"loading {args.model}"):
+        model = edgerun.llm.load(args.model, dequantize=args.dequantize, context=args.context, backends=backends)
     packed = any(n.op == "matmul_int4" for n in model.runner.decode.graph.nodes)
     print(f"[loaded {model.name} in {time.perf_counter() - start:.1f} s; weights "
           f"{'packed (int4 matmuls)' if packed else 'float32'}; context {model.context}]", file=sys.stderr)

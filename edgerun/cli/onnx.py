@@ -46,7 +46,12 @@ def _import_onnx(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise EdgerunError(f"import-onnx needs the onnx package ({exc.name} is missing): "
                            "pip install 'edgerun[onnx]'") from None
-    program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None, optimize=not args.no_optimize)
+    from edgerun.frontends.onnx.symbols import DynamicInputError
+
+    try:
+        program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None, optimize=not args.no_optimize)
+    except DynamicInputError as exc:
+        raise EdgerunError(f"{args.file}: {exc.cli_message()}") from None
     program.save(args.output)
     g = program.graph
     symbols = "".join(f", {name} in [{lo}, {hi}]" for name, (lo, hi) in sorted(g.symbols.items()))

@@ -38,6 +38,7 @@ def _quantize(args: argparse.Namespace) -> int:
     if not os.path.exists(args.file):
         raise EdgerunError(f"no program file {args.file!r}")
     program = Program.read(args.file)
+    _refuse_requantizing(args.file, program, args.scheme)
     quantized, report = quantize_with_report(program, args.scheme, args.calibration, args.exclude,
                                              args.group_size, args.observer, reduce_range=args.reduce_range,
                                              static_linear=args.static_linear)
@@ -46,3 +47,19 @@ def _quantize(args: argparse.Namespace) -> int:
     print(report.table())
     print(f"wrote {args.output}: {after / 1e6:.2f} MB ({before / max(after, 1):.1f}x smaller than {before / 1e6:.2f} MB)")
     return 0
+
+
+# The ops that mark a program as already holding the scheme's integer form: quantizing it again would re-round
+# what is left in float (an LLM file's few float layers) and change its output for no gain in size.
+_ALREADY = {"int4-weight": ("matmul_int4",), "8da4w": ("matmul_int4",),
+            "int8-dynamic": ("dynamic_quantize", "matmul_integer", "conv_integer"),
+            "int8-static": ("quantize_linear", "matmul_integer", "conv_integer", "requantize")}
+
+
+def _refuse_requantizing(path: str, program: Any, scheme: str) -> None:
+    counts = program.graph.op_counts()
+    found = {op: counts[op] for op in _ALREADY.get(scheme, ()) if counts.get(op)}
+    if found:
+        held = ", ".join(f"{n} {op}" for op, n in found.items())
+        raise EdgerunError(f"{path} is already quantized ({held}): --scheme {scheme} would only re-round its "
+                           "remaining float layers; quantize the float program it came from instead")

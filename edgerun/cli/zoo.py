@@ -1,4 +1,4 @@
-"""`edgerun zoo list`, `edgerun zoo export NAME -o FILE`, `edgerun export module:factory -o FILE`.
+"""`edgerun zoo list`, `edgerun zoo export NAME -o FILE [--inputs NPZ]`, `edgerun export module:factory -o FILE`.
 
 `edgerun export` imports a Python path `package.module:factory`; calling `factory()` must return
 `(module, example_args)`: a torch.nn.Module and a tuple of example tensors. The program is specialised to the
@@ -26,6 +26,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("name", help="a model name from `edgerun zoo list`")
     p.add_argument("-o", "--output", required=True, help="program file to write")
     p.add_argument("--no-optimize", action="store_true", help="save the frontend's graph without running passes")
+    p.add_argument("--inputs", metavar="NPZ",
+                   help="also write the example inputs it was exported with, by input name (for run/carve --inputs)")
     p.set_defaults(func=_zoo_export)
 
     p = subparsers.add_parser("export", help="export a PyTorch model (module:factory) to a program file",
@@ -107,3 +109,10 @@ def _export_and_save(module: Any, example: tuple[Any, ...], name: str, args: arg
     print(f"wrote {args.output}: {len(program.graph.nodes)} nodes ({len(counts)} op kinds), "
           f"{program.graph.weight_bytes() / 1e6:.1f} MB of weights, inputs "
           f"{', '.join(f'{n}: {program.graph.specs[n]}' for n in program.graph.inputs)}")
+    if getattr(args, "inputs", None):
+        import numpy as np
+
+        arrays = {n: np.asarray(x.detach().numpy() if hasattr(x, "detach") else x)
+                  for n, x in zip(program.graph.inputs, example)}
+        np.savez(args.inputs, **arrays)  # type: ignore[arg-type]
+        print(f"wrote {args.inputs}: the example inputs, by input name")

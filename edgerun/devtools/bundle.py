@@ -197,7 +197,11 @@ class TestBundle:
         try:
             index = json.loads((root / "index.json").read_text())
         except FileNotFoundError:
+            if not root.exists():
+                raise EdgerunError(f"no test bundle at {root}") from None
             raise EdgerunError(f"{root} is not a test bundle (no index.json)") from None
+        except NotADirectoryError:
+            raise EdgerunError(f"{root} is a file, not a test bundle (the folder `edgerun carve` writes)") from None
         except json.JSONDecodeError as exc:
             raise EdgerunError(f"{root}/index.json is not valid JSON: {exc}") from None
         if index.get("format") != FORMAT or index.get("version") != VERSION:

@@ -85,11 +85,21 @@ def _loaded(graph: Graph, program: Program | None, path: str | None, method: str
 
 def read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """The arrays of an .npz, by name."""
+    where = os.fspath(path)
+    if not os.path.exists(where):
+        raise EdgerunError(f"no inputs file at {where}")
     try:
         with np.load(path, allow_pickle=False) as npz:
+            if not hasattr(npz, "files"):  # a bare .npy: one array, not named inputs
+                raise EdgerunError(f"{where} holds one array (.npy), not named inputs: save them with "
+                                   "numpy.savez(path, name=array, ...)")
             return {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as exc:
-        raise EdgerunError(f"cannot read inputs from {os.fspath(path)!r}: {exc}") from None
+    except ValueError:
+        # numpy takes anything that is neither a zip nor .npy for a pickle, and refuses pickles.
+        raise EdgerunError(f"{where} is not an .npz of arrays: save inputs with numpy.savez(path, name=array, "
+                           "...) or `edgerun zoo export NAME -o FILE --inputs NPZ`") from None
+    except OSError as exc:
+        raise EdgerunError(f"cannot read inputs from {where}: {exc}") from None
 
 
 def read_inputs(path: str | os.PathLike[str], graph: Graph) -> InputSet:

@@ -129,6 +129,9 @@ class LoadedProgram(MethodAccess):
 
     # -- running -----------------------------------------------------------------------------------------
     def __call__(self, *arrays: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run the default method on inputs by position or by name. A program with one output returns that
+        array, one with several a tuple of them, as calling a torch module does (`logits = model(x)`);
+        `run` always returns a list."""
         if arrays and named:
             raise EdgerunError("pass inputs either by position or by name, not both")
         outs = self.run(named if named else arrays)

@@ -73,7 +73,7 @@ def partition_costs(m: LoadedProgram, inputs: dict[str, np.ndarray] | None, runs
 
 
 def format_placement_table(costs: list[PartitionCost]) -> str:
-    rows = [("partition", "backend", "ops", "estimated ms", "measured ms", "ratio")]
+    rows = [("partition", "backend", "ops", "estimated ms", "profiled now ms", "ratio")]
     for c in costs:
         measured = "-" if c.measured_s is None else f"{c.measured_s * 1e3:.3f}"
         ratio = "-" if not c.measured_s or not c.estimated_s else f"{c.measured_s / c.estimated_s:.2f}"

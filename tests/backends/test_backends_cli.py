@@ -41,4 +41,4 @@ def test_calibrate_then_plan_with_auto(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "reference" in proc.stdout
     # Every candidate the search considered, modelled against measured, the chosen one marked.
-    assert "modelled ms  measured ms" in proc.stdout and "<- chosen" in proc.stdout
+    assert "modelled ms  load-time call ms" in proc.stdout and "<- chosen" in proc.stdout

@@ -61,7 +61,7 @@ def test_info_reports_kinds_arena_and_passes(program_file: Path, capsys: pytest.
 def test_plan_prints_one_row_per_partition(program_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(program_file), "--runs", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["partition", "backend", "ops", "estimated", "ms", "measured", "ms", "ratio"]
+    assert lines[0].split() == ["partition", "backend", "ops", "estimated", "ms", "profiled", "now", "ms", "ratio"]
     row = lines[2].split()
     assert row[0] == "p0" and row[1] == "reference" and float(row[4]) > 0
     assert lines[-1].startswith("total")

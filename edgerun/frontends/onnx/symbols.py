@@ -91,7 +91,7 @@ def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[An
                 size = 0
             shape.append(size)
         if unresolved:
-            raise UnsupportedOpError(f"input {vi.name}", detail=_unbounded_message(vi.name, dims, unresolved))
+            raise DynamicInputError(vi.name, list(describe(dims)), unresolved)
         declared = [int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None for d in dims]
         out.rewritten |= any(s != d for s, d in zip(shape, declared))
         out.shapes[vi.name] = tuple(shape)
@@ -167,8 +167,33 @@ def _bind(out: DeclaredInputs, param: str, size: Dim) -> None:
     out.bindings[param] = size
 
 
-def _unbounded_message(name: str, dims: Sequence[Any], unresolved: list[int]) -> str:
-    said = describe(dims)
+class DynamicInputError(UnsupportedOpError):
+    """A graph input with dynamic dimensions that nothing sizes or bounds. Keeps the input's name, its
+    dimensions as the model writes them and which are unresolved, so the CLI can say it in its own terms."""
+
+    def __init__(self, name: str, said: list[Any], unresolved: list[int]) -> None:
+        super().__init__(f"input {name}")
+        self.args = (f"input {name!r}: {_unbounded_message(name, said, unresolved)}",)
+        self.name, self.said, self.unresolved = name, said, unresolved
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def cli_message(self) -> str:
+        """The same, with `--input-shape` as the remedy instead of from_onnx's input_shapes."""
+        example = ",".join(f"D{i}" if i in self.unresolved else str(s) for i, s in enumerate(self.said))
+        return (f"input {self.name!r} has {_which(self.said, self.unresolved)} with no size or bounds: pass "
+                f"--input-shape {self.name}={example}, each D a size that pins it (1) or SYMBOL:MIN:MAX that keeps "
+                "it dynamic within bounds (H:32:2048)")
+
+
+def _which(said: list[Any], unresolved: list[int]) -> str:
+    if len(unresolved) == 1:
+        return f"dynamic dimension {unresolved[0]} ({said[unresolved[0]]!r})"
+    return "dynamic dimensions " + ", ".join(f"{i} ({said[i]!r})" for i in unresolved)
+
+
+def _unbounded_message(name: str, said: list[Any], unresolved: list[int]) -> str:
     which = (f"dimension {unresolved[0]} is dynamic ({said[unresolved[0]]!r})" if len(unresolved) == 1 else
              "dimensions " + ", ".join(f"{i} ({said[i]!r})" for i in unresolved) + " are dynamic")
     example = ", ".join(f"<dim {i}>" if i in unresolved else str(s) for i, s in enumerate(said))
