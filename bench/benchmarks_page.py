@@ -34,6 +34,7 @@ COMMANDS = {
     "quant_speed_resnet18": "bench/quant_speed.py --models resnet18",
     "reference_vs_peers": "bench/peers.py",
     "fleet_sim_push": "bench/fleet_sim.py --push",
+    "torch_opdb_sweep": "bench/torch_opdb.py --sweep",
     "remote_throughput_curve": "bench/remote_throughput.py --curve",
     "search_time_nocheck": "bench/search_time.py --no-check",
     "stream_triggers_skew1.5": "bench/stream_triggers.py --skew 1.5",
@@ -128,7 +129,8 @@ def _cell(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
-        return ", ".join(_cell(x) for x in v)
+        head = ", ".join(_cell(x) for x in v[:12])
+        return head if len(v) <= 12 else f"{head}, ... ({len(v)} in all)"
     if isinstance(v, dict | list):
         return json.dumps(v, sort_keys=True)[:80]
     return str(v).replace("|", "\\|").replace("\n", " ")
