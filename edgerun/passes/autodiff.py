@@ -112,6 +112,16 @@ def append_gradients(graph: Graph, loss: str, wrt: Sequence[str]) -> dict[str, s
     return result
 
 
+def activations_kept(graph: Graph, forward_nodes: int) -> tuple[int, int]:
+    """(bytes of the forward's activations that backward reads, bytes of all the forward's activations) of a
+    graph whose first `forward_nodes` nodes are the forward and the rest backward: what a plan keeps alive
+    for backward, beside a tape that keeps every activation."""
+    produced = {o for n in graph.nodes[:forward_nodes] for o in n.outputs}
+    read = {i for n in graph.nodes[forward_nodes:] for i in n.inputs} & produced
+    size = lambda names: sum(graph.specs[v].numel * graph.specs[v].dtype.itemsize for v in names)  # noqa: E731
+    return size(read), size(produced)
+
+
 def gradient_graph(graph: Graph, loss: str, wrt: Sequence[str]) -> Graph:
     """A copy of `graph` whose outputs are its own followed by the gradient of `loss` for each of `wrt`."""
     copy = graph.copy()

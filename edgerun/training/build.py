@@ -25,11 +25,11 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
-from edgerun.passes.autodiff import append_gradients
+from edgerun.passes.autodiff import activations_kept, append_gradients
 from edgerun.passes.pipeline import optimize
 from edgerun.program import Program
 from edgerun.training.losses import LOSSES, emit_loss, target_spec
-from edgerun.training.optimizers import Optimizer
+from edgerun.training.optimizers import Optimizer, optimizer_to_json
 
 STEP_STATE = "optimizer.step"
 LEARNING_RATE = "learning_rate"
@@ -91,6 +91,15 @@ def _without_unused_inputs(graph: Graph) -> Graph:
     return graph
 
 
+def _backward_nodes(graph: Graph, gradients: dict[str, str]) -> int:
+    """How many of the graph's last nodes append_gradients added (they carry meta "gradient_of", or follow
+    the first that does)."""
+    for index, node in enumerate(graph.nodes):
+        if "gradient_of" in node.meta:
+            return len(graph.nodes) - index
+    return 0
+
+
 def build_training_program(program: Program, loss: str, trainable: TrainableSpec, optimizer: Optimizer,
                            clip_norm: float | None = None) -> tuple[Program, TrainingLayout]:
     """The training program of `program`'s default method (see the module docstring)."""
@@ -133,6 +142,7 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
     evaluate = graph.copy()
     gradients = graph.copy()
     found = append_gradients(gradients, loss_value, chosen)
+    forward_nodes = len(gradients.nodes) - _backward_nodes(gradients, found)
     gradients.outputs = [loss_value, *(found[w] for w in chosen)]
 
     train = graph
@@ -185,7 +195,9 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
                "gradients": _optimized(gradients)}
     metadata = dict(program.metadata)
     metadata.pop("passes", None)
-    metadata["training"] = {"loss": loss, "trainable": list(chosen), "optimizer": type(optimizer).__name__}
+    kept, produced = activations_kept(gradients, forward_nodes)
+    metadata["training"] = {"loss": loss, "trainable": list(chosen), "optimizer": optimizer_to_json(optimizer),
+                            "activation_bytes": {"kept_for_backward": kept, "forward": produced}}
     built = Program.from_methods(methods, default_method="forward", state=state, metadata=metadata)
     layout = TrainingLayout(tuple(forward.inputs), tuple(evaluate.inputs), tuple(chosen), tuple(optimizer.slots()))
     return built, layout

@@ -8,7 +8,8 @@ rounding. Moments are program state named after their weight ("<weight>.momentum
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
@@ -73,3 +74,21 @@ class Adam:
 
 
 Optimizer = SGD | Adam
+
+
+def optimizer_to_json(optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer as stored in a training program's metadata."""
+    return {"kind": type(optimizer).__name__, **asdict(optimizer)}
+
+
+def optimizer_from_json(data: Any) -> Optimizer:
+    """Inverse of optimizer_to_json; EdgerunError for anything else."""
+    try:
+        fields = {k: v for k, v in data.items() if k != "kind"}
+        if data["kind"] == "SGD":
+            return SGD(**fields)
+        if data["kind"] == "Adam":
+            return Adam(**{**fields, "betas": tuple(fields["betas"])})
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise EdgerunError(f"the program's optimizer record {data!r} is not one edgerun wrote") from exc
+    raise EdgerunError(f"unknown optimizer {data.get('kind')!r} in the program's metadata")

@@ -15,7 +15,7 @@ from edgerun.runtime.loaded_program import LoadedProgram
 from edgerun.search import load
 from edgerun.training.build import TrainableSpec, TrainingLayout, build_training_program
 from edgerun.training.checkpoint import read_weights, write_weights
-from edgerun.training.optimizers import SGD, Optimizer
+from edgerun.training.optimizers import SGD, Optimizer, optimizer_from_json
 
 
 class TrainingProgram:
@@ -24,11 +24,24 @@ class TrainingProgram:
 
     def __init__(self, program: Program, layout: TrainingLayout, optimizer: Optimizer,
                  backends: Sequence[str] | str | None = None) -> None:
-        self.program = program  # the training program: save it to resume training elsewhere
+        self.program = program  # the training program as built (its state: the initial values)
         self.layout = layout
         self.optimizer = optimizer
         self.loaded: LoadedProgram = load(program, backends)
         self.skipped_steps = 0  # steps left out because the loss or a gradient was not finite
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], backends: Sequence[str] | str | None = None) -> TrainingProgram:
+        """A training program saved with `model.save(path)`, with the state it was saved with:
+        training resumes where it stopped (numpy alone: no torch needed on the device)."""
+        program = Program.read(path)
+        record = program.metadata.get("training")
+        if not isinstance(record, dict) or set(program.methods) != {"forward", "train_step", "evaluate", "gradients"}:
+            raise EdgerunError(f"{os.fspath(path)!r} is not a training program")
+        optimizer = optimizer_from_json(record.get("optimizer"))
+        layout = TrainingLayout(tuple(program.methods["forward"].inputs), tuple(program.methods["evaluate"].inputs),
+                                tuple(record["trainable"]), optimizer.slots())
+        return cls(program, layout, optimizer, backends)
 
     @property
     def trainable(self) -> list[str]:
@@ -77,6 +90,13 @@ class TrainingProgram:
         from edgerun.training.build import STEP_STATE
 
         return int(self.loaded.state[STEP_STATE])
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the training program with its current state (weights, moments, step count) as a program
+        file; `TrainingProgram.read(path)` resumes from it."""
+        current = {name: np.array(value) for name, value in self.loaded.state.items()}
+        Program.from_methods(self.program.methods, default_method=self.program.default_method, state=current,
+                             metadata=dict(self.program.metadata)).save(path)
 
     def save_weights(self, path: str | os.PathLike[str]) -> None:
         """Write the trained weights as a weights file (checkpoint.py) that an inference program loads."""

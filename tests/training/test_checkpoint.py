@@ -53,3 +53,22 @@ def test_weights_files_are_validated(tmp_path: Path) -> None:
         T.apply_weights(program, path)
     with pytest.raises(EdgerunError, match=r"float32\[10\] in the file"):
         T.apply_weights(program, {"net.5.weight": np.zeros(10, np.float32)})
+
+
+def test_a_saved_training_program_resumes_where_it_stopped(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    module = MLP(64, 16, 10).eval()
+    x, y = torch.randn(8, 1, 8, 8).numpy(), torch.randint(0, 10, (8,)).numpy()
+    model = T.from_torch(module, (torch.from_numpy(x),), optimizer=T.Adam(1e-2, betas=(0.8, 0.99)))
+    for _ in range(3):
+        model.train_step(x, y)
+    model.save(tmp_path / "training.edgerun")
+    resumed = T.TrainingProgram.read(tmp_path / "training.edgerun")
+    assert resumed.optimizer == model.optimizer and resumed.steps == 3
+    assert resumed.train_step(x, y) == model.train_step(x, y)  # the moments came along too
+    for name, w in model.weights.items():
+        np.testing.assert_array_equal(resumed.weights[name], w)
+    with pytest.raises(EdgerunError, match="not a training program"):
+        program, _ = T.export_for_training(module, (torch.from_numpy(x),))
+        program.save(tmp_path / "plain.edgerun")
+        T.TrainingProgram.read(tmp_path / "plain.edgerun")

@@ -49,6 +49,8 @@ def test_gradients_of_every_parameter_equal_torch_autograd(make) -> None:  # typ
     model = T.from_torch(module, (x,), optimizer=T.SGD(0.1))
     assert set(model.trainable) == {n for n, _ in module.named_parameters()}
     _assert_grads_match(model, module, x, y)
+    kept = model.program.metadata["training"]["activation_bytes"]
+    assert 0 < kept["kept_for_backward"] < kept["forward"]  # backward holds on to some activations, not all
 
 
 @pytest.mark.parametrize("optimizer", [T.SGD(0.05, momentum=0.9, weight_decay=1e-3),

@@ -1,0 +1,268 @@
+"""On-device training against torch eager: ms per train step at batch 32 and peak RSS, the digits task, and
+whole-model gradient checks.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/training.py [--steps 30] [--threads 2] [--models mlp,din,digits]
+        [--digits] [--gradients] [--out bench/results/training.json]
+
+Speed: each (system, model) runs alone in a fresh process (`--worker`), so peak RSS (ru_maxrss) is that
+system's alone; edgerun's worker loads a training program file saved beforehand (`--prepare`) with numpy
+alone, no torch imported. A step is one optimizer step (SGD, momentum 0.9) on a batch of 32 from the same
+weights, the median of `--steps` steps after 5 warm-up steps. Systems: edgerun's training program on ONNX Runtime and
+on the numpy reference, and torch eager (zero_grad, forward, loss, backward, step). Threads: 2 everywhere
+(torch.set_num_threads, EDGERUN_ORT_THREADS, the BLAS variables).
+--digits: the digits CNN (32, 64, 128 wide) trained from scratch on the device for 20 epochs (Adam 2e-3, a
+cosine schedule given as the learning-rate input), held-out accuracy per epoch.
+--gradients: the gradient of every parameter of the zoo's MLP, DIN, the digits CNN, MobileNetV2 (32x32
+inputs, 10 classes) and MiniLM (16 tokens) against torch.autograd: the worst error of any parameter,
+relative to that parameter's largest gradient (plus 1e-3 of the model's largest, for gradients that are
+zero in exact arithmetic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+BATCH = 32
+SYSTEMS = ("edgerun-ort", "edgerun-reference", "torch")
+
+
+def _model(name: str) -> tuple[Any, tuple[Any, ...], Any, str]:
+    """(module in eval mode, example inputs at batch 32, targets, loss)."""
+    import torch
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        from edgerun.zoo.mlp import MLP
+
+        return MLP().eval(), (torch.randn(BATCH, 1, 28, 28),), torch.randint(0, 10, (BATCH,)), "cross_entropy"
+    if name == "digits":
+        from edgerun.zoo.digits_cnn import DigitsCNN
+
+        return DigitsCNN(32, 64, 128).eval(), (torch.rand(BATCH, 1, 8, 8),), torch.randint(0, 10, (BATCH,)), \
+            "cross_entropy"
+    if name == "din":
+        from edgerun.zoo.din import DIN, example_inputs
+
+        inputs = tuple(torch.cat([i] * BATCH) for i in example_inputs())
+        return DIN().eval(), inputs, torch.randint(0, 2, (BATCH,)).float(), "bce"
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def prepare(name: str, workdir: str) -> None:
+    """Build the training program (SGD, momentum 0.9) and save it with its batch: the timed process then
+    loads a file with numpy alone, as a device would, so its peak RSS holds no torch."""
+    import edgerun.training as T
+
+    module, inputs, targets, loss = _model(name)
+    loss_fn = torch_bce() if loss == "bce" else loss
+    model = T.from_torch(module, inputs, loss=loss_fn, example_targets=targets if loss == "bce" else None,
+                         optimizer=T.SGD(0.01, momentum=0.9))
+    model.save(os.path.join(workdir, f"{name}.train.edgerun"))
+    np.savez(os.path.join(workdir, f"{name}.batch.npz"), *[i.numpy() for i in inputs], targets.numpy())
+
+
+def torch_bce() -> Any:
+    import torch
+
+    return torch.nn.functional.binary_cross_entropy
+
+
+def worker(system: str, name: str, steps: int, threads: int, workdir: str) -> dict[str, Any]:
+    times = []
+    build = 0.0
+    if system == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        module, inputs, targets, loss = _model(name)
+        loss_fn = torch_bce() if loss == "bce" else torch.nn.functional.cross_entropy
+        opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+        for _ in range(steps + 5):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(module(*inputs), targets).backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    else:
+        from edgerun.training import TrainingProgram
+
+        backends = ["onnxruntime"] if system == "edgerun-ort" else ["reference"]
+        t0 = time.perf_counter()
+        model = TrainingProgram.read(os.path.join(workdir, f"{name}.train.edgerun"), backends)
+        build = time.perf_counter() - t0
+        with np.load(os.path.join(workdir, f"{name}.batch.npz")) as batch:
+            arrays = [batch[f"arr_{i}"] for i in range(len(batch.files))]
+        for _ in range(steps + 5):
+            t0 = time.perf_counter()
+            model.train_step(*arrays)
+            times.append(time.perf_counter() - t0)
+        assert "torch" not in sys.modules, "the edgerun worker imported torch"
+    return {"ms_per_step": 1000 * statistics.median(times[5:]), "load_s": build,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def speed(models: list[str], steps: int, threads: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "EDGERUN_ORT_THREADS"):
+        env[var] = str(threads)
+    results: dict[str, Any] = {}
+    workdir = tempfile.mkdtemp(prefix="edgerun-training-bench-")
+    for name in models:
+        subprocess.run([sys.executable, __file__, "--prepare", name, workdir], env=env, check=True,
+                       capture_output=True)
+    print(f"## Train step at batch {BATCH}, {threads} threads (median of {steps}; load average "
+          f"{os.getloadavg()[0]:.2f} at the start)")
+    print("| model | edgerun (ORT) ms | edgerun (reference) ms | torch eager ms | ORT / torch | RSS edgerun (ORT) MB | "
+          "RSS torch MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in models:
+        row = {}
+        for system in SYSTEMS:
+            out = subprocess.run([sys.executable, __file__, "--worker", system, name, "--steps", str(steps),
+                                  "--threads", str(threads), "--workdir", workdir], capture_output=True, text=True,
+                                 env=env, check=False)
+            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise SystemExit(f"{system} on {name} failed:\n{out.stderr[-2000:]}")
+            row[system] = json.loads(line[len("RESULT "):])
+        results[name] = row
+        ort, ref, tor = row["edgerun-ort"], row["edgerun-reference"], row["torch"]
+        print(f"| {name} | {ort['ms_per_step']:.2f} | {ref['ms_per_step']:.2f} | {tor['ms_per_step']:.2f} | "
+              f"{ort['ms_per_step'] / tor['ms_per_step']:.2f} | {ort['peak_rss_mb']:.0f} | {tor['peak_rss_mb']:.0f} |")
+    results["loadavg_end"] = os.getloadavg()[0]
+    return results
+
+
+def digits_run(threads: int) -> dict[str, Any]:
+    import torch
+
+    import edgerun.training as T
+    from edgerun.zoo.digits_cnn import DigitsCNN, digits
+
+    os.environ.setdefault("EDGERUN_ORT_THREADS", str(threads))
+    (xtr, ytr), (xte, yte) = digits()
+    torch.manual_seed(0)
+    module = DigitsCNN(32, 64, 128).eval()
+    lr, epochs = 2e-3, 20
+    model = T.from_torch(module, (xtr[:BATCH],), optimizer=T.Adam(lr), backends=["onnxruntime"])
+    inference, _ = T.export_for_training(module, (xte,))
+    x, y, xt, yt = xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy()
+    rng = np.random.default_rng(0)
+    per_epoch = len(y) // BATCH
+    total, step, t0 = epochs * per_epoch, 0, time.perf_counter()
+    history = []
+    print(f"## Digits CNN from scratch ({len(y)} training images, {len(yt)} held out), Adam {lr}, cosine schedule")
+    print("| epoch | mean loss | held-out accuracy |")
+    print("|---:|---:|---:|")
+    for epoch in range(epochs):
+        order = rng.permutation(len(y))
+        losses = []
+        for i in range(per_epoch):
+            idx = order[i * BATCH:(i + 1) * BATCH]
+            rate = lr * 0.5 * (1 + np.cos(np.pi * step / total))
+            losses.append(model.train_step(x[idx], y[idx], lr=float(rate)))
+            step += 1
+        accuracy = float((_run(T.apply_weights(inference, model.weights), xt).argmax(1) == yt).mean())
+        history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "accuracy": accuracy})
+        print(f"| {epoch + 1} | {np.mean(losses):.4f} | {accuracy:.4f} |")
+    seconds = time.perf_counter() - t0
+    print(f"final held-out accuracy {history[-1]['accuracy']:.4f}; {step} steps in {seconds:.1f} s "
+          f"(evaluation included)")
+    return {"history": history, "steps": step, "seconds": seconds}
+
+
+def _run(program: Any, x: np.ndarray) -> np.ndarray:
+    import edgerun
+
+    return np.asarray(edgerun.load(program)(x))
+
+
+def gradients() -> dict[str, Any]:
+    import torch
+    from torch import nn
+
+    import edgerun.training as T
+
+    def case(name: str) -> tuple[Any, tuple[Any, ...], Any, Any]:
+        torch.manual_seed(0)
+        if name == "mobilenetv2":
+            from edgerun.zoo.mobilenet import MobileNetV2
+
+            return MobileNetV2(10).eval(), (torch.randn(2, 3, 32, 32),), torch.tensor([1, 7]), "cross_entropy"
+        if name == "minilm":
+            from edgerun.zoo.minilm import EXAMPLE_SENTENCES, build, tokenize
+
+            return build(), tokenize(EXAMPLE_SENTENCES[:2], 16), torch.randn(2, 384) * 0.05, nn.functional.mse_loss
+        module, inputs, targets, loss = _model(name)
+        return module, inputs, targets, nn.functional.binary_cross_entropy if loss == "bce" else loss
+
+    results: dict[str, Any] = {}
+    print("## Gradients of every parameter against torch.autograd")
+    print("| model | parameters compared | worst error (relative) | build s | gradients s |")
+    print("|---|---:|---:|---:|---:|")
+    for name in ("mlp", "din", "digits", "mobilenetv2", "minilm"):
+        module, inputs, targets, loss = case(name)
+        t0 = time.perf_counter()
+        model = T.from_torch(module, inputs, loss=loss, example_targets=None if isinstance(loss, str) else targets,
+                             optimizer=T.SGD(0.1), backends=["onnxruntime"])
+        t1 = time.perf_counter()
+        ours = model.gradients(*(i.numpy() for i in inputs), targets.numpy())
+        t2 = time.perf_counter()
+        fn = nn.functional.cross_entropy if loss == "cross_entropy" else loss
+        module.zero_grad()
+        fn(module(*inputs), targets).backward()
+        refs = {n: p.grad.numpy() for n, p in module.named_parameters() if p.grad is not None and n in ours}
+        scale = max(float(np.abs(r).max()) for r in refs.values())
+        worst = 0.0
+        for n, ref in refs.items():
+            got = ours[n]
+            if n.endswith("_emb.weight"):  # torch's padding_idx row (docs/training.md)
+                got, ref = got[1:], ref[1:]
+            worst = max(worst, float(np.abs(got - ref).max() / (np.abs(ref).max() + 1e-3 * scale)))
+        results[name] = {"parameters": len(refs), "worst": worst, "build_s": t1 - t0, "gradients_s": t2 - t1}
+        print(f"| {name} | {len(refs)} | {worst:.2e} | {t1 - t0:.1f} | {t2 - t1:.2f} |")
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"))
+    ap.add_argument("--prepare", nargs=2, metavar=("MODEL", "DIR"))
+    ap.add_argument("--workdir")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default="mlp,din,digits")
+    ap.add_argument("--digits", action="store_true", help="also train the digits CNN to accuracy")
+    ap.add_argument("--gradients", action="store_true", help="also check whole-model gradients against torch")
+    ap.add_argument("--out", default="bench/results/training.json")
+    args = ap.parse_args()
+    if args.prepare:
+        prepare(*args.prepare)
+        return
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.threads, args.workdir)))
+        return
+    out: dict[str, Any] = {"loadavg_start": os.getloadavg()[0], "threads": args.threads, "batch": BATCH}
+    out["speed"] = speed([m for m in args.models.split(",") if m], args.steps, args.threads)
+    if args.gradients:
+        out["gradients"] = gradients()
+    if args.digits:
+        out["digits"] = digits_run(args.threads)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
