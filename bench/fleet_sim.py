@@ -43,7 +43,7 @@ from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir  # noqa
 from edgerun.fleet.manifest import verify_assignment, verify_release  # noqa: E402
 from edgerun.fleet.package import pack_task  # noqa: E402
 from edgerun.fleet.signing import KeyDir, Root  # noqa: E402
-from edgerun.fleet.targeting import bucket_percent  # noqa: E402
+from edgerun.fleet.targeting import device_bucket, in_step, release_offset  # noqa: E402
 
 STEPS = [1, 5, 20, 50, 100]
 
@@ -226,7 +226,10 @@ def start_server(base: Path, keys: KeyDir, workers: int, db_url: str) -> tuple[s
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(base / "data"),
-           "--keys", str(keys.path), "--workers", str(workers)] + (["--db", db_url] if db_url else [])
+           "--keys", str(keys.path), "--workers", str(workers),
+           # every simulated device is on loopback, and the throughput runs check in back to back: the limits
+           # would measure themselves, not the server
+           "--rate-per-token", "0", "--rate-per-address", "0"] + (["--db", db_url] if db_url else [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "EDGERUN_FLEET_TOKEN": "admin", "EDGERUN_ENROLL_TOKEN": "enroll"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env,  # tokens from the environment: never argv
                             stdout=subprocess.DEVNULL, stderr=open(base / "server.log", "wb"))  # noqa: SIM115
@@ -399,7 +402,8 @@ async def run_first_step(db: str, args: argparse.Namespace, push: bool) -> dict[
             await wait_until(lambda: sim.c.streams >= args.devices, args.timeout)
         await asyncio.sleep(2.0)
         version = 2
-        targeted = [d for d in sim.devices if bucket_percent(d.device_id, f"simtask:{version}") < STEPS[0]]
+        offset = release_offset("simtask", version)
+        targeted = [d for d in sim.devices if in_step(device_bucket(d.device_id), offset, STEPS[0])]
         policy = {"steps": STEPS, "min_reports": 10 * args.devices}  # stays on its first step
         t_pub = time.perf_counter()
         admin.publish(make_package(base, version, "success"), keys, policy)

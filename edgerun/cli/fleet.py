@@ -24,9 +24,20 @@ def _csv(value: str) -> list[str]:
     return [v for v in value.split(",") if v]
 
 
+def _rate(text: str) -> str:
+    from edgerun.fleet.rate_limit import Rate
+
+    try:
+        Rate.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from edgerun.fleet import json_logs
     from edgerun.fleet.asgi import ENV, config_to_env
     from edgerun.fleet.server import ServerConfig, create_app, prepare
 
@@ -36,7 +47,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                s3_endpoint_url=args.s3_endpoint_url or "",
                                s3_region=args.s3_region or "", s3_access_key_id=args.s3_access_key_id or "",
                                monitor_interval_s=args.monitor_interval, timestamp_ttl_s=args.timestamp_ttl,
-                               max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses))
+                               max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses,
+                               db_pool_size=args.db_pool_size, db_max_overflow=args.db_max_overflow,
+                               db_statement_timeout_ms=args.db_statement_timeout_ms,
+                               identity_cache_size=args.identity_cache_size,
+                               rate_per_token=args.rate_per_token, rate_per_address=args.rate_per_address))
+    json_logs.configure(args.log_level, args.log_format)
+    # Behind a load balancer on another host, name it here so the rate limit per address sees the client.
+    proxy = {"proxy_headers": True, "forwarded_allow_ips": args.forwarded_allow_ips}
+    # A stop (SIGTERM) ends push streams at once and waits up to --drain-timeout for open requests.
+    common = {"host": args.host, "port": args.port, "log_level": args.log_level, "access_log": False,
+              "log_config": None, "timeout_graceful_shutdown": args.drain_timeout, **proxy}
     def where(path: str | None, env: str, name: str) -> str:
         return path or (f"${env}" if os.environ.get(env) else str(cfg.data_dir / name))
 
@@ -45,24 +66,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{where(args.enroll_token_file, ENROLL_ENV, 'enroll_token')})", flush=True)
     if args.workers > 1:
         os.environ[ENV] = config_to_env(cfg)
-        uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
+        uvicorn.run("edgerun.fleet.asgi:app_from_env", factory=True, workers=args.workers, **common)
     else:
         app = create_app(cfg)
-        watch = app.state.release_watch
+        begin_drain = app.state.begin_drain
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                # Ctrl-C or SIGTERM: end the open push streams first, so the graceful stop finds no response
-                # in flight and has nothing to cancel (no CancelledError tracebacks).
-                watch.close()
+                # Ctrl-C or SIGTERM: drain first (readiness 503, open push streams end), so the graceful stop
+                # finds no response that never ends and has nothing to cancel (no CancelledError tracebacks).
+                begin_drain()
                 super().handle_exit(sig, frame)
 
-        # Push streams still open after this long are closed by uvicorn (a device that keeps its stream
-        # when told to go): the stop never hangs.
+        # Requests still open after --drain-timeout are closed by uvicorn: the stop never hangs.
         try:
-            Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                                  timeout_graceful_shutdown=2)).run()
+            Server(uvicorn.Config(app, **common)).run()
         finally:  # uvicorn re-raises the Ctrl-C once stopped: the command then exits 130, as a shell expects
             print("edgerun fleet server stopped", flush=True)
     return 0
@@ -248,7 +266,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--enroll-token-uses", type=int, default=0,
                    help="how many new devices the server's own enrolment token may enrol in all (0: any)")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the database and store")
+    p.add_argument("--db-pool-size", type=int, default=10,
+                   help="PostgreSQL connections kept per server process (replicas × workers × this < max_connections)")
+    p.add_argument("--db-max-overflow", type=int, default=20, help="connections opened beyond the pool under bursts")
+    p.add_argument("--db-statement-timeout-ms", type=int, default=30_000,
+                   help="PostgreSQL cancels a statement (lock waits included) running past this; 0: never")
+    p.add_argument("--identity-cache-size", type=int, default=100_000,
+                   help="device tokens whose identity each process keeps for 10 s (least recently used out)")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-format", choices=("json", "text"), default="json",
+                   help="server logs on stderr: one JSON object a line (default) or plain text")
+    p.add_argument("--rate-per-token", type=_rate, default="20/s:200",
+                   help="requests each bearer token may make: N/s:BURST, or 0 for no limit")
+    p.add_argument("--rate-per-address", type=_rate, default="1000/s:5000",
+                   help="requests each client address may make (many phones share a carrier's address): N/s:BURST or 0")
+    p.add_argument("--drain-timeout", type=float, default=10.0,
+                   help="on SIGTERM: seconds to let open requests finish (push streams end at once)")
+    p.add_argument("--forwarded-allow-ips", default="127.0.0.1",
+                   help="load balancers whose X-Forwarded-For names the client (comma-separated addresses)")
     p.set_defaults(func=cmd_serve)
 
     p = fsub.add_parser("agent", allow_abbrev=False, help="run a device agent")

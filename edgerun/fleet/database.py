@@ -25,14 +25,19 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur.close()
 
 
-def create_engine(url: str) -> sa.Engine:
+def create_engine(url: str, pool_size: int = 10, max_overflow: int = 20, statement_timeout_ms: int = 30_000) -> sa.Engine:
+    """An engine for the fleet database. On PostgreSQL each server process keeps up to `pool_size` connections
+    (plus `max_overflow` under bursts), so a replica count × that must stay under the server's
+    max_connections; a statement running past `statement_timeout_ms` (a lock wait included) is cancelled and
+    its request fails, instead of holding a connection and a worker thread forever. 0 turns it off."""
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return sa.create_engine(url, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True,
+                            connect_args={"options": f"-c statement_timeout={int(statement_timeout_ms)}"})
 
 
 def migrations_head() -> str:

@@ -95,7 +95,7 @@ def start_server(base: Path, keys: KeyDir, *extra: str, db_url: str = "", token_
     with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PACKAGE_ROOT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a start on a loaded machine (imports, migrations) can take tens of seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()}")

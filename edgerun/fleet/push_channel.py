@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
+from prometheus_client import Gauge
 
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.push_client import HEARTBEAT_S
 from edgerun.fleet.service import DeviceIdentity, FleetService
 
+log = logging.getLogger("edgerun.fleet.server")
 CHECK_S = 0.5  # how often one process compares the release table with what it last saw
 
 
@@ -52,7 +55,7 @@ class ReleaseWatch:
             try:
                 signature = await run_in_threadpool(self._current_signature)
             except Exception as exc:  # a busy database must not end the watch; the next round retries
-                print(f"fleet push: release watch failed: {exc!r}", flush=True)
+                log.warning("release watch failed", extra={"error": repr(exc)})
             else:
                 if signature != self._signature:
                     self._signature = signature
@@ -96,9 +99,22 @@ class ReleaseWatch:
         return self.generation
 
 
-async def device_events(watch: ReleaseWatch, owner: DeviceIdentity,
-                        stale: Callable[[DeviceIdentity], bool]) -> AsyncIterator[bytes]:
-    """The event stream of one device: `hello` at once, then `changed` whenever a change concerns it."""
+async def device_events(watch: ReleaseWatch, owner: DeviceIdentity, stale: Callable[[DeviceIdentity], bool],
+                        open_streams: Gauge | None = None) -> AsyncIterator[bytes]:
+    """The event stream of one device: `hello` at once, then `changed` whenever a change concerns it; it ends
+    when the server drains (`watch.close()`: the agent reconnects, through the load balancer, elsewhere)."""
+    if open_streams is not None:
+        open_streams.inc()
+    try:
+        async for chunk in _events(watch, owner, stale):
+            yield chunk
+    finally:
+        if open_streams is not None:
+            open_streams.dec()
+
+
+async def _events(watch: ReleaseWatch, owner: DeviceIdentity, stale: Callable[[DeviceIdentity], bool]
+                  ) -> AsyncIterator[bytes]:
     generation = watch.generation
     yield sse("hello", {"generation": generation})
     while not watch.closed:

@@ -22,7 +22,14 @@ from edgerun.fleet.manifest import validate_release_manifest, verify_release
 from edgerun.fleet.schema import audit, devices, releases, roots
 from edgerun.fleet.signing import Root
 from edgerun.fleet.store import BlobStore
-from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, validate_targeting
+from edgerun.fleet.targeting import (
+    DeviceProfile,
+    is_plain_uniform,
+    matches,
+    release_offset,
+    step_ranges,
+    validate_targeting,
+)
 
 
 def write_lock(conn: sa.Connection, key: str) -> None:
@@ -62,20 +69,32 @@ def state_of(row: sa.Row[Any]) -> rollout.RolloutState:
 
 def step_population(conn: sa.Connection, task: str, version: int, targeting: dict[str, Any],
                     policy: rollout.RolloutPolicy, state: rollout.RolloutState) -> int:
-    """Active devices (seen within the policy's window) that the current step covers."""
+    """Active devices (seen within the policy's window) that the current step covers: beta devices by id,
+    gray ones by a range of the stored device bucket (index `ix_devices_bucket_seen`). A release targeting
+    everyone is a bare SQL count; other targeting reads the profiles of the step's devices only."""
     if state.stage not in ("beta", "gray"):
         return 0
     since = time.time() - policy.active_window_s
-    beta = set(policy.beta_devices)
-    pct = rollout.exposure_percent(state, policy)
+    beta = sorted(set(policy.beta_devices))
+    live = devices.c.last_seen >= since
     n = 0
-    for device_id, profile, groups in conn.execute(sa.select(devices.c.id, devices.c.profile, devices.c.device_groups)
-                                                   .where(devices.c.last_seen >= since)):
-        if not matches(targeting, DeviceProfile.from_dict({**profile, "device_groups": groups})):
-            continue
-        if device_id in beta or (state.stage == "gray" and bucket_percent(device_id, f"{task}:{version}") < pct):
-            n += 1
+    if beta:
+        n += _matching(conn, targeting, sa.and_(live, devices.c.id.in_(beta)))
+    ranges = step_ranges(release_offset(task, version), rollout.exposure_percent(state, policy))
+    if state.stage == "gray" and ranges:
+        covered = sa.and_(live, sa.or_(*(sa.and_(devices.c.bucket >= lo, devices.c.bucket < hi) for lo, hi in ranges)),
+                          *([devices.c.id.not_in(beta)] if beta else []))
+        if is_plain_uniform(targeting):
+            n += int(conn.execute(sa.select(sa.func.count()).select_from(devices).where(covered)).scalar() or 0)
+        else:
+            n += _matching(conn, targeting, covered)
     return n
+
+
+def _matching(conn: sa.Connection, targeting: dict[str, Any], where: sa.ColumnElement[bool]) -> int:
+    rows = conn.execute(sa.select(devices.c.profile, devices.c.device_groups).where(where))
+    return sum(1 for profile, groups in rows
+               if matches(targeting, DeviceProfile.from_dict({**profile, "device_groups": groups})))
 
 
 def count_population(conn: sa.Connection, task: str, version: int, targeting: dict[str, Any],
@@ -173,21 +192,12 @@ def control(engine: sa.Engine, release_id: int, action: str, actor: str) -> dict
     return describe(engine, release_id)
 
 
-def live_state(conn: sa.Connection, row: sa.Row[Any], policy: rollout.RolloutPolicy) -> rollout.RolloutState:
-    """The row's state with its step population recounted from the devices live now (hawkBit PR #328)."""
-    state = state_of(row)
-    if state.stage not in ("beta", "gray"):
-        return state
-    return replace(state, population=step_population(conn, row.task, row.version, row.targeting, policy, state))
-
-
-def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int,
-                 recount: bool = True) -> rollout.RolloutState:
-    """Add a report batch and evaluate; `recount` first follows the step's population to the live fleet
-    (the caller may skip it when it recounted this release a moment ago: a recount scans the devices)."""
+def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int) -> rollout.RolloutState:
+    """Add a report batch and evaluate against the step's stored population (the elected step monitor keeps it
+    current, outside this row lock: step_monitor.py)."""
     row = lock_release(conn, release_id)
     policy = rollout.RolloutPolicy.from_dict(row.policy)
-    state = live_state(conn, row, policy) if recount else state_of(row)
+    state = state_of(row)
     new = rollout.apply_reports(state, policy, success, failure)
     totals = {"total_success": row.total_success + success, "total_failure": row.total_failure + failure}
     save_transition(conn, row, new, "monitor", totals)

@@ -77,6 +77,12 @@ class S3BlobStore:
         except Exception as exc:  # fail at start, with the cause, not on the first device download
             raise FleetError(f"cannot reach S3 bucket {self.bucket!r}: {exc}") from exc
 
+    def ready(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise FleetError(f"cannot reach S3 bucket {self.bucket!r}: {exc}") from exc
+
     def key(self, digest: str) -> str:
         check_digest(digest)
         return f"{self.prefix}/{digest[:2]}/{digest}" if self.prefix else f"{digest[:2]}/{digest}"

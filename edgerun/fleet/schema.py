@@ -46,6 +46,9 @@ devices = sa.Table(
     sa.Column("last_seen", sa.Float, nullable=False),
     # rev 0003: the hardware class, set by the admin (enrolment token or admin API), never by a check-in
     sa.Column("device_groups", sa.JSON, nullable=False, server_default="[]"),
+    # rev 0005: targeting.device_bucket(id), so a step's population is a count over a bucket range
+    sa.Column("bucket", sa.Integer, nullable=False, server_default="0"),
+    sa.Index("ix_devices_bucket_seen", "bucket", "last_seen"),
 )
 
 enrolment_tokens = sa.Table(  # rev 0003

@@ -6,14 +6,20 @@ piece of state lives there, and each process only caches what it can refresh wit
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import secrets
+import signal
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -32,7 +38,9 @@ from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S
 from edgerun.fleet.group_commit import ReportGroupCommit
+from edgerun.fleet.metrics import CONTENT_TYPE_LATEST, FleetMetrics
 from edgerun.fleet.push_channel import ReleaseWatch, device_events
+from edgerun.fleet.rate_limit import Rate, RateLimit
 from edgerun.fleet.s3_store import S3Options
 from edgerun.fleet.service import DeviceIdentity, EnrolmentError, FleetService
 from edgerun.fleet.signing import KeyDir
@@ -44,6 +52,7 @@ from edgerun.fleet.targeting import DeviceProfile
 from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
 from edgerun.stream.cloud import MAX_BATCH_BYTES
 
+log = logging.getLogger("edgerun.fleet.server")
 PROFILE_HEADER = "X-Edgerun-Profile"
 ASSIGNMENT_HEADER = "X-Edgerun-Assignment"
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -65,6 +74,12 @@ class ServerConfig:
     timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S  # lifetime of the signed timestamp on "up to date" answers
     max_blob_mb: int = 1024          # largest file an admin may upload (the body is held in memory)
     enroll_token_uses: int = 0       # new devices the server's own enrolment token may enrol in all; 0: any
+    db_pool_size: int = 10           # PostgreSQL connections kept per server process
+    db_max_overflow: int = 20        # and opened beyond them under bursts
+    db_statement_timeout_ms: int = 30_000  # PostgreSQL cancels a statement (lock waits included) past this
+    identity_cache_size: int = 100_000     # device tokens whose identity a process keeps (for 10 s each)
+    rate_per_token: str = "20/s:200"       # each bearer token: 20 requests a second, bursts of 200 ("0": none)
+    rate_per_address: str = "1000/s:5000"  # each client address (carrier NAT puts many devices behind one)
 
 
 # Body limits per route, enforced while the body is read (edgerun.stream.body_limit), after the caller's
@@ -145,19 +160,32 @@ class PiggybackPush:
         await self.app(scope, receive, send_with_header)
 
 
-def create_app(cfg: ServerConfig) -> FastAPI:
+def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -> FastAPI:
+    """The server of one process; `clock` (monotonic seconds) paces its rate limits (tests pass their own)."""
+    per_token, per_address = Rate.parse(cfg.rate_per_token), Rate.parse(cfg.rate_per_address)
     cfg = prepare(cfg)
-    engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir))
+    engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir), cfg.db_pool_size, cfg.db_max_overflow,
+                           cfg.db_statement_timeout_ms)
     keys = KeyDir(cfg.keys_dir)
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
     service = FleetService(engine, keys.key("assignment"), cfg.cache_ttl_s, cfg.timestamp_ttl_s,
-                           online_key_loader=lambda: keys.key("assignment"))
+                           online_key_loader=lambda: keys.key("assignment"),
+                           identity_cache_size=cfg.identity_cache_size)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)
-    step_monitor = StepMonitor(engine, cfg.monitor_interval_s, on_change=service.invalidate)
+    metrics = FleetMetrics()
+    pool = engine.pool
+    metrics.watch_pool(lambda: int(getattr(pool, "checkedout", lambda: 0)()))
+    def monitor_round(leading: bool) -> None:
+        metrics.leader.set(int(leading))
+        if leading:
+            metrics.monitor_ticks.inc()
+
+    step_monitor = StepMonitor(engine, cfg.monitor_interval_s, on_change=service.invalidate, on_round=monitor_round)
     stop = threading.Event()
+    draining = threading.Event()  # set by SIGTERM: readiness fails, push streams end, in-flight requests finish
     watch = ReleaseWatch(service)
     blob_downloads: dict[str, int] = {}  # digest -> GETs served by this process (operators, tests)
 
@@ -166,13 +194,36 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             try:
                 service.flush_seen()
             except Exception as exc:  # a busy database must not end the loop; the next second retries
-                print(f"fleet server: flush failed: {exc!r}", flush=True)
+                log.warning("last-seen flush failed", extra={"error": repr(exc)})
+
+    serving_loop: list[asyncio.AbstractEventLoop] = []
+
+    def begin_drain() -> None:
+        """Readiness turns 503 and every push stream ends (its agent reconnects through the balancer). Safe from
+        a signal handler: what takes a lock the interrupted code might hold runs later, on the event loop."""
+        draining.set()
+        watch.close()
+        if serving_loop:
+            serving_loop[0].call_soon_threadsafe(metrics.draining.set, 1)
 
     def on_startup() -> None:
         simulator.start()
         simulator.kick()
         step_monitor.start()
         threading.Thread(target=flush_loop, name="fleet-seen-flush", daemon=True).start()
+        serving_loop.append(asyncio.get_running_loop())
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn's handler stops accepting and waits for open requests; before it, start draining, so
+            # push streams (which never end by themselves) close at once and readiness turns 503.
+            previous = signal.getsignal(signal.SIGTERM)
+
+            def on_term(sig: int, frame: Any) -> None:
+                log.warning("SIGTERM: draining")
+                begin_drain()
+                if callable(previous):
+                    previous(sig, frame)
+
+            signal.signal(signal.SIGTERM, on_term)
 
     def on_shutdown() -> None:
         stop.set()
@@ -184,6 +235,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                   on_startup=[on_startup], on_shutdown=[on_shutdown])
     app.state.service, app.state.engine, app.state.store = service, engine, store
     app.state.release_watch = watch
+    app.state.metrics, app.state.begin_drain = metrics, begin_drain
 
     def require_admin(request: Request) -> str:
         token = _bearer(request)
@@ -260,7 +312,10 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return None
 
     app.add_middleware(PiggybackPush, header_value=push_header_value)
-    app.add_middleware(BodyLimit, rule_for=body_rule)  # added last, so it runs first
+    app.add_middleware(BodyLimit, rule_for=body_rule)
+    # Added last, so it runs first: a flood is refused before any token is looked up or body read.
+    app.add_middleware(RateLimit, per_address=per_address, per_token=per_token,
+                       on_refused=lambda scope: metrics.refused.labels(scope).inc(), clock=clock)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> HTMLResponse:
@@ -269,6 +324,25 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     @app.get("/v1/health")
     def health() -> dict[str, Any]:
         return {"ok": True, "root_version": service.root().version}
+
+    @app.get("/v1/ready")
+    def ready() -> Response:
+        """For the load balancer: 200 while this process can serve (database and store answer, not draining)."""
+        problems = ["draining"] if draining.is_set() else []
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except Exception as exc:
+            problems.append(f"database: {type(exc).__name__}")
+        try:
+            store.ready()
+        except Exception as exc:
+            problems.append(f"store: {exc}")
+        return JSONResponse({"ready": not problems, "problems": problems}, status_code=503 if problems else 200)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/roots/{version}")
     def root_document(version: int) -> dict[str, Any]:
@@ -309,9 +383,11 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         service.note_seen(profile)
         root_version = service.root().version
         if not service.needs_update(profile):
+            metrics.checkins.labels("up-to-date").inc()
             return Response(json.dumps({"status": "up-to-date", "root_version": root_version,
                                         "timestamp": service.timestamp(device_id)}), media_type="application/json")
         assignment = await run_in_threadpool(service.assignment, profile)
+        metrics.checkins.labels("update").inc()
         return Response(json.dumps({"status": "update", "root_version": root_version, "assignment": assignment}),
                         media_type="application/json")
 
@@ -328,13 +404,17 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         def stale(who: DeviceIdentity) -> bool:
             return bool(service.needs_update(service.trusted_profile(service.stored_profile(who.device_id), who)))
 
-        return StreamingResponse(device_events(watch, owner, stale), media_type="text/event-stream",
+        return StreamingResponse(device_events(watch, owner, stale, metrics.open_streams),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     @app.post("/v1/devices/{device_id}/reports")
     async def add_reports(device_id: str, body: ReportBatch, request: Request) -> dict[str, int]:
         require_device(request, device_id)
-        return {"accepted": await group_commit.submit(device_id, [r.model_dump() for r in body.reports])}
+        accepted = await group_commit.submit(device_id, [r.model_dump() for r in body.reports])
+        metrics.reports.labels("new").inc(accepted)
+        metrics.reports.labels("duplicate").inc(len(body.reports) - accepted)
+        return {"accepted": accepted}
 
     @app.get("/v1/blobs/{digest}", dependencies=[Depends(require_any)])
     def get_blob(digest: str, request: Request) -> Response:

@@ -13,6 +13,7 @@ if that device was assigned that release version, once per (device, run id).
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 import threading
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
+from cachetools import TTLCache
 from sqlalchemy.dialects import postgresql, sqlite
 
 from edgerun.fleet import releases as rel
@@ -33,11 +35,10 @@ from edgerun.fleet.manifest import sign_assignment
 from edgerun.fleet.schema import deliveries, devices, enrolment_tokens, releases, reports, roots
 from edgerun.fleet.server_tokens import SERVER_TOKEN_LABEL, admin_token_hash, token_hash
 from edgerun.fleet.signing import Root, SigningKey, verify_root_update
-from edgerun.fleet.targeting import DeviceProfile, bucket_percent, matches, precedence
+from edgerun.fleet.targeting import DeviceProfile, device_bucket, in_step, matches, precedence, release_offset
 
 log = logging.getLogger("edgerun.fleet.server")
 
-RECOUNT_S = 1.0
 ROOT_TTL_S = 5.0  # how soon a root accepted by another server process is noticed here
 # How long another server process may keep using a revoked token or a device's old groups.
 IDENTITY_TTL_S = 10.0
@@ -55,7 +56,6 @@ class EnrolmentError(FleetError):
 class DeviceIdentity:
     device_id: str
     device_groups: tuple[str, ...]  # set by the admin, never by the device
-    cached_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class CachedRelease:
     exposure: float
     exposed: bool
     beta: frozenset[str]
+    offset: int  # targeting.release_offset: where this release's gray window starts
 
     def manifest_for(self, device_id: str) -> dict[str, Any] | None:
         """This release's answer for one device it targets, or None to fall through to older releases."""
@@ -77,7 +78,7 @@ class CachedRelease:
             return self.rollback_envelope if self.exposed else None
         if device_id in self.beta and self.stage != "simulation":
             return self.envelope
-        if self.exposure > 0 and bucket_percent(device_id, f"{self.task}:{self.version}") < self.exposure:
+        if self.exposure > 0 and in_step(device_bucket(device_id), self.offset, self.exposure):
             return self.envelope
         return None
 
@@ -86,7 +87,7 @@ class FleetService:
     def __init__(self, engine: sa.Engine, online_key: SigningKey,
                  cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
                  online_key_loader: Callable[[], SigningKey] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, identity_cache_size: int = 100_000) -> None:
         self.engine = engine
         self.clock = clock  # monotonic seconds; the cache lifetimes are measured on it (tests pass their own)
         self._missing_key_logged = 0
@@ -97,16 +98,14 @@ class FleetService:
         self._lock = threading.Lock()
         self._releases: dict[str, list[CachedRelease]] = {}
         self._releases_at = 0.0
-        self._tokens: dict[str, DeviceIdentity] = {}
+        # token hash -> identity, for IDENTITY_TTL_S, at most `identity_cache_size` (least recently used out)
+        self._tokens: TTLCache[str, DeviceIdentity] = TTLCache(identity_cache_size, IDENTITY_TTL_S, timer=clock)
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         self._root: Root | None = None
         self._root_at = 0.0
         self._admin_hash: str | None = None
         self._admin_at = 0.0
         self._serial = 0
-        # Recounting a step's live population scans the device table, so a busy release recounts at most
-        # once per RECOUNT_S in this process; the step monitor covers the quiet moments in between.
-        self._recounted: dict[int, float] = {}
 
     # ---- trust root -------------------------------------------------------------------------------
     def root(self) -> Root:
@@ -222,6 +221,7 @@ class FleetService:
             conn.execute(devices.insert().values(id=profile.device_id, token_hash=proposed,
                                                  profile=self.trusted_profile(profile, identity).as_dict(),
                                                  device_groups=list(identity.device_groups),
+                                                 bucket=device_bucket(profile.device_id),
                                                  registered_at=now, last_seen=now))
         return identity
 
@@ -252,22 +252,22 @@ class FleetService:
 
     def _forget(self, device_id: str) -> None:
         with self._lock:
-            self._tokens = {t: i for t, i in self._tokens.items() if i.device_id != device_id}
+            for h in [h for h, i in self._tokens.items() if i.device_id == device_id]:
+                self._tokens.pop(h, None)
             self._seen.pop(device_id, None)
 
     def identity(self, token: str) -> DeviceIdentity | None:
         h = token_hash(token)
-        now = self.clock()
-        cached = self._tokens.get(h)
-        if cached is not None and now - cached.cached_at < IDENTITY_TTL_S:
+        with self._lock:
+            cached = self._tokens.get(h)
+        if cached is not None:
             return cached
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(devices.c.id, devices.c.device_groups).where(devices.c.token_hash == h)).first()
+        if row is None:
+            return None
+        found = DeviceIdentity(row.id, tuple(row.device_groups))
         with self._lock:
-            if row is None:
-                self._tokens.pop(h, None)
-                return None
-            found = DeviceIdentity(row.id, tuple(row.device_groups), now)
             self._tokens[h] = found
         return found
 
@@ -288,10 +288,16 @@ class FleetService:
         with self._lock:
             batch, self._seen = self._seen, {}
         if batch:
+            # One statement a device: its last-seen time, and the profile only where the stored JSON text differs
+            # (it changes on an install, not on the thousands of check-ins between); the profile is compared in
+            # the database, so no process keeps a copy of every device's profile to decide.
+            unchanged = sa.cast(devices.c.profile, sa.Text) == sa.bindparam("b_text")
             with self.engine.begin() as conn:
                 conn.execute(devices.update().where(devices.c.id == sa.bindparam("b_id"))
-                             .values(profile=sa.bindparam("b_profile"), last_seen=sa.bindparam("b_seen")),
-                             [{"b_id": d, "b_profile": p, "b_seen": t} for d, (p, t) in batch.items()])
+                             .values(last_seen=sa.bindparam("b_seen"),
+                                     profile=sa.case((unchanged, devices.c.profile), else_=sa.bindparam("b_profile", type_=devices.c.profile.type))),
+                             [{"b_id": d, "b_seen": t, "b_profile": p, "b_text": json.dumps(p)}
+                              for d, (p, t) in batch.items()])
         return len(batch)
 
     # ---- what each device should run --------------------------------------------------------------
@@ -312,7 +318,7 @@ class FleetService:
             exposure = rollout.exposure_percent(rel.state_of(r), policy)
             by_task[r.task].append(CachedRelease(r.id, r.task, r.version, r.envelope, r.rollback_envelope,
                                                  r.targeting, r.stage, exposure, r.exposed,
-                                                 frozenset(policy.beta_devices)))
+                                                 frozenset(policy.beta_devices), release_offset(r.task, r.version)))
         for cands in by_task.values():
             cands.sort(key=lambda c: (precedence(c.targeting), c.version), reverse=True)
         self._releases, self._releases_at = dict(by_task), now
@@ -375,14 +381,6 @@ class FleetService:
         return DeviceProfile.from_dict(p)
 
     # ---- run reports ------------------------------------------------------------------------------
-    def _recount_due(self, release_id: int) -> bool:
-        now = self.clock()
-        with self._lock:
-            if now - self._recounted.get(release_id, -RECOUNT_S) < RECOUNT_S:
-                return False
-            self._recounted[release_id] = now
-            return True
-
     def add_reports(self, device_id: str, items: list[dict[str, Any]]) -> int:
         return self.add_report_batches([(device_id, items)])[0]
 
@@ -431,7 +429,7 @@ class FleetService:
                                     .where(sa.tuple_(releases.c.task, releases.c.version).in_(keys))).all()
                 for r in sorted(rows, key=lambda r: r.id):  # a fixed lock order: no deadlock between processes
                     ok, bad = counts[(r.task, r.version)]
-                    rel.apply_counts(conn, r.id, ok, bad, recount=self._recount_due(r.id))
+                    rel.apply_counts(conn, r.id, ok, bad)
         if counts:
             self.invalidate()
         return accepted

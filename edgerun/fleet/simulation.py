@@ -8,6 +8,7 @@ column lets any server process pick up a simulation whose runner died, so no rel
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -25,6 +26,8 @@ from edgerun.fleet.schema import releases
 from edgerun.fleet.store import BlobStore
 
 LEASE_S = 120.0
+
+log = logging.getLogger("edgerun.fleet.server")
 
 
 def materialise(store: BlobStore, manifest: dict[str, Any], dest: Path) -> None:
@@ -115,4 +118,4 @@ class SimulationWorker:
                 if run_pending_simulations(self.engine, self.store) and self.on_change:
                     self.on_change()
             except Exception as exc:  # a failing store or DB must not kill the worker; the lease retries
-                print(f"fleet simulator: {exc!r}", flush=True)
+                log.warning("simulation failed", extra={"error": repr(exc)})

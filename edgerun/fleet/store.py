@@ -31,6 +31,7 @@ class BlobStore(Protocol):
     def size(self, digest: str) -> int | None: ...
     def read_range(self, digest: str, start: int, end: int) -> Iterator[bytes]: ...
     def local_path(self, digest: str) -> Path | None: ...
+    def ready(self) -> None: ...  # raises FleetError with the cause when the store cannot serve now
 
 
 class LocalBlobStore:
@@ -78,6 +79,10 @@ class LocalBlobStore:
             while left > 0 and (chunk := f.read(min(left, 1 << 16))):
                 left -= len(chunk)
                 yield chunk
+
+    def ready(self) -> None:
+        if not (self.root.is_dir() and os.access(self.root, os.R_OK | os.W_OK | os.X_OK)):
+            raise FleetError(f"blob folder {self.root} is missing or not readable and writable")
 
     def local_path(self, digest: str) -> Path | None:
         p = self._path(digest)

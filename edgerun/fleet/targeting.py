@@ -84,7 +84,44 @@ def precedence(spec: dict[str, Any]) -> int:
     return PRECEDENCE[spec.get("kind", "uniform")]
 
 
-def bucket_percent(device_id: str, salt: str) -> float:
-    """A stable position in [0, 100) per (device, release): a device in step 1% stays in at 5%."""
-    digest = hashlib.sha256(f"{salt}:{device_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 * 100.0
+BUCKETS = 1_000_000  # gray-step granularity: 0.0001% of the fleet
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def device_bucket(device_id: str) -> int:
+    """A device's fixed place in [0, BUCKETS), stored with the device (an indexed column), so the devices a
+    step covers are counted in SQL over a range of it instead of hashing every device in Python."""
+    return _hash64(device_id) % BUCKETS
+
+
+def release_offset(task: str, version: int) -> int:
+    """Where a release's gray window starts on the bucket circle: each release exposes a different slice of
+    the fleet first, so the same devices are not always the canaries."""
+    return _hash64(f"{task}:{version}") % BUCKETS
+
+
+def step_width(percent: float) -> int:
+    return min(BUCKETS, max(0, round(percent * BUCKETS / 100.0)))
+
+
+def in_step(bucket: int, offset: int, percent: float) -> bool:
+    """Whether a device in `bucket` is in a release's `percent` step; a device in step 1% stays in at 5%."""
+    return (bucket - offset) % BUCKETS < step_width(percent)
+
+
+def step_ranges(offset: int, percent: float) -> list[tuple[int, int]]:
+    """The half-open bucket ranges a release's `percent` step covers (two when its window wraps around)."""
+    width = step_width(percent)
+    if width == 0:
+        return []
+    if offset + width <= BUCKETS:
+        return [(offset, offset + width)]
+    return [(offset, BUCKETS), (0, offset + width - BUCKETS)]
+
+
+def is_plain_uniform(spec: dict[str, Any]) -> bool:
+    """Targeting every device whatever its profile says: a step's population is then a bare count."""
+    return spec.get("kind", "uniform") == "uniform" and not spec.get("app_version") and not spec.get("os")

@@ -3,18 +3,14 @@ whether releases, reports and enrolment are right run once per database engine (
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleet_helpers import FleetServer, start_server
+from fleet_helpers import BACKENDS, FleetServer, database_url, start_server
 
 from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir
 from edgerun.fleet.signing import KeyDir
-
-BACKENDS = ("sqlite", "postgresql")
-_databases = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -25,14 +21,6 @@ def postgres() -> Iterator[LocalPostgres]:
         pytest.skip("PostgreSQL binaries are absent (Debian package `postgresql` not installed)")
     with LocalPostgres() as pg:
         yield pg
-
-
-def database_url(request: pytest.FixtureRequest, backend: str) -> str:
-    """"" (the server's own SQLite file) or a fresh PostgreSQL database in the session's cluster."""
-    if backend == "sqlite":
-        return ""
-    pg: LocalPostgres = request.getfixturevalue("postgres")
-    return pg.create_database(f"fleet_{next(_databases)}")
 
 
 @pytest.fixture(scope="module")

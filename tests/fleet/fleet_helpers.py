@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.local_server import FleetServer, free_port, start_server, token_file
 from edgerun.fleet.package import pack_task
 
 REPO = Path(__file__).resolve().parents[2]
-__all__ = ["REPO", "FleetServer", "free_port", "make_task", "start_server", "token_file"]
+__all__ = ["BACKENDS", "REPO", "FleetServer", "database_url", "free_port", "make_task", "start_server", "token_file"]
+BACKENDS = ("sqlite", "postgresql")
+_databases = itertools.count()
+
+
+def database_url(request: pytest.FixtureRequest, backend: str) -> str:
+    """"" (the server's own SQLite file) or a fresh PostgreSQL database in the session's cluster (the
+    `postgres` fixture of conftest.py)."""
+    if backend == "sqlite":
+        return ""
+    pg: LocalPostgres = request.getfixturevalue("postgres")
+    return pg.create_database(f"fleet_{next(_databases)}")
 
 
 def make_task(base: Path, name: str, version: int, body: str = "def run(inputs):\n    return {'ok': True}\n",

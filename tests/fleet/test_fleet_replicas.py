@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from conftest import BACKENDS, database_url
-from fleet_helpers import FleetServer, start_server
+from fleet_helpers import BACKENDS, FleetServer, database_url, start_server
 
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.local_postgres import LocalPostgres
