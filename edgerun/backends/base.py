@@ -12,11 +12,13 @@ backend's fast path).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import ClassVar
 
 import numpy as np
@@ -169,6 +171,9 @@ class Backend(ABC):
 
     name: ClassVar[str] = ""
     extra: ClassVar[str | None] = None  # the `pip install edgerun[extra]` that provides its dependencies
+    # The distribution whose version changes this backend's speed: part of `identity()`, so calibrations
+    # and tuned placements are measured again when it changes. None: edgerun and numpy alone.
+    library: ClassVar[str | None] = None
     supported: ClassVar[Mapping[str, OpSupport]] = {}
     throughput: Throughput = Throughput()  # declared figures, until calibration measures this machine
     # Seconds one call of a compiled partition costs beyond its nodes (a delegate's session call), until
@@ -242,9 +247,21 @@ class Backend(ABC):
         return {}
 
     def apply_settings(self, chosen: Mapping[str, object]) -> None:
-        """Take the values calibration chose for (some of) `tunable_settings`."""
+        """Take these values of (some of) `tunable_settings`; called on a fresh copy only (with_settings)."""
         if chosen:
             raise ValueError(f"backend {self.name!r} has no tunable settings {sorted(chosen)}")
+
+    def with_settings(self, chosen: Mapping[str, object]) -> Backend:
+        """This backend with `chosen` applied to those of its settings still open (the user may have fixed
+        one since it was chosen): a copy when anything changes, this instance never. A load builds with its
+        own copy, so loads with different settings, in one thread or several, cannot see each other's."""
+        open_now = self.tunable_settings()
+        usable = {k: v for k, v in chosen.items() if k in open_now and open_now[k][0] != v}
+        if not usable:
+            return self
+        other = copy.copy(self)
+        other.apply_settings(usable)
+        return other
 
     def transfer_cost(self, nbytes: int) -> float:
         """Seconds to move `nbytes` between host memory and this backend (each way)."""
@@ -259,6 +276,15 @@ class Backend(ABC):
         """`compile`, binding the algorithm the search chose for some nodes (node name -> algorithm name,
         one of `algorithm_choices`). Only a backend that declares choices is ever called with some."""
         return self.compile(subgraph)
+
+    def identity(self) -> str:
+        """The name, with the version of `library` where there is one ("onnxruntime@1.22.0")."""
+        if self.library is None:
+            return self.name
+        try:
+            return f"{self.name}@{metadata.version(self.library)}"
+        except metadata.PackageNotFoundError:
+            return self.name
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"

@@ -3,6 +3,10 @@
 Names resolve, in order, to a factory registered at run time (`register_backend`: tests, plug-ins), then to
 the module `edgerun.backends.<name>` (or the path in `_MODULES`). A module whose third-party dependency is
 missing raises BackendUnavailableError naming the pip extra that installs it.
+
+Which backends `backends="auto"` places on is declared here too, so that the search never lists them: a
+shipped backend by its entry in SHIPPED, a plug-in by `register_backend(name, factory, joins_auto=True)` in
+its own module. Nothing else names a backend.
 """
 
 from __future__ import annotations
@@ -19,24 +23,39 @@ BackendFactory = Callable[[], Backend]
 _MODULES: dict[str, str] = {}
 # The pip extra per backend, where it differs from "the backend's name" or the module cannot be imported to ask.
 _EXTRAS = {"onnxruntime": "onnxruntime", "remote": "remote", "webgpu": "webgpu"}
-# Backends the project ships or plans; listed in error messages so a typo is easy to spot.
-KNOWN_BACKENDS = ("reference", "onnxruntime", "mnn", "webgpu", "npu", "remote")
+# The backends the project ships -> whether `backends="auto"` considers it wherever it is installed (a
+# backend that needs a device address, a GPU adapter or an emulator is named explicitly instead). Listed in
+# error messages so a typo is easy to spot.
+SHIPPED: dict[str, bool] = {"onnxruntime": True, "mnn": True, "reference": True,
+                            "webgpu": False, "npu": False, "remote": False}
+KNOWN_BACKENDS = tuple(SHIPPED)
 
 _factories: dict[str, BackendFactory] = {}
+_joins_auto: dict[str, bool] = {}
 _instances: dict[str, Backend] = {}
 
 
-def register_backend(name: str, factory: BackendFactory, *, replace: bool = False) -> None:
-    """Make `get_backend(name)` call `factory` (once; the instance is shared)."""
+def register_backend(name: str, factory: BackendFactory, *, replace: bool = False, joins_auto: bool = False) -> None:
+    """Make `get_backend(name)` call `factory` (once; the instance is shared); with `joins_auto` the backend
+    is also a candidate of every `backends="auto"` load."""
     if name in _factories and not replace:
         raise ValueError(f"backend {name!r} is already registered")
     _factories[name] = factory
+    _joins_auto[name] = joins_auto
     _instances.pop(name, None)
 
 
 def unregister_backend(name: str) -> None:
     _factories.pop(name, None)
+    _joins_auto.pop(name, None)
     _instances.pop(name, None)
+
+
+def auto_candidates() -> list[str]:
+    """The names `backends="auto"` considers, the reference last (the search breaks ties toward the first):
+    the shipped ones that join it, then the registered ones that declared they do."""
+    names = [n for n, joins in {**SHIPPED, **_joins_auto}.items() if joins and n != "reference"]
+    return [*names, "reference"]
 
 
 def get_backend(name: str) -> Backend:

@@ -6,7 +6,6 @@
 """
 
 from edgerun.search.auto import (
-    AUTO_BACKENDS,
     AutoPlan,
     auto_backends,
     load,
@@ -20,7 +19,6 @@ from edgerun.search.placement_search import SearchResult, search_placement
 from edgerun.search.tune import cached_placement, tune_placement, tuned_path
 
 __all__ = [
-    "AUTO_BACKENDS",
     "CACHE_ENV",
     "AutoPlan",
     "BackendProfile",

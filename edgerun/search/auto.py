@@ -1,6 +1,6 @@
 """`backends="auto"`: choose the placement on this device at load time (MNN's semi-auto search).
 
-The candidate backends are those of AUTO_BACKENDS that are installed here. Their calibrated profiles (cached
+The candidate backends are those that declare they join `auto` (backends/registry.py) and are installed here. Their calibrated profiles (cached
 per device) feed the cost model; the placement search returns a backend per node, and the reference
 backend's convolutions get their cheapest algorithm, handed to the runtime with the placement. The search
 calls the runtime (`load` here is `edgerun.load`); the runtime never calls the search. With tune=True the best few candidate placements are measured
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from edgerun.backends.base import Backend
-from edgerun.backends.registry import get_backend
+from edgerun.backends.registry import auto_candidates, get_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.graph import Graph
 from edgerun.program import Program
@@ -31,14 +31,13 @@ from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
 from edgerun.runtime.methods import has_methods_or_state, load_methods
 from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
 from edgerun.runtime.state import StateStore
-from edgerun.search.calibrate import BackendProfile, load_profiles
+from edgerun.search.calibrate import BackendProfile, calibrated, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
 from edgerun.search.placement_search import search_placement
-from edgerun.search.settings_tune import Settings, applied_settings, cached_settings, tune_settings
+from edgerun.search.settings_tune import Settings, cached_settings, configured, tune_settings
 from edgerun.search.tune import FIRST_LOAD_BUDGET_S, synthetic_inputs, tune_placement
 
 AUTO = "auto"
-AUTO_BACKENDS = ("onnxruntime", "mnn", "reference")
 
 
 @dataclass
@@ -53,12 +52,14 @@ class AutoPlan:
     tuning: dict[str, Any] = field(default_factory=dict)  # the measured candidates (tune.py's report)
     loaded: LoadedProgram | None = field(default=None, repr=False)  # the measured winner, ready to run
     settings: Settings = field(default_factory=dict)  # backend settings tuned for this program (settings_tune.py)
+    # The backends to load with: calibrated, with the tuned settings, this load's own where a setting differs
+    configured: dict[str, Backend] = field(default_factory=dict, repr=False)
 
 
 def auto_backends(names: Sequence[str] | None = None) -> list[Backend]:
     """The installed candidates (reference always); a named one that is missing raises, naming its extra."""
     found = []
-    for name in names or AUTO_BACKENDS:
+    for name in names or auto_candidates():
         try:
             found.append(get_backend(name))
         except BackendUnavailableError:
@@ -77,8 +78,9 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
     With `measure_budget_s` > 0 the best few candidates are also loaded and timed, within that budget, unless
     a winner is cached for this program and device; `tune=True` measures them all without a bound.
     """
-    backends = {b.name: b for b in auto_backends(candidates)}
-    profiles = load_profiles(list(backends.values()))
+    shared = {b.name: b for b in auto_backends(candidates)}
+    profiles = load_profiles(list(shared.values()))
+    backends = {name: calibrated(b, profiles[name]) for name, b in shared.items()}  # this load's own instances
     start = time.perf_counter()
     table = cost_table(graph, backends, profiles)
     best = search_placement(table)
@@ -93,15 +95,15 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
         # KV cache on every load, which peaked with its ONNX Runtime session).
         saved: list[dict[str, Any]] = []
 
-        def loader(candidate: Mapping[str, str]) -> LoadedProgram:
+        def loader(candidate: Mapping[str, str], using: Mapping[str, Backend] = backends) -> LoadedProgram:
             if state is not None and not saved:
                 saved.append(state.snapshot())
-            return load_prepared(program, graph, graph, list(backends), placement=candidate,
+            return load_prepared(program, graph, graph, list(using.values()), placement=candidate,
                                  algorithms=choose_algorithms(graph, candidate, backends, profiles),
                                  arena_limit=arena_limit, state=state)
 
-        # A winner is only a winner among these candidates: the cache key names them.
-        key = f"{program_key(graph, program)}.{'+'.join(sorted(backends))}"
+        # A winner is only a winner among these candidates, at these versions: the cache key names them.
+        key = f"{program_key(graph, program)}.{'+'.join(sorted(b.identity() for b in backends.values()))}"
         budget_s = math.inf if tune else measure_budget_s
         tuned_from = time.perf_counter()
         placement, tuning, trial = tune_placement(graph, table, best, key, budget_s=budget_s, loader=loader,
@@ -115,7 +117,8 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
         if state is not None and saved:
             state.assign(saved.pop())  # freed before the winner is compiled: its sessions reuse the memory
     algorithms = choose_algorithms(graph, placement, backends, profiles)
-    return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded, settings)
+    return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded, settings,
+                    configured(backends, settings))
 
 
 def build_seconds(graph: Graph, profiles: Mapping[str, BackendProfile], placement: Mapping[str, str]) -> float:
@@ -166,7 +169,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
          arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
     """`edgerun.load`: the runtime's load, with `backends="auto"` (or "auto:a,b") resolved here first.
 
-    "auto" searches over the installed AUTO_BACKENDS; "auto:a,b" over backends a and b; `tune=True` also
+    "auto" searches over the installed backends that join it (backends/registry.py); "auto:a,b" over backends a and b; `tune=True` also
     measures the best few placements and caches the winner per device. Anything else goes to the runtime
     as it is. Explicit `placement` entries override the search's.
     """
@@ -192,9 +195,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     if plan.loaded is not None and not placement and alias_reshapes:
         loaded = plan.loaded  # the measured winner is already loaded: no second compile
     else:
-        with applied_settings({b.name: b for b in candidates}, plan.settings):
-            loaded = load_prepared(program, original, graph, plan.backends,
-                                   placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
-                                   alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
+        loaded = load_prepared(program, original, graph, list(plan.configured.values()),
+                               placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
+                               alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
     loaded.search = plan
     return loaded

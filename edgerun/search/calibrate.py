@@ -104,8 +104,8 @@ class BackendProfile:
 
 
 def backend_config(backend: Backend) -> str:
-    """The settings a backend's speed depends on (a change means measuring again)."""
-    return ",".join(f"{key}={value}" for key, value in backend.settings().items())
+    """What a backend's speed depends on, its library's version and its settings (a change means measuring again)."""
+    return ",".join([backend.identity(), *(f"{key}={value}" for key, value in backend.settings().items())])
 
 
 def calibration_path(fingerprint: str | None = None) -> Path:
@@ -131,8 +131,6 @@ def load_profiles(backends: Sequence[Backend], *, recalibrate: bool = False) -> 
         profiles[backend.name] = measure_backend(backend)
         stored[backend.name] = asdict(profiles[backend.name])
         changed = True
-    for backend in backends:
-        apply_profile(backend, profiles[backend.name])
     if changed:
         write_json(path, {"format": FORMAT, "device": device_description(), "profiles": stored})
     return profiles
@@ -152,10 +150,10 @@ SETTING_GAIN = 1.05
 SETTING_BUDGET_S = 0.02  # per round for each alternative's run: enough for a median, and keeps calibration cheap
 
 
-def apply_profile(backend: Backend, profile: BackendProfile) -> None:
-    """Give the backend the settings calibration chose for it, among those it still leaves open."""
-    open_settings = backend.tunable_settings()
-    backend.apply_settings({k: v for k, v in profile.settings.items() if k in open_settings})
+def calibrated(backend: Backend, profile: BackendProfile) -> Backend:
+    """The backend with the settings calibration chose for it, among those it still leaves open (a copy:
+    the shared instance keeps its own)."""
+    return backend.with_settings(profile.settings)
 
 
 def measure_backend(backend: Backend) -> BackendProfile:
@@ -250,12 +248,8 @@ def _runs_with_setting(backend: Backend, setting: str, value: object) -> dict[st
     """The SETTING_BENCHMARKS compiled with `setting` = `value`, named "<benchmark>@<setting>"."""
     graphs = {"gemm": _gemm_graph(), "conv": _conv_graph(32, 32, 3, 1), "exp": _unary_graph("exp", 1 << 18),
               "small": _small_mlp_graph()}
-    before = backend.tunable_settings()[setting][0]
-    backend.apply_settings({setting: value})
-    try:
-        return {f"{name}@{setting}": _runnable(backend, graph) for name, graph in graphs.items()}
-    finally:
-        backend.apply_settings({setting: before})
+    changed = backend.with_settings({setting: value})
+    return {f"{name}@{setting}": _runnable(changed, graph) for name, graph in graphs.items()}
 
 
 def _integer_runs(backend: Backend) -> dict[str, Callable[[], None]]:

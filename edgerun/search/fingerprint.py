@@ -1,8 +1,10 @@
 """Where the search keeps what it learns, keyed by what makes one machine differ from another.
 
 A device fingerprint hashes the CPU model, the core count, the OS and machine type, and the versions of
-Python, numpy and every backend library present: any of these changing invalidates calibrations and tuned
-placements. The cache lives under $EDGERUN_CACHE_DIR, else ~/.cache/edgerun.
+Python and numpy: any of these changing invalidates calibrations and tuned placements. A backend's own
+library version is part of its identity (`Backend.identity`), in its calibration's config and in the key of
+a tuned placement, so the fingerprint names no backend. The cache lives under $EDGERUN_CACHE_DIR, else
+~/.cache/edgerun.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import os
 import platform
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +24,13 @@ import numpy as np
 from edgerun.backends.conversion_cache import CACHE_ENV as CACHE_ENV
 from edgerun.backends.conversion_cache import cache_dir as cache_dir
 
-# Libraries whose version changes a backend's speed; absent ones are recorded as absent.
-_LIBRARIES = ("onnxruntime", "MNN", "wgpu")
-
 
 @functools.lru_cache(maxsize=1)
 def device_description() -> dict[str, Any]:
     """The facts the fingerprint is made of (shown by `edgerun calibrate`); read once per process."""
-    versions: dict[str, str | None] = {}
-    for lib in _LIBRARIES:
-        try:
-            versions[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            versions[lib] = None
     return {"cpu": _cpu_model(), "cores": os.cpu_count(), "affinity": _usable_cores(),
             "system": platform.system(), "machine": platform.machine(),
-            "python": platform.python_version(), "numpy": np.__version__, "libraries": versions}
+            "python": platform.python_version(), "numpy": np.__version__}
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,16 +10,16 @@ setting with that setting changed, times both in interleaved rounds (timing.py),
 if it wins by SETTING_GAIN (spinning costs every other process a core). The choice is cached in the
 program's tuned entry (tune.py's one cache), and applied around the load of the cached winner.
 
-Settings live on the shared backend instances (compile reads them), so they are applied for the duration of
-one load and restored after; the sessions a load built keep what they were built with.
+A load builds with its own copies of the backends that carry the chosen settings (`configured`,
+Backend.with_settings): the shared instances are never changed, so loads with other settings, in this
+thread or another, cannot see them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from edgerun.backends.base import Backend
 from edgerun.search.calibrate import SETTING_GAIN
 from edgerun.search.timing import Clock, steady_seconds, warm_up_seconds
-from edgerun.search.tune import CandidateLoader, Trial, read_tuned, update_tuned
+from edgerun.search.tune import Trial, read_tuned, update_tuned
 
 Settings = dict[str, dict[str, Any]]  # backend name -> {setting: value}
 
@@ -40,29 +40,17 @@ def cached_settings(program_key: str) -> Settings | None:
     return {str(b): dict(v) for b, v in data.items() if isinstance(v, dict)}
 
 
-@contextlib.contextmanager
-def applied_settings(backends: Mapping[str, Backend], settings: Settings) -> Iterator[None]:
-    """`settings` applied to the backends for the duration of the block, the previous values restored after.
-    A setting the backend no longer leaves open (the user fixed it since) is skipped."""
-    restore: list[tuple[Backend, dict[str, Any]]] = []
-    try:
-        for name, chosen in settings.items():
-            backend = backends.get(name)
-            if backend is None:
-                continue
-            open_now = backend.tunable_settings()
-            usable = {k: v for k, v in chosen.items() if k in open_now}
-            if usable:
-                restore.append((backend, {k: open_now[k][0] for k in usable}))
-                backend.apply_settings(usable)
-        yield
-    finally:
-        for backend, before in reversed(restore):
-            backend.apply_settings(before)
+def configured(backends: Mapping[str, Backend], settings: Settings) -> dict[str, Backend]:
+    """The backends with `settings` applied: copies where a setting changes (Backend.with_settings), the
+    instances themselves elsewhere; a setting the backend no longer leaves open is skipped."""
+    return {name: b.with_settings(settings.get(name, {})) for name, b in backends.items()}
+
+
+SettingsLoader = Callable[[Mapping[str, str], Mapping[str, Backend]], Trial]  # (placement, backends) -> loaded
 
 
 def tune_settings(placement: Mapping[str, str], loaded: Trial, inputs: list[np.ndarray],
-                  loader: CandidateLoader, backends: Mapping[str, Backend],
+                  loader: SettingsLoader, backends: Mapping[str, Backend],
                   program_key: str, deadline: float, *, clock: Clock = time.perf_counter) -> tuple[Settings, Trial]:
     """The settings that beat the current ones on this program, and the winner loaded with them.
 
@@ -82,8 +70,7 @@ def tune_settings(placement: Mapping[str, str], loaded: Trial, inputs: list[np.n
                 break
             trial = {b: dict(v) for b, v in settings.items()}  # what won so far, and this change
             trial.setdefault(name, {})[setting] = values[1]
-            with applied_settings(backends, trial):
-                other = loader(placement)
+            other = loader(placement, configured(backends, trial))
             runs = {"current": functools.partial(loaded.run, inputs), "changed": functools.partial(other.run, inputs)}
             busy = {"current": loaded.busy_after_call_s, "changed": other.busy_after_call_s}
             times = steady_seconds(runs, busy, {k: warm_up_seconds(r, clock=clock) for k, r in runs.items()},

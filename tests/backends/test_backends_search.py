@@ -32,7 +32,7 @@ from edgerun.search import (
     search_placement,
     tuned_path,
 )
-from edgerun.search.calibrate import apply_profile, backend_config, measure_backend
+from edgerun.search.calibrate import backend_config, calibrated, measure_backend
 from edgerun.search.cost_model import cheapest_algorithm
 from edgerun.search.placement_search import SWITCH_S
 from edgerun.search.tune import MARGINS
@@ -135,7 +135,7 @@ def test_tune_measures_candidates_and_caches_the_winner(cache: Path) -> None:
     plan = plan_auto(g.copy(), tune=True)
     assert plan.tuning["source"] == "measured" and len(plan.tuning["candidates"]) >= 2
     # Cached per (device, program, candidate backends).
-    names = "+".join(sorted(b.name for b in auto_backends()))  # onnxruntime and reference, mnn where installed
+    names = "+".join(sorted(b.identity() for b in auto_backends()))  # onnxruntime and reference, mnn where installed
     files = list((cache / "tuned" / device_fingerprint()).glob(f"{program_key(g, None)}.{names}.json"))
     assert len(files) == 1
     winner = json.loads(files[0].read_text())["placement"]
@@ -220,13 +220,12 @@ def test_calibration_chooses_ort_spinning_unless_the_user_fixed_it(monkeypatch: 
     assert free.spin_setting is None and free.spin is False  # off until calibration says otherwise
     chosen = measure_backend(free)
     assert isinstance(chosen.settings["spin"], bool) and chosen.gemm_flops_per_s > 0
-    apply_profile(free, replace(chosen, settings={"spin": True}))
-    assert free.spin is True and "spin_setting=None" in chosen.config
+    assert calibrated(free, replace(chosen, settings={"spin": True})).spin is True and free.spin is False
+    assert "spin_setting=None" in chosen.config
     monkeypatch.setenv("EDGERUN_ORT_SPIN", "0")  # the variable still overrides calibration
     fixed = ort_backend.OnnxRuntimeBackend()
     assert fixed.spin_setting is False and backend_config(fixed) != backend_config(free)
-    apply_profile(fixed, replace(chosen, settings={"spin": True}))
-    assert fixed.spin is False
+    assert calibrated(fixed, replace(chosen, settings={"spin": True})) is fixed and fixed.spin is False
 
 
 def test_a_delegate_only_program_runs_without_errstate_and_still_matches() -> None:

@@ -1,12 +1,13 @@
 """Backend settings tuned per program (edgerun.search.settings_tune): the winner built again with a setting
-changed, kept only if it measures SETTING_GAIN faster, cached per (device, program), applied around a load
-and restored after. Which setting wins on this machine is a measurement; these tests pin the mechanism by
+changed, kept only if it measures SETTING_GAIN faster, cached per (device, program), and built with copies
+of the backends that carry it (the shared instances never change). Which setting wins on this machine is a measurement; these tests pin the mechanism by
 moving the bar (SETTING_GAIN) to where the outcome is certain."""
 
 from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from edgerun.backends.onnxruntime import OnnxRuntimeBackend
 from edgerun.oracle import interpret
 from edgerun.runtime.loader import load_prepared
 from edgerun.search import CACHE_ENV, settings_tune
-from edgerun.search.settings_tune import applied_settings, cached_settings, tune_settings
+from edgerun.search.settings_tune import cached_settings, configured, tune_settings
 from edgerun.search.tune import synthetic_inputs, tuned_path
 
 
@@ -25,6 +26,19 @@ def _spinning(loaded) -> bool:  # type: ignore[no-untyped-def]
     (compiled,) = loaded.parts.compiled
     options = compiled.run.__self__.session.get_session_options()
     return options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def test_loads_in_two_threads_with_different_settings_each_build_with_their_own() -> None:
+    g = small_conv_net(16, seed=4)
+    shared = OnnxRuntimeBackend(threads=2, spin=None)
+    shared.spin_setting, shared.spin = None, False
+    placement = {n.name: "onnxruntime" for n in g.nodes}
+    spinning, still = shared.with_settings({"spin": True}), shared.with_settings({"spin": False})
+    assert still is shared and spinning is not shared and shared.spin is False
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(load_prepared, None, g, g, [b], placement=placement) for b in (spinning, still)]
+        loaded = [f.result() for f in futures]
+    assert [_spinning(m) for m in loaded] == [True, False] and shared.spin is False
 
 
 @pytest.fixture
@@ -36,8 +50,8 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-u
     backends = {"onnxruntime": ort}
     placement = {n.name: "onnxruntime" for n in g.nodes}
 
-    def loader(candidate):  # type: ignore[no-untyped-def]
-        return load_prepared(None, g, g, [ort], placement=dict(candidate))
+    def loader(candidate, using=backends):  # type: ignore[no-untyped-def]
+        return load_prepared(None, g, g, list(using.values()), placement=dict(candidate))
 
     return g, ort, backends, placement, loader
 
@@ -54,9 +68,7 @@ def test_a_setting_that_wins_is_kept_cached_and_the_backend_restored(setup, monk
     assert cached_settings("prog") == settings
     x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
     np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-4, atol=1e-5)
-    with applied_settings(backends, settings):  # the cached winner's load
-        again = loader(placement)
-        assert ort.spin is True
+    again = loader(placement, configured(backends, settings))  # the cached winner's load
     assert _spinning(again) and ort.spin is False
 
 
@@ -77,10 +89,10 @@ def test_a_setting_the_user_fixed_is_not_tuned_or_overridden(setup) -> None:  # 
     g, _, _, placement, _ = setup
     fixed = OnnxRuntimeBackend(threads=2, spin=False)
     assert fixed.tunable_settings() == {}
-    with applied_settings({"onnxruntime": fixed}, {"onnxruntime": {"spin": True}}):  # a cached choice: skipped
-        assert fixed.spin is False
+    mine = configured({"onnxruntime": fixed}, {"onnxruntime": {"spin": True}})  # a cached choice: skipped
+    assert mine["onnxruntime"] is fixed and fixed.spin is False
     current = load_prepared(None, g, g, [fixed], placement=placement)
-    settings, _ = tune_settings(placement, current, synthetic_inputs(g), lambda p: current, {"onnxruntime": fixed},
+    settings, _ = tune_settings(placement, current, synthetic_inputs(g), lambda p, b: current, {"onnxruntime": fixed},
                                 "fixed", deadline=time.perf_counter() + 5.0)
     assert settings == {}
 
@@ -98,11 +110,13 @@ def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
     g = small_conv_net(16, seed=4)
     # tune=True: no budget, so a slow machine cannot run out of time before the setting is tried.
     first = load(g, backends="auto:onnxruntime", tune=True)  # calibrates, tunes the placement, then the setting
-    calibrated = shared.spin
+    from edgerun.search import load_profiles
+
+    calibrated = load_profiles([shared])["onnxruntime"].settings["spin"]  # what calibration chose (cached)
     assert first.search.tuning["source"] == "measured"
     assert first.search.settings == {"onnxruntime": {"spin": not calibrated}} and _spinning(first) is not calibrated
     later = load(g, backends="auto:onnxruntime", tune=True)
     assert later.search.tuning["source"] == "cache" and later.search.settings == first.search.settings
-    assert _spinning(later) is not calibrated and shared.spin is calibrated  # built with it; the backend restored
+    assert _spinning(later) is not calibrated and shared.spin is False  # built with it; the shared one untouched
     x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
     np.testing.assert_array_equal(later(x), first(x))

@@ -218,6 +218,7 @@ def _undilated(node: Node, graph: Graph) -> bool:
 class MnnBackend(Backend):
     name = "mnn"
     extra = "mnn"
+    library = "MNN"
     supported = _support_table()
     # Until calibration measures this machine, figures of the same order as ONNX Runtime's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=2e10, bytes_per_s=4e9, dispatch_s=1e-6)

@@ -65,6 +65,7 @@ SPIN_POOL_NODE_FLOPS = 2e4
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
+    library = "onnxruntime"
     supported = {**SUPPORTED, **QUANT_SUPPORTED, **LLM_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
     composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization, RMSNorm: one ORT kernel each
     control_flow = CONTROL_FLOW  # If, Loop, Scan, bodies emitted like any partition (onnx_control_flow.py)
@@ -468,9 +469,8 @@ class BoundSession:
 
 
 class _BoundCall:
-    """One binding of a runner's arrays to a session, and the callable that runs it: the C++ entry point
-    under session.run_with_iobinding with its arguments (no Python frame between the runtime's call and
-    ORT), or that wrapped in the staging copies."""
+    """One binding of a runner's arrays to a session, and the callable that runs it: ORT's public
+    session.run_with_iobinding bound to its arguments, or that wrapped in the staging copies."""
 
     __slots__ = ("_keep", "inputs", "outputs", "run")
 
@@ -478,7 +478,7 @@ class _BoundCall:
                  binding: Any, stage_in: list[tuple[np.ndarray, np.ndarray]],
                  stage_out: list[tuple[np.ndarray, np.ndarray]]) -> None:
         self.inputs, self.outputs = inputs, outputs
-        run_bound = functools.partial(session._sess.run_with_iobinding, binding._iobinding, None)
+        run_bound = functools.partial(session.run_with_iobinding, binding)
         self._keep = (session, binding, [d for d, _ in stage_in], [s for _, s in stage_out])
         if not stage_in and not stage_out:
             self.run: Callable[[], object] = run_bound

@@ -93,6 +93,7 @@ COMPOSITES: dict[str, OpSupport] = {
 class WebGpuBackend(Backend):
     name = "webgpu"
     extra = "webgpu"
+    library = "wgpu"
     supported = SUPPORTED
     composites = COMPOSITES
     # A discrete GPU would be far faster; these describe lavapipe on a few CPU cores, the CI adapter.
