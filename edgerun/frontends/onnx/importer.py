@@ -8,6 +8,7 @@ chains become static.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from edgerun.frontends.onnx.flex_attention import import_flex_attention
 from edgerun.frontends.onnx.functions import expand_function, has_function
 from edgerun.frontends.onnx.loading import check_model, dependency_order, infer_types, load_model
 from edgerun.frontends.onnx.narrow_float import BFLOAT16_REFUSAL, import_via_float32
+from edgerun.frontends.onnx.ort_domains import move_ort_default_domain_ops
 from edgerun.frontends.onnx.registry import load_handlers
 from edgerun.frontends.onnx.sequences import (
     STRUCTURED_IMPORTERS,
@@ -50,9 +52,13 @@ from edgerun.oracle import interpret
 class CheckedTypes(dict[str, Any]):
     """ONNX's inferred types by value name, and what input_shapes made of ONNX's dim_params (see dims.py)."""
 
-    def __init__(self, types: Mapping[str, Any], bindings: Mapping[str, Dim]) -> None:
+    def __init__(self, types: Mapping[str, Any], bindings: Mapping[str, Dim],
+                 declared_outputs: frozenset[str] = frozenset()) -> None:
         super().__init__(types)
         self.bindings = dict(bindings)
+        # The graph's outputs: a shape declared there that the computation contradicts is a mistake in the
+        # declaration (an exporter's stale annotation); ONNX Runtime warns and returns what is computed.
+        self.declared_outputs = declared_outputs
 
 
 # Ops with graph attributes, imported with access to the node importer (for their bodies), by domain:op.
@@ -76,7 +82,7 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
     become their tensors, and `layout`, when given, receives one [name, kind, count] per ONNX output to group
     them back (sequences.group_outputs).
     """
-    model = load_model(source)
+    model = move_ort_default_domain_ops(load_model(source))
     opset = check_model(model)
     g = model.graph
     frozen = set(constant_inputs or {}) | {t.name for t in g.initializer}
@@ -86,7 +92,7 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
         model = declared.apply(model, constants)
         g = model.graph
     bindings = {**declared.bindings, **{name: sym(name) for name in declared.symbols}}
-    types = CheckedTypes(infer_types(model), bindings)
+    types = CheckedTypes(infer_types(model), bindings, frozenset(o.name for o in g.output))
     handlers = load_handlers()
     graph = Graph()
     graph.symbols.update(declared.symbols)
@@ -169,7 +175,9 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             detail = "no import handler for this ai.onnx.ml op (SVMs and others are not supported; " \
                 "docs/onnx.md)" if domain == "ai.onnx.ml" else \
                 f"domain {domain!r} is not supported (only the default ONNX domain, the numeric ops of " \
-                "ai.onnx.ml, and com.microsoft MatMulNBits)"
+                "ai.onnx.ml, and the com.microsoft ops ONNX Runtime's tools emit; docs/onnx.md lists them)" \
+                if domain != "com.microsoft" else "no import handler for this com.microsoft op (docs/onnx.md " \
+                "lists those that import)"
             raise UnsupportedOpError(proto.op_type, source=proto.name or None, detail=detail)
         node = OnnxNode(proto.op_type, domain, opsets.get(domain, opsets[""]), list(proto.input),
                         list(proto.output), _decode_attrs(proto), proto.name)
@@ -240,17 +248,20 @@ def _bind_outputs(ctx: ImportContext, node: OnnxNode, outs: list[Any], types: Ch
             ctx.bind_constant(name, out)
         else:
             ctx.values[name] = out
-        _cross_check(ctx, node, name, types.get(name), types.bindings)
+        _cross_check(ctx, node, name, types.get(name), types.bindings, name in types.declared_outputs)
     missing = [n for n in node.outputs[len(outs):] if n]
     if missing:
         raise node.refuse(f"outputs {missing} are not supported")
 
 
-def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any, bindings: Mapping[str, Dim]) -> None:
+def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any, bindings: Mapping[str, Dim],
+                 graph_output: bool = False) -> None:
     """Our inferred shape and dtype must agree with ONNX's wherever ONNX's is known.
 
     A dimension ONNX leaves unknown (no value, -1, 0 as converters write it, a symbol it made up) agrees
     with any size; only two known, different sizes (or a pinned input symbol and another size) disagree.
+    A graph output whose declared shape disagrees is a warning (ONNX Runtime's behaviour): the program
+    returns what the graph computes.
     """
     if t is None or t.WhichOneof("value") != "tensor_type":
         return
@@ -262,7 +273,10 @@ def _cross_check(ctx: ImportContext, node: OnnxNode, name: str, t: Any, bindings
     if not tt.HasField("shape"):
         return
     why = disagreement(shape, tt.shape.dim, bindings)
-    if why:
+    if why and graph_output:
+        warnings.warn(f"graph output {name!r} is declared {describe(tt.shape.dim)} but the graph computes "
+                      f"{tuple(shape)} ({why}); the program returns the computed shape", stacklevel=2)
+    elif why:
         raise OnnxImportError(f"{node.op_type} output {name!r}: edgerun infers shape {tuple(shape)}, "
                               f"ONNX infers {describe(tt.shape.dim)} ({why})")
 

@@ -5,10 +5,18 @@ sequence); the body adds the recurrent matmul and applies the gates. So the grap
 the sequence, and a symbolic sequence length (a template program) needs nothing more: the scan's length is
 the symbol. Gate order follows the spec: LSTM i, o, f, c; GRU z, r, h. sequence_lens shorter than the
 sequence is refused.
+
+ONNX Runtime's DynamicQuantizeLSTM (com.microsoft, what its `quantize_dynamic` makes of an LSTM) is the same
+LSTM with 8-bit weights stored transposed ([dir, input, 4H] and [dir, hidden, 4H]) and per-direction or
+per-column scales and zero points. As ORT computes it, the activations are quantized at run time too: the
+whole input sequence once (one uint8 scale and zero point, DynamicQuantizeLinear's), the hidden state at
+every step row by row (each sequence of the batch its own scale); each product is an exact integer matmul
+scaled back by the two scales.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -48,9 +56,32 @@ def _reverse(b: Builder, x: str) -> str:
     return b.emit("slice", [x], starts=[-1], ends=[-(2 ** 62)], axes=[0], steps=[-1])
 
 
+def _dequantized_matmul(b: Builder, x: str, w: str, w_scale: str, w_zp: str) -> str:
+    """float32 x @ w for an 8-bit w: x quantized to uint8 at run time, an exact integer matmul, scaled back."""
+    q, scale, zp = b.emit_multi("dynamic_quantize", [x], dtype="uint8")
+    acc = b.emit("matmul_integer", [q, w, zp, w_zp])
+    return b.emit("mul", [b.emit("cast", [acc], dtype="float32"), b.emit("mul", [scale, w_scale])])
+
+
+def _row_quantized_matmul(b: Builder, h: str, w: str, w_scale: str, w_zp: str) -> str:
+    """float32 h @ w for an 8-bit w, each row of h [batch, K] quantized to uint8 with its own scale and zero
+    point (DynamicQuantizeLinear's rule: the row's range widened to include 0, 255 steps, zero point rounded
+    half to even): ORT quantizes the hidden state row by row, so no sequence's range depends on another's."""
+    low = b.emit("minimum", [b.emit("reduce_min", [h], axes=[1], keepdims=True), b.scalar(0.0, h)])
+    high = b.emit("maximum", [b.emit("reduce_max", [h], axes=[1], keepdims=True), b.scalar(0.0, h)])
+    span = b.emit("sub", [high, low])
+    flat = b.emit("eq", [span, b.scalar(0.0, span)])
+    scale = b.emit("where", [flat, b.scalar(1.0, span), b.emit("div", [span, b.scalar(255.0, span)])])
+    zp = b.emit("round", [b.emit("clamp", [b.emit("neg", [b.emit("div", [low, scale])])], min=0.0, max=255.0)])
+    q = b.emit("clamp", [b.emit("add", [b.emit("round", [b.emit("div", [h, scale])]), zp])], min=0.0, max=255.0)
+    acc = b.emit("matmul_integer", [b.emit("cast", [q], dtype="uint8"), w, b.emit("cast", [zp], dtype="uint8"), w_zp])
+    return b.emit("mul", [b.emit("cast", [acc], dtype="float32"), b.emit("mul", [scale, w_scale])])
+
+
 def _step(b: Builder, node: OnnxNode, acts: list[Activation], hidden: int, h: str, c: str, xt: str, rt: str,
-          rb: str, peep: str) -> tuple[str, str]:
-    """One time step inside the scan body: (new h, new c ('' unless LSTM)) from the projected input xt."""
+          rb: str, peep: str, r_quant: tuple[str, str] | None = None) -> tuple[str, str]:
+    """One time step inside the scan body: (new h, new c ('' unless LSTM)) from the projected input xt;
+    `r_quant`: the scale and zero point of an 8-bit recurrent weight rt (DynamicQuantizeLSTM)."""
     op = node.op_type
 
     def gate(k: int, src: str) -> str:
@@ -70,7 +101,8 @@ def _step(b: Builder, node: OnnxNode, acts: list[Activation], hidden: int, h: st
         cand = acts[1](b, b.emit("add", [gate(2, xt), cand_in]))
         one_minus_z = b.emit("sub", [b.scalar(1.0, z), z])
         return b.emit("add", [b.emit("mul", [one_minus_z, cand]), b.emit("mul", [z, h])]), ""
-    pre = b.emit("add", [xt, b.emit("matmul", [h, rt])])
+    recurrent = _row_quantized_matmul(b, h, rt, *r_quant) if r_quant else b.emit("matmul", [h, rt])
+    pre = b.emit("add", [xt, recurrent])
     if rb:
         pre = b.emit("add", [pre, rb])
     if op == "RNN":
@@ -90,15 +122,32 @@ def _step(b: Builder, node: OnnxNode, acts: list[Activation], hidden: int, h: st
     return b.emit("mul", [o, acts[2](b, c)]), c
 
 
+def _per_direction(ctx: ImportContext, node: OnnxNode, i: int, d: int) -> str:
+    """DynamicQuantizeLSTM's scale or zero point i for direction d: 0-d, or [4H] per column."""
+    v = ctx.input(node, i)
+    shape = ctx.b.shape(v)
+    if len(shape) == 1:
+        return ctx.emit("reshape", [_slice(ctx.b, v, 0, d, d + 1)], shape=[])
+    return ctx.emit("reshape", [_slice(ctx.b, v, 0, d, d + 1)], shape=[shape[-1]])
+
+
 def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int, acts: list[Activation],
                reverse: bool) -> tuple[str, str, str]:
     """Hidden states of every step (in time order, [seq, batch, hidden]), final h, final c ('' unless LSTM)."""
     op, g, b = node.op_type, GATES[node.op_type], ctx.b
     seq, batch, _ = b.shape(xs)
-    w = ctx.emit("reshape", [_slice(b, ctx.input(node, 1), 0, d, d + 1)], shape=[g * hidden, -1])
-    r = ctx.emit("reshape", [_slice(b, ctx.input(node, 2), 0, d, d + 1)], shape=[g * hidden, hidden])
-    proj = ctx.emit("matmul", [xs, ctx.emit("transpose", [w], perm=[1, 0])])  # [seq, batch, g*hidden]
-    rt = ctx.emit("transpose", [r], perm=[1, 0])
+    quantized = node.domain == "com.microsoft"
+    r_quant: tuple[str, str] | None = None
+    if quantized:  # weights stored transposed and 8-bit
+        w = ctx.emit("reshape", [_slice(b, ctx.input(node, 1), 0, d, d + 1)], shape=[-1, g * hidden])
+        rt = ctx.emit("reshape", [_slice(b, ctx.input(node, 2), 0, d, d + 1)], shape=[hidden, g * hidden])
+        proj = _dequantized_matmul(b, xs, w, _per_direction(ctx, node, 8, d), _per_direction(ctx, node, 9, d))
+        r_quant = (_per_direction(ctx, node, 10, d), _per_direction(ctx, node, 11, d))
+    else:
+        w = ctx.emit("reshape", [_slice(b, ctx.input(node, 1), 0, d, d + 1)], shape=[g * hidden, -1])
+        r = ctx.emit("reshape", [_slice(b, ctx.input(node, 2), 0, d, d + 1)], shape=[g * hidden, hidden])
+        proj = ctx.emit("matmul", [xs, ctx.emit("transpose", [w], perm=[1, 0])])  # [seq, batch, g*hidden]
+        rt = ctx.emit("transpose", [r], perm=[1, 0])
     rb = ""
     if node.has_input(3):
         bias = ctx.emit("reshape", [_slice(b, ctx.input(node, 3), 0, d, d + 1)], shape=[2 * g * hidden])
@@ -117,7 +166,7 @@ def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int,
     carried = [state(5)] + ([state(6)] if op == "LSTM" else [])
     peep = ctx.emit("reshape", [_slice(b, ctx.input(node, 7), 0, d, d + 1)], shape=[3 * hidden]) \
         if op == "LSTM" and node.has_input(7) else ""
-    invariants = [v for v in (rt, rb, peep) if v]
+    invariants = [v for v in (rt, rb, peep, *(r_quant or ())) if v]
 
     body = Graph(symbols=dict(ctx.graph.symbols))
     bb = Builder(body, dict(b.meta))
@@ -129,7 +178,8 @@ def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int,
         else:
             inner[v] = body.add_input(v, spec)
     h, c = _step(bb, node, acts, hidden, inner[carried[0]], inner[carried[1]] if op == "LSTM" else "", inner["x_t"],
-                 inner[rt], inner.get(rb, ""), inner.get(peep, ""))
+                 inner[rt], inner.get(rb, ""), inner.get(peep, ""),
+                 (inner[r_quant[0]], inner[r_quant[1]]) if r_quant else None)
     body.outputs = [h, *([c] if op == "LSTM" else []), h]
     operands = [v for v in invariants if v not in ctx.graph.constants]
     results = b.emit_multi("scan", [*carried, proj, *operands], body=add_subgraph(ctx.graph, body, "rnn"),
@@ -138,8 +188,10 @@ def _direction(ctx: ImportContext, node: OnnxNode, d: int, xs: str, hidden: int,
     return ys, results[0], results[1] if op == "LSTM" else ""
 
 
-@onnx_op("RNN", "GRU", "LSTM")
+@onnx_op("RNN", "GRU", "LSTM", "com.microsoft:DynamicQuantizeLSTM")
 def recurrent(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    if node.op_type == "DynamicQuantizeLSTM":  # an LSTM in every attribute; the domain marks its 8-bit weights
+        node = dataclasses.replace(node, op_type="LSTM")
     x = ctx.input(node, 0)
     layout = int(node.attr("layout", 0))
     if len(ctx.b.shape(x)) != 3:

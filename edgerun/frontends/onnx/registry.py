@@ -23,6 +23,10 @@ def load_handlers() -> dict[str, Handler]:
     from edgerun.frontends.onnx import (  # noqa: F401
         activations,
         bitwise,
+        contrib_activations,
+        contrib_attention,
+        contrib_norms,
+        contrib_quantized,
         conv_pool,
         data_dependent,
         elementwise,
