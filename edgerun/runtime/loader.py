@@ -160,18 +160,14 @@ def read_source(source: object, verify_weights: bool = True) -> tuple[Program | 
 
 
 def _saved_value_template(program: Program) -> Program:
-    """A saved ONNX value template (frontends/onnx/value_template.py) is re-imported, to specialise per value;
-    any other program is returned as it is."""
-    if "value_template" not in program.metadata or type(program) is not Program:
-        return program
-    try:
-        from edgerun.frontends.onnx.value_template import ValueTemplate
-        return ValueTemplate.from_program(program)
-    except ImportError as exc:
-        raise EdgerunError(f"this program is an ONNX model specialised per value of its inputs "
-                           f"{program.metadata['value_template'].get('value_inputs')}: each new value re-runs the "
-                           f"ONNX import, which needs the onnx package ({exc}); install it (pip install "
-                           "'edgerun[onnx]'), or save a program with those inputs frozen (constant_inputs=)") from None
+    """A program file holding a saved ONNX value template is the ONNX frontend's to open (it re-runs the
+    import per value, which needs onnx); the runtime needs numpy alone, so it says how and stops."""
+    if "value_template" in program.metadata and type(program) is Program:
+        raise EdgerunError(f"this program file is an ONNX model specialised per value of its inputs "
+                           f"{program.metadata['value_template'].get('value_inputs')}: open it with "
+                           "edgerun.frontends.onnx.ValueTemplate.from_program(Program.read(path)) (needs the onnx "
+                           "package) and load that, or save a program with those inputs frozen (constant_inputs=)")
+    return program
 
 
 def prepare_graph(graph: Graph, candidates: Iterable[Backend] = ()) -> Graph:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx  # noqa: F401  # every partition is built as an ONNX model: without onnx the backend is unavailable
 import onnxruntime as ort  # the optional extra: the registry turns its absence into BackendUnavailableError
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
