@@ -21,23 +21,28 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.llm.architecture import LlamaArchitecture, from_gguf_metadata, from_hf_config
+from edgerun.llm.architecture import Architecture, from_gguf_metadata, from_hf_config
 from edgerun.llm.gguf_reader import Tensor, file_digest, read_gguf
 from edgerun.llm.quant_blocks import PackedWeight
 
 _GGUF_LAYER_NAMES = {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm", "attn_q": "q", "attn_k": "k",
-                     "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
+                     "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down",
+                     "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "post_attention_norm": "attn_post_norm",
+                     "post_ffw_norm": "mlp_post_norm"}
 _HF_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
                    "self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v",
                    "self_attn.o_proj": "o", "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down",
-                   "self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "gate_up"}
-# Architectures whose q/k rows llama.cpp's converter permutes into interleaved rotary pairs.
-_PERMUTED_QK = ("llama", "mistral")
+                   "self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "gate_up",
+                   "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm"}
+# Families with norms on both sides of each branch name them differently: post_attention_layernorm is the
+# attention's post-norm there, not the MLP's pre-norm.
+_HF_POST_NORM_NAMES = {**_HF_LAYER_NAMES, "post_attention_layernorm": "attn_post_norm",
+                       "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"}
 
 
 @dataclass
 class Checkpoint:
-    config: LlamaArchitecture
+    config: Architecture
     weights: dict[str, Tensor] = field(repr=False)
     source: str
     digest: str  # sha256 of the GGUF file, or of the folder's config and weight files
@@ -75,7 +80,11 @@ def _from_gguf(path: str) -> Checkpoint:
     contents = read_gguf(path)
     meta = contents.metadata
     tokens = meta.get("tokenizer.ggml.tokens") or []
-    config = from_gguf_metadata(meta, vocab_fallback=len(tokens))
+    # Llama 3.1's RoPE scaling, as llama.cpp stores it: a factor per frequency (rope_freqs.weight).
+    factors = contents.tensors.pop("rope_freqs.weight", None)
+    config = from_gguf_metadata(meta, vocab_fallback=len(tokens),
+                                freq_factors=() if factors is None else
+                                tuple(float(f) for f in np.ravel(np.asarray(factors, np.float32))))
     weights: dict[str, Tensor] = {}
     for name, tensor in contents.tensors.items():
         weights.update(_gguf_tensor(name, tensor, config))
@@ -85,17 +94,16 @@ def _from_gguf(path: str) -> Checkpoint:
                if f"tokenizer.ggml.{role}_token_id" in meta}
     return Checkpoint(config, weights, path, file_digest(path),
                       tokenizer_metadata={k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")},
-                      chat_template=meta.get("tokenizer.chat_template"), special=special)
+                      chat_template=meta.get("tokenizer.chat_template") or config.family.chat_template,
+                      special=special)
 
 
-def _gguf_tensor(name: str, tensor: Tensor, config: LlamaArchitecture) -> dict[str, Tensor]:
+def _gguf_tensor(name: str, tensor: Tensor, config: Architecture) -> dict[str, Tensor]:
     top = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
     if name in top:
         return {top[name]: tensor}
     parts = name.split(".")
     if len(parts) != 4 or parts[0] != "blk" or parts[3] not in ("weight", "bias"):
-        if name.startswith("rope_") or name.endswith(".rope_freqs.weight"):
-            raise EdgerunError(f"GGUF tensor {name!r}: RoPE frequency factors are not supported yet")
         raise EdgerunError(f"GGUF tensor {name!r} is not part of a {config.arch} model")
     layer, kind, suffix = int(parts[1]), parts[2], parts[3]
     prefix = f"layers.{layer}."
@@ -110,7 +118,7 @@ def _gguf_tensor(name: str, tensor: Tensor, config: LlamaArchitecture) -> dict[s
     canonical = _GGUF_LAYER_NAMES.get(kind)
     if canonical is None:
         raise EdgerunError(f"GGUF tensor {name!r} ({kind}) is not supported for {config.arch}")
-    if config.arch in _PERMUTED_QK and canonical in ("q", "k"):
+    if config.family.gguf_permuted_qk and canonical in ("q", "k"):
         heads = config.heads if canonical == "q" else config.kv_heads
         tensor = _take_rows(tensor, _unpermute_order(heads, config.head_dim))
     return {prefix + canonical + ("_bias" if suffix == "bias" else ""): tensor}
@@ -137,10 +145,14 @@ def _rows(t: Tensor, start: int, stop: int) -> Tensor:
     return _take_rows(t, np.arange(start, stop))
 
 
-def _check_complete(weights: dict[str, Tensor], config: LlamaArchitecture, source: str) -> None:
+def _check_complete(weights: dict[str, Tensor], config: Architecture, source: str) -> None:
     need = ["embed", "final_norm"]
     for i in range(config.layers):
         need += [f"layers.{i}.{n}" for n in ("attn_norm", "mlp_norm", "q", "k", "v", "o", "gate", "up", "down")]
+        if config.qk_norm:
+            need += [f"layers.{i}.q_norm", f"layers.{i}.k_norm"]
+        if config.post_norms:
+            need += [f"layers.{i}.attn_post_norm", f"layers.{i}.mlp_post_norm"]
         if config.qkv_bias:
             need += [f"layers.{i}.{n}_bias" for n in ("q", "k", "v")]
     missing = [n for n in need if n not in weights]
@@ -205,11 +217,14 @@ def _from_hf_folder(path: str) -> Checkpoint:
 
     return Checkpoint(config, weights, path, hashlib.sha256(digest.encode()).hexdigest(),
                       tokenizer_json=tokenizer_json if os.path.exists(tokenizer_json) else None,
-                      chat_template=template, special=special)
+                      chat_template=template or (config.family.chat_template if tokenizer_json else None),
+                      special=special)
 
 
-def _hf_tensor(key: str, array: np.ndarray, config: LlamaArchitecture) -> dict[str, Tensor]:
+def _hf_tensor(key: str, array: np.ndarray, config: Architecture) -> dict[str, Tensor]:
     array = array.astype(np.float32, copy=False)
+    if key.endswith("norm.weight") and config.family.norm_offset:  # gemma applies (1 + w)
+        array = array + np.float32(config.family.norm_offset)
     top = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
     if key in top:
         return {top[key]: array}
@@ -219,7 +234,7 @@ def _hf_tensor(key: str, array: np.ndarray, config: LlamaArchitecture) -> dict[s
     if len(parts) < 5 or parts[:2] != ["model", "layers"]:
         raise EdgerunError(f"safetensors weight {key!r} is not part of a {config.arch} model")
     layer, inner, suffix = int(parts[2]), ".".join(parts[3:-1]), parts[-1]
-    canonical = _HF_LAYER_NAMES.get(inner)
+    canonical = (_HF_POST_NORM_NAMES if config.post_norms else _HF_LAYER_NAMES).get(inner)
     if canonical is None:
         raise EdgerunError(f"safetensors weight {key!r} ({inner}) is not supported for {config.arch}")
     prefix = f"layers.{layer}."

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.llm.architecture import LlamaArchitecture
+from edgerun.llm.architecture import Architecture
 from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import Checkpoint, load_checkpoint
 from edgerun.llm.generation import GenerationResult, TextCallback, run_generation
@@ -53,7 +53,7 @@ class ModelInfo:
     name: str
     source: str
     digest: str
-    config: LlamaArchitecture
+    config: Architecture
     context: int
     chunk: int
     chat_template: str | None
@@ -290,13 +290,13 @@ def load_program(source: Program, backends: Sequence[str] | str | None) -> Loade
 
 
 def info_to_json(info: ModelInfo) -> dict[str, Any]:
-    return {"name": info.name, "source": info.source, "digest": info.digest, "config": info.config.__dict__,
+    return {"name": info.name, "source": info.source, "digest": info.digest, "config": info.config.to_json(),
             "context": info.context, "chunk": info.chunk, "chat_template": info.chat_template,
             "special": info.special}
 
 
 def info_from_json(data: dict[str, Any]) -> ModelInfo:
-    return ModelInfo(data["name"], data["source"], data["digest"], LlamaArchitecture(**data["config"]),
+    return ModelInfo(data["name"], data["source"], data["digest"], Architecture.from_json(data["config"]),
                      int(data["context"]), int(data["chunk"]), data.get("chat_template"),
                      {k: int(v) for k, v in data.get("special", {}).items()})
 

@@ -1,4 +1,9 @@
-"""The Llama forward pass as an edgerun graph: one "step" over a chunk of T tokens with a KV cache.
+"""The decoder's forward pass as an edgerun graph: one "step" over a chunk of T tokens with a KV cache.
+
+One block for every family (families.py): pre-norm attention and gated MLP with residual adds; per the
+architecture's options, post-norms on both branches, QK-norm, partial or scaled rotary embeddings (a table
+per rotary base: gemma3's sliding layers have their own), a sliding window on some layers, soft-capped
+attention scores and logits, GELU-tanh gating, the embedding scaled by sqrt(dim).
 
 Prefill is the step at a chunk length (the prompt in chunks, the last padded: the causal mask keeps the
 padding out of real tokens' attention); decode is the step at T=1. The cache is either
@@ -34,7 +39,7 @@ from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
-from edgerun.llm.architecture import LlamaArchitecture
+from edgerun.llm.architecture import Architecture
 from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_operands, int8_as_two_int4
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -47,12 +52,12 @@ CacheLayout = Literal["heads", "keys_transposed"]
 ATTENTION_ROLE = "llm_attention"
 
 
-def cache_names(config: LlamaArchitecture) -> list[str]:
+def cache_names(config: Architecture) -> list[str]:
     """The cache's names (states or inputs), layer by layer: k_cache_0, v_cache_0, k_cache_1, ..."""
     return [f"{kind}_cache_{i}" for i in range(config.layers) for kind in ("k", "v")]
 
 
-def cache_specs(config: LlamaArchitecture, context: int, layout: CacheLayout = "keys_transposed",
+def cache_specs(config: Architecture, context: int, layout: CacheLayout = "keys_transposed",
                 ) -> dict[str, TensorSpec]:
     kv, hd = config.kv_heads, config.head_dim
     if layout == "heads":
@@ -61,18 +66,46 @@ def cache_specs(config: LlamaArchitecture, context: int, layout: CacheLayout = "
             for name in cache_names(config)}
 
 
-def rope_tables(config: LlamaArchitecture, context: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [context, head_dim], computed in float32 in the order transformers uses."""
-    hd = config.head_dim
-    inv_freq = (1.0 / (np.float32(config.rope_theta) ** (np.arange(0, hd, 2).astype(np.float32) / np.float32(hd))))
-    inv_freq = inv_freq.astype(np.float32)
+def inverse_frequencies(config: Architecture, base: float) -> np.ndarray:
+    """The rotary frequencies in float32 as transformers computes them, with linear or Llama 3 scaling and
+    llama.cpp's per-frequency factors (its rope_freqs tensor) applied."""
+    rd = config.rotary_dim
+    exponents = np.arange(0, rd, 2).astype(np.float32) / np.float32(rd)
+    inv_freq: np.ndarray = (1.0 / (np.float32(base) ** exponents)).astype(np.float32)
+    if len(config.rope_scaling) == 1:
+        inv_freq = inv_freq / np.float32(config.rope_scaling[0])
+    elif len(config.rope_scaling) == 4:  # Llama 3.1: long wavelengths slowed by factor, short ones kept
+        factor, low, high, original = (np.float32(v) for v in config.rope_scaling)
+        low_wavelen, high_wavelen = original / low, original / high
+        wavelen = (np.float32(2 * np.pi) / inv_freq).astype(np.float32)
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = np.asarray(np.where(medium, smoothed, scaled), np.float32)
+    if config.rope_freq_factors:
+        inv_freq = inv_freq / np.asarray(config.rope_freq_factors, np.float32)
+    return inv_freq.astype(np.float32)
+
+
+def rope_tables(config: Architecture, context: int, base: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [context, rotary_dim], computed in float32 in the order transformers uses."""
+    inv_freq = inverse_frequencies(config, config.rope_theta if base is None else base)
     angles = np.arange(context, dtype=np.float32)[:, None] * inv_freq[None, :]
     angles = np.concatenate([angles, angles], axis=1)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+def plain_attention(config: Architecture, layer: int) -> bool:
+    """Whether layer `layer`'s attention is the one ONNX Runtime's GroupQueryAttention fusion runs (full
+    rotary from the tagged tables, 1/sqrt(head_dim) scale, causal over the whole cache, no soft-cap, no
+    QK-norm between the projections and the rotary): only such layers are tagged for it."""
+    return (not config.qk_norm and not config.is_sliding(layer) and not config.attn_softcap
+            and config.rotary_dim == config.head_dim and not config.query_scale and not config.local_rope_theta)
+
+
 class _StepBuilder:
-    def __init__(self, config: LlamaArchitecture, weights: Mapping[str, Weight], chunk: int, context: int,
+    def __init__(self, config: Architecture, weights: Mapping[str, Weight], chunk: int, context: int,
                  all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]],
                  cache: CacheForm, layout: CacheLayout) -> None:
         self.shared, self.cache_form, self.layout = shared, cache, layout
@@ -203,12 +236,17 @@ class _StepBuilder:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
 
     def rotate(self, x: str, cos: str, sin: str) -> str:
-        """x * cos + rotate_half(x) * sin on [heads, T, head_dim]."""
-        b, half = self.b, self.c.head_dim // 2
-        x1 = b.emit("slice", [x], starts=[0], ends=[half], axes=[2])
-        x2 = b.emit("slice", [x], starts=[half], ends=[2 * half], axes=[2])
+        """x * cos + rotate_half(x) * sin on [heads, T, head_dim]; with partial rotary only the first
+        rotary_dim dims of each head turn, the rest pass through (transformers' order)."""
+        b, rd, hd = self.b, self.c.rotary_dim, self.c.head_dim
+        x_rot = x if rd == hd else b.emit("slice", [x], starts=[0], ends=[rd], axes=[2])
+        x1 = b.emit("slice", [x_rot], starts=[0], ends=[rd // 2], axes=[2])
+        x2 = b.emit("slice", [x_rot], starts=[rd // 2], ends=[rd], axes=[2])
         rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
-        return b.binary("add", b.binary("mul", x, cos), b.binary("mul", rotated, sin))
+        out = b.binary("add", b.binary("mul", x_rot, cos), b.binary("mul", rotated, sin))
+        if rd == hd:
+            return out
+        return b.emit("concat", [out, b.emit("slice", [x], starts=[rd], ends=[hd], axes=[2])], axis=2)
 
     def heads_first(self, x: str, heads: int, role: str = "") -> str:
         """[T, heads*hd] -> [heads, T, hd]; `role` tags the reshape, whose input is the projection."""
@@ -221,10 +259,14 @@ class _StepBuilder:
         b, c, T, C = self.b, self.c, self.T, self.C
         kv, hd, group = c.kv_heads, c.head_dim, c.group
         prefix = f"layers.{i}."
+        plain = plain_attention(c, i)  # tagged for ONNX Runtime's GroupQueryAttention only if so
         q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
-        q = self.rotate(self.heads_first(q, c.heads, f"{i} q"), cos, sin)
-        k = self.rotate(self.heads_first(k, kv, f"{i} k"), cos, sin)
-        v = self.heads_first(v, kv, f"{i} v")  # [kv, T, hd]
+        q = self.heads_first(q, c.heads, f"{i} q" if plain else "")
+        k = self.heads_first(k, kv, f"{i} k" if plain else "")
+        if c.qk_norm:  # per head, over head_dim, before the rotary embedding
+            q, k = self.rms_norm(q, prefix + "q_norm"), self.rms_norm(k, prefix + "k_norm")
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        v = self.heads_first(v, kv, f"{i} v" if plain else "")  # [kv, T, hd]
         k_cache, v_cache = self.cache_read(f"k_cache_{i}"), self.cache_read(f"v_cache_{i}")
         if self.layout == "heads":  # [1, kv, C, hd] both; the new rows [1, kv, T, hd]
             k_cache = b.emit("transpose", [b.emit("reshape", [k_cache], shape=[kv, C, hd])], perm=[0, 2, 1])
@@ -236,19 +278,28 @@ class _StepBuilder:
             v_rows = v
         # Query heads sharing a key/value head sit side by side (transformers' repeat_kv order), so grouped
         # attention is one batched matmul per kv head with group*T query rows.
-        q = b.binary("mul", q, b.scalar(1.0 / float(np.sqrt(hd)), q))
+        q = b.binary("mul", q, b.scalar(float(np.float32(c.scale)), q))
         q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
         neg_inf = b.const(np.float32(-np.inf))
-        scores = self.tagged(f"{i} scores", "matmul", [q_grouped, k_cache])
-        s_cache = self.tagged(f"{i} mask", "where", [cache_keep, scores, neg_inf])
-        s_new = b.emit("where", [causal, b.emit("matmul", [q_grouped, k_new]), neg_inf])
+        scores = self.tagged(f"{i} scores" if plain else "", "matmul", [q_grouped, k_cache])
+        s_cache = self.tagged(f"{i} mask" if plain else "", "where", [cache_keep, self.softcap(scores), neg_inf])
+        s_new = b.emit("where", [causal, self.softcap(b.emit("matmul", [q_grouped, k_new])), neg_inf])
         probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
         p_cache = b.emit("slice", [probs], starts=[0], ends=[C], axes=[2])
         p_new = b.emit("slice", [probs], starts=[C], ends=[C + T], axes=[2])
-        out = b.binary("add", self.tagged(f"{i} values", "matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v]))
+        out = b.binary("add", self.tagged(f"{i} values" if plain else "", "matmul", [p_cache, v_cache]),
+                       b.emit("matmul", [p_new, v]))
         out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
-        out = self.tagged(f"{i} out", "reshape", [out], shape=[T, c.heads * hd])
+        out = self.tagged(f"{i} out" if plain else "", "reshape", [out], shape=[T, c.heads * hd])
         return self.linear(out, prefix + "o"), k_rows, v_rows
+
+    def softcap(self, x: str, cap: float | None = None) -> str:
+        """cap * tanh(x / cap) (gemma2's scores and logits); x itself without a cap."""
+        cap = self.c.attn_softcap if cap is None else cap
+        if not cap:
+            return x
+        b = self.b
+        return b.binary("mul", b.unary("tanh", b.binary("div", x, b.scalar(cap, x))), b.scalar(cap, x))
 
     def tagged(self, role: str, op: str, inputs: list[str], **attrs: object) -> str:
         """A node with its role in node meta. The cache attention's ("<layer> scores" / "mask" / "values",
@@ -257,6 +308,8 @@ class _StepBuilder:
         `where(keep, scores, -inf)` over the cells, and the cache columns of its softmax are what `values`
         multiplies, so a cell where keep is false adds exactly 0. The others (ATTENTION_ROLE) mark the
         attention's ends for the delegate's GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion)."""
+        if not role:
+            return self.b.emit(op, inputs, **attrs)
         key = "llm_cache" if role.split(" ", 1)[-1] in ("scores", "mask", "values") else ATTENTION_ROLE
         saved = self.b.meta
         self.b.meta = {**saved, key: role}
@@ -287,7 +340,7 @@ class _StepBuilder:
             axes = (2, 2) if self.layout == "heads" else (2, 1)
             for kind, new, axis in (("k", k_new, axes[0]), ("v", v_new, axes[1])):
                 name = f"{kind}_cache_{i}"
-                if self.layout == "heads":  # a write GroupQueryAttention can make: tagged for the delegate
+                if self.layout == "heads" and plain_attention(self.c, i):  # GroupQueryAttention's write: tagged
                     self.g.state_updates[name] = self.tagged(f"{i} {kind} write", "update_slice",
                                                              [name, new, start], axis=axis)
                 else:
@@ -297,7 +350,8 @@ class _StepBuilder:
     def mlp(self, h: str, i: int) -> str:
         b, prefix = self.b, f"layers.{i}."
         gate, up = self.projections(h, [prefix + "gate", prefix + "up"])
-        return self.linear(b.binary("mul", b.emit("silu", [gate]), up), prefix + "down")
+        act = b.emit("silu", [gate]) if self.c.activation == "silu" else b.emit("gelu", [gate], approximate="tanh")
+        return self.linear(b.binary("mul", act, up), prefix + "down")
 
     def build(self) -> Graph:
         b, g, c, T, C = self.b, self.g, self.c, self.T, self.C
@@ -307,20 +361,42 @@ class _StepBuilder:
         positions = b.binary("add", b.const(np.arange(T, dtype=np.int64)), start)
         # Padding rows past the context read the last table row; their outputs are never used.
         positions = b.binary("minimum", positions, b.const(np.asarray(C - 1, np.int64)))
-        cos_table, sin_table = rope_tables(c, C)
-        # [T, hd], broadcasts over heads; the rows of positions start + t (clamped only past the context)
-        cos = self.tagged("rope cos", "gather", [b.const(cos_table), positions], axis=0)
-        sin = self.tagged("rope sin", "gather", [b.const(sin_table), positions], axis=0)
-        cache_keep = b.emit("reshape", [b.binary("lt", b.const(np.arange(C, dtype=np.int64)), start)],
-                            shape=[1, 1, C])
-        causal = b.const(np.tile(np.tril(np.ones((T, T), dtype=bool)), (c.group, 1)))  # [group*T, T]
+        ropes: dict[float, tuple[str, str]] = {}
+        for i in range(c.layers):  # a table per rotary base (gemma3's sliding layers have their own)
+            base = c.rope_base(i)
+            if base not in ropes:
+                cos_table, sin_table = rope_tables(c, C, base)
+                tag = "rope" if base == c.rope_theta else ""  # the tables GroupQueryAttention reads
+                # [T, rotary_dim], broadcasts over heads; the rows of positions start + t
+                ropes[base] = (self.tagged(tag and "rope cos", "gather", [b.const(cos_table), positions], axis=0),
+                               self.tagged(tag and "rope sin", "gather", [b.const(sin_table), positions], axis=0))
+        cells = b.const(np.arange(C, dtype=np.int64))
+        cache_keep = b.emit("reshape", [b.binary("lt", cells, start)], shape=[1, 1, C])
+        tril = np.tril(np.ones((T, T), dtype=bool))
+        causal = b.const(np.tile(tril, (c.group, 1)))  # [group*T, T]
+        if c.sliding_window:  # a sliding layer's query at position p sees keys p - W < j <= p
+            W = c.sliding_window
+            rows = b.binary("add", b.const(np.tile(np.arange(T, dtype=np.int64), c.group)[:, None]), start)
+            in_window = b.binary("lt", b.binary("sub", rows, b.emit("reshape", [cells], shape=[1, C])),
+                                 b.const(np.asarray(W, np.int64)))  # [group*T, C]
+            window_keep = b.emit("reshape", [b.binary("logical_and", in_window, cache_keep)], shape=[1, c.group * T, C])
+            near = np.subtract.outer(np.arange(T), np.arange(T)) < W
+            window_causal = b.const(np.tile(tril & near, (c.group, 1)))
         x = self.embed(tokens)  # [T, dim]
+        if c.embed_scale:
+            x = b.binary("mul", x, b.scalar(float(np.float32(np.sqrt(c.dim))), x))
         new_rows: list[str] = []
         for i in range(c.layers):
-            attn, k_new, v_new = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, cos, sin,
-                                                cache_keep, causal)
+            cos, sin = ropes[c.rope_base(i)]
+            keep, mask = (window_keep, window_causal) if c.is_sliding(i) else (cache_keep, causal)
+            attn, k_new, v_new = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, cos, sin, keep, mask)
+            if c.post_norms:
+                attn = self.rms_norm(attn, f"layers.{i}.attn_post_norm")
             x = b.binary("add", x, attn)
-            x = b.binary("add", x, self.mlp(self.rms_norm(x, f"layers.{i}.mlp_norm"), i))
+            mlp = self.mlp(self.rms_norm(x, f"layers.{i}.mlp_norm"), i)
+            if c.post_norms:
+                mlp = self.rms_norm(mlp, f"layers.{i}.mlp_post_norm")
+            x = b.binary("add", x, mlp)
             new_rows += [k_new, v_new]
         h = self.rms_norm(x, "final_norm")
         if not self.all_logits:
@@ -332,13 +408,14 @@ class _StepBuilder:
         else:  # [vocab, dim] @ h.T: the float head is never copied transposed
             logits = b.emit("transpose", [b.emit("matmul", [self.const(head), b.emit("transpose", [h], perm=[1, 0])])],
                             perm=[1, 0])
+        logits = self.softcap(logits, c.final_softcap)
         if not self.all_logits:
             logits = b.emit("reshape", [logits], shape=[c.vocab])
         g.outputs = [logits, *self.cache_write(new_rows, start)]
         return g
 
 
-def step_graph(config: LlamaArchitecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
+def step_graph(config: Architecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
                all_logits: bool = False, int8_activations: bool = False,
                shared: dict[str, list[Int4Operands]] | None = None, cache: CacheForm = "inputs",
                layout: CacheLayout = "keys_transposed") -> Graph:

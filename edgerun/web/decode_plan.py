@@ -37,7 +37,7 @@ from edgerun.backends.webgpu.wgsl import Kernel
 from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Graph, Node
-from edgerun.llm.architecture import LlamaArchitecture
+from edgerun.llm.architecture import Architecture
 from edgerun.llm.checkpoint import Checkpoint
 from edgerun.llm.model import ModelInfo
 from edgerun.llm.program_builder import PROJECTIONS, cache_specs, step_graph
@@ -64,7 +64,7 @@ def decode_program(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True, c
     return step_program(graph, info.config, info.context)
 
 
-def step_program(graph: Graph, config: LlamaArchitecture, context: int) -> Program:
+def step_program(graph: Graph, config: Architecture, context: int) -> Program:
     """A step graph with its KV cache as state (cache="state") as a one-method program, the cache zeroed."""
     state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(config, context).items()}
     return Program.from_methods({"decode": graph}, default_method="decode", state=state)
@@ -112,7 +112,7 @@ class WebPlan:
     cache_range: dict[str, tuple[int, int]]  # KV cache -> (offset, bytes) in the arena
 
 
-def build_plan(source: Program, config: LlamaArchitecture, context: int, align: int = 256,
+def build_plan(source: Program, config: Architecture, context: int, align: int = 256,
                shared: WebPlan | None = None) -> WebPlan:
     """Load `source` (from decode_program) on webgpu and write its dispatch list down as a plan, every bound
     range aligned to `align` bytes. With `shared` (the decode plan, for the prefill plan), the weights are
