@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 FAST_TESTS := tests/ir tests/passes tests/program tests/runtime tests/search tests/quant tests/accel \
               tests/devtools tests/test_layering.py tests/test_assertions.py tests/test_benchmarks_page.py
 
-.PHONY: setup demo test test-fast lint bench
+.PHONY: setup demo test test-fast lint docs bench
 
 setup:
 	bash scripts/setup.sh
@@ -18,7 +18,11 @@ lint: setup
 	.venv/bin/ruff check edgerun tests bench
 	.venv/bin/mypy edgerun
 
-test: lint
+# The API reference (docs/api/, Sphinx autodoc) with warnings as errors: a broken reference fails `make test`.
+docs: setup
+	$(PY) -m sphinx -q -W --keep-going -b html docs/api build/api
+
+test: lint docs
 	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
