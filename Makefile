@@ -15,7 +15,7 @@ demo: setup
 	$(PY) -m edgerun.demo
 
 lint: setup
-	.venv/bin/ruff check edgerun tests bench
+	.venv/bin/ruff check edgerun tests bench fuzz
 	.venv/bin/mypy edgerun
 
 # The API reference (docs/api/, Sphinx autodoc) with warnings as errors: a broken reference fails `make test`.

@@ -23,6 +23,20 @@ def read_tokens(path: str) -> list[str]:
     return tokens
 
 
+def read_program_digests(path: str) -> set[str]:
+    """The --allow-programs file: SHA-256 digests (hex) of the program files clients may upload, one a line
+    (`sha256sum *.erp` output works: the first word of each line counts)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EdgerunError(f"cannot read the program list {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    digests = {line.split()[0].lower() for line in lines if line.strip() and not line.startswith("#")}
+    bad = sorted(d for d in digests if len(d) != 64 or any(c not in "0123456789abcdef" for c in d))
+    if bad:
+        raise EdgerunError(f"{path}: {bad[0][:80]!r} is not a SHA-256 digest (64 hex characters)")
+    return digests
+
+
 def _serve(args: argparse.Namespace) -> int:
     from edgerun.remote.keys import read_allowed_keys, read_key_pair
     from edgerun.remote.wire import Limits
@@ -38,9 +52,12 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions, max_sessions_per_client=args.max_sessions_per_client,
         max_bytes=args.max_session_mb * mb, max_client_bytes=args.max_client_mb * mb,
         max_total_bytes=args.max_total_mb * mb if args.max_total_mb else default_total_bytes())
+    allowed = read_program_digests(args.allow_programs) if args.allow_programs else None
     server = DeviceServer(tokens, host=args.host, port=args.port, backends=args.backends.split(","),
                           limits=limits, session_limits=quotas, curve_secret=curve_secret,
-                          curve_allow=curve_allow, allow_plaintext=args.insecure_plaintext)
+                          curve_allow=curve_allow, allow_plaintext=args.insecure_plaintext,
+                          allowed_programs=allowed, handshake_burst=args.handshake_burst,
+                          handshake_refill_s=args.handshake_refill_s)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     # Tests and scripts wait for this line; it carries the real port when --port 0 picked one.
     security = "CURVE" if curve_secret else "token (PLAIN, not encrypted)"
@@ -71,6 +88,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--insecure-plaintext", action="store_true",
                    help="allow a token-only server beyond loopback (token and tensors travel in the clear)")
     p.add_argument("--backends", default="reference", help="comma-separated backends to host")
+    p.add_argument("--allow-programs", metavar="FILE",
+                   help="SHA-256 digests of the program files clients may upload, one a line (default: any)")
+    p.add_argument("--handshake-burst", type=int, default=10,
+                   help="failed handshakes a peer address may make at once before it is throttled")
+    p.add_argument("--handshake-refill-s", type=float, default=6.0,
+                   help="seconds per further failed handshake allowed to a throttled peer address")
     p.add_argument("--max-message-mb", type=int, default=1024,
                    help="largest message accepted, all its frames together, in MiB")
     p.add_argument("--max-sessions", type=int, default=16, help="sessions on this device, all clients")

@@ -21,9 +21,11 @@ import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
+from edgerun.json_limits import TooDeepError, loads_bounded
 
 WIRE_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_DEPTH = 64  # JSON nesting of a header, checked before it is parsed
 MAX_TENSORS_PER_MESSAGE = 256
 MAX_RANK = 8
 
@@ -72,7 +74,9 @@ def decode_header(frame: bytes | memoryview) -> dict[str, Any]:
     if len(frame) > MAX_HEADER_BYTES:
         raise WireError(f"header frame of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(bytes(frame).decode("utf-8"))
+        header = loads_bounded(bytes(frame).decode("utf-8"), MAX_HEADER_DEPTH)
+    except TooDeepError as exc:  # json.loads would recurse once per bracket (RecursionError)
+        raise WireError(f"header refused: {exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WireError(f"header is not UTF-8 JSON: {exc}") from None
     if not isinstance(header, dict):

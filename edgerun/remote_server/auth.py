@@ -8,6 +8,10 @@ refused peer is disconnected with nothing buffered. Two mechanisms:
 - PLAIN (a token file alone): the token is the PLAIN password, compared in constant time with each token in
   the file (one client per line); the client is named `token:<line>`. PLAIN is not encrypted: the server
   refuses to serve it beyond loopback unless told to (`--insecure-plaintext`).
+
+Failed handshakes are rate-limited per peer address (`FailedHandshakeLimiter`): a few may fail at once,
+then one more attempt per `refill_s`; while a peer is over its budget every handshake from it is refused
+unchecked, so a guess there cannot tell a right token from a wrong one.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import zmq
 from zmq.utils import z85
@@ -26,12 +31,40 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27: libzmq sends its req
 ZAP_DOMAIN = b"edgerun"
 
 
+class FailedHandshakeLimiter:
+    """A token bucket of failed handshakes per peer address: `burst` failures at once, then one more per
+    `refill_s`. `clock` is injectable (tests advance it instead of waiting)."""
+
+    MAX_PEERS = 100_000  # addresses remembered; beyond it the fullest buckets (least suspect) are forgotten
+
+    def __init__(self, burst: int = 10, refill_s: float = 6.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.refill_s, self.clock = burst, refill_s, clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
+        self.throttled = 0  # handshakes refused unchecked
+
+    def _tokens(self, address: str) -> float:
+        tokens, at = self._buckets.get(address, (float(self.burst), self.clock()))
+        return min(float(self.burst), tokens + (self.clock() - at) / self.refill_s)
+
+    def allows(self, address: str) -> bool:
+        """May this peer try a handshake now (has it a failure left to spend)?"""
+        return self._tokens(address) >= 1.0
+
+    def failed(self, address: str) -> None:
+        self._buckets[address] = (self._tokens(address) - 1.0, self.clock())
+        if len(self._buckets) > self.MAX_PEERS:
+            for peer in sorted(self._buckets, key=self._tokens, reverse=True)[: self.MAX_PEERS // 10]:
+                del self._buckets[peer]
+
+
 class HandshakeAuthenticator:
     """A ZAP handler on its own thread, so a long call on the server never stalls a handshake."""
 
-    def __init__(self, ctx: zmq.Context, tokens: Sequence[str], allowed_keys: set[bytes] | None) -> None:
+    def __init__(self, ctx: zmq.Context, tokens: Sequence[str], allowed_keys: set[bytes] | None,
+                 limiter: FailedHandshakeLimiter | None = None) -> None:
         self._tokens = [t.encode() for t in tokens]
         self._allowed = {z85.decode(k) for k in allowed_keys} if allowed_keys is not None else None
+        self.limiter = limiter or FailedHandshakeLimiter()
         self.accepted = 0
         self.refused = 0
         self._stop = threading.Event()
@@ -59,11 +92,19 @@ class HandshakeAuthenticator:
         if len(request) < 6:
             return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
         version, request_id, domain, address, _identity, mechanism, *credentials = request
+        peer = address.decode(errors="replace")
+        if not self.limiter.allows(peer):
+            self.refused += 1
+            self.limiter.throttled += 1
+            if self.limiter.throttled % 1000 == 1:  # a log line per thousand, not per guess
+                log.warning("refusing handshakes from %s unchecked: too many failed (%d so far)", peer,
+                            self.limiter.throttled)
+            return [version, request_id, b"400", b"too many failed handshakes", b"", b""]
         user = self._check(domain, mechanism, credentials)
         if user is None:
             self.refused += 1
-            log.warning("refused a %s handshake from %s", mechanism.decode(errors="replace"),
-                        address.decode(errors="replace"))
+            self.limiter.failed(peer)
+            log.warning("refused a %s handshake from %s", mechanism.decode(errors="replace"), peer)
             return [version, request_id, b"400", b"not authorised", b"", b""]
         self.accepted += 1
         return [version, request_id, b"200", b"OK", user.encode(), b""]

@@ -6,6 +6,7 @@ through registered backends, so no client can make the server run arbitrary Pyth
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import math
@@ -31,7 +32,7 @@ from edgerun.remote.wire import (
     encode,
     error_body,
 )
-from edgerun.remote_server.auth import ZAP_DOMAIN, HandshakeAuthenticator
+from edgerun.remote_server.auth import ZAP_DOMAIN, FailedHandshakeLimiter, HandshakeAuthenticator
 from edgerun.remote_server.sessions import Session, SessionLimitError, SessionLimits, SessionStore
 from edgerun.runtime.arena_limit import ArenaLimitError, arena_limit, human_bytes
 
@@ -58,7 +59,9 @@ class DeviceServer:
     def __init__(self, token: str | Sequence[str] | None = None, *, host: str = "127.0.0.1", port: int = 0,
                  backends: Sequence[str] = ("reference",), limits: Limits | None = None,
                  session_limits: SessionLimits | None = None, curve_secret: KeyPair | None = None,
-                 curve_allow: set[bytes] | None = None, allow_plaintext: bool = False) -> None:
+                 curve_allow: set[bytes] | None = None, allow_plaintext: bool = False,
+                 allowed_programs: set[str] | None = None, handshake_burst: int = 10,
+                 handshake_refill_s: float = 6.0) -> None:
         tokens = [token] if isinstance(token, str) else list(token or [])
         if any(len(t) < 16 for t in tokens):
             raise EdgerunError("the server token must be at least 16 characters")
@@ -79,7 +82,10 @@ class DeviceServer:
         self._client = ""  # the authenticated client of the request being handled
         self._ctx = zmq.Context()
         # The ZAP handler must be bound before the socket accepts a connection.
-        self._auth = HandshakeAuthenticator(self._ctx, tokens, curve_allow if curve_secret is not None else None)
+        self._auth = HandshakeAuthenticator(self._ctx, tokens, curve_allow if curve_secret is not None else None,
+                                            FailedHandshakeLimiter(handshake_burst, handshake_refill_s))
+        # SHA-256 digests of the program files clients may upload (--allow-programs); None: any program.
+        self.allowed_programs = allowed_programs
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
@@ -215,6 +221,10 @@ class DeviceServer:
             raise EdgerunError("upload needs a function name of 1 to 200 characters")
         if len(tensors) != 1 or tensors[0].dtype != np.uint8 or tensors[0].ndim != 1:
             raise EdgerunError("upload takes the program file as one uint8 tensor")
+        if self.allowed_programs is not None:
+            digest = hashlib.sha256(tensors[0].data).hexdigest()
+            if digest not in self.allowed_programs:
+                raise EdgerunError(f"program sha256 {digest} is not one this device may run (--allow-programs)")
         file_bytes = tensors[0].nbytes
         replaced = s.program_bytes.get(name, 0)
         self.sessions.admit(s, 0 if name in s.programs else 1, file_bytes, freed_bytes=replaced)

@@ -70,3 +70,22 @@ def test_tables_keyed_by_record_id_alone_are_rebuilt_with_their_rows(tmp_path: P
                                                       received_ms=2, payload="{}"))
         assert conn.execute(sa.select(sa.func.count()).select_from(stream_records)).scalar_one() == 2
     create_tables(engine)  # once rebuilt, a restart leaves it alone
+
+
+def test_a_zstd_frame_declaring_exabytes_is_refused_without_allocating() -> None:
+    """Found by the stream batch fuzzer: a one-shot decompress allocated the size the frame header declares
+    (1.7 EB here: MemoryError, a 500), whatever max_output_size said."""
+    from fastapi import HTTPException
+
+    from edgerun.stream.cloud import MAX_BATCH_BYTES, decode_batch
+
+    found = (Path(__file__).resolve().parents[2] / "fuzz" / "regressions" / "stream_batch" / "zstd-declared-size")
+    with pytest.raises(HTTPException) as info:
+        decode_batch(found.read_bytes()[1:], "zstd")
+    assert info.value.status_code == 400
+    import zstandard
+
+    big = zstandard.ZstdCompressor().compress(b" " * (MAX_BATCH_BYTES + 1))
+    with pytest.raises(HTTPException) as info:
+        decode_batch(big, "zstd")
+    assert info.value.status_code == 413
