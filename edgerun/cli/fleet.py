@@ -86,9 +86,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_logging(quiet: bool, verbose: bool) -> None:
+    """One line per thing the agent does (install, removal, run, reports sent, refusals) on stderr;
+    --quiet keeps warnings only, --verbose adds each check-in and the HTTP requests."""
+    import logging
+
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "httpcore"):  # a line per request: only with --verbose
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from edgerun.fleet.agent import Agent
 
+    _agent_logging(args.quiet, args.verbose)
     enroll_token = secret_from(args.enroll_token_file, ENROLL_ENV) or None
     agent = Agent(args.server, args.device_id, args.state, root_path=args.root, enroll_token=enroll_token,
                   app_version=args.app_version, os_name=args.os, device_groups=tuple(args.device_group),
@@ -306,6 +318,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent-runs", type=int, default=4, help="with --warm: runs at once, all tasks")
     p.add_argument("--once", action="store_true", help="one round (check in, run due tasks, report), then exit")
     p.add_argument("--no-stream", action="store_true", help="do not run the on-device stream pipeline")
+    loudness = p.add_mutually_exclusive_group()
+    loudness.add_argument("--quiet", action="store_true", help="log warnings only (refusals, failed check-ins)")
+    loudness.add_argument("--verbose", action="store_true", help="also log every check-in and HTTP request")
     p.set_defaults(func=cmd_agent)
 
     p = fsub.add_parser("demo", help="Walle's use case end to end on loopback: page events → trigger → IPV "

@@ -199,6 +199,7 @@ class Agent:
             self._update_root(root_version)
         if body.get("status") == "up-to-date":
             self.accept_timestamp(body.get("timestamp"))
+            log.debug("agent %s: check-in: up to date", self.device_id)
             return False
         if body.get("status") != "update" or not isinstance(body.get("assignment"), dict):
             raise FleetError(f"malformed check-in answer: status {str(body.get('status'))[:40]!r}")
@@ -254,6 +255,7 @@ class Agent:
                 raise FleetError(f"needs isolation {minimum}; this device runs at {self.isolation}")
         except FleetError as exc:
             self.state.report_refusal(task, version, f"refused: {exc}")
+            log.warning("agent %s: refused %s v%d: %s", self.device_id, task, version, exc)
             raise
         # Recorded before download: a replay of anything older is refused from now on, even after a crash.
         self.state.raise_seen(task, version)
@@ -266,6 +268,8 @@ class Agent:
             self.installer.fetch_blob(f["sha256"], int(f["length"]), self._fetch)
         self.installer.build_version(manifest, envelope)
         self.installer.activate(task, version)
+        log.info("agent %s: installed %s v%d%s", self.device_id, task, version,
+                 f" (was v{current[0]})" if current is not None else "")
         self.installer.prune(task, keep={version})
         self._announce(task, version, manifest["config"])
         if self.pool is not None:
@@ -275,6 +279,7 @@ class Agent:
     def _deactivate(self, task: str) -> None:
         self.cancel_runs(task, "the task was removed")
         self.installer.deactivate(task)
+        log.info("agent %s: removed %s", self.device_id, task)
         if self.pool is not None:
             self.pool.retire(lambda folder: folder.parent.name != task)
         if self.hooks is not None:
@@ -362,6 +367,9 @@ class Agent:
             result = RunResult("crash", result.latency_ms, error=f"quarantined: {type(exc).__name__} recording "
                                                                  "the run's result")
         self._step("run-recorded", task)
+        why = f": {result.error.strip().splitlines()[-1][:200]}" if result.error.strip() else ""
+        log.info("agent %s: ran %s v%d: %s in %.0f ms%s", self.device_id, task, version, result.outcome,
+                 result.latency_ms, why)
         return result
 
     def _quarantine_after_bookkeeping(self, task: str, version: int, run_id: str, exc: Exception) -> None:
@@ -445,6 +453,8 @@ class Agent:
             self.state.mark_sent([b["id"] for b in batch])
             self._step("reports-marked")
             sent += len(batch)
+        if sent:
+            log.info("agent %s: sent %d report(s)", self.device_id, sent)
         return sent
 
     def step(self, check_in: bool = True, *, wait: bool = True) -> None:
