@@ -51,7 +51,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                db_pool_size=args.db_pool_size, db_max_overflow=args.db_max_overflow,
                                db_statement_timeout_ms=args.db_statement_timeout_ms,
                                identity_cache_size=args.identity_cache_size,
-                               rate_per_token=args.rate_per_token, rate_per_address=args.rate_per_address))
+                               rate_per_token=args.rate_per_token, rate_per_address=args.rate_per_address,
+                               push_poll_s=args.push_poll))
     json_logs.configure(args.log_level, args.log_format)
     # Behind a load balancer on another host, name it here so the rate limit per address sees the client.
     proxy = {"proxy_headers": True, "forwarded_allow_ips": args.forwarded_allow_ips}
@@ -292,6 +293,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="requests each bearer token may make: N/s:BURST, or 0 for no limit")
     p.add_argument("--rate-per-address", type=_rate, default="1000/s:5000",
                    help="requests each client address may make (many phones share a carrier's address): N/s:BURST or 0")
+    p.add_argument("--push-poll", type=float, default=0.0,
+                   help="seconds between the push watch's looks at the release table (0: 0.5 on SQLite; 5 on "
+                        "PostgreSQL, where NOTIFY tells every replica of a change at once)")
     p.add_argument("--drain-timeout", type=float, default=10.0,
                    help="on SIGTERM: seconds to let open requests finish (push streams end at once)")
     p.add_argument("--forwarded-allow-ips", default="127.0.0.1",

@@ -29,6 +29,9 @@ class FleetMetrics:
                             registry=r)
         self.monitor_ticks = Counter("edgerun_fleet_step_monitor_ticks", "Step monitor rounds run as leader",
                                      registry=r)
+        self.push_checks = Counter("edgerun_fleet_push_checks", "Open streams asked whether a release change "
+                                   "makes their device out of date", registry=r)
+        self.push_nudges = Counter("edgerun_fleet_push_nudges", "Open streams nudged to check in", registry=r)
         self.draining = Gauge("edgerun_fleet_draining", "1 once this process is shutting down", registry=r)
         self.db_pool_in_use = Gauge("edgerun_fleet_db_connections_in_use", "Database connections checked out",
                                     registry=r)

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.manifest import validate_release_manifest, verify_release
+from edgerun.fleet.release_notify import announce
 from edgerun.fleet.schema import audit, devices, releases, roots
 from edgerun.fleet.signing import Root
 from edgerun.fleet.store import BlobStore
@@ -120,6 +121,8 @@ def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutS
     if new.stage in ("beta", "gray", "completed"):
         values["exposed"] = True
     conn.execute(releases.update().where(releases.c.id == row.id).values(**values))
+    if new.events or (new.stage, new.step, new.paused) != (row.stage, row.step, row.paused):
+        announce(conn)
     for event in new.events:
         write_audit(conn, actor, event, row.id, new.reason if event.startswith(("rollback", "pause", "abort")) else "")
 
@@ -171,6 +174,7 @@ def publish(engine: sa.Engine, root: Root, store: BlobStore, envelope: dict[str,
                 exposed=counted.stage != "simulation"))
             for event in counted.events:
                 write_audit(conn, actor, event, release_id)
+            announce(conn)
     except sa.exc.IntegrityError as exc:  # serialised above, so only a foreign writer gets here
         raise FleetError(f"{signed['task']} v{signed['version']} is already stored") from exc
     return release_id

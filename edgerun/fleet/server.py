@@ -39,8 +39,9 @@ from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S
 from edgerun.fleet.group_commit import ReportGroupCommit
 from edgerun.fleet.metrics import CONTENT_TYPE_LATEST, FleetMetrics
-from edgerun.fleet.push_channel import ReleaseWatch, device_events
+from edgerun.fleet.push_channel import CHECK_S, ReleaseWatch, device_events
 from edgerun.fleet.rate_limit import Rate, RateLimit
+from edgerun.fleet.release_notify import Listener
 from edgerun.fleet.s3_store import S3Options
 from edgerun.fleet.service import DeviceIdentity, EnrolmentError, FleetService
 from edgerun.fleet.signing import KeyDir
@@ -53,6 +54,7 @@ from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
 from edgerun.stream.cloud import MAX_BATCH_BYTES
 
 log = logging.getLogger("edgerun.fleet.server")
+PUSH_FALLBACK_POLL_S = 5.0  # with PostgreSQL NOTIFY the poll only catches a notification lost in a reconnect
 PROFILE_HEADER = "X-Edgerun-Profile"
 ASSIGNMENT_HEADER = "X-Edgerun-Assignment"
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -80,6 +82,7 @@ class ServerConfig:
     identity_cache_size: int = 100_000     # device tokens whose identity a process keeps (for 10 s each)
     rate_per_token: str = "20/s:200"       # each bearer token: 20 requests a second, bursts of 200 ("0": none)
     rate_per_address: str = "1000/s:5000"  # each client address (carrier NAT puts many devices behind one)
+    push_poll_s: float = 0.0         # release-table poll of the push watch; 0: 0.5 s on SQLite, 5 s with NOTIFY
 
 
 # Body limits per route, enforced while the body is read (edgerun.stream.body_limit), after the caller's
@@ -186,7 +189,11 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     step_monitor = StepMonitor(engine, cfg.monitor_interval_s, on_change=service.invalidate, on_round=monitor_round)
     stop = threading.Event()
     draining = threading.Event()  # set by SIGTERM: readiness fails, push streams end, in-flight requests finish
-    watch = ReleaseWatch(service)
+    # With PostgreSQL, NOTIFY tells every replica of a change at once and the poll is only a fallback.
+    postgres = engine.dialect.name == "postgresql"
+    watch = ReleaseWatch(service, cfg.push_poll_s or (PUSH_FALLBACK_POLL_S if postgres else CHECK_S),
+                         checks=metrics.push_checks, nudges=metrics.push_nudges)
+    listener = Listener(engine, watch.kick) if postgres else None
     blob_downloads: dict[str, int] = {}  # digest -> GETs served by this process (operators, tests)
 
     def flush_loop() -> None:
@@ -212,6 +219,9 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         step_monitor.start()
         threading.Thread(target=flush_loop, name="fleet-seen-flush", daemon=True).start()
         serving_loop.append(asyncio.get_running_loop())
+        watch.start()
+        if listener is not None:
+            listener.start()
         if threading.current_thread() is threading.main_thread():
             # uvicorn's handler stops accepting and waits for open requests; before it, start draining, so
             # push streams (which never end by themselves) close at once and readiness turns 503.
@@ -227,6 +237,8 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
 
     def on_shutdown() -> None:
         stop.set()
+        if listener is not None:
+            listener.stop()
         simulator.stop()
         step_monitor.stop()
         service.flush_seen()
@@ -381,6 +393,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         profile = DeviceProfile(body.device_id, body.app_version, body.os, owner.device_groups,
                                 tuple(body.user_groups), body.tasks)
         service.note_seen(profile)
+        watch.index.checked_in(profile)
         root_version = service.root().version
         if not service.needs_update(profile):
             metrics.checkins.labels("up-to-date").inc()
@@ -401,10 +414,13 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         """Push-then-pull: a server-sent-event stream of "something changed" nudges (push_channel.py)."""
         owner = require_device(request, device_id)
 
-        def stale(who: DeviceIdentity) -> bool:
-            return bool(service.needs_update(service.trusted_profile(service.stored_profile(who.device_id), who)))
+        def load_profile() -> DeviceProfile:
+            try:
+                return service.trusted_profile(service.stored_profile(owner.device_id), owner)
+            except FleetError:  # no stored profile yet: any release that targets it finds it out of date
+                return DeviceProfile(owner.device_id, device_groups=owner.device_groups)
 
-        return StreamingResponse(device_events(watch, owner, stale, metrics.open_streams),
+        return StreamingResponse(device_events(watch, owner, load_profile, metrics.open_streams),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 

@@ -1,0 +1,60 @@
+"""nginx (Debian's package) in front of two replicas on one PostgreSQL: half-sent requests are cut off by the
+balancer's header timeout and never block anyone, agents work through it, and when one replica is killed the
+balancer sends its requests to the other."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+from fleet_helpers import make_task, start_server
+
+from edgerun.fleet.agent import Agent
+from edgerun.fleet.load_balancer import NGINX, LocalNginx
+from edgerun.fleet.local_postgres import LocalPostgres
+from edgerun.fleet.signing import KeyDir
+
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("fleet-load-balancer")]
+
+
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is absent (Debian package nginx-light)")
+def test_nginx_in_front_of_two_replicas(postgres: LocalPostgres, tmp_path: Path) -> None:
+    keys = KeyDir(tmp_path / "keys")
+    keys.init()
+    url = postgres.create_database("balanced")
+    a = start_server(tmp_path / "a", keys, db_url=url)
+    b = start_server(tmp_path / "b", keys, "--store", str(a.data / "blobs"), db_url=url)
+    half_sent: list[socket.socket] = []
+    try:
+        with LocalNginx([a.url, b.url], header_timeout_s=1, body_timeout_s=1) as lb:
+            # Break: clients that send half a request and wait blocked every new request to the server.
+            for _ in range(300):
+                s = socket.create_connection(("127.0.0.1", lb.port))
+                s.sendall(b"POST /v1/devices/register HTTP/1.1\r\nHost: fleet\r\nContent-Len")
+                half_sent.append(s)
+            assert all(httpx.get(lb.url + "/v1/ready").status_code == 200 for _ in range(4))
+            agent = Agent(lb.url, "lb-dev", tmp_path / "lb-dev", root_path=keys.latest_root_path(),
+                          enroll_token="enroll-secret")
+            a.admin().publish(make_task(tmp_path, "balanced", 2), keys, {"steps": [100], "min_reports": 1})
+            agent.check_in()
+            assert agent.errors == [] and agent.profile().tasks == {"balanced": 2}
+            for s in half_sent:  # the balancer ends each one at its header timeout, without passing it on
+                s.settimeout(60)
+                answer = s.recv(4096)
+                assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+            # One replica dies (kill -9): requests go to the other.
+            a.proc.send_signal(signal.SIGKILL)
+            a.proc.wait(30)
+            for _ in range(4):
+                assert httpx.get(lb.url + "/v1/ready").status_code == 200
+            agent.check_in()
+            assert agent.errors == []
+            agent.close()
+    finally:
+        for s in half_sent:
+            s.close()
+        b.stop()
+        a.stop()
