@@ -38,6 +38,7 @@ from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
 from edgerun.runtime.methods import has_methods_or_state, load_methods
 from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
+from edgerun.runtime.placer import Placer
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
 from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
@@ -53,7 +54,7 @@ from edgerun.runtime.state import (
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
-         backends: Sequence[str | Backend] | str | None = None, *,
+         backends: Sequence[str | Backend] | str | None = None, *, placer: Placer | None = None,
          placement: Mapping[str, str] | None = None, algorithms: Mapping[str, str] | None = None,
          verify_weights: bool = True, alias_reshapes: bool = True, arena_limit: int | None = None,
          state: StateStore | None = None) -> LoadedProgram:
@@ -65,8 +66,8 @@ def load(source: str | os.PathLike[str] | Program | Graph,
     or a developer tool migrating ops one at a time); node names are those of the prepared graph, or of
     the fully lowered one (`prepare_graph(graph)`, what the developer tools see).
     `algorithms`: {node name: algorithm} for backends that offer a choice (Backend.algorithm_choices).
-    `backends="auto"` is the search's to resolve: `edgerun.load` (edgerun.search.load) does that, then calls
-    this function with the placement it chose.
+    `placer`: asked to place each concrete graph (runtime/placer.py) instead of the preference rules;
+    `backends="auto"` is the search's placer: `edgerun.load` (edgerun.search.load) passes it here.
     `arena_limit`: the most arena bytes to allocate (default: EDGERUN_MAX_ARENA_BYTES, else 75% of available
     memory); a larger plan raises ArenaLimitError before anything is allocated.
     A program with several methods or with state loads every method (runtime/methods.py); `state` is the
@@ -78,14 +79,15 @@ def load(source: str | os.PathLike[str] | Program | Graph,
                                "(edgerun.search.load), not edgerun.runtime.load")
         backends = [backends]
     program, original = read_source(source, verify_weights)
-    if state is None and program is not None and has_methods_or_state(program):
-        return load_methods(program, functools.partial(
-            load, backends=backends, placement=placement, algorithms=algorithms, verify_weights=verify_weights,
-            alias_reshapes=alias_reshapes, arena_limit=arena_limit))
+    again = functools.partial(load, backends=backends, placer=placer, placement=placement, algorithms=algorithms,
+                              alias_reshapes=alias_reshapes, arena_limit=arena_limit)
+    if state is None and program is not None and has_methods_or_state(program):  # each method, one state store
+        return load_methods(program, functools.partial(again, verify_weights=verify_weights))
     if original.symbols or isinstance(program, ValueSpecializer):  # a template: specialised per shape (and value)
-        return SpecializingProgram(program or Program(original), functools.partial(
-            load, backends=backends, placement=placement, algorithms=algorithms, alias_reshapes=alias_reshapes,
-            arena_limit=arena_limit, state=state))
+        return SpecializingProgram(program or Program(original), functools.partial(again, state=state))
+    if placer is not None:
+        return load_placed(program, original, placer, placement=placement, alias_reshapes=alias_reshapes,
+                           arena_limit=arena_limit, state=state)
     graph = prepare_graph(original, resolve_backends(backends, placement).values())
     if placement and not set(placement) <= {n.name for n in graph.nodes}:
         # Names of the fully lowered graph (what the developer tools show and migrate op by op): honour
@@ -93,6 +95,35 @@ def load(source: str | os.PathLike[str] | Program | Graph,
         graph = prepare_graph(original)
     return load_prepared(program, original, graph, backends, placement=placement, algorithms=algorithms,
                          alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
+
+
+def load_placed(program: Program | None, original: Graph, placer: Placer, *,
+                placement: Mapping[str, str] | None = None, alias_reshapes: bool = True,
+                arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
+    """One concrete graph placed by `placer`; explicit `placement` entries override its choice. Candidates
+    the placer loads to measure run on the program's state: it is copied before the first one loads and put
+    back once the placer has chosen (only then: a placer that measures nothing copies nothing)."""
+    graph = prepare_graph(original, placer.candidates())
+    saved: list[dict[str, np.ndarray]] = []
+
+    def load_candidate(candidate: Mapping[str, str], algorithms: Mapping[str, str],
+                       backends: Sequence[Backend]) -> LoadedProgram:
+        if state is not None and not saved:
+            saved.append(state.snapshot())
+        return load_prepared(program, graph, graph, backends, placement=candidate, algorithms=algorithms,
+                             arena_limit=arena_limit, state=state)
+
+    placed = placer.place(program, graph, load_candidate)
+    if state is not None and saved:
+        state.assign(saved.pop())  # freed before the winner is built: its sessions reuse the memory
+    if placed.loaded is not None and not placement and alias_reshapes:
+        loaded = placed.loaded  # the measured winner is already loaded: no second build
+    else:
+        loaded = load_prepared(program, original, graph, placed.backends,
+                               placement={**placed.placement, **(placement or {})}, algorithms=placed.algorithms,
+                               alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
+    loaded.search = placed.record
+    return loaded
 
 
 def load_prepared(program: Program | None, original: Graph, graph: Graph,

@@ -1,11 +1,13 @@
 """`backends="auto"`: choose the placement on this device at load time (MNN's semi-auto search).
 
-The candidate backends are those that declare they join `auto` (backends/registry.py) and are installed here. Their calibrated profiles (cached
-per device) feed the cost model; the placement search returns a backend per node, and the reference
-backend's convolutions get their cheapest algorithm, handed to the runtime with the placement. The search
-calls the runtime (`load` here is `edgerun.load`); the runtime never calls the search. With tune=True the best few candidate placements are measured
-and the winner is cached per (device, program). Nothing is written into the program: the same file makes
-its own choice on every machine.
+The candidate backends are those that declare they join `auto` (backends/registry.py) and are installed
+here. Their calibrated profiles (cached per device) feed the cost model; the placement search returns a
+backend per node, and the reference backend's convolutions get their cheapest algorithm. The search is the
+runtime's placer (`AutoPlacer`, runtime/placer.py): `load` here is `edgerun.load`, which hands it to the
+runtime's one load path; the runtime, which handles methods, state and templates, asks it about each
+concrete graph and never imports it. The best few candidate placements are measured on a program's first
+load here (all of them with tune=True) and the winner is cached per (device, program). Nothing is written
+into the program: the same file makes its own choice on every machine.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ from edgerun.ir.graph import Graph
 from edgerun.program import Program
 from edgerun.runtime import LoadedProgram
 from edgerun.runtime import load as runtime_load
-from edgerun.runtime.loader import load_prepared, prepare_graph, read_source
-from edgerun.runtime.methods import has_methods_or_state, load_methods
-from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
+from edgerun.runtime.loader import load_prepared
+from edgerun.runtime.placer import CandidateLoad, Placed
 from edgerun.runtime.state import StateStore
 from edgerun.search.calibrate import BackendProfile, calibrated, load_profiles
 from edgerun.search.cost_model import cheapest_algorithm, cost_table
@@ -72,11 +73,12 @@ def auto_backends(names: Sequence[str] | None = None) -> list[Backend]:
 
 def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = False,
               candidates: Sequence[str] | None = None, measure_budget_s: float = 0.0,
-              arena_limit: int | None = None, state: StateStore | None = None) -> AutoPlan:
+              load: CandidateLoad | None = None) -> AutoPlan:
     """Place every node of `graph` (prepared for these candidates: prepare_graph) on this device's backends.
 
-    With `measure_budget_s` > 0 the best few candidates are also loaded and timed, within that budget, unless
-    a winner is cached for this program and device; `tune=True` measures them all without a bound.
+    With `measure_budget_s` > 0 the best few candidates are also loaded (by `load`, the runtime's, which
+    binds the program's state; else the graph alone) and timed, within that budget, unless a winner is
+    cached for this program and device; `tune=True` measures them all without a bound.
     """
     shared = {b.name: b for b in auto_backends(candidates)}
     profiles = load_profiles(list(shared.values()))
@@ -90,17 +92,11 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
     loaded = None
     settings: Settings = {}
     if tune or measure_budget_s > 0:
-        # Timing candidates runs them on the program's state: it is copied before the first candidate loads
-        # and put back after the last, only then (a cached winner runs nothing: no 22 MB copy of SmolLM2's
-        # KV cache on every load, which peaked with its ONNX Runtime session).
-        saved: list[dict[str, Any]] = []
-
         def loader(candidate: Mapping[str, str], using: Mapping[str, Backend] = backends) -> LoadedProgram:
-            if state is not None and not saved:
-                saved.append(state.snapshot())
-            return load_prepared(program, graph, graph, list(using.values()), placement=candidate,
-                                 algorithms=choose_algorithms(graph, candidate, backends, profiles),
-                                 arena_limit=arena_limit, state=state)
+            algorithms = choose_algorithms(graph, candidate, backends, profiles)
+            if load is not None:
+                return load(candidate, algorithms, list(using.values()))
+            return load_prepared(None, graph, graph, list(using.values()), placement=candidate, algorithms=algorithms)
 
         # A winner is only a winner among these candidates, at these versions: the cache key names them.
         key = f"{program_key(graph, program)}.{'+'.join(sorted(b.identity() for b in backends.values()))}"
@@ -114,8 +110,6 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
         else:
             settings = cached_settings(key) or {}
         loaded = cast(LoadedProgram | None, trial)  # what `loader` loaded
-        if state is not None and saved:
-            state.assign(saved.pop())  # freed before the winner is compiled: its sessions reuse the memory
     algorithms = choose_algorithms(graph, placement, backends, profiles)
     return AutoPlan(list(backends), placement, best.seconds, search_s, algorithms, tuning, loaded, settings,
                     configured(backends, settings))
@@ -163,40 +157,38 @@ def program_key(graph: Graph, program: Program | None) -> str:
     return h.hexdigest()[:32]
 
 
+class AutoPlacer:
+    """The runtime's placer for `backends="auto"` (runtime/placer.py): the cost model's placement, measured
+    against the best few others on a program's first load here (within FIRST_LOAD_BUDGET_S, or all with
+    `tune`), the winner cached per device."""
+
+    def __init__(self, names: Sequence[str] | None = None, tune: bool = False) -> None:
+        self.names, self.tune = names, tune
+
+    def candidates(self) -> list[Backend]:
+        return auto_backends(self.names)
+
+    def place(self, program: Program | None, graph: Graph, load: CandidateLoad) -> Placed:
+        plan = plan_auto(graph, program, tune=self.tune, candidates=self.names, measure_budget_s=FIRST_LOAD_BUDGET_S,
+                         load=load)
+        return Placed(plan.placement, plan.algorithms, list(plan.configured.values()), plan.loaded, plan)
+
+
 def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *, placement: Mapping[str, str] | None = None,
          tune: bool = False, verify_weights: bool = True, alias_reshapes: bool = True,
          arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
-    """`edgerun.load`: the runtime's load, with `backends="auto"` (or "auto:a,b") resolved here first.
+    """`edgerun.load`: the runtime's load, with `backends="auto"` (or "auto:a,b") placed by the search.
 
-    "auto" searches over the installed backends that join it (backends/registry.py); "auto:a,b" over backends a and b; `tune=True` also
-    measures the best few placements and caches the winner per device. Anything else goes to the runtime
-    as it is. Explicit `placement` entries override the search's.
+    "auto" searches over the installed backends that join it (backends/registry.py); "auto:a,b" over
+    backends a and b; `tune=True` also measures the best few placements and caches the winner per device.
+    Anything else goes to the runtime as it is. Explicit `placement` entries override the search's.
     """
-    if not (isinstance(backends, str) and (backends == AUTO or backends.startswith(AUTO + ":"))):
-        if tune:
-            raise EdgerunError('tune=True needs backends="auto"')
-        return runtime_load(source, backends, placement=placement, verify_weights=verify_weights,
-                            alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
-    names = [n for n in backends[len(AUTO) + 1:].split(",") if n] or None
-    program, original = read_source(source, verify_weights)
-    if state is None and program is not None and has_methods_or_state(program):  # each method searched alone
-        return load_methods(program, functools.partial(load, backends=backends, placement=placement, tune=tune,
-                                                       alias_reshapes=alias_reshapes, arena_limit=arena_limit))
-    if original.symbols or isinstance(program, ValueSpecializer):
-        # a template: the search places each concrete shape's (and value's) specialisation
-        return SpecializingProgram(program or Program(original), functools.partial(
-            load, backends=backends, placement=placement, tune=tune, alias_reshapes=alias_reshapes,
-            arena_limit=arena_limit, state=state))
-    candidates = auto_backends(names)
-    graph = prepare_graph(original, candidates)
-    plan = plan_auto(graph, program, tune=tune, candidates=names, measure_budget_s=FIRST_LOAD_BUDGET_S,
-                     arena_limit=arena_limit, state=state)
-    if plan.loaded is not None and not placement and alias_reshapes:
-        loaded = plan.loaded  # the measured winner is already loaded: no second compile
-    else:
-        loaded = load_prepared(program, original, graph, list(plan.configured.values()),
-                               placement={**plan.placement, **(placement or {})}, algorithms=plan.algorithms,
-                               alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
-    loaded.search = plan
-    return loaded
+    placer = None
+    if isinstance(backends, str) and (backends == AUTO or backends.startswith(AUTO + ":")):
+        placer = AutoPlacer([n for n in backends[len(AUTO) + 1:].split(",") if n] or None, tune)
+        backends = None
+    elif tune:
+        raise EdgerunError('tune=True needs backends="auto"')
+    return runtime_load(source, backends, placer=placer, placement=placement, verify_weights=verify_weights,
+                        alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
