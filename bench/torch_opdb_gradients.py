@@ -75,7 +75,8 @@ def main() -> int:
     print(f"\n{len(names)} OpInfos, {len(rows)} samples, {dict(total)}, {seconds:.0f} s")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
-        json.dump({"totals": dict(total), "seconds": seconds, "max_samples": args.max_samples,
+        json.dump({"command": "bench/torch_opdb_gradients.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
+                   "totals": dict(total), "seconds": seconds, "max_samples": args.max_samples,
                    "by_op": {k: dict(v) for k, v in by_op.items()},
                    "not_passing": [r for r in rows if r["outcome"] in ("wrong", "refused")]}, f, indent=1)
     if args.write_doc:

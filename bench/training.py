@@ -4,6 +4,9 @@ whole-model gradient checks.
     PYTHONPATH=$PWD .venv/bin/python bench/training.py [--steps 30] [--threads 2] [--models mlp,din,digits]
         [--digits] [--gradients] [--out bench/results/training.json]
 
+The speed table goes to --out, the gradient checks to training_gradients.json and the digits run to
+training_digits.json beside it.
+
 Speed: each (system, model) runs alone in a fresh process (`--worker`), so peak RSS (ru_maxrss) is that
 system's alone; edgerun's worker loads a training program file saved beforehand (`--prepare`) with numpy
 alone, no torch imported. A step is one optimizer step (SGD, momentum 0.9) on a batch of 32 from the same
@@ -140,7 +143,6 @@ def speed(models: list[str], steps: int, threads: int) -> dict[str, Any]:
         ort, ref, tor = row["edgerun-ort"], row["edgerun-reference"], row["torch"]
         print(f"| {name} | {ort['ms_per_step']:.2f} | {ref['ms_per_step']:.2f} | {tor['ms_per_step']:.2f} | "
               f"{ort['ms_per_step'] / tor['ms_per_step']:.2f} | {ort['peak_rss_mb']:.0f} | {tor['peak_rss_mb']:.0f} |")
-    results["loadavg_end"] = os.getloadavg()[0]
     return results
 
 
@@ -242,7 +244,7 @@ def main() -> None:
     ap.add_argument("--workdir")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", default="mlp,din,digits")
+    ap.add_argument("--models", default="mlp,din,digits", help="the speed table's models ('' for none)")
     ap.add_argument("--digits", action="store_true", help="also train the digits CNN to accuracy")
     ap.add_argument("--gradients", action="store_true", help="also check whole-model gradients against torch")
     ap.add_argument("--out", default="bench/results/training.json")
@@ -253,15 +255,22 @@ def main() -> None:
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.threads, args.workdir)))
         return
-    out: dict[str, Any] = {"loadavg_start": os.getloadavg()[0], "threads": args.threads, "batch": BATCH}
-    out["speed"] = speed([m for m in args.models.split(",") if m], args.steps, args.threads)
+    meta = {"command": "bench/training.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
+            "threads": args.threads, "batch": BATCH}
+    sections: dict[str, Any] = {}
+    if args.models:
+        sections[args.out] = lambda: {"speed": speed([m for m in args.models.split(",") if m], args.steps,
+                                                      args.threads)}
+    stem = args.out.removesuffix(".json")
     if args.gradients:
-        out["gradients"] = gradients()
+        sections[f"{stem}_gradients.json"] = lambda: {"gradients": gradients()}
     if args.digits:
-        out["digits"] = digits_run(args.threads)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+        sections[f"{stem}_digits.json"] = lambda: {"digits": digits_run(args.threads)}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    for path, run in sections.items():  # one results file per section, each with its own load average
+        record = {**meta, "loadavg_start": os.getloadavg()[0], **run(), "loadavg_end": os.getloadavg()[0]}
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ _LAZY = {
     "quantize": "edgerun.quantization:quantize",
     "load": "edgerun.search:load",
     "connect": "edgerun.remote.client:connect",
+    "training": "edgerun.training",  # a subpackage: edgerun.training.trainable(...) after a bare `import edgerun`
 }
 
 
@@ -41,8 +42,8 @@ def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'edgerun' has no attribute {name!r}")
-    module, attr = target.split(":")
-    value = getattr(importlib.import_module(module), attr)
+    module, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
     globals()[name] = value
     return value
 
@@ -62,4 +63,5 @@ __all__ = [
     "from_onnx",
     "load",
     "quantize",
+    "training",
 ]

@@ -25,6 +25,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.ir.verifier import verify
 from edgerun.passes.autodiff import activations_kept, append_gradients
 from edgerun.passes.pipeline import optimize
 from edgerun.program import Program
@@ -72,7 +73,11 @@ def choose_trainable(graph: Graph, trainable: TrainableSpec) -> list[str]:
 
 
 def _optimized(graph: Graph) -> Graph:
-    return on_functional(graph, lambda functional: optimize(functional)[0])
+    """The default pipeline, verifying the result once rather than after every pass (the backward graph is
+    large: per-pass verification was a third of building a MobileNetV2's training program)."""
+    optimized = on_functional(graph, lambda functional: optimize(functional, verify_each=False)[0])
+    verify(optimized)
+    return optimized
 
 
 def _without_unused_inputs(graph: Graph) -> Graph:

@@ -136,6 +136,12 @@ def test_mse_and_a_loss_function_exported_with_the_module() -> None:
 
 
 def test_bad_requests_are_refused_with_one_line_errors() -> None:
+    import edgerun
+
+    assert edgerun.training.trainable is T.trainable  # the public names, reached from a bare `import edgerun`
+    assert (edgerun.training.SGD, edgerun.training.Adam) == (T.SGD, T.Adam)
+    with pytest.raises(EdgerunError, match="momentum"):
+        T.SGD(0.1, momentum=1.5)
     module = MLP(64, 16, 10).eval()
     (x, _), = _batches(1)
     program, _ = T.export_for_training(module, (x,))
@@ -188,3 +194,13 @@ def test_din_gradients_equal_torch_autograd_embeddings_included() -> None:
         if name.endswith("_emb.weight"):  # torch's padding_idx=0 keeps row 0's gradient at zero; the exported
             ref, got = ref[1:], got[1:]   # graph is a plain gather, which has no such rule
         np.testing.assert_allclose(got, ref, rtol=0, atol=GRAD_TOL * float(np.abs(ref).max()) + 1e-9, err_msg=name)
+
+
+def test_the_backward_graph_runs_on_onnx_runtime_like_any_graph() -> None:
+    torch.manual_seed(7)
+    module = DigitsCNN().eval()
+    (x, y), = _batches(1, batch=8)
+    on_ort = T.from_torch(module, (x,), optimizer=T.SGD(0.1), backends=["onnxruntime"])
+    step = on_ort.loaded.method("train_step")
+    assert {p.backend for p in step.partitions} == {"onnxruntime"}  # no training-only code: ordinary IR
+    _assert_grads_match(on_ort, module, x, y)
