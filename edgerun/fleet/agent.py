@@ -420,7 +420,9 @@ class Agent:
         now = time.monotonic() if now is None else now
         self._background = {t: th for t, th in self._background.items() if th.is_alive()}
         started = 0
-        for task in self.installer.active():
+        # Least recently started first: with more due tasks than free run slots, the ones that waited go
+        # next instead of the same few winning every round.
+        for task in sorted(self.installer.active(), key=lambda t: self._last_run.get(t, -1e18)):
             schedule = self.task_config(task)[2].get("schedule")
             every = schedule.get("every_s") if isinstance(schedule, dict) else None
             if not isinstance(every, (int, float)) or now - self._last_run.get(task, -1e18) < float(every):
