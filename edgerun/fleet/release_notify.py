@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 log = logging.getLogger("edgerun.fleet.server")
 CHANNEL = "edgerun_fleet_releases"
+DEVICES = "edgerun_fleet_devices"  # payload: a device id whose token or groups changed (revoke, set groups)
 
 
 def announce(conn: sa.Connection) -> None:
@@ -26,10 +27,17 @@ def announce(conn: sa.Connection) -> None:
         conn.execute(sa.text(f"NOTIFY {CHANNEL}"))
 
 
+def announce_device(conn: sa.Connection, device_id: str) -> None:
+    """Tell every replica, at commit, to forget what it cached of this device (its token, its groups)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_notify(:c, :d)"), {"c": DEVICES, "d": device_id})
+
+
 class Listener:
-    def __init__(self, engine: sa.Engine, on_notify: Callable[[], None], retry_s: float = 1.0) -> None:
+    def __init__(self, engine: sa.Engine, on_notify: Callable[[], None], on_device: Callable[[str], None],
+                 retry_s: float = 1.0) -> None:
         self.conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self.on_notify, self.retry_s = on_notify, retry_s
+        self.on_notify, self.on_device, self.retry_s = on_notify, on_device, retry_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-release-listen", daemon=True)
 
@@ -46,10 +54,14 @@ class Listener:
             try:
                 with psycopg.connect(self.conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {DEVICES}")
                     self.on_notify()  # changes made while not listening are found by this look
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=1.0):
-                            self.on_notify()
+                        for n in conn.notifies(timeout=1.0):
+                            if n.channel == DEVICES:
+                                self.on_device(n.payload)
+                            else:
+                                self.on_notify()
             except Exception as exc:  # a restarting database: listen again shortly
                 log.warning("release notifications lost; listening again", extra={"error": repr(exc)})
                 self._stop.wait(self.retry_s)

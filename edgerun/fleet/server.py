@@ -43,7 +43,13 @@ from edgerun.fleet.push_channel import CHECK_S, ReleaseWatch, device_events
 from edgerun.fleet.rate_limit import Rate, RateLimit
 from edgerun.fleet.release_notify import Listener
 from edgerun.fleet.s3_store import S3Options
-from edgerun.fleet.service import DeviceIdentity, EnrolmentError, FleetService
+from edgerun.fleet.service import (
+    IDENTITY_TTL_S,
+    NOTIFIED_IDENTITY_TTL_S,
+    DeviceIdentity,
+    EnrolmentError,
+    FleetService,
+)
 from edgerun.fleet.signing import KeyDir
 from edgerun.fleet.simulation import SimulationWorker
 from edgerun.fleet.step_monitor import StepMonitor
@@ -174,7 +180,8 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
     service = FleetService(engine, keys.key("assignment"), cfg.cache_ttl_s, cfg.timestamp_ttl_s,
                            online_key_loader=lambda: keys.key("assignment"),
-                           identity_cache_size=cfg.identity_cache_size)
+                           identity_cache_size=cfg.identity_cache_size,
+                           identity_ttl_s=NOTIFIED_IDENTITY_TTL_S if engine.dialect.name == "postgresql" else IDENTITY_TTL_S)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)
@@ -193,7 +200,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     postgres = engine.dialect.name == "postgresql"
     watch = ReleaseWatch(service, cfg.push_poll_s or (PUSH_FALLBACK_POLL_S if postgres else CHECK_S),
                          checks=metrics.push_checks, nudges=metrics.push_nudges)
-    listener = Listener(engine, watch.kick) if postgres else None
+    listener = Listener(engine, watch.kick, service.forget) if postgres else None
     blob_downloads: dict[str, int] = {}  # digest -> GETs served by this process (operators, tests)
 
     def flush_loop() -> None:

@@ -32,6 +32,7 @@ from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S, sign_timestamp
 from edgerun.fleet.manifest import sign_assignment
+from edgerun.fleet.release_notify import announce_device
 from edgerun.fleet.schema import deliveries, devices, enrolment_tokens, releases, reports, roots
 from edgerun.fleet.server_tokens import SERVER_TOKEN_LABEL, admin_token_hash, token_hash
 from edgerun.fleet.signing import Root, SigningKey, verify_root_update
@@ -40,8 +41,11 @@ from edgerun.fleet.targeting import DeviceProfile, device_bucket, in_step, match
 log = logging.getLogger("edgerun.fleet.server")
 
 ROOT_TTL_S = 5.0  # how soon a root accepted by another server process is noticed here
-# How long another server process may keep using a revoked token or a device's old groups.
+# How long another server process may keep using a revoked token or a device's old groups, where no
+# notification tells it at once (SQLite); on PostgreSQL a revoke or a groups change is announced to every
+# replica (release_notify.announce_device), and the cache only bounds memory and a lost notification.
 IDENTITY_TTL_S = 10.0
+NOTIFIED_IDENTITY_TTL_S = 600.0
 
 
 class EnrolmentError(FleetError):
@@ -87,7 +91,8 @@ class FleetService:
     def __init__(self, engine: sa.Engine, online_key: SigningKey,
                  cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
                  online_key_loader: Callable[[], SigningKey] | None = None,
-                 clock: Callable[[], float] = time.monotonic, identity_cache_size: int = 100_000) -> None:
+                 clock: Callable[[], float] = time.monotonic, identity_cache_size: int = 100_000,
+                 identity_ttl_s: float = IDENTITY_TTL_S) -> None:
         self.engine = engine
         self.clock = clock  # monotonic seconds; the cache lifetimes are measured on it (tests pass their own)
         self._missing_key_logged = 0
@@ -98,8 +103,8 @@ class FleetService:
         self._lock = threading.Lock()
         self._releases: dict[str, list[CachedRelease]] = {}
         self._releases_at = 0.0
-        # token hash -> identity, for IDENTITY_TTL_S, at most `identity_cache_size` (least recently used out)
-        self._tokens: TTLCache[str, DeviceIdentity] = TTLCache(identity_cache_size, IDENTITY_TTL_S, timer=clock)
+        # token hash -> identity, for `identity_ttl_s`, at most `identity_cache_size` (least recently used out)
+        self._tokens: TTLCache[str, DeviceIdentity] = TTLCache(identity_cache_size, identity_ttl_s, timer=clock)
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         self._root: Root | None = None
         self._root_at = 0.0
@@ -239,6 +244,7 @@ class FleetService:
                 raise FleetError(f"unknown device {device_id!r}")
             conn.execute(devices.update().where(devices.c.id == device_id)
                          .values(device_groups=groups, profile={**profile, "device_groups": groups}))
+            announce_device(conn, device_id)
         self._forget(device_id)
         return groups
 
@@ -247,8 +253,13 @@ class FleetService:
         with self.engine.begin() as conn:
             gone = conn.execute(devices.delete().where(devices.c.id == device_id)).rowcount
             conn.execute(deliveries.delete().where(deliveries.c.device_id == device_id))
+            announce_device(conn, device_id)
         self._forget(device_id)
         return bool(gone)
+
+    def forget(self, device_id: str) -> None:
+        """Drop what this process cached of a device (another replica revoked it or changed its groups)."""
+        self._forget(device_id)
 
     def _forget(self, device_id: str) -> None:
         with self._lock:

@@ -1,5 +1,6 @@
 """Push across replicas: a publish through one replica reaches the push streams held by another through
-PostgreSQL NOTIFY (that replica's poll is an hour), and only the streams the release targets are looked at."""
+PostgreSQL NOTIFY (that replica's poll is an hour), and only the streams the release targets are looked at;
+a revoke through one replica reaches the other's identity cache the same way."""
 
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ def test_a_publish_through_one_replica_nudges_only_the_targeted_streams_on_anoth
         agents[0].check_in()
         assert agents[0].profile().tasks["pushed"] == 2
         assert all(q.empty() for q in events[1:])
+        # A revoke through A reaches B's identity cache (ten minutes there on PostgreSQL) through NOTIFY too.
+        headers = {"Authorization": f"Bearer {agents[1].token}"}
+        assert httpx.get(f"{b.url}/v1/devices/push-1/assignment", headers=headers).status_code == 200
+        a.admin().revoke_device("push-1")
+        for _ in range(1200):
+            if httpx.get(f"{b.url}/v1/devices/push-1/assignment", headers=headers).status_code == 403:
+                break
+            threading.Event().wait(0.05)
+        else:
+            pytest.fail("replica B kept accepting a token revoked through replica A")
     finally:
         b.stop()
         a.stop()
