@@ -209,8 +209,10 @@ def _matmul(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
 
 @register_gradient("gather")
 def _gather(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
-    """Rows summed back to the indices they were taken from: a one-hot matrix's transpose times the rows
-    (the IR has no scatter-add; an embedding's table is small beside the one-hot product's work)."""
+    """Rows summed back to the indices they were taken from: a [rows, indices] one-hot matrix times the
+    taken rows' cotangents (the IR has no scatter-add). Built in that orientation, no transpose is copied;
+    the product costs rows x indices x row size, which for an embedding table is the price of not having
+    a scatter-add."""
     g = grads[0]
     if g is None or not needs[0]:
         return [None, None]
@@ -220,15 +222,15 @@ def _gather(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     rows = shape[axis]
     pre, post = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
     n = int(np.prod(b.shape(idx)))
-    flat = reshape_to(b, idx, [n, 1])
+    flat = reshape_to(b, idx, [1, n])
     wrapped = b.emit("where", [b.binary("lt", flat, b.scalar(0, flat)), b.binary("add", flat, b.scalar(rows, flat)),
                                flat])
-    positions = b.const(np.arange(rows).reshape(1, rows), b.dtype(idx))
-    onehot = as_float(b, b.binary("eq", wrapped, positions), g)  # [n, rows]
+    positions = b.const(np.arange(rows).reshape(rows, 1), b.dtype(idx))
+    onehot = as_float(b, b.binary("eq", positions, wrapped), g)  # [rows, n]: built transposed, no copy
     gr = reshape_to(b, g, [pre, n, post])
     if pre != 1:
         gr = b.emit("transpose", [gr], perm=[1, 0, 2])
-    summed = b.emit("matmul", [swap_last(b, onehot), reshape_to(b, gr, [n, pre * post])])  # [rows, pre*post]
+    summed = b.emit("matmul", [onehot, reshape_to(b, gr, [n, pre * post])])  # [rows, pre*post]
     summed = reshape_to(b, summed, [rows, pre, post])
     if pre != 1:
         summed = b.emit("transpose", [summed], perm=[1, 0, 2])
