@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,21 +190,24 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
     return LanguageModel(info, tokenizer, load_program(program, backends))
 
 
-def stop_token_ids(info: ModelInfo, tokenizer: Tokenizer | None) -> set[int]:
+def stop_token_ids(info: ModelInfo, tokenizer: Tokenizer | None, render: Callable[..., str] = render_chat,
+                   ) -> set[int]:
     """The checkpoint's eos (all of them when it lists several), end of turn (eot) and end of message (eom),
-    and the token the chat template closes an assistant turn with: never a hard-coded token string."""
+    and the token the chat template closes an assistant turn with: never a hard-coded token string.
+    `render` renders the template (the server passes its bounded out-of-process renderer)."""
     ids = {i for role, i in info.special.items() if role.split("_")[0] in ("eos", "eot", "eom")}
-    end = end_of_turn_id(info, tokenizer)
+    end = end_of_turn_id(info, tokenizer, render)
     return ids | ({end} if end is not None else set())
 
 
-def end_of_turn_id(info: ModelInfo, tokenizer: Tokenizer | None) -> int | None:
+def end_of_turn_id(info: ModelInfo, tokenizer: Tokenizer | None, render: Callable[..., str] = render_chat,
+                   ) -> int | None:
     """The added token the chat template writes right after an assistant message, if any."""
     if tokenizer is None or not info.chat_template:
         return None
     mark = "\u0000reply\u0000"
     try:
-        text = render_chat(info.chat_template, [{"role": "user", "content": "Hi"},
+        text = render(info.chat_template, [{"role": "user", "content": "Hi"},
                                                 {"role": "assistant", "content": mark}],
                            add_generation_prompt=False, special_tokens=template_tokens(info, tokenizer))
     except EdgerunError:

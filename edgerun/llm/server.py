@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException
 
 from edgerun.errors import EdgerunError
 from edgerun.llm.generation import GenerationResult
-from edgerun.llm.model import GenerationRequest, LanguageModel
+from edgerun.llm.model import GenerationRequest, LanguageModel, stop_token_ids, template_tokens
 from edgerun.llm.serving.api_error import ApiError
 from edgerun.llm.serving.config import ServerConfig
 from edgerun.llm.serving.constraint import GrammarCompiler, GrammarConstraint
@@ -93,9 +93,15 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
                     prefix_cache_bytes=config.prefix_cache_bytes, step_gate=step_gate)
     templates = TemplatePool(workers=config.template_workers, timeout_s=config.template_timeout_s,
                              memory_bytes=config.template_memory_bytes, max_chars=config.max_prompt_chars)
-    end = model.tokenizer.token_id("<|im_end|>") if model.tokenizer is not None else None
-    grammars = GrammarCompiler(model.tokenizer, model.eos_token_id, [end] if end is not None else [],
-                               config.max_grammar_chars)
+    # Where generation stops (eos, end of turn, ...): model.stop_token_ids's rule, but the chat template it
+    # renders to find the end-of-turn token goes through the bounded renderer, once, at startup.
+    stops: set[int] = set()
+    grammars = GrammarCompiler(model.tokenizer, model.eos_token_id, [], config.max_grammar_chars)
+
+    def render(template: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               special_tokens: dict[str, str] | None = None) -> str:
+        return templates.render(template, messages, add_generation_prompt=add_generation_prompt,
+                                special=special_tokens)
     token_limit = min(config.max_tokens_limit or model.context, model.context)
 
     @asynccontextmanager
@@ -103,6 +109,8 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
         engine.start()
         if model.info.chat_template:
             await run_in_threadpool(templates.start)
+        stops.update(await run_in_threadpool(stop_token_ids, model.info, model.tokenizer, render))
+        grammars.stop_ids = sorted(stops)
         try:
             yield
         finally:
@@ -174,7 +182,7 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
             raise EdgerunError(f"the prompt has {chars} characters; this server's limit is "
                                f"{config.max_prompt_chars}")
 
-    def prepare(req: _Sampling, prompt: Any, chat: bool) -> tuple[GenerationRequest, GrammarConstraint | None]:
+    def prepare(req: _Sampling, prompt: Any) -> tuple[GenerationRequest, GrammarConstraint | None]:
         """Tokenise, check against the context and compile the grammar (blocking: run in a thread)."""
         ids = model.encode_prompt(prompt)
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -183,7 +191,8 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
         args: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p,
                                 "top_k": req.top_k, "min_p": req.min_p, "repetition_penalty": req.repetition_penalty,
                                 "seed": req.seed, "stop": req.stop}
-        request = model.prepare(ids, **(model.chat_kwargs(args) if chat else args))
+        # ignore_eos: the stop ids are given (`stops`), so prepare() does not render the template itself.
+        request = model.prepare(ids, **args, stop_token_ids=sorted(stops), ignore_eos=True)
         grammar = grammars.grammar_for(req.response_format, req.grammar, req.regex)
         return request, (grammars.constraint(grammar) if grammar is not None else None)
 
@@ -208,7 +217,7 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
             prompt = prompt[0]
         if isinstance(prompt, str):
             check_prompt_size(len(prompt))
-        prepared, constraint = await run_in_threadpool(prepare, req, prompt, False)
+        prepared, constraint = await run_in_threadpool(prepare, req, prompt)
         job, events = submit(prepared, constraint)
         ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
@@ -232,8 +241,9 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
         if not model.info.chat_template:
             raise EdgerunError("this model has no chat template; use /v1/completions")
         prompt = await run_in_threadpool(templates.render, model.info.chat_template, messages,
-                                         special=_template_specials(model))
-        prepared, constraint = await run_in_threadpool(prepare, req, prompt, True)
+                                         special=template_tokens(model.info, model.tokenizer) if model.tokenizer
+                                         else {})
+        prepared, constraint = await run_in_threadpool(prepare, req, prompt)
         job, events = submit(prepared, constraint)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
@@ -275,17 +285,6 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
                          for i, v in enumerate(vectors)]}
 
     return app
-
-
-def _template_specials(model: LanguageModel) -> dict[str, str]:
-    """The special tokens a chat template may name (bos_token, eos_token), as LanguageModel passes them."""
-    special = {}
-    if model.tokenizer is not None:
-        for role in ("bos", "eos"):
-            i = model.info.special.get(role)
-            if i is not None:
-                special[f"{role}_token"] = model.tokenizer.tokens[i]
-    return special
 
 
 def _content_text(content: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -190,6 +191,7 @@ def test_a_hostile_template_is_stopped_and_the_server_keeps_answering(hostile_ba
     while looping.is_alive():
         assert [m.id for m in client.models.list().data] == [tiny_chat.name]
         answered_while_looping += looping.is_alive()
+        time.sleep(0.05)
     looping.join()
     assert "did not finish within 1 s" in outcome["error"]
     assert answered_while_looping >= 1
