@@ -3,13 +3,16 @@
 The sequence, each step in its own module:
 1. read the program (weights memory-mapped, never copied), decompose the composites no candidate backend
    keeps whole, verify the graph;
-2. place each node on a backend (placement.py), lower the composites placed where they are not kept, and
-   cut the graph into partitions (partition.py);
+2. place each node on a backend (placement.py, or a placer: placer.py), lower the composites placed where
+   they are not kept, and cut the graph into partitions (partition.py);
 3. compile each partition on its backend, falling back to reference with a warning if that fails;
 4. schedule: one step per node of arena-bound partitions, one per delegate partition (schedule.py);
 5. elide no-op rasters (reshapes) by aliasing their output to their input's bytes;
 6. plan the arena from value lifetimes (memory_plan.py) and prove the plan safe (plan_verifier.py);
 7. bind every step to views of the arena: the instruction list (instructions.py).
+A graph with program state is loaded functional, and its one state step (method_state.py) narrows a KV
+cache's update after 4, takes the state out of the arena plan before 6, and binds the state's buffers
+after 6.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.decompose import decomposed
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
-from edgerun.ir.state import from_functional, has_state, on_functional, to_functional
+from edgerun.ir.state import on_functional
 from edgerun.ir.subgraphs import is_control_flow
 from edgerun.ir.verifier import verify
 from edgerun.program import Program
@@ -34,7 +37,8 @@ from edgerun.runtime.arena_limit import check_arena_budget
 from edgerun.runtime.control_flow import LoadBody, bind_control_flow
 from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
-from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, plan_memory
+from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, TensorLifetime, plan_memory
+from edgerun.runtime.method_state import MethodState
 from edgerun.runtime.methods import has_methods_or_state, load_methods
 from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
@@ -42,15 +46,7 @@ from edgerun.runtime.placer import Placer
 from edgerun.runtime.plan_verifier import verify_plan
 from edgerun.runtime.schedule import Step, arena_views, find_aliases, value_lifetimes
 from edgerun.runtime.specializing import SpecializingProgram, ValueSpecializer
-from edgerun.runtime.state import (
-    StateBinding,
-    StateStore,
-    keep_resident,
-    narrow_state_rasters,
-    overwriting_steps,
-    plan_state,
-    state_views,
-)
+from edgerun.runtime.state import StateStore
 
 
 def load(source: str | os.PathLike[str] | Program | Graph,
@@ -130,51 +126,50 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
                   backends: Sequence[str | Backend] | None, *, placement: Mapping[str, str] | None = None,
                   algorithms: Mapping[str, str] | None = None, alias_reshapes: bool = True,
                   arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
-    """`load` from an already prepared graph (`prepare_graph(original, candidates)`): what the search calls
-    after placing. Composites left whole are lowered here, after placement, unless their backend keeps them.
-    A graph with state binds the buffers of `state` (runtime/state.py); it runs functional meanwhile."""
-    signature = None
-    if has_state(graph):
-        if state is None:
-            raise EdgerunError("this graph reads or writes program state: load the Program that holds the "
-                               "state's initial values (edgerun.load(program)), not its graph alone")
-        graph, signature = to_functional(graph)
+    """`load` from an already prepared graph (`prepare_graph(original, candidates)`), in the steps the module
+    docstring lists. A graph with state binds the buffers of `state`: the state's one step (MethodState,
+    runtime/method_state.py) runs at three points and is a no-op for a graph without state."""
+    method_state = MethodState(graph, state)
     registry = resolve_backends(backends, placement)
+    graph, partitions = place_and_partition(method_state.graph, registry, backends, placement)
+    method_state.graph = graph  # lowered where composites landed on backends that do not keep them
+    compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
+    steps = build_schedule(partitions, compiled)
+    method_state.narrow(steps, partitions)
+    arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
+    lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
+    method_state.plan(steps, lifetimes, arena_aliases, partitions, compiled)
+    plan, arena, views = plan_arena(graph, lifetimes, arena_aliases, const_aliases, arena_limit)
+    graph, binding = method_state.bind(views, steps, compiled)
+    instructions = build_instructions(steps, elided, partitions, compiled, views,
+                                      functools.partial(_load_body, backends=backends, arena_limit=arena_limit))
+    return LoadedProgram(LoadedParts(graph, partitions, compiled, plan, arena, views, instructions, program,
+                                      dict(registry), list(original.outputs), binding))
+
+
+def place_and_partition(graph: Graph, registry: Mapping[str, Backend], backends: Sequence[str | Backend] | None,
+                        placement: Mapping[str, str] | None) -> tuple[Graph, list[Partition]]:
+    """Step 2: each node on a backend, the composites placed where they are not kept lowered there, and
+    the graph cut into acyclic single-backend partitions."""
     preference = [b if isinstance(b, str) else b.name for b in (backends or [FALLBACK])]
     assignment = assign_backends(graph, registry, preference, placement)
     graph, assignment = lower_unclaimed(graph, assignment, registry)
     partitions = partition_graph(graph, assignment)
     check_acyclic(partitions, graph)
-    compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
-    steps = build_schedule(partitions, compiled)
+    return graph, partitions
 
-    def on_reference(step: Step) -> bool:  # its bound rasters write only their regions' bytes, and its
-        return partitions[step.partition].backend == FALLBACK  # update_slice writes over its input
 
-    narrowed = {} if signature is None else narrow_state_rasters(steps, graph, signature, on_reference)
-    arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
-    lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
-    state_plan = None if signature is None else plan_state(graph, signature, lifetimes, arena_aliases,
-                                                           overwriting_steps(steps, on_reference,
-                                                                             lambda k: compiled[k].overwrites_inputs))
-    for k, original_step in narrowed.items():  # a narrowed raster whose update was not placed in place: undo
-        if state_plan is not None and not any(v in state_plan.views for v in original_step.writes):
-            steps[k] = original_step
+def plan_arena(graph: Graph, lifetimes: Mapping[str, TensorLifetime], arena_aliases: Mapping[str, str],
+               const_aliases: Mapping[str, str], arena_limit: int | None,
+               ) -> tuple[ArenaPlan, np.ndarray, dict[str, np.ndarray]]:
+    """Step 6 and the views of step 7: the arena planned from lifetimes and proved safe, checked against the
+    limit before anything is allocated (a clear error, never a MemoryError), allocated, and every value's
+    array."""
     plan = plan_memory(lifetimes, arena_aliases)
     verify_plan(plan, lifetimes)
-    check_arena_budget(plan.arena_bytes, arena_limit)  # before allocating: a clear error, never a MemoryError
+    check_arena_budget(plan.arena_bytes, arena_limit)
     arena = allocate_arena(plan.arena_bytes)
-    views = bind_views(graph, plan, arena, const_aliases)
-    binding = None
-    if signature is not None and state_plan is not None and state is not None:
-        views.update(state_views(state, state_plan))
-        resident = keep_resident(graph, signature, state_plan, steps, compiled, state)
-        binding = StateBinding(state, state_plan, views, resident)
-        graph = from_functional(graph, signature)
-    instructions = build_instructions(steps, elided, partitions, compiled, views,
-                                      functools.partial(_load_body, backends=backends, arena_limit=arena_limit))
-    return LoadedProgram(LoadedParts(graph, partitions, compiled, plan, arena, views, instructions, program,
-                                      dict(registry), list(original.outputs), binding))
+    return plan, arena, bind_views(graph, plan, arena, const_aliases)
 
 
 def read_source(source: object, verify_weights: bool = True) -> tuple[Program | None, Graph]:

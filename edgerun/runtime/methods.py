@@ -40,6 +40,7 @@ class MethodAccess:
     _method_table: dict[str, LoadedProgram] | None = None
     _state_store: StateStore | None = None
     method_name: str = DEFAULT_METHOD
+    program: Program | None = None
 
     @property
     def methods(self) -> list[str]:
@@ -54,6 +55,10 @@ class MethodAccess:
             return table[name]  # type: ignore[no-any-return]
         except KeyError:
             raise EdgerunError(f"the program has no method {name!r}; its methods are {list(table)}") from None
+
+    def join_methods(self, name: str, table: dict[str, LoadedProgram], store: StateStore, program: Program) -> None:
+        """Become method `name` of `program`'s load: one table of its methods, one store of its state."""
+        self._method_table, self._state_store, self.method_name, self.program = table, store, name, program
 
     def run_method(self, name: str, *arrays: np.ndarray, **named: np.ndarray) -> Any:
         """Call method `name` as the program itself is called (one array, or a tuple of outputs)."""
@@ -101,8 +106,5 @@ def load_methods(program: Program, load_one: Callable[..., LoadedProgram]) -> Lo
     table = {name: load_one(graph, state=store) for name, graph in graphs.items()}
     store.reset()
     for name, loaded in table.items():
-        loaded._method_table = table
-        loaded._state_store = store
-        loaded.method_name = name
-        loaded.program = program
+        loaded.join_methods(name, table, store, program)
     return table[program.default_method]

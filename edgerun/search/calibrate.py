@@ -270,11 +270,6 @@ def _algorithm_runs(backend: Backend) -> dict[str, tuple[Callable[[], None], Wor
     return runs
 
 
-def _bench(backend: Backend, graph: Graph, budget_s: float = 0.05, max_reps: int = 200) -> float:
-    """Median seconds of one run of `graph` on `backend`, run the way the runtime runs it."""
-    return _median_time(_runnable(backend, graph), budget_s, max_reps)
-
-
 def _median_time(call: Callable[[], None], budget_s: float = 0.05, max_reps: int = 200) -> float:
     call()
     times: list[float] = []
