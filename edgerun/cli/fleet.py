@@ -123,7 +123,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 print(f"agent {args.device_id}: {e}", file=sys.stderr)
             _print({"device": args.device_id, "tasks": agent.profile().tasks, "errors": agent.errors})
             return 1 if agent.errors else 0
-        agent.run_forever(push=not args.no_push, fallback_checkin_s=args.fallback_interval)
+        # SIGTERM (systemd, a phone's OS) stops the loop: runs in progress end as `cancelled` and are
+        # reported, instead of counting as interrupted (two in a row quarantine a version).
+        import signal
+        import threading
+
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        agent.run_forever(stop, push=not args.no_push, fallback_checkin_s=args.fallback_interval)
     finally:
         if hooks is not None:
             hooks.close()

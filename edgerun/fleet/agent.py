@@ -520,6 +520,7 @@ class Agent:
             if listener is not None:
                 listener.stop()
             self._stop_background_runs()
+            self._flush_logged()  # the runs just cancelled are reported now rather than at the next start
 
     def _stop_background_runs(self, grace_s: float = 10.0) -> None:
         """Cancel the runs in progress and wait (bounded) for their reports to be written."""

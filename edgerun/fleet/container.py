@@ -30,8 +30,10 @@ from edgerun.fleet.sandbox_cgroup import RunCgroup, sweep_stale
 from edgerun.fleet.sandbox_seccomp import filter_fd
 
 WORKER = Path(__file__).with_name("container_worker.py")
-# "cancelled": stopped because a newer assignment replaced or removed the task's version (agent.py).
+# "cancelled": stopped by the agent because a newer assignment replaced or removed the task's version, or
+# because the agent itself is stopping (agent.py); a cancelled run never counts toward quarantine.
 OUTCOMES = ("success", "failure", "timeout", "crash", "cancelled")
+CANCELLED_ERROR = "cancelled by the agent: a newer assignment replaced the version, or the agent stopped"
 MAX_RESULT_BYTES = 16 * 1024 * 1024  # a bigger result is a crash, not a reason for the agent to grow
 TAIL_BYTES = 4000  # of the task's stdout and stderr, kept for the report
 
@@ -217,7 +219,7 @@ def _spawn_and_watch(prefix: list[str], worker: list[str], spec: dict[str, Any],
     proc.stderr.close()  # type: ignore[union-attr]
     stdout_tail, stderr_tail = (bytes(streams[fd]).decode(errors="replace") for fd in (out_fd, err_fd))
     if stopped == "cancelled":
-        return RunResult("cancelled", latency, error="cancelled: a newer assignment replaced this version")
+        return RunResult("cancelled", latency, error=CANCELLED_ERROR)
     if stopped:
         return RunResult("timeout", latency, error=f"exceeded {timeout_s:g}s")
     if code < 0 or code > 128:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.fleet.container import (
+    CANCELLED_ERROR,
     MAX_RESULT_BYTES,
     TAIL_BYTES,
     Launch,
@@ -115,7 +116,7 @@ class WarmWorker:
         if status == "cancelled" or (status != "frame" and cancel is not None and cancel.is_set()):
             self.close()
             return self._done(RunResult("cancelled", latency,
-                                        error="cancelled: a newer assignment replaced this version"))
+                                        error=CANCELLED_ERROR))
         if status == "timeout":
             self.close()
             return self._done(RunResult("timeout", latency, error=f"exceeded {self.limits.timeout_s:g}s"))
@@ -280,7 +281,7 @@ class WarmPool:
                 if cancel is not None and cancel.is_set():  # replaced while its worker started
                     worker.close()
                     return RunResult("cancelled", worker.startup_ms,
-                                     error="cancelled: a newer assignment replaced this version")
+                                     error=CANCELLED_ERROR)
                 if not worker.alive:
                     return RunResult("failure", worker.startup_ms, error=f"not run: {worker.startup_error[-2000:]}")
             result = worker.run(inputs, cancel)

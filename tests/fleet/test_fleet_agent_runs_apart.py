@@ -1,12 +1,16 @@
 """The agent's loop does not wait for its tasks, and warm workers do not wait for each other: an abort
 reaches a device whose task hangs and stops that task; a task that takes minutes to import does not hold
-up another task's first run; nothing a warm run started outlives it (docs/security.md, rows D17-D19)."""
+up another task's first run; nothing a warm run started outlives it; SIGTERM stops the agent cleanly
+(docs/security.md, rows D17-D19, D21)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -15,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fleet_helpers import FleetServer, make_task
+from fleet_helpers import REPO, FleetServer, make_task, token_file
 
 from edgerun.fleet.container import Launch, Limits
 from edgerun.fleet.sandbox import detect_level
@@ -161,3 +165,44 @@ def test_nothing_a_warm_run_started_outlives_it(tmp_path: Path, level: str) -> N
         for pid in processes_with(marker):  # what an old build leaves behind
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_agent_with_its_running_task_reported_as_cancelled(shared_server: FleetServer,
+                                                                             tmp_path: Path) -> None:
+    """A stop by SIGTERM (systemd, a phone's OS) is not a crash: the run in progress ends as `cancelled`
+    and is reported, instead of staying `running` and counting toward the version's quarantine."""
+    device = task = "sigterm-dev"
+    shared_server.admin().publish(
+        make_task(tmp_path, task, 2, body="import time\ndef run(inputs):\n    time.sleep(3600)\n",
+                  limits={"timeout_s": 3600}, schedule={"every_s": 0}, targeting={"kind": "device", "values": [device]}),
+        shared_server.keys, {"steps": [100], "min_reports": 10**6, "error_min_reports": 10**6})
+    state = tmp_path / "agent"
+    enroll = token_file(tmp_path / "enroll", shared_server.enroll_token)
+    proc = subprocess.Popen([sys.executable, "-m", "edgerun", "fleet", "agent", "--server", shared_server.url,
+                             "--device-id", device, "--state", str(state), "--root",
+                             str(shared_server.keys.latest_root_path()), "--enroll-token-file", str(enroll),
+                             "--no-stream", "--no-push", "--interval", "0.2", "--quiet"],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def outbox() -> list[tuple[str, str | None]]:
+        if not (state / "agent.db").exists():
+            return []
+        db = sqlite3.connect(state / "agent.db")
+        try:
+            return db.execute("SELECT state, outcome FROM outbox").fetchall()
+        except sqlite3.OperationalError:  # the agent is still making its tables
+            return []
+        finally:
+            db.close()
+
+    try:
+        wait_for(lambda: ("running", None) in outbox(), "the run started")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert outbox() == [("sent", "cancelled")]
+    assert shared_server.admin().device(device)["reports"] == {"cancelled": 1}
