@@ -186,6 +186,10 @@ class Backend(ABC):
     # for more work): whatever runs next on the machine pays for it. The search lets that much time pass
     # before timing the next candidate placement (edgerun.search.timing).
     busy_after_call_s: ClassVar[float] = 0.0
+    # Its partitions copy their inputs into memory of its own and their outputs back on every call, even
+    # where the memory is the host's (MNN's tensors): calibration then splits a call's memory-bound time
+    # into work and those copies (its transfer rate).
+    copies_at_boundary: ClassVar[bool] = False
 
     # Composite ops this backend runs whole, as one kernel, with the same kind of constraints as `supported`
     # (ExecuTorch's ops_to_not_decompose). At load, a composite some candidate backend claims stays whole

@@ -163,12 +163,10 @@ def measure_backend(backend: Backend) -> BackendProfile:
     try:
         backend.compile(_add_chain(4, 1))  # one-time set-up (a first session, a converter's start) is not per graph
         built: dict[str, float] = {}  # compile seconds of the graphs that fix the compile-time figures
-        add_graph = _add_chain(1 << 20, 1)
-        add_compiled = backend.compile(add_graph)
         calls = {"gemm": _runnable(backend, _gemm_graph(), built=built, label="gemm"),
                  "conv": _runnable(backend, _conv_graph(32, 32, 3, 1)),
                  "exp": _runnable(backend, _unary_graph("exp", 1 << 18)),
-                 "add": _runnable(backend, add_graph, add_compiled),
+                 "add": _runnable(backend, _add_chain(1 << 20, 1)),
                  "add_chain": _runnable(backend, _add_chain(1 << 20, 1 + ADD_CHAIN_EXTRA)),
                  "chain": _runnable(backend, _add_chain(4, 32), built=built, label="chain"),
                  "single": _runnable(backend, _add_chain(4, 1), built=built, label="single")}
@@ -197,7 +195,7 @@ def measure_backend(backend: Backend) -> BackendProfile:
     rate = {name: work[name] / max(t[name] - partition, 1e-9) for name in work}
     rate["add"], transfer_bytes_per_s = _memory_rates(t["add"] - partition, t["add_chain"] - partition,
                                                       work["add"], backend.throughput.transfer_bytes_per_s,
-                                                      copies_at_boundary=add_compiled.takes_any_arrays)
+                                                      copies_at_boundary=backend.copies_at_boundary)
     small_work_s = SMALL_GEMM_FLOPS / rate["gemm"] + SMALL_TANH_FLOPS / rate["exp"]
     dispatch = max(dispatch, (t["small"] - partition - small_work_s) / SMALL_NODES)
     th = backend.throughput
@@ -230,7 +228,7 @@ def _memory_rates(one_s: float, chain_s: float, add_bytes: float, declared_trans
     against 30 measured). What the one add costs beyond its share is the boundary: those same 12 MB moved
     once, unless it is a small share of the call (a backend on host memory), which keeps the declared rate.
 
-    Only a backend whose partitions copy in and out of memory of their own (CompiledPartition.takes_any_arrays)
+    Only a backend whose partitions copy in and out of memory of their own (Backend.copies_at_boundary)
     is split so: on one that runs on the arena's own arrays (ONNX Runtime's bound arena views, the reference)
     the chain's later adds find their operands in cache, and the difference read as a boundary gave ONNX
     Runtime a transfer cost it does not have in some fresh calibrations (65.6 GB/s in one idle peers run,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgerun.backends.onnxruntime import _probe_session, make_session
-from edgerun.backends.onnxruntime.onnx_prepacked import released_initializers
+from edgerun.backends.onnxruntime.onnx_prepacked import released_initializers, shared_initializers
 from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
@@ -93,9 +93,9 @@ def test_only_a_prepacked_input_slot_is_released(activations: str) -> None:
     model, external = build_model(graph)
     (scales,) = set(external) - {codes}  # MatMulNBits' flat view of the scales
     session = make_session(model, external, 1)
-    assert session._edgerun_shared == {codes, scales}
+    assert shared_initializers(session) == {codes, scales}
     want = {codes, scales} if activations == "int8" else {codes}
-    assert released_initializers(model, session._edgerun_shared, _probe_session) == want
+    assert released_initializers(model, shared_initializers(session), _probe_session) == want
 
 
 @pytest.mark.parametrize("zero_points, released", [(np.uint8, {"codes"}), (np.float32, set())])
@@ -124,7 +124,7 @@ def test_a_float_matmul_constant_onnxruntime_prepacked_is_released() -> None:
     program = Program(g)
     loaded = load(program, backends=["onnxruntime"])
     (compiled,) = loaded.parts.compiled
-    assert {w, left} <= compiled.run.__self__.session._edgerun_shared and compiled.released_constants == {w}
+    assert {w, left} <= shared_initializers(compiled.run.__self__.session) and compiled.released_constants == {w}
     xv = rng.standard_normal((3, 128)).astype(np.float32)
     before = loaded(xv)
     np.testing.assert_allclose(before, g.constants[left] @ (xv @ g.constants[w]), rtol=1e-4, atol=1e-4)
@@ -147,7 +147,7 @@ def test_a_float_matmul_constant_of_few_rows_is_read_in_place(rows: int) -> None
     loaded = load(program, backends=["onnxruntime"])
     (compiled,) = loaded.parts.compiled
     assert compiled.info["constants_read_in_place"] == 1 and not compiled.released_constants
-    assert w not in compiled.run.__self__.session._edgerun_shared
+    assert w not in shared_initializers(compiled.run.__self__.session)
     xv = rng.standard_normal((rows, 18)).astype(np.float32)
     np.testing.assert_allclose(loaded(xv), xv @ g.constants[w], rtol=1e-4, atol=1e-4)
     assert release_constants(loaded) == 0

@@ -43,12 +43,11 @@ def test_a_backend_on_the_arenas_arrays_is_not_charged_for_a_cache_effect() -> N
 
 
 def test_only_delegates_that_copy_at_their_boundary_are_split() -> None:
-    # The flag calibration reads: MNN copies in and out of tensors of its own, ONNX Runtime runs on bound arena
-    # views and the reference on the arrays themselves.
+    # The declaration calibration reads: MNN copies in and out of tensors of its own, ONNX Runtime runs on
+    # bound arena views and the reference on the arrays themselves.
     from edgerun.search import auto_backends
-    from edgerun.search.calibrate import _add_chain
 
-    copies = {b.name: b.compile(_add_chain(4, 1)).takes_any_arrays for b in auto_backends()}
+    copies = {b.name: b.copies_at_boundary for b in auto_backends()}
     assert copies.get("onnxruntime") is False and copies.get("reference") is False
     if "mnn" in copies:
         assert copies["mnn"] is True

@@ -222,6 +222,7 @@ class MnnBackend(Backend):
     supported = _support_table()
     # Until calibration measures this machine, figures of the same order as ONNX Runtime's MLAS on 2 cores.
     throughput = Throughput(flops_per_s=2e10, bytes_per_s=4e9, dispatch_s=1e-6)
+    copies_at_boundary = True  # each call copies into and out of MNN's own tensors
     fuses_activations = True  # the converter folds Relu and Relu6 (Clip 0..6) into the Conv before them
     composites = {op: rule for op, rule in ONNX_COMPOSITES.items() if op in WHOLE_COMPOSITES}
 

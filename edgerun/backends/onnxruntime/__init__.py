@@ -46,7 +46,13 @@ from edgerun.backends.onnxruntime.onnx_ops import (
     OnnxBuilder,
     reads,
 )
-from edgerun.backends.onnxruntime.onnx_prepacked import read_in_place, released_initializers
+from edgerun.backends.onnxruntime.onnx_prepacked import (
+    hand_over,
+    read_in_place,
+    release_initializer,
+    released_initializers,
+    shared_initializers,
+)
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_shape_variants import ShapeVariants, describe, generic_model
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
@@ -122,11 +128,11 @@ class OnnxRuntimeBackend(Backend):
                                               (threads, self.spin, not used_cells))
         session = runner.session
         assert session is not None  # just built or joined: only a later compile replaces it
-        released = released_initializers(runner.model, session._edgerun_shared, _probe_session)
+        released = released_initializers(runner.model, shared_initializers(session), _probe_session)
         released_constants = _program_constants(released, runner, subgraph)
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             runner.external.pop(name, None)
-            session._edgerun_keep.pop(name, None)
+            release_initializer(session, name)
         return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
                                  released_constants=released_constants, overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
@@ -306,8 +312,7 @@ def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
     except Exception:  # an ORT fusion that needs a shared initializer's bytes in the graph: copy them all
         shared = set()
         session = _session(model, values, threads, spin, shared, memory_pattern)
-    session._edgerun_keep = values  # type: ignore[attr-defined]  # the OrtValues must outlive the session
-    session._edgerun_shared = shared  # type: ignore[attr-defined]  # what ORT uses in place (tests)
+    hand_over(session, values, shared)
     return session
 
 

@@ -18,7 +18,9 @@ cached for the process; a probe that fails for any reason releases nothing.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,32 @@ PREPACKED_INPUTS = {("MatMulNBits", "com.microsoft"): (1, 2), ("MatMul", ""): (1
 # this size is read in place instead, as an input bound to the program's array (`read_in_place`).
 IN_PLACE_MAX_ROWS = 64
 IN_PLACE_MIN_BYTES = 32 * 1024
+
+
+@dataclass
+class HandedOver:
+    """What a session was given beside its model: kept here, not on ORT's object, for as long as it lives."""
+
+    values: dict[str, Any]  # the OrtValues over the program's arrays: they must outlive the session
+    shared: set[str]  # the initializers ORT uses in place (the program's bytes), not copied in
+
+
+_HANDED_OVER: weakref.WeakKeyDictionary[Any, HandedOver] = weakref.WeakKeyDictionary()
+
+
+def hand_over(session: Any, values: dict[str, Any], shared: set[str]) -> None:
+    """Record what make_session gave `session` beside its model, for as long as the session lives."""
+    _HANDED_OVER[session] = HandedOver(values, shared)
+
+
+def shared_initializers(session: Any) -> set[str]:
+    """The initializers `session` reads in place from the program's arrays (make_session's sessions)."""
+    return _HANDED_OVER[session].shared
+
+
+def release_initializer(session: Any, name: str) -> None:
+    """Drop this module's OrtValue of `name` (ORT holds its own packed copy, or the probe needs it gone)."""
+    _HANDED_OVER[session].values.pop(name, None)
 
 
 def input_slots(model: Any, names: set[str]) -> dict[str, list[tuple[Any, int]]]:
@@ -171,9 +199,9 @@ def _reads_once(model: Any, name: str, value: np.ndarray, change: Callable[[np.n
     """Whether a session sharing `value` as `name` answers the same after the array's bytes are changed."""
     shared = value.copy()
     session = make(model, {name: shared})
-    if name not in session._edgerun_shared:  # ORT copied it in: the probe would prove nothing
+    if name not in shared_initializers(session):  # ORT copied it in: the probe would prove nothing
         return False
-    del session._edgerun_keep[name]  # as compile does for a released constant: ORT keeps no OrtValue of ours
+    release_initializer(session, name)  # as compile does for a released constant: ORT keeps no OrtValue of ours
     before = session.run(None, {"a": a})[0]
     shared[...] = change(shared)  # a session reading the array would now answer differently
     after = session.run(None, {"a": a})[0]
