@@ -28,8 +28,10 @@ class ToyBackend(Backend):
     name = "toy"
     supported: ClassVar = {op: OpSupport(dtypes=frozenset({DType.float32})) for op in UFUNCS}
     throughput = Throughput(flops_per_s=1e15, bytes_per_s=1e15, dispatch_s=1e-9)
+    compiled: ClassVar[list[int]] = []  # node count of every partition compiled, by any instance
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
+        self.compiled.append(len(subgraph.nodes))
         steps = [(UFUNCS[n.op], n.inputs[0], n.outputs[0]) for n in subgraph.nodes]
 
         def run(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
@@ -70,9 +72,12 @@ def test_a_declared_backend_is_an_auto_candidate_and_auto_places_on_it(
     g = tanh_chain()
     plan = plan_auto(g)  # the model alone: the toy declares itself far faster
     assert set(plan.placement.values()) == {"toy"}
+    ToyBackend.compiled.clear()
     loaded = load(g, backends="auto")  # the first auto load measures it against the reference alone
     measured = {c["label"] for c in loaded.search.tuning["candidates"] if c["measured_s"] is not None}
     assert "search" in measured and loaded.search.tuning["winner"] in ("search", "all reference")
+    # One build of the toy's one partition: the candidate's, which is also the program returned if it won.
+    assert ToyBackend.compiled == [len(g.nodes)]
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     np.testing.assert_allclose(loaded(x), interpret(g, [x])[0], rtol=1e-6)
 
