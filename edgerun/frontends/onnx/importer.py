@@ -24,6 +24,7 @@ from edgerun.frontends.onnx.context import (
     OnnxImportError,
     OnnxModelError,
     OnnxNode,
+    ShapeBoundsError,
     onnx_dtype,
 )
 from edgerun.frontends.onnx.control_flow import CONTROL_FLOW_IMPORTERS, outer_reads
@@ -41,7 +42,7 @@ from edgerun.frontends.onnx.sequences import (
     is_structured,
     is_structured_type,
 )
-from edgerun.frontends.onnx.symbols import InputDim, declare_inputs
+from edgerun.frontends.onnx.symbols import UNSIZED, DeclaredInputs, InputDim, declare_inputs
 from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
 from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, SymDim, sym
@@ -69,12 +70,14 @@ NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLi
 
 
 def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None = None,
-                      constant_inputs: Mapping[str, Any] | None = None, layout: list[Any] | None = None) -> Graph:
+                      constant_inputs: Mapping[str, Any] | None = None, layout: list[Any] | None = None,
+                      unsized: str = "refuse") -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) as an edgerun Graph.
 
     `input_shapes` sizes the inputs' dynamic dimensions: an int pins one, a `(name, min, max)` tuple keeps it
     symbolic within bounds (`{"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`, see symbols.py); a dynamic
-    dimension given neither is refused. `constant_inputs` freezes graph inputs to values (e.g. a Reshape
+    dimension given neither is refused, or with `unsized="symbols"` imports as a symbol of any size (symbols.py;
+    on multiples of the smallest of 2, 4, ..., 64 that imports, where the model needs them). `constant_inputs` freezes graph inputs to values (e.g. a Reshape
     target fed as an input), which then stop being program inputs.
 
     A sequence or optional input takes its structure from `input_shapes` too (sequences.py): a list of element
@@ -82,11 +85,56 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
     become their tensors, and `layout`, when given, receives one [name, kind, count] per ONNX output to group
     them back (sequences.group_outputs).
     """
+    if unsized not in UNSIZED:
+        raise ValueError(f"unsized must be one of {UNSIZED}, got {unsized!r}")
     model = move_ort_default_domain_ops(load_model(source))
     opset = check_model(model)
+    frozen = set(constant_inputs or {}) | {t.name for t in model.graph.initializer}
+    declared = declare_inputs(model.graph.input, input_shapes or {}, frozen, unsized)
+    try:
+        return _import_declared(model, opset, declared, input_shapes, constant_inputs, layout)
+    except ShapeBoundsError as exc:
+        if not declared.defaulted:
+            raise
+        first = exc
+    # A relation that holds only on multiples (a stride-32 detector's adds): if the largest multiple tried
+    # imports, halve it while it still does (a multiple of one that works works too; a divisor of one that
+    # fails fails too), so a model divisibility cannot help costs one retry.
+    found: tuple[Graph, list[Any]] | None = None
+    for multiple in DIVISIBILITY_TRIES:
+        retry = declare_inputs(model.graph.input, input_shapes or {}, frozen, unsized, multiple)
+        entries: list[Any] = []
+        try:
+            found = _import_declared(model, opset, retry, input_shapes, constant_inputs, entries), entries
+        except ShapeBoundsError:
+            break
+    if found is None:
+        raise first
+    if layout is not None:
+        layout.extend(found[1])
+    return found[0]
+
+
+def unsized_input_specs(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None,
+                        constant_inputs: Mapping[str, Any] | None) -> tuple[dict[str, TensorSpec], dict[str, tuple[int, int]]]:
+    """The tensor inputs' specs, dynamic dimensions nobody sized as symbols (unsized="symbols"), and the
+    symbols' bounds: what a per-size template (shape_template.py) declares."""
+    model = load_model(source)
+    frozen = set(constant_inputs or {}) | {t.name for t in model.graph.initializer}
+    declared = declare_inputs(model.graph.input, input_shapes or {}, frozen, "symbols")
+    specs = {vi.name: input_spec(vi, declared.shapes.get(vi.name)) for vi in model.graph.input
+             if vi.name not in frozen}
+    return specs, dict(declared.symbols)
+
+
+# Multiples tried, in this order, for dimensions nobody sized when the model does not import for every size.
+DIVISIBILITY_TRIES = (64, 32, 16, 8, 4, 2)
+
+
+def _import_declared(model: Any, opset: int, declared: DeclaredInputs,
+                     input_shapes: Mapping[str, Sequence[InputDim]] | None, constant_inputs: Mapping[str, Any] | None,
+                     layout: list[Any] | None) -> Graph:
     g = model.graph
-    frozen = set(constant_inputs or {}) | {t.name for t in g.initializer}
-    declared = declare_inputs(g.input, input_shapes or {}, frozen)
     if input_shapes or declared.rewritten:
         constants = {k: tuple(np.shape(v)) for k, v in (constant_inputs or {}).items()}
         model = declared.apply(model, constants)

@@ -3,9 +3,15 @@
 `input_shapes={"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`: an int pins a dimension, a `(name, min, max)`
 tuple declares a symbol with inclusive bounds, and `(name, min, max, multiple)` one whose sizes are multiples
 (`("H", 32, 2048, 32)`: the dimension is `32*H_div32`, for models that only work on such sizes). The program is then a template that serves every shape in the
-bounds (the runtime specialises it per concrete shape). Every symbol needs a bound: the runtime plans memory for
-a concrete shape, and a missing bound is almost always a mistake in the call, so a dynamic dimension nobody
-bounded is refused with the form to pass, never given a silent default.
+bounds (the runtime specialises it per concrete shape). By default a dynamic dimension nobody bounded is refused
+with the form to pass, never given a silent default.
+
+With `unsized="symbols"` it imports instead: it becomes a symbol named after its `dim_param` (or
+`<input>_<axis>` for an anonymous one) bounded 1..DYNAMIC_MAX, bounds that only say "any size"; the runtime
+checks each call's sizes and specialises the program at the first call of each new size (cached). Where the
+model holds together only on multiples (a detector that halves H five times and doubles it back), the importer
+retries with those dimensions as multiples (`multiple=`), the smallest that imports, so a size that is no
+multiple is refused at its call with that reason.
 
 A dynamic dimension of an input not listed (or of a listed input's ONNX `dim_param`) takes the symbol declared
 for the same `dim_param` elsewhere: `input_shapes={"input": (("batch", 1, 8), ("sequence", 64, 4096))}` also
@@ -26,6 +32,11 @@ from edgerun.ir.symbolic import Dim, SymbolicShapeError, sym
 # What input_shapes holds per dimension: a size, (symbol, min, max), or (symbol, min, max, multiple).
 InputDim = int | tuple[str, int, int] | tuple[str, int, int, int]
 
+# The upper bound of a dimension nobody bounded (unsized="symbols"): "any size" (2^24 along one axis), so the
+# bound never decides whether a real call runs; each call's sizes are specialised for as they come.
+DYNAMIC_MAX = 1 << 24
+UNSIZED = ("refuse", "symbols")
+
 
 @dataclass
 class DeclaredInputs:
@@ -37,6 +48,8 @@ class DeclaredInputs:
     bindings: dict[str, Dim] = field(default_factory=dict)
     conflicting: set[str] = field(default_factory=set)  # dim_params given two different sizes: name nothing
     rewritten: bool = False  # some input's declared dimensions differ from the model's
+    # Symbols made for dynamic dimensions nobody sized (unsized="symbols"), in declaration order.
+    defaulted: list[str] = field(default_factory=list)
 
     def apply(self, model: Any, constants: Mapping[str, tuple[int, ...]] | None = None) -> Any:
         """A copy of `model` whose inputs declare these shapes (symbols as dim_params), for ONNX's inference;
@@ -62,11 +75,13 @@ class DeclaredInputs:
 
 
 def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[Any]],
-                   skip: set[str]) -> DeclaredInputs:
+                   skip: set[str], unsized: str = "refuse", multiple: int = 1) -> DeclaredInputs:
     """Resolve every tensor input's shape from the model and `input_shapes`; inputs in `skip` are constants.
 
-    Raises OnnxModelError for an input_shapes entry that names no input, has the wrong rank, or a malformed
-    dimension, and UnsupportedOpError for a dynamic dimension left without a size or bounded symbol (naming
+    `unsized="symbols"` makes each dynamic dimension left without a size or symbol a symbol bounded
+    1..DYNAMIC_MAX; with `multiple` > 1, each such dimension past an input's first (its batch) is that multiple
+    of a symbol. Raises OnnxModelError for an input_shapes entry that names no input, has the wrong rank, or a
+    malformed dimension, and UnsupportedOpError for a dynamic dimension left without a size or bounded symbol (naming
     the form to pass).
     """
     by_name = {vi.name: vi for vi in inputs}
@@ -86,6 +101,8 @@ def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[An
         unresolved: list[int] = []
         for i, d in enumerate(dims):
             size = _resolve(vi.name, i, d, None if given is None else given[i], out)
+            if size is None and unsized == "symbols":
+                size = _dynamic(vi.name, i, d, out, multiple if i > 0 else 1)
             if size is None:
                 unresolved.append(i)
                 size = 0
@@ -156,6 +173,32 @@ def _symbol(given: Any, where: str, out: DeclaredInputs) -> Dim:
                              f"{out.symbols[name][0]}..{out.symbols[name][1]}")
     out.symbols[name] = (lo, hi)
     return symbol * multiple
+
+
+def _dynamic(input_name: str, i: int, d: Any, out: DeclaredInputs, multiple: int) -> Dim:
+    """A symbol for a dynamic dimension nobody sized: its dim_param's name where it has a usable one (shared
+    by every input that names it), else `<input>_<axis>`."""
+    param = d.dim_param if d.HasField("dim_param") and not anonymous_symbol(d.dim_param) else ""
+    name = _identifier(param) or _identifier(f"{input_name}_{i}") or f"d{i}"
+    fresh = f"{name}_div{multiple}" if multiple > 1 else name
+    if fresh not in out.symbols:
+        out.defaulted.append(fresh)
+    size = _symbol((name, multiple, DYNAMIC_MAX, multiple), f"input {input_name!r} dimension {i}", out)
+    if param:
+        _bind(out, param, size)
+    return size
+
+
+def _identifier(text: str) -> str:
+    """`text` as a symbol name (letters, digits, underscores, not starting with a digit); "" if none is left."""
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in text).strip("_")
+    if not name or name[0].isdigit():
+        return ""
+    try:
+        sym(name)
+    except SymbolicShapeError:
+        return ""
+    return name
 
 
 def _bind(out: DeclaredInputs, param: str, size: Dim) -> None:

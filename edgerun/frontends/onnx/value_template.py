@@ -65,7 +65,7 @@ class ValueTemplate(Program):
     """
 
     def __init__(self, model: Any, error: DynamicInputError, input_shapes: Mapping[str, Sequence[InputDim]] | None,
-                 constant_inputs: Mapping[str, Any] | None, optimize: bool) -> None:
+                 constant_inputs: Mapping[str, Any] | None, optimize: bool, unsized: str = "refuse") -> None:
         graph = Graph()
         for name, spec in error.input_specs.items():
             graph.add_input(name, spec)
@@ -77,6 +77,7 @@ class ValueTemplate(Program):
         self._input_shapes = dict(input_shapes or {})
         self._constant_inputs = dict(constant_inputs or {})
         self._optimize = optimize
+        self._unsized = unsized  # what the re-imports make of dimensions nobody sized (symbols.py)
         self._lock = threading.Lock()
         self._programs: OrderedDict[ValueKey, Program] = OrderedDict()
         self.value_inputs: list[str] = []
@@ -119,7 +120,7 @@ class ValueTemplate(Program):
             layout: list[Any] = []
             try:
                 graph = import_onnx_graph(self._model, {k: v for k, v in self._input_shapes.items() if k not in values},
-                                          {**self._constant_inputs, **values}, layout)
+                                          {**self._constant_inputs, **values}, layout, self._unsized)
             except DynamicInputError as exc:
                 with self._lock:
                     self._learn(exc)  # another value-deciding input, seen once the first is folded in
@@ -153,7 +154,7 @@ class ValueTemplate(Program):
         for k, (name, value) in enumerate(sorted(self._constant_inputs.items())):
             frozen[name] = graph.add_constant(np.ascontiguousarray(value), name=f"constant_input_{k}")
         metadata = {**self.metadata, VALUE_TEMPLATE_KEY: {
-            "model": _MODEL_CONSTANT, "constant_inputs": frozen, "optimize": self._optimize,
+            "model": _MODEL_CONSTANT, "constant_inputs": frozen, "optimize": self._optimize, "unsized": self._unsized,
             "input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v]
                              for k, v in self._input_shapes.items()},
             "value_inputs": list(self.value_inputs), "output_names": list(self.output_names)}}
@@ -170,10 +171,12 @@ class ValueTemplate(Program):
         shapes = {k: tuple(tuple(d) if isinstance(d, list) else d for d in v)
                   for k, v in saved.get("input_shapes", {}).items()}
         frozen = {k: np.asarray(program.graph.constants[c]) for k, c in saved.get("constant_inputs", {}).items()}
+        unsized = str(saved.get("unsized", "refuse"))
         try:
-            graph = import_onnx_graph(model, shapes or None, frozen or None)
+            graph = import_onnx_graph(model, shapes or None, frozen or None, None, unsized)
         except DynamicInputError as exc:
-            return ValueTemplate(model, exc, shapes or None, frozen or None, bool(saved.get("optimize", True)))
+            return ValueTemplate(model, exc, shapes or None, frozen or None, bool(saved.get("optimize", True)),
+                                 unsized)
         return make_program(graph, frontend="onnx", run_passes=bool(saved.get("optimize", True)))
 
     def save(self, path: Any) -> None:

