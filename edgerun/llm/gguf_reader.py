@@ -58,12 +58,6 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
     return GGUFContents(path, metadata, tensors, types)
 
 
-def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The metadata alone (the tokenizer's, the architecture's), no tensor unpacked."""
-    path = os.fspath(path)
-    return _metadata(path, _open(path))
-
-
 def _open(path: str) -> Any:
     try:
         with open(path, "rb") as f:

@@ -189,13 +189,13 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
         vocab = {t: i for i, t in enumerate(tokens)}
         if meta.get("tokenizer.ggml.merges"):
             merges = [_merge_pair(m) for m in meta["tokenizer.ggml.merges"]]
+            _check_merges(merges, vocab)
         elif gemma:  # Gemma's scores do not follow its merge order; the vocabulary's order does
             merges = _merges_from_vocab(vocab, {t: -i for i, t in enumerate(tokens)})
         else:
             scores = [float(s) for s in meta.get("tokenizer.ggml.scores") or []]
             _check_length(scores, n, "tokenizer.ggml.scores")
             merges = _merges_from_vocab(vocab, dict(zip(tokens, scores)))
-        _check_merges(merges, vocab)
         unk = tokens[special["unk"]] if special["unk"] is not None else None
         backend = Backend(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True, dropout=None, unk_token=unk))
         if gemma:
@@ -210,7 +210,7 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
             steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
             backend.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1)] if prefix else []))
         control_ok = None
-    _add_tokens(backend, tokens, types, special, control_ok)
+    _add_tokens(backend, tokens, types, special, control_ok, vocab)
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama"))
     if add_bos and special["bos"] is not None:
         from tokenizers import processors
@@ -222,7 +222,7 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
 
 
 def _add_tokens(backend: Any, tokens: list[str], types: list[int], special: dict[str, int | None],
-                control_ok: set[str] | None) -> None:
+                control_ok: set[str] | None, vocab: dict[str, int]) -> None:
     """Control tokens (and bos/eos/unk) as special added tokens, user-defined ones as plain added tokens:
     both matched whole before the model sees the text."""
     from tokenizers import AddedToken
@@ -231,7 +231,6 @@ def _add_tokens(backend: Any, tokens: list[str], types: list[int], special: dict
     control = [AddedToken(t, normalized=False, special=True) for i, (t, kind) in enumerate(zip(tokens, types))
                if (kind == _CONTROL or i in roles) and (control_ok is None or set(t) <= control_ok)]
     backend.add_special_tokens(control)
-    vocab = backend.get_vocab(with_added_tokens=False)
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types)
                         if kind == _USER_DEFINED and t in vocab])
 
@@ -241,9 +240,12 @@ def _merges_from_vocab(vocab: dict[str, int], scores: dict[str, float]) -> list[
     split of a token into two vocabulary pieces, best token score first."""
     merges: list[tuple[str, str, float]] = []
     for token, score in scores.items():
+        if len(token) < 2:
+            continue
         local = [(token[:k], token[k:], score) for k in range(1, len(token))
                  if token[:k] in vocab and token[k:] in vocab]
-        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        if len(local) > 1:
+            local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
         merges += local
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
     return [(a, b) for a, b, _ in merges]

@@ -128,3 +128,10 @@ def gemma_reference() -> dict[str, Any]:
     import json
 
     return json.loads((Path(__file__).parent / "data" / "gemma3_reference.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_gguf: Path) -> Any:
+    import edgerun.llm
+
+    return edgerun.llm.load(gemma_gguf, dequantize=True, context=128, chunk=32)

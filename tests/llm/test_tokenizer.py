@@ -80,11 +80,8 @@ def test_bad_messages_get_clear_errors(smollm) -> None:
 
 
 @pytest.fixture(scope="module")
-def gemma_tokenizer(gemma_gguf):
-    from edgerun.llm.gguf_reader import read_gguf_metadata
-    from edgerun.llm.tokenizer import tokenizer_from_gguf
-
-    return tokenizer_from_gguf(read_gguf_metadata(gemma_gguf))
+def gemma_tokenizer(gemma):
+    return gemma.tokenizer  # the model's (tests/llm/test_gemma3.py loads it anyway)
 
 
 def test_gemma_sentencepiece_ids_match_transformers(gemma_tokenizer, gemma_reference) -> None:
