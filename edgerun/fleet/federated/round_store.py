@@ -1,0 +1,74 @@
+"""The federated job's state in the fleet database: jobs, rounds, received updates and the global weights
+of every version, so a server restart between rounds (or inside one) loses nothing.
+
+The tables are the job's own (`fed_*`), created on first use in the fleet database (SQLite or PostgreSQL).
+An update's row is keyed by (job, round, device): a second copy of an update cannot be inserted, so it is
+applied at most once whatever crashes in between. Accepted updates themselves are files beside the
+database (one packed .npz each), streamed one at a time into the aggregate when the round closes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "fed_jobs", metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("config", sa.JSON, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),        # running | stopped | done
+    sa.Column("round", sa.Integer, nullable=False),             # the open or next round
+    sa.Column("version", sa.Integer, nullable=False),           # the current global weights' version
+    sa.Column("best_metric", sa.Float, nullable=True),          # the best held-out metric published so far
+)
+
+rounds = sa.Table(
+    "fed_rounds", metadata,
+    sa.Column("job", sa.String(128), primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("sampled", sa.JSON, nullable=False),              # device ids asked to train
+    sa.Column("opened_at", sa.Float, nullable=False),
+    sa.Column("deadline_at", sa.Float, nullable=False),
+    sa.Column("duplicates", sa.Integer, nullable=False, default=0),  # copies of updates already recorded
+    sa.Column("outcome", sa.String(16), nullable=True),         # None while open; published | rolled_back | empty
+    sa.Column("summary", sa.JSON, nullable=True),
+)
+
+updates = sa.Table(
+    "fed_updates", metadata,
+    sa.Column("job", sa.String(128), primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("device", sa.String(128), primary_key=True),
+    sa.Column("samples", sa.Integer, nullable=False),
+    sa.Column("verdict", sa.String(32), nullable=False),        # accepted, or the reason it was refused
+    sa.Column("received_at", sa.Float, nullable=False),
+)
+
+weights = sa.Table(
+    "fed_weights", metadata,
+    sa.Column("job", sa.String(128), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),          # np.savez of name -> array
+)
+
+
+def create_tables(engine: sa.Engine) -> None:
+    metadata.create_all(engine, checkfirst=True)
+
+
+def to_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    named: dict[str, Any] = {name: np.asarray(a) for name, a in arrays.items()}
+    np.savez(buffer, **named)
+    return buffer.getvalue()
+
+
+def from_npz(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}

@@ -1,0 +1,135 @@
+"""Federated rounds on the server, over a real SQLite fleet database: sampling by targeting, quorum and
+deadline on an injected clock, stragglers, refused and repeated updates, a restart between and inside
+rounds, the held-out check that rolls a round back, and publishing through a real fleet server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgerun.fleet import database
+from edgerun.fleet.errors import FleetError
+from edgerun.fleet.federated import fedavg, pack_update
+from edgerun.fleet.federated.rounds import FederatedJob, JobConfig
+from edgerun.fleet.targeting import DeviceProfile
+
+INITIAL = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+PHONES = [DeviceProfile(f"phone-{i}", device_groups=("beta",) if i < 6 else ()) for i in range(8)]
+
+
+def delta(round_number: int, device: str, scale: float = 0.1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([round_number, int(device.split("-")[1])])
+    return {n: (scale * rng.standard_normal(a.shape)).astype(np.float32) for n, a in INITIAL.items()}
+
+
+def make_job(tmp_path: Path, **config: object) -> tuple[FederatedJob, str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    url = database.sqlite_url(tmp_path)
+    settings = dict(name="digits", rounds=3, per_round=4, quorum=3, deadline_s=60.0,
+                    targeting={"kind": "device_group", "values": ["beta"]}, norm_bound=2.0, seed=5)
+    settings.update(config)
+    return FederatedJob.start(database.create_engine(url), JobConfig(**settings), INITIAL, tmp_path / "updates"), url
+
+
+def test_a_round_with_faults_aggregates_each_good_update_once_and_survives_a_restart(tmp_path: Path) -> None:
+    job, url = make_job(tmp_path)
+    sampled = job.open_round(PHONES, now=100.0)
+    assert len(sampled) == 4 and all(int(d.split("-")[1]) < 6 for d in sampled)  # targeting: the beta group
+    assert job.open_round(PHONES, now=101.0) == sampled  # reopening returns the open round's sample
+    honest, nan_device, straggler = sampled[:2], sampled[2], sampled[3]
+    outsider = next(p.device_id for p in PHONES if p.device_id not in sampled)
+    assert job.receive(honest[0], 1, pack_update(delta(1, honest[0])), 30, now=110.0) == "accepted"
+    assert job.receive(honest[0], 1, pack_update(delta(1, honest[0])), 30, now=111.0) == "duplicate"
+    poisoned = delta(1, nan_device)
+    poisoned["w"][0, 0] = np.nan
+    assert job.receive(nan_device, 1, pack_update(poisoned), 10, now=112.0) == "not_finite"
+    assert job.receive(outsider, 1, pack_update(delta(1, outsider)), 10, now=112.0) == "not_sampled"
+
+    job = FederatedJob(database.create_engine(url), "digits", tmp_path / "updates")  # a restart inside the round
+    assert job.receive(nan_device, 1, pack_update(delta(1, nan_device)), 10, now=113.0) == "duplicate"
+    assert job.receive(honest[1], 1, pack_update(delta(1, honest[1]), "int8"), 50, now=114.0) == "accepted"
+    assert not job.ready(now=150.0)  # two accepted of a quorum of three, deadline at 160
+    assert job.ready(now=160.0)
+    assert job.receive(straggler, 1, pack_update(delta(1, straggler)), 10, now=161.0) == "round_closed"
+    published: list[int] = []
+    result = job.close_round(evaluate=lambda w: 0.5, publish=lambda v, w: published.append(v))
+    assert (result.outcome, result.version, result.participants, result.samples) == ("published", 2, 2, 80)
+    assert result.refused == {"not_finite": 1} and result.duplicates == 2 and result.stragglers == 1
+    assert published == [2]
+    int8 = {n: np.asarray(a) for n, a in pack_update(delta(1, honest[1]), "int8").items()}
+    restored = {n: int8[f"{n}.q"].astype(np.float32) * np.float32(int8[f"{n}.scale"]) for n in INITIAL}
+    expect = fedavg(INITIAL, [(honest[0], delta(1, honest[0]), 30), (honest[1], restored, 50)])
+    job = FederatedJob(database.create_engine(url), "digits", tmp_path / "updates")  # a restart between rounds
+    for name in INITIAL:
+        np.testing.assert_allclose(job.global_weights()[name], expect[name], rtol=1e-6, atol=1e-7)
+    status = job.status()
+    assert (status["round"], status["version"], status["best_metric"]) == (2, 2, 0.5)
+    assert status["rounds"][0]["refused"] == {"not_finite": 1}
+    assert job.receive(honest[0], 1, pack_update(delta(1, honest[0])), 30, now=170.0) == "round_closed"
+
+
+def test_a_round_whose_held_out_metric_drops_is_rolled_back(tmp_path: Path) -> None:
+    job, _ = make_job(tmp_path, quorum=1, max_drop=0.05)
+    metrics = iter([0.80, 0.70, 0.78])  # round 2 drops 0.10 below the best: rolled back
+    published: list[int] = []
+    outcomes = []
+    for r in (1, 2, 3):
+        device = job.open_round(PHONES, now=float(r))[0]
+        assert job.receive(device, r, pack_update(delta(r, device)), 20, now=float(r)) == "accepted"
+        assert job.ready(now=float(r))
+        before = job.global_weights()
+        result = job.close_round(evaluate=lambda w: next(metrics), publish=lambda v, w: published.append(v))
+        outcomes.append((result.outcome, result.version))
+        if result.outcome == "rolled_back":
+            assert all(np.array_equal(job.global_weights()[n], before[n]) for n in INITIAL)
+    assert outcomes == [("published", 2), ("rolled_back", 2), ("published", 3)]
+    assert published == [2, 3]
+    assert job.status()["status"] == "done"
+    with pytest.raises(FleetError, match="is done"):
+        job.open_round(PHONES, now=10.0)
+
+
+def test_bad_job_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="quorum"):
+        JobConfig(name="x", per_round=2, quorum=3)
+    with pytest.raises(FleetError, match="targeting kind"):
+        JobConfig(name="x", targeting={"kind": "everyone"})
+    make_job(tmp_path)
+    with pytest.raises(FleetError, match="already exists"):
+        make_job(tmp_path)
+    job, _ = make_job(tmp_path / "other", targeting={"kind": "device", "values": ["tablet-1"]})
+    with pytest.raises(FleetError, match="no device matches"):
+        job.open_round(PHONES, now=0.0)
+
+
+def test_published_rounds_are_signed_releases_on_a_real_fleet_server(tmp_path: Path) -> None:
+    from edgerun.fleet.federated.publisher import WEIGHTS_NAME, FleetPublisher
+    from edgerun.fleet.local_server import start_server
+    from edgerun.fleet.package import read_package
+    from edgerun.fleet.signing import KeyDir
+    from edgerun.training import read_weights
+
+    keys = KeyDir(tmp_path / "keys")
+    keys.init()
+    server = start_server(tmp_path / "server", keys)
+    try:
+        task = tmp_path / "task"
+        task.mkdir()
+        (task / "task.json").write_text(json.dumps({"name": "digits-fl", "version": 1, "entry": "main.py"}))
+        (task / "main.py").write_text("def run(inputs):\n    return {}\n")
+        publish = FleetPublisher(server.admin(), keys, task, tmp_path / "packages")
+        job, _ = make_job(tmp_path, quorum=1)
+        device = job.open_round(PHONES, now=0.0)[0]
+        job.receive(device, 1, pack_update(delta(1, device)), 20, now=0.0)
+        result = job.close_round(evaluate=lambda w: 0.9, publish=publish)
+        listed = [(r["task"], r["version"]) for r in server.admin().releases()]
+        assert ("digits-fl", 2) in listed and result.version == 2
+        package = read_package(tmp_path / "packages" / "digits-fl-v2.tar")  # checks the package's manifest
+        (tmp_path / WEIGHTS_NAME).write_bytes(package.blobs[{f.path: f.sha256 for f in package.files}[WEIGHTS_NAME]])
+        shipped = read_weights(tmp_path / WEIGHTS_NAME)
+        assert all(np.array_equal(shipped[n], job.global_weights()[n]) for n in INITIAL)
+    finally:
+        server.stop()
