@@ -119,3 +119,23 @@ def test_wheel_models_import_with_no_shape_arguments(package: str, relative: str
     for size in sizes:
         _matches_ort(path, model, {k: (rng.standard_normal(v) * 0.5).astype(np.float32) for k, v in size.items()})
     assert onnx.load(path, load_external_data=False).graph.input  # the file itself was not rewritten
+
+
+def test_a_size_the_model_cannot_run_at_is_refused_at_its_call_as_onnxruntime_refuses_it() -> None:
+    """silero-vad's op15 export runs its LSTM in a branch whose input rank depends on the chunk length: it is
+    imported per size; at 1088 samples the LSTM would get a rank-5 input, which ONNX Runtime refuses too."""
+    path = str(wheel_model("silero_vad", "data/silero_vad_16k_op15.onnx"))
+    sr = {"sr": np.array(16000)}
+    program = from_onnx(path, constant_inputs=sr, unsized="symbols")
+    assert isinstance(program, ShapeTemplate)
+    model = edgerun.load(program)
+    x, state = (np.random.default_rng(4).standard_normal((1, 576)) * 0.3).astype(np.float32), np.zeros((2, 1, 128),
+                                                                                                     np.float32)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x, "state": state, **sr})
+    for g, w in zip(model(input=x, state=state), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    bad = {"input": np.zeros((2, 1088), np.float32), "state": np.zeros((2, 2, 128), np.float32)}
+    with pytest.raises(EdgerunError, match=r"cannot run at these input sizes.*LSTM input X must have 3 dimensions"):
+        model(**bad)
+    with pytest.raises(Exception, match="Input X must have 3 dimensions"):
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {**bad, **sr})
