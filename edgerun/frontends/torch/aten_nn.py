@@ -258,7 +258,15 @@ def _embedding(ctx: ConvertContext, node: Any) -> str:
     weight, indices = ctx.v(a["weight"]), ctx.v(a["indices"])
     if len(ctx.b.shape(weight)) != 2:
         ctx.unsupported("embedding with a weight that is not 2-D")
-    return ctx.b.emit("gather", [weight, indices], axis=0)
+    # What training needs to know and the forward does not: padding_idx's row takes no gradient, and
+    # scale_grad_by_freq divides each row's gradient by its count (ir/ops/atomic_gradients.py).
+    extra: dict[str, Any] = {}
+    padding = a.get("padding_idx", -1)
+    if isinstance(padding, int) and padding >= 0:
+        extra["padding_index"] = padding
+    if a.get("scale_grad_by_freq"):
+        extra["scale_grad_by_freq"] = True
+    return ctx.b.emit("gather", [weight, indices], axis=0, **extra)
 
 
 @handles("aten.native_group_norm.default")

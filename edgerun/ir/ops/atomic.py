@@ -296,4 +296,5 @@ def _gather_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
 
 register(OpDef("gather", OpKind.ATOMIC, _gather_rule, 2, 2,
                doc="take slices along axis by a runtime index tensor (negative indices wrap once); "
-                   "embeddings, data-dependent selection that raster's static regions cannot express"))
+                   "embeddings, data-dependent selection that raster's static regions cannot express; "
+                   "attr padding_index: a row that takes no gradient (an embedding's padding)"))

@@ -15,7 +15,7 @@ import numpy as np
 from edgerun.ir.builder import Builder
 from edgerun.ir.graph import Node
 from edgerun.ir.ops._grad import as_float, expand_to, kept_reduction, reshape_to, swap_last, unbroadcast
-from edgerun.ir.registry import register_gradient, register_no_gradient
+from edgerun.ir.registry import NoGradientError, register_gradient, register_no_gradient
 
 Grads = list[str | None]
 
@@ -216,6 +216,9 @@ def _gather(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     g = grads[0]
     if g is None or not needs[0]:
         return [None, None]
+    if node.attrs.get("scale_grad_by_freq"):
+        raise NoGradientError(f"node {node.name!r} (gather): an embedding with scale_grad_by_freq has no gradient "
+                              "rule here")
     data, idx = node.inputs
     shape = b.shape(data)
     axis = int(node.attrs.get("axis", 0)) % max(len(shape), 1)
@@ -234,6 +237,11 @@ def _gather(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     summed = reshape_to(b, summed, [rows, pre, post])
     if pre != 1:
         summed = b.emit("transpose", [summed], perm=[1, 0, 2])
+    padding = node.attrs.get("padding_index")
+    if padding is not None:  # torch's Embedding(padding_idx=...): that row never trains
+        keep = np.ones((rows, 1, 1), b.dtype(g).np)
+        keep[int(padding) % rows] = 0
+        summed = b.binary("mul", summed, b.const(keep, b.dtype(g)))
     return [reshape_to(b, summed, shape), None]
 
 
