@@ -1,7 +1,11 @@
 """Fleet simulator: thousands of simulated agents as async clients of a real release server on loopback.
 
 Measures, on SQLite and optionally on PostgreSQL (a throwaway cluster from Debian's packages):
-  1. sustained check-ins per second (devices up to date, back-to-back check-ins over keep-alive connections);
+  1. the fleet's own load: every device checks in on its own schedule (every --checkin-interval seconds,
+     jittered, from a random start), so the offered load is devices / interval, what that fleet would send;
+     reported: check-ins answered per second, per server CPU-second (the server's whole process tree), and
+     on PostgreSQL the database statements per check-in (pg_stat_statements, every statement the server ran
+     in the window: check-ins, last-seen flushes, monitor ticks);
   2. time for a gray release (1% → 5% → 20% → 50% → 100%) to reach every simulated device;
   3. time from a bad version's first failure reports to the rollback version running on every device;
   with --first-step instead (issue #18): the time for a release's first gray step to reach every device it
@@ -11,7 +15,9 @@ Measures, on SQLite and optionally on PostgreSQL (a throwaway cluster from Debia
 Each simulated device is a coroutine with its own token and installed versions. It verifies the
 assignment and release signatures (ed25519) and each pulled file's SHA-256 and length, just as the real
 agent does, but "runs" the task by reading `sim_outcome` from the task config instead of spawning a
-worker process, so that thousands fit on two cores. Devices share a pool of keep-alive connections.
+worker process, so that thousands fit on two cores. Devices share a pool of keep-alive connections, as the
+upstream connections of a load balancer in front of the servers are shared (each device still has its own
+id, token and schedule, so the pool never decides which device speaks).
 
     .venv/bin/python bench/fleet_sim.py --devices 10000 --db sqlite --db postgres
 Prints a table and writes bench/results/fleet_sim.json.
@@ -246,6 +252,23 @@ def start_server(base: Path, keys: KeyDir, workers: int, db_url: str) -> tuple[s
     raise RuntimeError((base / "server.log").read_text())
 
 
+STAT_STATEMENTS = "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = 'all'\n"
+
+
+def statements(pg: LocalPostgres, reset: bool = False) -> int:
+    """Statements the server ran since the last reset (pg_stat_statements), this bench's own queries aside."""
+    import psycopg
+
+    with psycopg.connect(f"host=127.0.0.1 port={pg.port} user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        if reset:
+            conn.execute("SELECT pg_stat_statements_reset()")
+            return 0
+        row = conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
+                           "WHERE query NOT ILIKE '%pg_stat_statements%'").fetchone()
+        return int(row[0]) if row else 0
+
+
 def tree_cpu_s(root_pid: int) -> float:
     """CPU seconds (user + system) used so far by a process and all its descendants, from /proc."""
     parents: dict[int, int] = {}
@@ -311,7 +334,7 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix=f"fleet-sim-{db}-"))
     keys = KeyDir(base / "keys")
     keys.init()
-    pg = LocalPostgres().start() if db == "postgres" else None
+    pg = LocalPostgres().start(STAT_STATEMENTS) if db == "postgres" else None
     proc, url = start_server(base, keys, args.workers, pg.url if pg else "")
     admin = AdminClient(url, "admin")
     try:
@@ -319,22 +342,42 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         register_s = await sim.register_all("enroll")
         log(f"[{db}] registered {args.devices} devices in {register_s:.1f}s")
 
-        # 1. Sustained check-ins: every device up to date, back-to-back.
+        # 1. The fleet's own load: each device on its own schedule, up to date.
         sim.stop = False
-        loops = [asyncio.create_task(sim.device_loop(d, 0.0)) for d in sim.devices]
-        await asyncio.sleep(2.0)  # warm-up: token caches filled
+        loops = [asyncio.create_task(sim.device_loop(d, args.checkin_interval)) for d in sim.devices]
+        # Warm-up of one whole interval: every device has checked in once, as in a fleet that has been running
+        # (identities cached), and the schedules are spread.
+        await asyncio.sleep(args.checkin_interval)
         sim.c = Counters()
+        if pg is not None:
+            statements(pg, reset=True)
         t0, server_cpu0, client_cpu0 = time.perf_counter(), tree_cpu_s(proc.pid), time.process_time()
         await asyncio.sleep(args.duration)
         sustained = sim.c.checkins / (time.perf_counter() - t0)
         server_cpu = tree_cpu_s(proc.pid) - server_cpu0
         client_cpu = time.process_time() - client_cpu0
+        per_checkin = statements(pg) / sim.c.checkins if pg is not None and sim.c.checkins else None
         per_server_cpu_s = sim.c.checkins / server_cpu if server_cpu else None
         lat = sorted(sim.c.latencies)
         sim.stop = True
         await asyncio.gather(*loops)
-        log(f"[{db}] sustained {sustained:.0f} check-ins/s ({server_cpu:.1f} server CPU s, {client_cpu:.1f} client CPU s "
-            f"in {args.duration:.0f} s)")
+        log(f"[{db}] {sustained:.0f} check-ins/s offered {args.devices / args.checkin_interval:.0f}/s "
+            f"({server_cpu:.1f} server CPU s, {client_cpu:.1f} client CPU s in {args.duration:.0f} s; "
+            f"statements per check-in {per_checkin})")
+
+        row = {
+            "db": db, "devices": args.devices, "server_workers": args.workers, "connections": args.connections,
+            "register_per_s": args.devices / register_s, "checkin_interval_s_sustained": args.checkin_interval,
+            "offered_checkins_per_s": args.devices / args.checkin_interval,
+            "checkins_per_s": sustained, "checkins_per_server_cpu_s": per_server_cpu_s,
+            "statements_per_checkin": per_checkin,
+            "server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "load_average": os.getloadavg()[0],
+            "checkin_latency_ms_p50": 1000 * statistics.median(lat) if lat else None,
+            "checkin_latency_ms_p99": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None,
+        }
+        if args.load_only:
+            return {**row, "gray_release_to_all_s": None, "first_failure_to_rollback_everywhere_s": None,
+                    "client_errors": sim.c.errors}
 
         # 2. A gray release to every device, devices checking in every `interval` seconds.
         sim.stop = False
@@ -363,13 +406,7 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         sim.stop = True
         await asyncio.gather(*loops)
         return {
-            "db": db, "devices": args.devices, "server_workers": args.workers, "connections": args.connections,
-            "register_per_s": args.devices / register_s,
-            "checkins_per_s": sustained, "checkins_per_server_cpu_s": per_server_cpu_s,
-            "server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "load_average": os.getloadavg()[0],
-            "checkin_latency_ms_p50": 1000 * statistics.median(lat) if lat else None,
-            "checkin_latency_ms_p99": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None,
-            "gray_release_to_all_s": gray_s, "gray_publish_to_all_s": publish_to_all_s, "gray_final_stage": gray_state,
+            **row, "gray_release_to_all_s": gray_s, "gray_publish_to_all_s": publish_to_all_s, "gray_final_stage": gray_state,
             "bad_release_stage": bad_state["stage"], "bad_release_failures": bad_state["total_failure"],
             "first_failure_to_rollback_everywhere_s": rollback_all_s, "devices_on_rollback_version": ever_bad,
             "checkin_interval_s": args.interval, "client_errors": sim.c.errors,
@@ -433,11 +470,14 @@ def main() -> int:
     p.add_argument("--db", action="append", choices=("sqlite", "postgres"), help="repeatable (default: both)")
     p.add_argument("--workers", type=int, default=2, help="server processes")
     p.add_argument("--connections", type=int, default=64, help="keep-alive connections shared by the devices")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of the sustained check-in measurement")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of the fleet-load measurement")
+    p.add_argument("--checkin-interval", type=float, default=60.0,
+                   help="during the fleet-load measurement: seconds between one device's check-ins")
     p.add_argument("--interval", type=float, default=1.0, help="check-in interval during the releases")
     p.add_argument("--min-reports", type=int, default=0,
                    help="reports a step needs (default: half the devices of the 1%% step, at least 5)")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--load-only", action="store_true", help="only the fleet-load measurement (no releases)")
     p.add_argument("--first-step", action="store_true",
                    help="only: a release's first step reaching its devices, polling alone against push")
     p.add_argument("--poll-interval", type=float, default=60.0, help="with --first-step: the polling interval")
@@ -457,8 +497,9 @@ def main() -> int:
         print(f"wrote {out}")
         return 0
     results = [asyncio.run(run_scenario(db, args)) for db in dbs]
-    cols = [("db", "{}"), ("devices", "{}"), ("register_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
-            ("checkins_per_server_cpu_s", "{:.0f}"), ("load_average", "{:.1f}"),
+    cols = [("db", "{}"), ("devices", "{}"), ("server_workers", "{}"), ("register_per_s", "{:.0f}"),
+            ("offered_checkins_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
+            ("checkins_per_server_cpu_s", "{:.0f}"), ("statements_per_checkin", "{:.2f}"), ("load_average", "{:.1f}"),
             ("checkin_latency_ms_p50", "{:.1f}"), ("checkin_latency_ms_p99", "{:.1f}"),
             ("gray_release_to_all_s", "{:.1f}"), ("first_failure_to_rollback_everywhere_s", "{:.1f}"),
             ("client_errors", "{}")]
