@@ -493,7 +493,8 @@ def main() -> int:
                   f"{r['first_step_to_all_targeted_s']:.1f} | {r['client_errors']}")
         out = Path(args.out).with_name("fleet_sim_push.json")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "results": rows}, indent=1))
+        out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(),
+                                   "load_average": [r["load_average"] for r in rows], "results": rows}, indent=1))
         print(f"wrote {out}")
         return 0
     results = [asyncio.run(run_scenario(db, args)) for db in dbs]
@@ -508,7 +509,8 @@ def main() -> int:
         print(" | ".join(f.format(r[c]) if r[c] is not None else "-" for c, f in cols))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "results": results}, indent=1))
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(),
+                               "load_average": [r["load_average"] for r in results], "results": results}, indent=1))
     print(f"wrote {out}")
     return 0
 

@@ -94,7 +94,8 @@ def main() -> int:
     print("plan of the 5% step's count:\n  " + "\n  ".join(plan))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "results": rows,
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(),
+                               "load_average": [r["load_average"] for r in rows], "results": rows,
                                "plan_5_percent": plan}, indent=1))
     print(f"wrote {out}")
     return 0
