@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--max-samples", type=int, default=8)
     ap.add_argument("--write-doc", action="store_true")
+    ap.add_argument("--update", action="store_true",
+                    help="with --ops: replace those OpInfos' rows in the saved results, keep the others")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -62,7 +64,19 @@ def main() -> int:
     by_op: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for r in rows:
         by_op[r["op"]][r["outcome"]] += 1
-    total = collections.Counter(r["outcome"] for r in rows)
+    kept: list[dict[str, Any]] = []
+    if args.update and os.path.exists(RESULTS):  # the other OpInfos' counts and rows from the saved run
+        with open(RESULTS) as f:
+            saved = json.load(f)
+        for op, counts in saved["by_op"].items():
+            if op not in by_op:
+                by_op[op] = collections.Counter(counts)
+        kept = [r for r in saved["not_passing"] if r["op"] not in names]
+        seconds += saved.get("seconds", 0.0)
+    rows = kept + rows
+    total = collections.Counter()
+    for counts in by_op.values():
+        total.update(counts)
     lines = ["| op | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
     for op, c in sorted(by_op.items()):
         lines.append(f"| `{op}` | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
@@ -72,7 +86,7 @@ def main() -> int:
     for r in rows:
         if r["outcome"] in ("wrong", "refused"):
             print(f"{r['outcome']} {r['op']}[{r['index']}]: {r['detail']}")
-    print(f"\n{len(names)} OpInfos, {len(rows)} samples, {dict(total)}, {seconds:.0f} s")
+    print(f"\n{len(by_op)} OpInfos, {sum(total.values())} samples, {dict(total)}, {seconds:.0f} s")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"command": "bench/torch_opdb_gradients.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
