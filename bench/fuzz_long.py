@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -66,7 +67,11 @@ def main() -> None:
         print(f"| {row['target']} | {row['executions']:,} | {secs} | {rate} | {row['coverage']} | "
               f"{len(row['findings'])} |")  # type: ignore[arg-type]
     out = REPO / "bench" / "results" / "fuzz_long.json"
-    out.write_text(json.dumps({"runs": args.runs, "loadavg": load, "targets": rows}, indent=1))
+    command = f"bench/fuzz_long.py --runs {args.runs} --limit-s {args.limit_s:g}"
+    kept = [{**{k: v for k, v in row.items() if k != "work"}, "findings": len(row["findings"])}  # type: ignore[arg-type]
+            for row in rows]
+    out.write_text(json.dumps({"command": command, "machine": platform.machine(), "load_average": load,
+                               "runs": args.runs, "rows": kept}, indent=1))
     print(f"wrote {out.relative_to(REPO)}")
 
 
