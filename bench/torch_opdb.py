@@ -283,8 +283,9 @@ zero FAILs and at least 95% passing.
   keep index order (torch's stable sort; torch's default CPU sort gives the same order) and NaN ranks above
   every number, as in torch. The ranking compares all pairs, so an axis whose pairwise table would pass
   2^24 elements (about 4000 per row) is refused with that reason rather than run slowly.
-- `gather` is one IR gather over the flattened input (static shapes); `native_group_norm` and
-  `var_mean` / `std_mean` are written with reductions.
+- `gather` and `diagonal` are one IR gather over the flattened input (static shapes); `native_group_norm` and
+  `var_mean` / `std_mean` are written with reductions; `tan` (sin / cos), `erfc` (1 - erf), `hypot`,
+  `fmax` / `fmin` (NaN-ignoring) with elementwise ops (`aten_composed_math.py`), all found by the sweep below.
 
 ## FAILs
 

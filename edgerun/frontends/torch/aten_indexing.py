@@ -1,4 +1,5 @@
-"""Handlers for ATen element-wise indexing: gather (torch.gather, a detector picking its top boxes).
+"""Handlers for ATen element-wise indexing: gather (torch.gather, a detector picking its top boxes) and
+diagonal.
 
 torch.gather reads input[..., index[i], ...] along one axis for every element of `index`, whose other axes
 may be shorter than the input's. It runs as one IR gather on the flattened input with flat element
@@ -44,3 +45,24 @@ def _gather(ctx: ConvertContext, node: Any) -> str:
     y = b.emit("gather", [b.emit("reshape", [x], shape=[math.prod(shape)]), flat_index], axis=0)
     out = ctx.out_shape(node)
     return y if b.shape(y) == out else b.emit("reshape", [y], shape=list(out))
+
+
+@handles("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(ctx: ConvertContext, node: Any) -> str:
+    """torch.diagonal: the two axes move last and merge, and one gather takes the (row, row + offset)
+    elements (offset < 0: (col - offset, col)); the diagonal becomes the last axis, as in torch."""
+    a = ctx.bind(node)
+    x = ctx.v(a["self"])
+    b = ctx.b
+    shape = b.shape(x)
+    if not all(isinstance(d, int) for d in shape):
+        ctx.unsupported("diagonal over symbolic sizes")
+    rank = len(shape)
+    d1, d2, offset = int(a["dim1"]) % rank, int(a["dim2"]) % rank, int(a["offset"])
+    rest = [i for i in range(rank) if i not in (d1, d2)]
+    n1, n2 = shape[d1], shape[d2]
+    moved = b.emit("transpose", [x], perm=[*rest, d1, d2])
+    merged = b.emit("reshape", [moved], shape=[*(shape[i] for i in rest), n1 * n2])
+    rows = np.arange(max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2)), dtype=np.int64)
+    flat = (rows * n2 + rows + offset) if offset >= 0 else ((rows - offset) * n2 + rows)
+    return b.emit("gather", [merged, b.const(flat)], axis=len(rest))

@@ -49,6 +49,7 @@ EXTRA_OPINFOS: dict[str, tuple[str, ...]] = {
     "aten._to_copy": ("to",),
     "aten.sort": ("msort",),
     "aten.native_group_norm": ("nn.functional.group_norm",),
+    "aten.diagonal": ("trace", "linalg.diagonal", "diagonal_copy"),
 }
 
 

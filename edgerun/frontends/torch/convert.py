@@ -7,6 +7,7 @@ from typing import Any
 
 from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.frontends.torch import (
+    aten_composed_math,
     aten_creation,
     aten_elementwise,
     aten_indexing,
@@ -24,8 +25,8 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, same_values
 from edgerun.ir.tensor_spec import TensorSpec
 
-_HANDLER_MODULES = (aten_creation, aten_elementwise, aten_indexing, aten_nn, aten_pooling, aten_reductions, aten_shape,
-                    aten_sorting)  # registration
+_HANDLER_MODULES = (aten_composed_math, aten_creation, aten_elementwise, aten_indexing, aten_nn, aten_pooling,
+                    aten_reductions, aten_shape, aten_sorting)  # registration
 
 
 class FrontendBugError(RuntimeError):
