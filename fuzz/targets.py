@@ -12,17 +12,23 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 TargetFn = Callable[[bytes], None]
-_SCRATCH = Path(tempfile.mkdtemp(prefix="edgerun-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+_SCRATCH = Path("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
 
 
-def _scratch_file(data: bytes, suffix: str) -> Path:
-    path = _SCRATCH / f"input{suffix}"
+@contextlib.contextmanager
+def _scratch_file(data: bytes, suffix: str) -> Iterator[Path]:
+    """`data` in a file for the length of one execution (removed after it: libFuzzer ends the process
+    without running atexit handlers)."""
+    path = _SCRATCH / f"edgerun-fuzz-{os.getpid()}{suffix}"
     path.write_bytes(data)
-    return path
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def program_file(data: bytes) -> None:
@@ -46,8 +52,8 @@ def gguf(data: bytes) -> None:
     from edgerun.errors import EdgerunError
     from edgerun.llm.gguf_reader import read_gguf
 
-    with contextlib.suppress(EdgerunError):
-        read_gguf(_scratch_file(data, ".gguf"))
+    with _scratch_file(data, ".gguf") as path, contextlib.suppress(EdgerunError):
+        read_gguf(path)
 
 
 def onnx_model(data: bytes) -> None:
@@ -64,8 +70,8 @@ def task_package(data: bytes) -> None:
     from edgerun.fleet.errors import FleetError
     from edgerun.fleet.package import read_package
 
-    with contextlib.suppress(FleetError):
-        read_package(_scratch_file(data, ".tar"))
+    with _scratch_file(data, ".tar") as path, contextlib.suppress(FleetError):
+        read_package(path)
 
 
 def remote_wire(data: bytes) -> None:
