@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from edgerun.cli import federated as federated_cli
 from edgerun.secret_files import secret_from
 
 TOKEN_ENV = "EDGERUN_FLEET_TOKEN"
@@ -247,9 +248,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.name == "federated":
+        from edgerun.cli.federated import cmd_demo as federated_demo
+
+        return federated_demo(args)
     from edgerun.fleet.walle_demo import run_demo
 
-    return run_demo(args.devices, args.events, Path(args.keep) if args.keep else None)
+    return run_demo(args.devices or 2, args.events, Path(args.keep) if args.keep else None)
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -334,13 +339,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loudness.add_argument("--verbose", action="store_true", help="also log every check-in and HTTP request")
     p.set_defaults(func=cmd_agent)
 
-    p = fsub.add_parser("demo", help="Walle's use case end to end on loopback: page events → trigger → IPV "
-                                     "features → DIN in a task → real-time tunnel → the server's cloud store")
-    p.add_argument("name", choices=("walle",))
-    p.add_argument("--devices", type=int, default=2, help="device agents, each with its own user's events")
+    p = fsub.add_parser("demo", help="on loopback: walle (page events → trigger → IPV features → DIN in a task → "
+                                     "real-time tunnel → the cloud store) or federated (digits learnt by N agents)")
+    p.add_argument("name", choices=("walle", "federated"))
+    p.add_argument("--devices", type=int, default=None, help="device agents (walle: 2, federated: 8)")
     p.add_argument("--events", type=int, default=200, help="page events per device (whole item page visits)")
     p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (server log, keys, device state)")
+    federated_cli.register_demo(p)
     p.set_defaults(func=cmd_demo)
+    federated_cli.register(fsub)
 
     keys = fsub.add_parser("keys", help="signing keys and the root of trust")
     ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)

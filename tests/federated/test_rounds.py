@@ -1,10 +1,10 @@
 """Federated rounds on the server, over a real SQLite fleet database: sampling by targeting, quorum and
 deadline on an injected clock, stragglers, refused and repeated updates, a restart between and inside
-rounds, the held-out check that rolls a round back, and publishing through a real fleet server."""
+rounds, and the held-out check that rolls a round back (publishing through a real fleet server is in
+test_federation.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -103,33 +103,3 @@ def test_bad_job_settings_are_refused(tmp_path: Path) -> None:
     job, _ = make_job(tmp_path / "other", targeting={"kind": "device", "values": ["tablet-1"]})
     with pytest.raises(FleetError, match="no device matches"):
         job.open_round(PHONES, now=0.0)
-
-
-def test_published_rounds_are_signed_releases_on_a_real_fleet_server(tmp_path: Path) -> None:
-    from edgerun.fleet.federated.publisher import WEIGHTS_NAME, FleetPublisher
-    from edgerun.fleet.local_server import start_server
-    from edgerun.fleet.package import read_package
-    from edgerun.fleet.signing import KeyDir
-    from edgerun.training import read_weights
-
-    keys = KeyDir(tmp_path / "keys")
-    keys.init()
-    server = start_server(tmp_path / "server", keys)
-    try:
-        task = tmp_path / "task"
-        task.mkdir()
-        (task / "task.json").write_text(json.dumps({"name": "digits-fl", "version": 1, "entry": "main.py"}))
-        (task / "main.py").write_text("def run(inputs):\n    return {}\n")
-        publish = FleetPublisher(server.admin(), keys, task, tmp_path / "packages")
-        job, _ = make_job(tmp_path, quorum=1)
-        device = job.open_round(PHONES, now=0.0)[0]
-        job.receive(device, 1, pack_update(delta(1, device)), 20, now=0.0)
-        result = job.close_round(evaluate=lambda w: 0.9, publish=publish)
-        listed = [(r["task"], r["version"]) for r in server.admin().releases()]
-        assert ("digits-fl", 2) in listed and result.version == 2
-        package = read_package(tmp_path / "packages" / "digits-fl-v2.tar")  # checks the package's manifest
-        (tmp_path / WEIGHTS_NAME).write_bytes(package.blobs[{f.path: f.sha256 for f in package.files}[WEIGHTS_NAME]])
-        shipped = read_weights(tmp_path / WEIGHTS_NAME)
-        assert all(np.array_equal(shipped[n], job.global_weights()[n]) for n in INITIAL)
-    finally:
-        server.stop()

@@ -20,9 +20,15 @@ from edgerun.training.checkpoint import write_weights
 WEIGHTS_NAME = "global.weights"
 
 
+def release_version(job_version: int) -> int:
+    """The task version that carries a job version: every release reserves the version after it for its
+    signed rollback (docs/fleet.md), so job versions 1, 2, 3 ship as task versions 1, 3, 5."""
+    return 2 * job_version - 1
+
+
 class FleetPublisher:
     """`publish(version, weights)`: write `global.weights` into the task folder, set task.json's version,
-    pack to `out_dir` and publish with `policy` (steps, min_reports, ...). Returns the release record."""
+    (release_version(version)), pack to `out_dir` and publish with `policy` (steps, min_reports, ...). Returns the release record."""
 
     def __init__(self, admin: AdminClient, keys: KeyDir, task_dir: str | Path, out_dir: str | Path,
                  policy: dict[str, Any] | None = None) -> None:
@@ -35,10 +41,10 @@ class FleetPublisher:
         write_weights(self.task_dir / WEIGHTS_NAME, weights, source="federated")
         config_path = self.task_dir / "task.json"
         config = json.loads(config_path.read_text())
-        config["version"] = version
+        config["version"] = release_version(version)
         config_path.write_text(json.dumps(config))
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        package = self.out_dir / f"{config['name']}-v{version}.tar"
+        package = self.out_dir / f"{config['name']}-v{config['version']}.tar"
         pack_task(self.task_dir, package)
         record = self.admin.publish(package, self.keys, self.policy)
         self.releases[version] = record

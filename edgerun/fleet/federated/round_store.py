@@ -50,6 +50,14 @@ updates = sa.Table(
     sa.Column("received_at", sa.Float, nullable=False),
 )
 
+records = sa.Table(  # the stream records a collector has handed to the job (collector.py)
+    "fed_records", metadata,
+    sa.Column("job", sa.String(128), primary_key=True),
+    sa.Column("device", sa.String(128), primary_key=True),
+    sa.Column("record_id", sa.String(256), primary_key=True),
+    sa.Column("verdict", sa.String(32), nullable=False),
+)
+
 weights = sa.Table(
     "fed_weights", metadata,
     sa.Column("job", sa.String(128), primary_key=True),
