@@ -65,6 +65,7 @@ def main() -> int:
     for r in rows:
         by_op[r["op"]][r["outcome"]] += 1
     kept: list[dict[str, Any]] = []
+    command = "bench/torch_opdb_gradients.py " + " ".join(sys.argv[1:])
     if args.update and os.path.exists(RESULTS):  # the other OpInfos' counts and rows from the saved run
         with open(RESULTS) as f:
             saved = json.load(f)
@@ -73,6 +74,7 @@ def main() -> int:
                 by_op[op] = collections.Counter(counts)
         kept = [r for r in saved["not_passing"] if r["op"] not in names]
         seconds += saved.get("seconds", 0.0)
+        command = f"{saved.get('command', 'bench/torch_opdb_gradients.py')}, then {command}"
     rows = kept + rows
     total = collections.Counter()
     for counts in by_op.values():
@@ -89,7 +91,7 @@ def main() -> int:
     print(f"\n{len(by_op)} OpInfos, {sum(total.values())} samples, {dict(total)}, {seconds:.0f} s")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
-        json.dump({"command": "bench/torch_opdb_gradients.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
+        json.dump({"command": command, "cpus": os.cpu_count(),
                    "totals": dict(total), "seconds": seconds, "max_samples": args.max_samples,
                    "by_op": {k: dict(v) for k, v in by_op.items()},
                    "not_passing": [r for r in rows if r["outcome"] in ("wrong", "refused")]}, f, indent=1)
