@@ -261,11 +261,10 @@ class _StepBuilder:
         prefix = f"layers.{i}."
         plain = plain_attention(c, i)  # tagged for ONNX Runtime's GroupQueryAttention only if so
         q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
-        q = self.heads_first(q, c.heads, f"{i} q" if plain else "")
-        k = self.heads_first(k, kv, f"{i} k" if plain else "")
-        if c.qk_norm:  # per head, over head_dim, before the rotary embedding
-            q, k = self.rms_norm(q, prefix + "q_norm"), self.rms_norm(k, prefix + "k_norm")
-        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        q = self.rotate(self.qk_norm(self.heads_first(q, c.heads, f"{i} q" if plain else ""), prefix + "q_norm"),
+                        cos, sin)
+        k = self.rotate(self.qk_norm(self.heads_first(k, kv, f"{i} k" if plain else ""), prefix + "k_norm"),
+                        cos, sin)
         v = self.heads_first(v, kv, f"{i} v" if plain else "")  # [kv, T, hd]
         k_cache, v_cache = self.cache_read(f"k_cache_{i}"), self.cache_read(f"v_cache_{i}")
         if self.layout == "heads":  # [1, kv, C, hd] both; the new rows [1, kv, T, hd]
@@ -292,6 +291,10 @@ class _StepBuilder:
         out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
         out = self.tagged(f"{i} out" if plain else "", "reshape", [out], shape=[T, c.heads * hd])
         return self.linear(out, prefix + "o"), k_rows, v_rows
+
+    def qk_norm(self, x: str, name: str) -> str:
+        """QK-norm (qwen3, gemma3): an RMSNorm per head over head_dim, before the rotary embedding."""
+        return self.rms_norm(x, name) if self.c.qk_norm else x
 
     def softcap(self, x: str, cap: float | None = None) -> str:
         """cap * tanh(x / cap) (gemma2's scores and logits); x itself without a cap."""
