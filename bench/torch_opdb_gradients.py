@@ -53,7 +53,7 @@ def main() -> int:
 
     only = set(args.ops.split(",")) if args.ops else None
     names = sorted({opinfo_name(op) for op in claimed_opinfos(only)})
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for i, found in enumerate(pool.map(_run_one, [(n, args.max_samples) for n in names])):
@@ -91,7 +91,7 @@ def main() -> int:
     print(f"\n{len(by_op)} OpInfos, {sum(total.values())} samples, {dict(total)}, {seconds:.0f} s")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
-        json.dump({"command": command, "cpus": os.cpu_count(),
+        json.dump({"command": command, "cpus": os.cpu_count(), "loadavg_start": load,
                    "totals": dict(total), "seconds": seconds, "max_samples": args.max_samples,
                    "by_op": {k: dict(v) for k, v in by_op.items()},
                    "not_passing": [r for r in rows if r["outcome"] in ("wrong", "refused")]}, f, indent=1)
