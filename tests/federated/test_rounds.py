@@ -103,3 +103,23 @@ def test_bad_job_settings_are_refused(tmp_path: Path) -> None:
     job, _ = make_job(tmp_path / "other", targeting={"kind": "device", "values": ["tablet-1"]})
     with pytest.raises(FleetError, match="no device matches"):
         job.open_round(PHONES, now=0.0)
+
+
+def test_the_collector_hands_each_stream_record_to_the_job_once(tmp_path: Path) -> None:
+    from edgerun.fleet.federated.collector import collect
+    from edgerun.fleet.federated.training_task import encode_arrays
+
+    job, url = make_job(tmp_path, quorum=2)
+    a, b = job.open_round(PHONES, now=0.0)[:2]
+
+    def record(device: str, rid: str, update: dict[str, np.ndarray] | None) -> dict[str, object]:
+        payload = {"job": "digits", "round": 1, "samples": 12,
+                   "update": encode_arrays(pack_update(update)) if update is not None else "not base64!"}
+        return {"device_id": device, "record_id": rid, "task_id": "digits", "payload": payload}
+
+    records = [record(a, "federated:digits:1", delta(1, a)), record(b, "junk", None)]
+    assert collect(job, records, now=1.0) == {"accepted": 1, "malformed": 1}
+    again = FederatedJob(database.create_engine(url), "digits", tmp_path / "updates")  # the collector restarted
+    records.append(record(a, "federated:digits:1-resent", delta(1, a)))  # the same round's update again
+    assert collect(again, records, now=2.0) == {"duplicate": 1}
+    assert collect(again, records, now=3.0) == {}
