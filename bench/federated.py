@@ -2,7 +2,8 @@
 scikit-learn's digits split non-IID (2-3 classes per device), held-out accuracy per round, and every
 round's global weights against FedAvg computed directly in numpy from the same seeds and data.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/federated.py [--devices 8] [--rounds 10] [--epochs 5] [--lr 0.5]
+    PYTHONPATH=$PWD .venv/bin/python bench/federated.py [--devices 8] [--rounds 10] [--epochs 2] [--lr 0.5]
+        [--server-lr 2]
         [--out bench/results/federated.json]
     PYTHONPATH=$PWD .venv/bin/python bench/federated.py --compression    # int8 / top-k accuracy cost, in numpy
 
@@ -26,12 +27,14 @@ def full_run(args: argparse.Namespace) -> dict[str, object]:
     from edgerun.fleet.federated.digits_data import digits_model, digits_split, direct_fedavg
 
     start, cpu = time.time(), time.process_time()
-    run = run_federated(args.devices, args.rounds, epochs=args.epochs, lr=args.lr, seed=args.seed)
+    run = run_federated(args.devices, args.rounds, epochs=args.epochs, lr=args.lr, server_lr=args.server_lr,
+                        seed=args.seed)
     wall = time.time() - start
     shards, _ = digits_split(args.devices, args.seed)
     model, _, initial = digits_model(args.seed, args.lr)
     published = [r.outcome == "published" for r in run.results]
-    reference = direct_fedavg(model, initial, shards, run.sampled, args.seed, args.epochs) if all(published) else []
+    reference = (direct_fedavg(model, initial, shards, run.sampled, args.seed, args.epochs, server_lr=args.server_lr)
+                 if all(published) else [])
     worst = max((float(np.max(np.abs(run.weights[i][n] - w[n]))) for i, w in enumerate(reference) for n in w),
                 default=float("nan"))
     accuracies = [r.metric for r in run.results]
@@ -61,7 +64,7 @@ def compression_cost(args: argparse.Namespace) -> dict[str, object]:
                 packed = pack_update(delta, scheme, fraction)
                 sent += sum(a.nbytes for a in packed.values())
                 updates.append((str(i), unpack_update(packed, weights), n))
-            weights = fedavg(weights, updates, r)
+            weights = fedavg(weights, updates, r, server_lr=args.server_lr)
             curve.append(accuracy(model, weights, hx, hy))
         results[scheme] = {"accuracy": curve, "bytes_sent": sent}
         print(f"{scheme:>5}: final held-out accuracy {curve[-1]:.3f}, bytes uploaded {sent:,}")
@@ -72,8 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--server-lr", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compression", action="store_true")
     parser.add_argument("--out", default="")

@@ -29,7 +29,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                        quorum=args.quorum if args.quorum is not None else args.per_round, deadline_s=args.deadline_s,
                        targeting=json.loads(args.targeting), norm_bound=args.norm_bound, clip=args.clip,
                        noise_multiplier=args.noise_multiplier, max_drop=args.max_drop, seed=args.seed,
-                       epochs=args.epochs, mu=args.mu)
+                       epochs=args.epochs, mu=args.mu, server_lr=args.server_lr)
     FederatedJob.start(database.create_engine(_db_url(args)), config, read_weights(args.weights),
                        Path(args.data) / "federated-updates")
     print(f"started federated job {args.name!r}: {args.rounds} rounds of {args.per_round} devices")
@@ -50,7 +50,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from edgerun.fleet.federated.demo import run_demo
 
-    return run_demo(args.devices or 8, args.rounds, args.epochs, args.lr, args.per_round,
+    return run_demo(args.devices or 8, args.rounds, args.epochs, args.lr, args.server_lr, args.per_round,
                     Path(args.keep) if args.keep else None)
 
 
@@ -79,11 +79,13 @@ def register(fsub: argparse._SubParsersAction) -> None:
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--epochs", type=int, default=1, help="local epochs per round")
             p.add_argument("--mu", type=float, default=0.0, help="FedProx's proximal weight")
+            p.add_argument("--server-lr", type=float, default=1.0, help="global += this times the mean update")
 
 
 def register_demo(p: argparse.ArgumentParser) -> None:
     """The federated demo's options on `fleet demo`."""
     p.add_argument("--rounds", type=int, default=10, help="federated: rounds")
-    p.add_argument("--epochs", type=int, default=5, help="federated: local epochs per round")
+    p.add_argument("--epochs", type=int, default=2, help="federated: local epochs per round")
     p.add_argument("--lr", type=float, default=0.5, help="federated: local SGD learning rate")
+    p.add_argument("--server-lr", type=float, default=2.0, help="federated: the server's step along the mean update")
     p.add_argument("--per-round", type=int, help="federated: devices sampled per round (default: all)")

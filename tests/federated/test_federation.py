@@ -18,15 +18,16 @@ from edgerun.training import read_weights
 
 def test_rounds_through_real_agents_equal_a_direct_numpy_fedavg(tmp_path: Path) -> None:
     lines: list[str] = []
-    run = run_federated(devices=2, rounds=1, epochs=1, lr=0.5, seed=3, work=tmp_path / "work", out=lines.append)
+    run = run_federated(devices=2, rounds=1, epochs=1, lr=0.3, server_lr=2.0, seed=3, work=tmp_path / "work",
+                        out=lines.append)
     [result] = run.results
     assert (result.outcome, result.participants, result.refused, result.stragglers) == ("published", 2, {}, 0)
     shards, _ = digits_split(2, seed=3)
     assert result.samples == sum(len(labels) for _, labels in shards)
     assert any(line.split()[:3] == ["1", "2", "2"] for line in lines)  # the table's row: round, sampled, applied
 
-    model, _, initial = digits_model(seed=3, lr=0.5)
-    [expect] = direct_fedavg(model, initial, shards, run.sampled, seed=3, epochs=1)
+    model, _, initial = digits_model(seed=3, lr=0.3)
+    [expect] = direct_fedavg(model, initial, shards, run.sampled, seed=3, epochs=1, server_lr=2.0)
     for name, array in expect.items():
         np.testing.assert_allclose(run.weights[0][name], array, rtol=1e-5, atol=1e-6)
         assert not np.allclose(array, initial[name])

@@ -43,8 +43,8 @@ class DemoRun:
     weights: list[dict[str, np.ndarray]] = field(default_factory=list)  # global weights after each round
 
 
-def run_federated(devices: int = 8, rounds: int = 10, *, per_round: int | None = None, epochs: int = 5,
-                  lr: float = 0.5, seed: int = 0, work: Path | None = None,
+def run_federated(devices: int = 8, rounds: int = 10, *, per_round: int | None = None, epochs: int = 2,
+                  lr: float = 0.5, server_lr: float = 2.0, seed: int = 0, work: Path | None = None,
                   out: Callable[[str], None] = print) -> DemoRun:
     """The federation on loopback; everything lives under `work` (a temporary folder, removed, when None)."""
     if devices < 1 or rounds < 1 or epochs < 1:
@@ -74,7 +74,8 @@ def run_federated(devices: int = 8, rounds: int = 10, *, per_round: int | None =
         publish(1, initial)
         engine = database.create_engine(database.sqlite_url(server.data))  # the server's own database
         job = FederatedJob.start(engine, JobConfig(JOB, rounds=rounds, per_round=per_round, quorum=per_round,
-                                                   deadline_s=3600.0, max_drop=0.10, seed=seed, epochs=epochs),
+                                                   deadline_s=3600.0, max_drop=0.10, seed=seed, epochs=epochs,
+                                                   server_lr=server_lr),
                                  initial, base / "updates")
         for i, (images, labels) in enumerate(shards):
             fleet.append(FederatedDevice(server.agent(f"phone-{i}", base / f"phone-{i}"), JOB, images, labels))
@@ -112,10 +113,10 @@ def run_federated(devices: int = 8, rounds: int = 10, *, per_round: int | None =
             shutil.rmtree(base, ignore_errors=True)
 
 
-def run_demo(devices: int = 8, rounds: int = 10, epochs: int = 5, lr: float = 0.5, per_round: int | None = None,
-             work: Path | None = None) -> int:
+def run_demo(devices: int = 8, rounds: int = 10, epochs: int = 2, lr: float = 0.5, server_lr: float = 2.0,
+             per_round: int | None = None, work: Path | None = None) -> int:
     """The CLI's entry: the table, then exit status 0 once every round has run."""
-    run = run_federated(devices, rounds, per_round=per_round, epochs=epochs, lr=lr, work=work)
+    run = run_federated(devices, rounds, per_round=per_round, epochs=epochs, lr=lr, server_lr=server_lr, work=work)
     best = max((r.metric for r in run.results if r.metric is not None), default=float("nan"))
     print(f"best held-out accuracy {best:.3f}")
     return 0

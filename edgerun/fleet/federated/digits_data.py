@@ -13,8 +13,8 @@ BATCH = 16
 def digits_split(devices: int, seed: int = 0) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray]]:
     """([(images [n, 1, 8, 8] float32 in [0, 1], labels int64) per device], held-out (images, labels)).
 
-    The 1,797 digits are split 80/20 at random by `seed`; device i holds classes 2i, 2i+1 (and 2i+2 for
-    even i) modulo 10, and each class's training samples are dealt in turn among the devices holding it."""
+    The 1,797 digits are split 80/20 at random by `seed`; device i holds the classes `device_classes` gives
+    it, and each class's training samples are dealt in turn among the devices holding it."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -23,8 +23,7 @@ def digits_split(devices: int, seed: int = 0) -> tuple[list[tuple[np.ndarray, np
     order = np.random.default_rng(seed).permutation(len(labels))
     cut = int(len(labels) * 0.8)
     train, test = order[:cut], order[cut:]
-    classes = [sorted({(2 * i) % 10, (2 * i + 1) % 10} | ({(2 * i + 2) % 10} if i % 2 == 0 else set()))
-               for i in range(devices)]
+    classes = device_classes(devices)
     owned: list[list[int]] = [[] for _ in range(devices)]
     for c in range(10):
         holders = [i for i in range(devices) if c in classes[i]]
@@ -34,6 +33,18 @@ def digits_split(devices: int, seed: int = 0) -> tuple[list[tuple[np.ndarray, np
             owned[holders[k % len(holders)]].append(int(index))
     shards = [(images[sorted(ix)], labels[sorted(ix)]) for ix in owned]
     return shards, (images[test], labels[test])
+
+
+def device_classes(devices: int) -> list[list[int]]:
+    """The classes each device holds: 3, 2, 3, 2, ... classes dealt in turn from 0-9, then from 0-9 in steps
+    of 3 (0, 3, 6, 9, 2, ...), and so on with steps 7 and 9: with 8 devices every class is on exactly two."""
+    deck = [(step * k) % 10 for step in (1, 3, 7, 9) for k in range(10)] * (1 + devices // 16)
+    out, at = [], 0
+    for i in range(devices):
+        size = 3 if i % 2 == 0 else 2
+        out.append(sorted(set(deck[at:at + size])))
+        at += size
+    return out
 
 
 def digits_model(seed: int = 0, lr: float = 0.1) -> tuple[Any, Any, dict[str, np.ndarray]]:
@@ -62,7 +73,8 @@ def accuracy(model: Any, weights: dict[str, np.ndarray], images: np.ndarray, lab
 
 
 def direct_fedavg(model: Any, initial: dict[str, np.ndarray], shards: list[tuple[np.ndarray, np.ndarray]],
-                  sampled_per_round: list[list[int]], seed: int, epochs: int, mu: float = 0.0) -> list[dict[str, np.ndarray]]:
+                  sampled_per_round: list[list[int]], seed: int, epochs: int, mu: float = 0.0,
+                  server_lr: float = 1.0) -> list[dict[str, np.ndarray]]:
     """The reference: FedAvg computed here, in numpy, from the same seeds and data (each round's global
     weights), without the fleet."""
     from edgerun.fleet.federated.fedavg import fedavg
@@ -74,6 +86,6 @@ def direct_fedavg(model: Any, initial: dict[str, np.ndarray], shards: list[tuple
         for i in sampled:
             delta, n = local_update(model, weights, *shards[i], epochs=epochs, seed=(seed, r), mu=mu)
             updates.append((str(i), delta, n))
-        weights = fedavg(weights, updates, r)
+        weights = fedavg(weights, updates, r, server_lr=server_lr)
         out.append(weights)
     return out

@@ -84,16 +84,18 @@ class StreamingFedAvg:
         return out
 
     def apply_to(self, global_weights: Mapping[str, np.ndarray], server_lr: float = 1.0) -> dict[str, np.ndarray]:
-        """global + server_lr * average: the next global weights."""
+        """global + server_lr * average: the next global weights. A server learning rate above 1 (FedAvg
+        with a server step, Reddi et al. 2021) moves further along the devices' mean direction, which
+        offsets part of the shrinkage that averaging drifting non-IID updates causes."""
         mean = self.average()
         return {name: (np.asarray(w, np.float64) + server_lr * mean[name].astype(np.float64)).astype(w.dtype)
                 for name, w in global_weights.items()}
 
 
 def fedavg(global_weights: Mapping[str, np.ndarray], updates: Iterable[tuple[str, Mapping[str, np.ndarray], int]],
-           round_number: int = 0, norm_bound: float | None = None) -> dict[str, np.ndarray]:
+           round_number: int = 0, norm_bound: float | None = None, server_lr: float = 1.0) -> dict[str, np.ndarray]:
     """The next global weights from (device, delta, samples) updates: FedAvg in one call."""
     aggregate = StreamingFedAvg(round_number, global_weights, norm_bound=norm_bound)
     for device, delta, samples in updates:
         aggregate.offer(device, delta, samples)
-    return aggregate.apply_to(global_weights)
+    return aggregate.apply_to(global_weights, server_lr)

@@ -52,10 +52,13 @@ class JobConfig:
     seed: int = 0
     epochs: int = 1                          # local epochs, sent to the devices with the round
     mu: float = 0.0                          # FedProx's proximal weight, sent likewise
+    server_lr: float = 1.0                   # new global = global + server_lr * the weighted mean delta
 
     def __post_init__(self) -> None:
         if not self.name or self.rounds < 1 or self.per_round < 1 or not 1 <= self.quorum <= self.per_round:
             raise FleetError(f"a federated job needs a name, rounds >= 1 and 1 <= quorum <= per_round, got {self}")
+        if not self.server_lr > 0:
+            raise FleetError(f"the server learning rate must be > 0, got {self.server_lr}")
         if not self.deadline_s > 0:
             raise FleetError(f"the round deadline must be > 0 seconds, got {self.deadline_s}")
         validate_targeting(self.targeting)
@@ -241,7 +244,7 @@ class FederatedJob:
         if agg.applied == 0:
             outcome = "empty"
         else:
-            new = agg.apply_to(base)
+            new = agg.apply_to(base, config.server_lr)
             metric = float(evaluate(new))
             if best is not None and metric < best - config.max_drop:
                 outcome = "rolled_back"
