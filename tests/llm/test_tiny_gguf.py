@@ -48,9 +48,11 @@ def _finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-def write_tiny_gguf(path: Path) -> None:
+def write_tiny_gguf(path: Path, extra: dict[str, np.ndarray] | None = None) -> None:
     rng = np.random.default_rng(0)
     w = _llama_writer(path, DIM, HIDDEN)
+    for name, data in (extra or {}).items():
+        w.add_tensor(name, data)
 
     def add(name: str, shape: tuple[int, ...], qtype: str) -> None:
         data = (rng.standard_normal(shape) * (0.2 if len(shape) == 2 else 0.1) + (1.0 if "norm" in name else 0))
@@ -145,3 +147,40 @@ def test_q4_k_weights_run_packed_and_match_the_float_path_and_transformers(tmp_p
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(ours, want, atol=1e-4)
+
+
+def test_llama_3_rope_factors_in_a_gguf_equal_the_configs_llama3_scaling(tmp_path: Path) -> None:
+    """Llama 3.1's RoPE scaling as llama.cpp's converter stores it (a factor per frequency, rope_freqs.weight)
+    gives the model that the Hugging Face config's `rope_type: llama3` gives (architecture.py), on the same
+    weights: an original context of 32 puts the 8 frequencies in all three bands."""
+    import dataclasses
+    import math
+
+    from edgerun.llm.model import build_program, load_program, model_info
+    from edgerun.llm.program_builder import inverse_frequencies
+
+    factor, low, high, original = 8.0, 1.0, 4.0, 32.0
+    hd = DIM // HEADS
+    factors = []
+    for freq in 1.0 / 10000.0 ** (np.arange(0, hd, 2) / hd):  # llama.cpp's convert_hf_to_gguf.py, as written
+        wavelen = 2 * math.pi / freq
+        smooth = (original / wavelen - low) / (high - low)
+        factors.append(1.0 if wavelen < original / high else factor if wavelen > original / low
+                       else 1 / ((1 - smooth) / factor + smooth))
+    assert {f for f in factors if f not in (1.0, factor)} and {1.0, factor} <= set(factors)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, extra={"rope_freqs.weight": np.asarray(factors, np.float32)})
+    checkpoint = load_checkpoint(path)
+    from_gguf = checkpoint.config
+    from_config = dataclasses.replace(from_gguf, rope_freq_factors=(), rope_scaling=(factor, low, high, original))
+    np.testing.assert_allclose(inverse_frequencies(from_gguf, 1e4), inverse_frequencies(from_config, 1e4), rtol=1e-6)
+    ids = [3, 17, 99, 5, 64, 1, 2, 120, 7, 8, 44]
+    logits = []
+    for config in (from_gguf, from_config):
+        info = model_info(dataclasses.replace(checkpoint, config=config), 32, 8)
+        program = load_program(build_program(checkpoint, info, dequantize=True), None)
+        logits.append(program.method("prefill").run([np.asarray(ids[:8], np.int64), np.array([0]), np.array([7])])[0])
+    write_tiny_gguf(path.with_name("plain.gguf"))
+    plain = edgerun.llm.load(path.with_name("plain.gguf"), dequantize=True, context=32, chunk=8)
+    np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)
+    assert np.abs(logits[0] - plain.next_logits(ids[:8])).max() > 1e-3  # the factors change the model
