@@ -6,6 +6,7 @@ round's global weights against FedAvg computed directly in numpy from the same s
         [--server-lr 2]
         [--out bench/results/federated.json]
     PYTHONPATH=$PWD .venv/bin/python bench/federated.py --compression    # int8 / top-k accuracy cost, in numpy
+    PYTHONPATH=$PWD .venv/bin/python bench/federated.py --scale 1000     # streaming aggregation, MiniLM-sized
 
 --compression runs the same federation without the fleet (local training and FedAvg in this process), once
 per update compression, and prints the final held-out accuracy of each against the uncompressed run.
@@ -71,6 +72,40 @@ def compression_cost(args: argparse.Namespace) -> dict[str, object]:
     return results
 
 
+def scale(args: argparse.Namespace) -> dict[str, object]:
+    """Aggregation time per update and peak memory for `--scale` updates shaped like all-MiniLM-L6-v2's
+    weights (22.7 M float32 parameters, 87 MiB an update): one update is drawn once and offered under
+    each device id, so the timing is the aggregation's alone (validation, then the running float64 sum)."""
+    import resource
+
+    from edgerun.fleet.federated.fedavg import StreamingFedAvg
+
+    shapes = {"embeddings": (30522, 384), "position": (512, 384)}
+    shapes.update({f"layer{i}.{w}": s for i in range(6) for w, s in
+                   (("qkv", (384, 1152)), ("out", (384, 384)), ("up", (384, 1536)), ("down", (1536, 384)))})
+    rng = np.random.default_rng(0)
+    reference = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
+    update = {n: (0.01 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+    params = sum(a.size for a in update.values())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    agg = StreamingFedAvg(1, reference, norm_bound=1e6)
+    times = []
+    for i in range(args.scale):
+        t = time.perf_counter()
+        agg.offer(f"d{i}", update, 100)
+        times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    agg.average()
+    average_s = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times.sort()
+    result = {"updates": args.scale, "parameters": params, "update_mib": params * 4 / 2**20,
+              "median_ms_per_update": 1000 * times[len(times) // 2], "average_s": average_s,
+              "peak_rss_mib": peak / 1024, "rss_before_aggregating_mib": before / 1024, "load": os.getloadavg()[0]}
+    print(json.dumps(result, indent=1))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=8)
@@ -80,10 +115,12 @@ def main() -> None:
     parser.add_argument("--server-lr", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compression", action="store_true")
+    parser.add_argument("--scale", type=int, default=0, help="aggregate this many MiniLM-sized updates")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    result = compression_cost(args) if args.compression else full_run(args)
-    out = Path(args.out or f"bench/results/federated{'_compression' if args.compression else ''}.json")
+    result = compression_cost(args) if args.compression else scale(args) if args.scale else full_run(args)
+    kind = "_compression" if args.compression else "_scale" if args.scale else ""
+    out = Path(args.out or f"bench/results/federated{kind}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
