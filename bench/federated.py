@@ -7,6 +7,7 @@ round's global weights against FedAvg computed directly in numpy from the same s
         [--out bench/results/federated.json]
     PYTHONPATH=$PWD .venv/bin/python bench/federated.py --compression    # int8 / top-k accuracy cost, in numpy
     PYTHONPATH=$PWD .venv/bin/python bench/federated.py --scale 1000     # streaming aggregation, MiniLM-sized
+    PYTHONPATH=$PWD .venv/bin/python bench/federated.py --round-scale 1000   # one server round of N devices
 
 --compression runs the same federation without the fleet (local training and FedAvg in this process), once
 per update compression, and prints the final held-out accuracy of each against the uncompressed run.
@@ -106,6 +107,54 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
+def round_scale(args: argparse.Namespace) -> dict[str, object]:
+    """One server round of `--round-scale` simulated devices over a SQLite fleet database: each sends an
+    update of the digits MLP's size; server CPU per update (receive: unpack, validate, store) and database
+    statements per update, counted by SQLAlchemy's cursor events, then the close (aggregate, publish)."""
+    import tempfile
+
+    import sqlalchemy as sa
+
+    from edgerun.fleet import database
+    from edgerun.fleet.federated.compression import pack_update
+    from edgerun.fleet.federated.rounds import FederatedJob, JobConfig
+    from edgerun.fleet.targeting import DeviceProfile
+
+    n = args.round_scale
+    rng = np.random.default_rng(0)
+    initial = {"0.weight": np.zeros((128, 64), np.float32), "0.bias": np.zeros(128, np.float32),
+               "2.weight": np.zeros((10, 128), np.float32), "2.bias": np.zeros(10, np.float32)}
+    work = Path(tempfile.mkdtemp(prefix="edgerun-fl-scale-"))
+    engine = database.create_engine(database.sqlite_url(work))
+    job = FederatedJob.start(engine, JobConfig("scale", rounds=1, per_round=n, quorum=n, deadline_s=3600.0),
+                             initial, work / "updates")
+    devices = [DeviceProfile(f"sim-{i}") for i in range(n)]
+    sampled = job.open_round(devices, 0.0)
+    updates = [pack_update({k: (0.01 * rng.standard_normal(a.shape)).astype(np.float32)
+                            for k, a in initial.items()}) for _ in range(8)]
+    writes = {"n": 0, "all": 0}
+
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        writes["all"] += 1
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            writes["n"] += 1
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for i, device in enumerate(sampled):
+        job.receive(device, 1, updates[i % 8], 100, 1.0)
+    receive_cpu, receive_wall = time.process_time() - cpu, time.perf_counter() - wall
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = job.close_round(evaluate=lambda w: 1.0)
+    close_cpu, close_wall = time.process_time() - cpu, time.perf_counter() - wall
+    out = {"devices": n, "applied": result.participants, "receive_cpu_ms_per_update": 1000 * receive_cpu / n,
+           "receive_wall_ms_per_update": 1000 * receive_wall / n,
+           "db_writes_per_update": writes["n"] / n, "db_statements_per_update": writes["all"] / n,
+           "close_cpu_s": close_cpu, "close_wall_s": close_wall, "load": os.getloadavg()[0]}
+    print(json.dumps(out, indent=1))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=8)
@@ -116,10 +165,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compression", action="store_true")
     parser.add_argument("--scale", type=int, default=0, help="aggregate this many MiniLM-sized updates")
+    parser.add_argument("--round-scale", type=int, default=0, help="one server round of this many devices")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    result = compression_cost(args) if args.compression else scale(args) if args.scale else full_run(args)
-    kind = "_compression" if args.compression else "_scale" if args.scale else ""
+    result = (compression_cost(args) if args.compression else scale(args) if args.scale
+              else round_scale(args) if args.round_scale else full_run(args))
+    kind = ("_compression" if args.compression else "_scale" if args.scale
+            else "_round_scale" if args.round_scale else "")
     out = Path(args.out or f"bench/results/federated{kind}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
