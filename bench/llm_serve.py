@@ -75,10 +75,11 @@ def start_server(kind: str, args: argparse.Namespace, clients: int) -> tuple[sub
 
 def prompts(args: argparse.Namespace, n: int) -> list[str]:
     """n prompts of about `prompt_tokens` tokens, each starting at another place of the text."""
-    from edgerun.llm.gguf_reader import read_gguf_metadata
-    from edgerun.llm.tokenizer import tokenizer_from_gguf
+    from edgerun.llm.checkpoint import load_checkpoint
+    from edgerun.llm.model import checkpoint_tokenizer
 
-    tokenizer = tokenizer_from_gguf(read_gguf_metadata(args.gguf))
+    tokenizer = checkpoint_tokenizer(load_checkpoint(args.gguf))
+    assert tokenizer is not None
     ids = tokenizer.encode(TEXT * 2)
     return [tokenizer.decode(ids[17 * i:17 * i + args.prompt_tokens]) for i in range(n)]
 
