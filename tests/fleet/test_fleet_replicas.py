@@ -171,13 +171,14 @@ def _enrols(server_url: str, token: str, device_id: str) -> bool:
 def test_replicas_on_several_hosts_start_together_and_share_one_set_of_tokens(postgres: LocalPostgres,
                                                                             tmp_path: Path) -> None:
     # Breaks: (a) replicas starting together on an empty database raced to insert root v1 (one died with
-    # UniqueViolation); (b) with one data folder per host, each replica made its own admin token and replaced
+    # UniqueViolation; the race itself is pinned down by test_root_insertion_is_serialised_between_replicas);
+    # (b) with one data folder per host, each replica made its own admin token and replaced
     # the shared enrolment token, so only the last-started host's token worked.
     keys = KeyDir(tmp_path / "keys")
     keys.init()
     url = postgres.create_database("hosts")
     results: list[FleetServer | BaseException] = []
-    barrier = threading.Barrier(3)
+    barrier = threading.Barrier(2)
 
     def start(i: int) -> None:  # each host with its own data folder and the same token files
         barrier.wait()
@@ -186,14 +187,14 @@ def test_replicas_on_several_hosts_start_together_and_share_one_set_of_tokens(po
         except BaseException as exc:
             results.append(exc)
 
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     servers = [r for r in results if isinstance(r, FleetServer)]
     try:
-        assert len(servers) == 3, [r for r in results if not isinstance(r, FleetServer)]
+        assert len(servers) == 2, [r for r in results if not isinstance(r, FleetServer)]
         # A host started without the token files would make its own: it refuses, saying which files to copy.
         with pytest.raises(RuntimeError, match="already holds another admin token"):
             start_server(tmp_path / "host-x", keys, db_url=url, token_files=False)
