@@ -39,7 +39,8 @@ def pack_update(delta: Mapping[str, np.ndarray], scheme: str = "none", fraction:
                 raise FleetError(f"top-k needs 0 < fraction <= 1, got {fraction}")
             flat = a.reshape(-1)
             k = max(1, math.ceil(fraction * flat.size))
-            idx = np.argpartition(np.abs(flat), flat.size - k)[flat.size - k:].astype(np.int64)
+            idx = np.argpartition(np.abs(flat), flat.size - k)[flat.size - k:].astype(
+                np.int32 if flat.size < 2**31 else np.int64)
             out[f"{name}.idx"] = np.sort(idx)
             out[f"{name}.val"] = flat[np.sort(idx)]
     return out

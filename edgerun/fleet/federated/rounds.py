@@ -84,6 +84,9 @@ class FederatedJob:
         self.engine = engine
         self.name = name
         self.updates_dir = Path(updates_dir) / name
+        # A version's weights never change once written, so each process keeps the latest it read:
+        # receiving an update then reads no weights from the database.
+        self._cached: tuple[int, dict[str, np.ndarray]] | None = None
         db.create_tables(engine)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -127,13 +130,21 @@ class FederatedJob:
                 "rounds": [{"round": r.round, "outcome": r.outcome, **(r.summary or {})} for r in done]}
 
     def global_weights(self, version: int | None = None) -> dict[str, np.ndarray]:
+        """The global weights of `version` (default: the current one); a copy the caller may change."""
+        return {name: a.copy() for name, a in self._weights(version).items()}
+
+    def _weights(self, version: int | None = None) -> dict[str, np.ndarray]:
+        """The weights themselves, shared with the cache: read them, never change them."""
         with self.engine.connect() as conn:
             version = self._job(conn).version if version is None else version
+            if self._cached is not None and self._cached[0] == version:
+                return self._cached[1]
             row = conn.execute(sa.select(db.weights.c.data).where(
                 (db.weights.c.job == self.name) & (db.weights.c.version == version))).first()
         if row is None:
             raise FleetError(f"federated job {self.name!r} has no version {version}")
-        return db.from_npz(row.data)
+        self._cached = (version, db.from_npz(row.data))
+        return self._cached[1]
 
     # -- a round -----------------------------------------------------------------------------------
     def open_round(self, devices: Sequence[DeviceProfile], now: float) -> list[str]:
@@ -186,7 +197,7 @@ class FederatedJob:
                 conn.execute(db.rounds.update().where((db.rounds.c.job == self.name) & (db.rounds.c.round == round_number))
                              .values(duplicates=db.rounds.c.duplicates + 1))
                 return "duplicate"
-            reference = self.global_weights(job.version)
+            reference = self._weights(job.version)
             try:
                 delta = unpack_update(packed, reference)
                 verdict = validate_update(delta, samples, reference, config.norm_bound) or "accepted"
@@ -230,7 +241,7 @@ class FederatedJob:
             rows = conn.execute(sa.select(db.updates).where(
                 (db.updates.c.job == self.name) & (db.updates.c.round == job.round))
                 .order_by(db.updates.c.device)).all()
-        base = self.global_weights(job.version)
+        base = self._weights(job.version)
         agg = StreamingFedAvg(job.round, base, norm_bound=config.norm_bound, clip=config.clip,
                               noise_multiplier=config.noise_multiplier, seed=config.seed)
         refused = Counter(r.verdict for r in rows if r.verdict != "accepted")
