@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from edgerun.errors import EdgerunError
+
 
 def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from edgerun.fleet import database
@@ -50,8 +52,15 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from edgerun.fleet.federated.demo import run_demo
 
+    faults = {}
+    for item in (args.faults or "").split(","):
+        if item.strip():
+            device, _, fault = item.partition("=")
+            if not device.strip().isdigit():
+                raise EdgerunError(f"--faults takes DEVICE=FAULT pairs such as 1=nan,2=twice; got {item!r}")
+            faults[int(device)] = fault.strip()
     return run_demo(args.devices or 8, args.rounds, args.epochs, args.lr, args.server_lr, args.per_round,
-                    Path(args.keep) if args.keep else None)
+                    Path(args.keep) if args.keep else None, faults)
 
 
 def register(fsub: argparse._SubParsersAction) -> None:
@@ -89,3 +98,5 @@ def register_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.5, help="federated: local SGD learning rate")
     p.add_argument("--server-lr", type=float, default=2.0, help="federated: the server's step along the mean update")
     p.add_argument("--per-round", type=int, help="federated: devices sampled per round (default: all)")
+    p.add_argument("--faults", help="federated: DEVICE=FAULT,... with FAULT silent (a straggler), nan, huge "
+                                    "(100x) or twice (its update sent twice), e.g. 1=nan,2=twice")

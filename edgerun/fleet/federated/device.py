@@ -16,11 +16,15 @@ import numpy as np
 
 from edgerun.fleet.agent import Agent
 from edgerun.fleet.errors import FleetError
-from edgerun.fleet.federated.training_task import encode_arrays
+from edgerun.fleet.federated.training_task import decode_arrays, encode_arrays
 from edgerun.stream.storage import CollectiveStore
 from edgerun.stream.uploader import Uploader
 
 STATE_DIR = "federated"
+# Faults a demo or test can make a device commit (demo.py --faults): "silent" trains but is killed before
+# it uploads (a straggler), "nan" and "huge" upload a NaN or a 100x update instead of its own, "twice"
+# uploads its update a second time under another record id (a device that re-ran the round).
+FAULTS = ("silent", "nan", "huge", "twice")
 
 
 def record_id(job: str, round_number: int) -> str:
@@ -39,7 +43,7 @@ class FederatedDevice:
         self.uploader = Uploader(self.store, agent.server_url.rstrip("/") + "/v1/stream", agent.device_id,
                                  token=lambda: agent.token)
 
-    def train(self, round_number: int, seed: int, expect_version: int) -> dict[str, Any]:
+    def train(self, round_number: int, seed: int, expect_version: int, fault: str | None = None) -> dict[str, Any]:
         """Check in (installing the round's global weights, a release like any other), train in the
         container, store the update and upload it. Returns the run's output."""
         self.agent.step()
@@ -49,10 +53,21 @@ class FederatedDevice:
         result = self.agent.run_task(self.job, {"round": round_number, "seed": seed, "data": self.data})
         if not result.ok:
             raise FleetError(f"{self.agent.device_id}: training run {result.outcome}: {result.error[-400:]}")
-        self.store.put(self.job, result.output, record_id=record_id(self.job, round_number))
+        output = dict(result.output)
+        if fault == "silent":
+            return output
+        if fault in ("nan", "huge"):
+            packed = decode_arrays(output["update"])
+            for name, array in packed.items():
+                if array.dtype.kind == "f" and array.ndim:
+                    packed[name] = array * np.float32(100.0) if fault == "huge" else np.full_like(array, np.nan)
+            output["update"] = encode_arrays(packed)
+        self.store.put(self.job, output, record_id=record_id(self.job, round_number))
+        if fault == "twice":
+            self.store.put(self.job, output, record_id=record_id(self.job, round_number) + ":again")
         self.store.flush()
         self.uploader.upload_all()
-        return dict(result.output)
+        return output
 
     def close(self) -> None:
         self.uploader.close()
