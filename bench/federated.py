@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def full_run(args: argparse.Namespace) -> dict[str, object]:
     print(f"wall {wall:.0f} s (this process's CPU {time.process_time() - cpu:.0f} s), load {os.getloadavg()[0]:.1f}")
     return {"devices": args.devices, "rounds": args.rounds, "epochs": args.epochs, "lr": args.lr,
             "accuracy": accuracies, "outcomes": [r.outcome for r in run.results], "max_abs_diff": worst,
-            "wall_s": wall, "load": os.getloadavg()[0]}
+            "wall_s": wall, "load_average": os.getloadavg()[0]}
 
 
 def compression_cost(args: argparse.Namespace) -> dict[str, object]:
@@ -70,7 +72,7 @@ def compression_cost(args: argparse.Namespace) -> dict[str, object]:
             curve.append(accuracy(model, weights, hx, hy))
         results[scheme] = {"accuracy": curve, "bytes_sent": sent}
         print(f"{scheme:>5}: final held-out accuracy {curve[-1]:.3f}, bytes uploaded {sent:,}")
-    return results
+    return {"load_average": os.getloadavg()[0], "schemes": results}
 
 
 def scale(args: argparse.Namespace) -> dict[str, object]:
@@ -102,7 +104,7 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
     times.sort()
     result = {"updates": args.scale, "parameters": params, "update_mib": params * 4 / 2**20,
               "median_ms_per_update": 1000 * times[len(times) // 2], "average_s": average_s,
-              "peak_rss_mib": peak / 1024, "rss_before_aggregating_mib": before / 1024, "load": os.getloadavg()[0]}
+              "peak_rss_mib": peak / 1024, "rss_before_aggregating_mib": before / 1024, "load_average": os.getloadavg()[0]}
     print(json.dumps(result, indent=1))
     return result
 
@@ -150,7 +152,7 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
     out = {"devices": n, "applied": result.participants, "receive_cpu_ms_per_update": 1000 * receive_cpu / n,
            "receive_wall_ms_per_update": 1000 * receive_wall / n,
            "db_writes_per_update": writes["n"] / n, "db_statements_per_update": writes["all"] / n,
-           "close_cpu_s": close_cpu, "close_wall_s": close_wall, "load": os.getloadavg()[0]}
+           "close_cpu_s": close_cpu, "close_wall_s": close_wall, "load_average": os.getloadavg()[0]}
     print(json.dumps(out, indent=1))
     return out
 
@@ -173,6 +175,8 @@ def main() -> None:
     kind = ("_compression" if args.compression else "_scale" if args.scale
             else "_round_scale" if args.round_scale else "")
     out = Path(args.out or f"bench/results/federated{kind}.json")
+    result = {"command": "bench/federated.py " + " ".join(sys.argv[1:]).replace(f"--out {args.out}", "").strip(),
+              "machine": platform.platform(), "cpus": os.cpu_count(), **result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
