@@ -123,3 +123,20 @@ def test_the_collector_hands_each_stream_record_to_the_job_once(tmp_path: Path) 
     records.append(record(a, "federated:digits:1-resent", delta(1, a)))  # the same round's update again
     assert collect(again, records, now=2.0) == {"duplicate": 1}
     assert collect(again, records, now=3.0) == {}
+
+
+def test_a_job_with_noise_reports_its_privacy_spent(tmp_path: Path) -> None:
+    from edgerun.fleet.federated import gaussian_epsilon
+
+    job, _ = make_job(tmp_path, quorum=1, clip=0.5, noise_multiplier=1.1, norm_bound=None, max_drop=1.0)
+    assert job.status()["privacy"]["epsilon"] == 0.0
+    for r in (1, 2):
+        device = job.open_round(PHONES, now=float(r))[0]
+        job.receive(device, r, pack_update(delta(r, device, scale=1.0)), 20, now=float(r))
+        before = job.global_weights()
+        job.close_round(evaluate=lambda w: 0.5)
+        moved = {n: job.global_weights()[n] - before[n] for n in INITIAL}
+        # the update alone moves it by its clipped norm, 0.5; the noise (std 0.55 on each of 15 entries) by ~2
+        assert np.sqrt(sum(float(np.sum(m * m)) for m in moved.values())) > 1.0
+    privacy = job.status()["privacy"]
+    assert privacy["rounds"] == 2 and privacy["epsilon"] == gaussian_epsilon(1.1, 2, 1e-5)

@@ -31,6 +31,7 @@ from edgerun.fleet.errors import FleetError
 from edgerun.fleet.federated import round_store as db
 from edgerun.fleet.federated.compression import unpack_update
 from edgerun.fleet.federated.fedavg import StreamingFedAvg
+from edgerun.fleet.federated.privacy import gaussian_epsilon
 from edgerun.fleet.federated.update import validate_update
 from edgerun.fleet.targeting import DeviceProfile, matches, validate_targeting
 
@@ -53,6 +54,7 @@ class JobConfig:
     epochs: int = 1                          # local epochs, sent to the devices with the round
     mu: float = 0.0                          # FedProx's proximal weight, sent likewise
     server_lr: float = 1.0                   # new global = global + server_lr * the weighted mean delta
+    dp_delta: float = 1e-5                   # the delta of the (epsilon, delta) the status reports with noise on
 
     def __post_init__(self) -> None:
         if not self.name or self.rounds < 1 or self.per_round < 1 or not 1 <= self.quorum <= self.per_round:
@@ -125,9 +127,18 @@ class FederatedJob:
             job = self._job(conn)
             done = conn.execute(sa.select(db.rounds).where(db.rounds.c.job == self.name)
                                 .order_by(db.rounds.c.round)).all()
-        return {"name": self.name, "status": job.status, "round": job.round, "version": job.version,
-                "best_metric": job.best_metric,
-                "rounds": [{"round": r.round, "outcome": r.outcome, **(r.summary or {})} for r in done]}
+        config = JobConfig(**job.config)
+        status = {"name": self.name, "status": job.status, "round": job.round, "version": job.version,
+                  "best_metric": job.best_metric,
+                  "rounds": [{"round": r.round, "outcome": r.outcome, **(r.summary or {})} for r in done]}
+        if config.noise_multiplier:
+            # every round that aggregated released a noisy sum, published or rolled back
+            noisy = sum(1 for r in done if r.outcome in ("published", "rolled_back"))
+            status["privacy"] = {"clip": config.clip, "noise_multiplier": config.noise_multiplier,
+                                 "rounds": noisy, "delta": config.dp_delta,
+                                 "epsilon": gaussian_epsilon(config.noise_multiplier, noisy, config.dp_delta)
+                                 if noisy else 0.0}
+        return status
 
     def global_weights(self, version: int | None = None) -> dict[str, np.ndarray]:
         """The global weights of `version` (default: the current one); a copy the caller may change."""
