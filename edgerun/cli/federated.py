@@ -59,7 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             if not device.strip().isdigit():
                 raise EdgerunError(f"--faults takes DEVICE=FAULT pairs such as 1=nan,2=twice; got {item!r}")
             faults[int(device)] = fault.strip()
-    return run_demo(args.devices or 8, args.rounds, args.epochs, args.lr, args.server_lr, args.per_round,
+    return run_demo(8 if args.devices is None else args.devices, args.rounds, args.epochs, args.lr, args.server_lr, args.per_round,
                     Path(args.keep) if args.keep else None, faults)
 
 

@@ -254,7 +254,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return federated_demo(args)
     from edgerun.fleet.walle_demo import run_demo
 
-    return run_demo(args.devices or 2, args.events, Path(args.keep) if args.keep else None)
+    return run_demo(2 if args.devices is None else args.devices, args.events, Path(args.keep) if args.keep else None)
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:

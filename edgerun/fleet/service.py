@@ -399,7 +399,7 @@ class FleetService:
         """Store reports of several devices in one transaction and run the rollout monitor in that same
         transaction; returns how many reports of each batch were new. Items were validated by the API
         (`ReportItem`). A resent (device, run id) is ignored; a report of a version that was never delivered
-        to its device is kept for the record but never counted."""
+        to its device, or of a run the agent cancelled, is kept for the record but never counted."""
         now = time.time()
         counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
         accepted = []
@@ -431,7 +431,9 @@ class FleetService:
                         continue
                     new.discard((device_id, row["id"]))  # a repeat later in the group is not new again
                     n += 1
-                    if row["counted"]:
+                    # A run the agent cancelled (a newer assignment, an abort, the agent stopping) says nothing
+                    # about the version: counting it a failure let devices restarting roll a good release back.
+                    if row["counted"] and row["outcome"] != "cancelled":
                         counts[(row["task"], row["version"])][0 if row["outcome"] == "success" else 1] += 1
                 accepted.append(n)
             if counts:

@@ -245,6 +245,7 @@ def test_sessions_use_large_constants_in_place_and_copy_those_constant_folding_r
     from onnx import TensorProto, helper
 
     from edgerun.backends.onnxruntime import _external_placeholder, make_session
+    from edgerun.backends.onnxruntime.onnx_prepacked import shared_initializers
 
     w, w2 = f32(64, 32), f32(32, 64)
     graph = helper.make_graph(
@@ -257,7 +258,7 @@ def test_sessions_use_large_constants_in_place_and_copy_those_constant_folding_r
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     session = make_session(model, {"w": w, "w2": w2}, threads=1)
-    assert session._edgerun_shared == {"w2"}
+    assert shared_initializers(session) == {"w2"}
     x = f32(2, 32)
     y, y2 = session.run(None, {"x": x})
     np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)

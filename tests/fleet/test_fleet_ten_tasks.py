@@ -67,6 +67,9 @@ def test_five_hostile_tasks_roll_back_and_five_honest_ones_keep_running(shared_s
                  lambda: "every hostile release rolled back: " + state())
         wait_for(lambda: all(runs().get(n, (0, 0))[0] >= 2 for n in HONEST),
                  lambda: "two reports of every honest task: " + state())
+        # A rollback reaches the agent at its next check-in, which removes the hostile task.
+        wait_for(lambda: sorted(agent.profile().tasks) == sorted(HONEST),
+                 lambda: f"the hostile tasks removed: installed {sorted(agent.profile().tasks)}; " + state())
         assert loop.is_alive()
     finally:
         stop.set()
@@ -74,5 +77,4 @@ def test_five_hostile_tasks_roll_back_and_five_honest_ones_keep_running(shared_s
     counts = runs()
     assert all(counts[n][1] == 0 for n in HONEST), counts
     assert all(counts[n][1] >= 1 for n in HOSTILE), counts
-    assert sorted(agent.profile().tasks) == sorted(HONEST)  # the hostile ones were removed by their rollbacks
     assert not loop.is_alive()

@@ -55,7 +55,10 @@ def test_page_events_to_a_din_score_in_the_cloud(server: FleetServer, tmp_path: 
 
 def test_the_demo_command_runs_the_use_case_and_cleans_up(tmp_path: Path) -> None:
     """`edgerun fleet demo walle` as a user runs it: its own server, devices and events, a table, exit 0."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
+    # torch.export makes torch's own compile cache under TMPDIR; it is torch's, not a file the demo leaves.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "tmp"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch-cache")}
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.run([sys.executable, "-m", "edgerun", "fleet", "demo", "walle", "--devices", "2",
                            "--events", "30"], capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -68,7 +71,7 @@ def test_the_demo_command_runs_the_use_case_and_cleans_up(tmp_path: Path) -> Non
     scores = re.findall(r"^  walle-\d\s+\d+\s+\d+\s+(\S+)\s+(\S+)$", proc.stdout, re.MULTILINE)
     assert len(scores) == min(5, visits) and all(stored == direct for stored, direct in scores)
     assert "every stored score equals the same features scored directly" in proc.stdout
-    assert "admin-secret" not in proc.stdout and not list(tmp_path.iterdir())  # random tokens; nothing left
+    assert "admin-secret" not in proc.stdout and not list((tmp_path / "tmp").iterdir())  # random tokens; nothing left
     bad = subprocess.run([sys.executable, "-m", "edgerun", "fleet", "demo", "walle", "--devices", "0"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert bad.returncode != 0 and "at least 1" in bad.stderr and "Traceback" not in bad.stderr

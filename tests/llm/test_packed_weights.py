@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgerun.backends.onnxruntime.onnx_prepacked import shared_initializers
+
 PREFILL_TOLERANCE = 1e-3  # measured: at most ~7e-5
 DECODE_TOLERANCE = 2.0  # measured: at most ~1.2 (max over 49152 logits and 8 steps)
 DECODE_KL_TOLERANCE = 0.02  # KL(float32 || packed) of the next-token distributions, nats; measured <= 0.007
@@ -96,7 +98,7 @@ def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
     for method in (packed.runner.prefill, packed.runner.decode):
         (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
         codes = {n.inputs[1] for n in compiled.graph.nodes if n.op == "matmul_int4"}
-        assert len(codes) == 30 * 4 + 2 and codes <= compiled.run.__self__.session._edgerun_shared
+        assert len(codes) == 30 * 4 + 2 and codes <= shared_initializers(compiled.run.__self__.session)
         assert not [name for name, c in method.graph.constants.items() if c.dtype == np.int8]
 
 
@@ -143,7 +145,7 @@ def test_the_host_lets_go_of_the_codes_onnxruntime_prepacked(packed: Any) -> Non
     for method in (packed.runner.prefill, packed.runner.decode):
         (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
         assert compiled.info["constants_read_in_place"] == len(offsets)
-        assert not offsets & compiled.run.__self__.session._edgerun_shared
+        assert not offsets & shared_initializers(compiled.run.__self__.session)
     for method in program.methods.values():
         assert all(not any(method.constants[name].strides) for name in program.released)
         assert all(method.constants[name].strides[0] > 0 for name in gathered)
