@@ -78,10 +78,11 @@ class LanguageModel:
     def eos_token_id(self) -> int | None:
         return self.info.special.get("eos")
 
-    @property
-    def stop_token_ids(self) -> set[int]:
-        """Where generation ends unless `ignore_eos` (`stop_token_ids` below)."""
-        return stop_token_ids(self.info, self.tokenizer)
+    @functools.cached_property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Where generation ends unless `ignore_eos` (`stop_token_ids` below). Found once: it renders the
+        chat template, which no request should pay for (or be exposed to) again."""
+        return frozenset(stop_token_ids(self.info, self.tokenizer))
 
     @functools.cached_property
     def end_of_turn_id(self) -> int | None:
