@@ -140,7 +140,9 @@ def overview_data(engine: sa.Engine) -> dict[str, Any]:
         failed = sa.func.sum(sa.case((reports.c.outcome != "success", 1), else_=0))
         versions = conn.execute(sa.select(reports.c.task, reports.c.version, sa.func.count().label("runs"),
                                           failed.label("failures"), sa.func.avg(reports.c.latency_ms).label("lat"))
-                                .where(reports.c.counted)
+                                # cancelled runs say nothing of the version: counted neither way, as in
+                                # add_report_batches
+                                .where(reports.c.counted, reports.c.outcome != "cancelled")
                                 .group_by(reports.c.task, reports.c.version)
                                 .order_by(reports.c.task, reports.c.version.desc())).all()
         dev_rows = conn.execute(sa.select(devices.c.id, devices.c.profile, devices.c.last_seen)

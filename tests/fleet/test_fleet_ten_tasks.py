@@ -76,6 +76,6 @@ def test_five_hostile_tasks_roll_back_and_five_honest_ones_keep_running(shared_s
         stop.set()
         loop.join(60)
     counts = runs()
-    assert all(counts[n][1] == 0 for n in HONEST), counts
+    assert all(counts[n][1] == 0 for n in HONEST), (counts, admin.device(DEVICE)["reports"], agent.errors)
     assert all(counts[n][1] >= 1 for n in HOSTILE), counts
     assert not loop.is_alive()
