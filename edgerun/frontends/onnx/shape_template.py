@@ -26,13 +26,13 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.frontends.onnx.importer import import_onnx_graph
 from edgerun.frontends.onnx.sequences import with_output_layout
+from edgerun.frontends.onnx.value_template import MODEL_CONSTANT, model_carrier
 from edgerun.frontends.program_maker import make_program
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.program import Program
 
 SHAPE_TEMPLATE_KEY = "onnx_per_shape"  # program metadata of a saved ShapeTemplate
-_MODEL_CONSTANT = "onnx_model"
 _PROGRAMS_KEPT = 8  # imported programs kept, one per input-shape combination (as the runtime's LRU)
 
 ShapeKey = tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # ValueKey's form: (input, "", shape, b"")
@@ -95,16 +95,9 @@ class ShapeTemplate(Program):
 
     def to_program(self) -> Program:
         """A program file's worth: the inputs' specs, the ONNX model's bytes and frozen inputs as constants."""
-        graph = Graph()
-        for name in self.graph.inputs:
-            graph.add_input(name, self.graph.specs[name])
-        graph.symbols = dict(self.graph.symbols)
-        graph.add_constant(np.frombuffer(self._model.SerializeToString(), np.uint8), name=_MODEL_CONSTANT)
-        frozen = {}
-        for k, (name, value) in enumerate(sorted(self._constant_inputs.items())):
-            frozen[name] = graph.add_constant(np.ascontiguousarray(value), name=f"constant_input_{k}")
+        graph, frozen = model_carrier(self.graph, self._model, self._constant_inputs)
         metadata = {**self.metadata, SHAPE_TEMPLATE_KEY: {
-            "reason": self.reason, "model": _MODEL_CONSTANT, "constant_inputs": frozen,
+            "reason": self.reason, "model": MODEL_CONSTANT, "constant_inputs": frozen,
             "optimize": self._optimize, "output_names": list(self.output_names)}}
         return Program(graph, metadata)
 

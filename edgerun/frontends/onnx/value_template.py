@@ -46,7 +46,7 @@ from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.program.program import Program
 
 VALUE_TEMPLATE_KEY = "value_template"  # program metadata of a saved ValueTemplate (to_program, from_program)
-_MODEL_CONSTANT = "onnx_model"  # the saved ONNX model's bytes, a uint8 constant
+MODEL_CONSTANT = "onnx_model"  # the saved ONNX model's bytes, a uint8 constant
 _PROGRAMS_KEPT = 8  # imported programs kept, one per distinct value (as many as the runtime LRU loads; each holds
 # its own optimised weights, so more would cost memory for values the runtime has already dropped)
 
@@ -54,6 +54,21 @@ _PROGRAMS_KEPT = 8  # imported programs kept, one per distinct value (as many as
 def _per_value(output: str, value_inputs: list[str]) -> str:
     return (f"{output} (exists per value of inputs {value_inputs}: load this value template with "
             "edgerun.load, which specialises it per value)")
+
+
+def model_carrier(inputs: Graph, model: Any, constant_inputs: Mapping[str, np.ndarray],
+                  ) -> tuple[Graph, dict[str, str]]:
+    """The graph a template's program file holds: `inputs`' inputs and symbols, the ONNX model's bytes as the
+    constant `MODEL_CONSTANT`, and each frozen input as a constant; with the frozen inputs' constant names."""
+    graph = Graph()
+    for name in inputs.inputs:
+        graph.add_input(name, inputs.specs[name])
+    graph.symbols = dict(inputs.symbols)
+    graph.add_constant(np.frombuffer(model.SerializeToString(), np.uint8), name=MODEL_CONSTANT)
+    frozen = {}
+    for k, (name, value) in enumerate(sorted(constant_inputs.items())):
+        frozen[name] = graph.add_constant(np.ascontiguousarray(value), name=f"constant_input_{k}")
+    return graph, frozen
 
 
 class ValueTemplate(Program):
@@ -145,16 +160,9 @@ class ValueTemplate(Program):
     def to_program(self) -> Program:
         """A program file's worth: the inputs, the ONNX model's bytes and frozen inputs as constants, and the
         import options as metadata (what from_program reads back)."""
-        graph = Graph()
-        for name in self.graph.inputs:
-            graph.add_input(name, self.graph.specs[name])
-        graph.symbols = dict(self.graph.symbols)
-        graph.add_constant(np.frombuffer(self._model.SerializeToString(), np.uint8), name=_MODEL_CONSTANT)
-        frozen = {}
-        for k, (name, value) in enumerate(sorted(self._constant_inputs.items())):
-            frozen[name] = graph.add_constant(np.ascontiguousarray(value), name=f"constant_input_{k}")
+        graph, frozen = model_carrier(self.graph, self._model, self._constant_inputs)
         metadata = {**self.metadata, VALUE_TEMPLATE_KEY: {
-            "model": _MODEL_CONSTANT, "constant_inputs": frozen, "optimize": self._optimize, "unsized": self._unsized,
+            "model": MODEL_CONSTANT, "constant_inputs": frozen, "optimize": self._optimize, "unsized": self._unsized,
             "input_shapes": {k: [list(d) if isinstance(d, tuple) else d for d in v]
                              for k, v in self._input_shapes.items()},
             "value_inputs": list(self.value_inputs), "output_names": list(self.output_names)}}
