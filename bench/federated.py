@@ -128,6 +128,7 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
                "2.weight": np.zeros((10, 128), np.float32), "2.bias": np.zeros(10, np.float32)}
     work = Path(tempfile.mkdtemp(prefix="edgerun-fl-scale-"))
     engine = database.create_engine(database.sqlite_url(work))
+    database.upgrade(engine)
     job = FederatedJob.start(engine, JobConfig("scale", rounds=1, per_round=n, quorum=n, deadline_s=3600.0),
                              initial, work / "updates")
     devices = [DeviceProfile(f"sim-{i}") for i in range(n)]

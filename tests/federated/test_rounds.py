@@ -31,7 +31,9 @@ def make_job(tmp_path: Path, **config: object) -> tuple[FederatedJob, str]:
     settings = dict(name="digits", rounds=3, per_round=4, quorum=3, deadline_s=60.0,
                     targeting={"kind": "device_group", "values": ["beta"]}, norm_bound=2.0, seed=5)
     settings.update(config)
-    return FederatedJob.start(database.create_engine(url), JobConfig(**settings), INITIAL, tmp_path / "updates"), url
+    engine = database.create_engine(url)
+    database.upgrade(engine)  # the fleet's migrations, as the server runs them at start
+    return FederatedJob.start(engine, JobConfig(**settings), INITIAL, tmp_path / "updates"), url
 
 
 def test_a_round_with_faults_aggregates_each_good_update_once_and_survives_a_restart(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The federated job's state in the fleet database: jobs, rounds, received updates and the global weights
 of every version, so a server restart between rounds (or inside one) loses nothing.
 
-The tables are the job's own (`fed_*`), created on first use in the fleet database (SQLite or PostgreSQL).
+The tables are the job's own (`fed_*`) in the fleet database (SQLite or PostgreSQL), created by the fleet's
+Alembic migration 0006 like every other table: `database.upgrade`, which the server runs at start.
 An update's row is keyed by (job, round, device): a second copy of an update cannot be inserted, so it is
 applied at most once whatever crashes in between. Accepted updates themselves are files beside the
 database (one packed .npz each), streamed one at a time into the aggregate when the round closes.
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
+
+from edgerun.fleet.errors import FleetError
 
 metadata = sa.MetaData()
 
@@ -66,8 +69,11 @@ weights = sa.Table(
 )
 
 
-def create_tables(engine: sa.Engine) -> None:
-    metadata.create_all(engine, checkfirst=True)
+def require_tables(engine: sa.Engine) -> None:
+    """Refuse, in one line, a database the fleet's migrations have not brought to the federated tables."""
+    if not sa.inspect(engine).has_table(jobs.name):
+        raise FleetError(f"the fleet database {engine.url.render_as_string(hide_password=True)} has no federated "
+                         "tables: start the fleet server on it once (it migrates the schema)")
 
 
 def to_npz(arrays: Mapping[str, np.ndarray]) -> bytes:

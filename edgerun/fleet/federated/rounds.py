@@ -89,14 +89,14 @@ class FederatedJob:
         # A version's weights never change once written, so each process keeps the latest it read:
         # receiving an update then reads no weights from the database.
         self._cached: tuple[int, dict[str, np.ndarray]] | None = None
-        db.create_tables(engine)
+        db.require_tables(engine)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @classmethod
     def start(cls, engine: sa.Engine, config: JobConfig, initial: Mapping[str, np.ndarray],
               updates_dir: str | Path) -> FederatedJob:
         """Create the job with its version-1 global weights (refused if a job of that name exists)."""
-        db.create_tables(engine)
+        db.require_tables(engine)
         with engine.begin() as conn:
             if conn.execute(sa.select(db.jobs.c.name).where(db.jobs.c.name == config.name)).first():
                 raise FleetError(f"federated job {config.name!r} already exists")
