@@ -156,8 +156,13 @@ def recount(state: RolloutState, policy: RolloutPolicy, population: int) -> Roll
 
 
 def skip_empty_step(state: RolloutState, policy: RolloutPolicy) -> RolloutState:
-    """A beta or gray step that covers no active device has no evidence to wait for: move on."""
+    """A beta or gray step that covers no active device has no evidence to wait for: move on. Except the last
+    gray step: moving on from it is completing, and a release is never completed without a report (one
+    published before its devices enrol would otherwise be completed at once, and reach every device that
+    enrols later with no step ever having seen it run); it waits at full exposure for devices to join."""
     if state.stage not in ("beta", "gray") or state.paused or state.population != 0:
+        return state
+    if state.stage == "gray" and state.step + 1 >= len(policy.steps):
         return state
     return _next_stage(_with_event(state, "skip:empty-step"), policy)
 

@@ -218,3 +218,19 @@ def test_step_thresholds_are_capped_by_population_and_empty_steps_are_skipped(se
     round_trip(agents, "pop")
     # Four reports suffice where the policy asked for 50: the step covers only four devices.
     assert admin.release(rel["id"])["stage"] == "completed"
+
+
+def test_a_release_published_before_its_devices_enrol_waits_for_their_reports(server: FleetServer,
+                                                                              tmp_path: Path) -> None:
+    admin = server.admin()
+    rel = admin.publish(make_task(tmp_path, "early", 2, targeting={"kind": "device", "values": ["early-0"]}),
+                        server.keys, {"steps": [1, 100], "min_reports": 10**6})
+    # Nobody is enrolled yet: the 1% step is skipped, the last one waits (it was 'completed' at once, and
+    # every device enrolling later got the version without a single report).
+    state = admin.release(rel["id"])
+    assert (state["stage"], state["step"], state["step_population"]) == ("gray", 1, 0)
+    agents = fleet_of(server, tmp_path, "early", 1)
+    assert admin.release(rel["id"])["stage"] == "gray"
+    assert round_trip(agents, "early") == {2: 1}
+    # Its one device reported: the step's population caps the million reports the policy asks for.
+    assert admin.release(rel["id"])["stage"] == "completed"

@@ -102,3 +102,21 @@ def test_inconclusive_step_pauses_instead_of_hanging() -> None:
     assert s.paused and s.reason.startswith("inconclusive") and s.stage == "gray"
     s = rollout.resume(s)
     assert not s.paused and s.step_success == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies, st.lists(st.integers(0, 3), min_size=1, max_size=12))
+def test_a_release_never_completes_without_a_report_in_its_last_step(policy: RolloutPolicy,
+                                                                     populations: list[int]) -> None:
+    """Empty steps are skipped on entering them, but the last one waits: nobody may be skipped into
+    'completed' (a release published before its devices enrol must not reach them all unseen)."""
+    state = rollout.initial_state(replace(policy, simulation_agents=0))
+    for population in populations:
+        if state.population != -1:
+            break
+        state = rollout.skip_empty_step(replace(state, population=population), policy)
+    assert state.stage != "completed"
+    if populations[0] == 0 and state.stage == "gray" and state.population == 0:
+        assert state.step == len(policy.steps) - 1  # every empty step before the last was skipped
+        assert rollout.recount(state, policy, 0).stage == "gray"  # still waiting for a device
+        assert rollout.apply_reports(state, policy, 1, 0).stage == "completed"  # one report of its one device
