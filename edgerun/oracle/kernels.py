@@ -364,6 +364,23 @@ def _gather(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]
     outs[0][...] = np.take(data, np.where(idx < 0, idx + n, idx), axis=axis)
 
 
+@_kernel("scatter_add")
+def _scatter_add(ins: list[np.ndarray], attrs: dict[str, Any], outs: list[np.ndarray]) -> None:
+    """updates[..., i, ...] added to out[..., indices[i], ...], each index in turn (numpy's unbuffered add.at:
+    a repeated index accumulates, in index order, as torch's index_add and ONNX's reference do)."""
+    data, idx, updates = ins
+    out = outs[0]
+    axis = int(attrs.get("axis", 0)) % data.ndim
+    n = data.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise EdgerunError(f"scatter_add index out of range [{-n}, {n}) on axis {axis}")
+    if not np.may_share_memory(out, data):
+        np.copyto(out, data)
+    pre, post = int(np.prod(data.shape[:axis])), int(np.prod(data.shape[axis + 1:]))
+    flat = np.where(idx < 0, idx + n, idx).reshape(-1)
+    np.add.at(out.reshape(pre, n, post), (slice(None), flat), updates.reshape(pre, flat.size, post))  # type: ignore[arg-type]
+
+
 # ---- raster ------------------------------------------------------------------------------------------
 
 

@@ -105,6 +105,15 @@ CASES += [
       "count_include_pad": False}),
     ("gather-negative", "gather", [f32(4, 6, 3), np.array([[0, -1], [5, 2]], np.int64)], {"axis": 1}),
     ("gather-int32-idx", "gather", [ints(np.int64, 7, 3), np.array([6, 0, -7], np.int32)], {"axis": 0}),
+    ("scatter_add-rows", "scatter_add", [f32(6, 3), np.array([[0, 5], [-1, 0], [2, 0]], np.int64), f32(3, 2, 3)],
+     {"axis": 0}),
+    ("scatter_add-middle-int32-idx", "scatter_add", [f32(2, 5, 3), np.array([4, -1, 0, 4], np.int32), f32(2, 4, 3)],
+     {"axis": 1}),
+    ("scatter_add-last-int64", "scatter_add", [ints(np.int64, 3, 4), np.array([3, 3, 0]), ints(np.int64, 3, 3)],
+     {"axis": -1}),
+    ("scatter_add-int32", "scatter_add", [ints(np.int32, 5), np.array([1, 1, 1, 4]), ints(np.int32, 4)], {}),
+    ("scatter_add-float64", "scatter_add", [RNG.standard_normal((4, 2)), np.array([0, 0, 3]),
+                                            RNG.standard_normal((3, 2))], {}),
 ]
 
 

@@ -242,3 +242,54 @@ def test_update_slice_writes_rows_at_a_clamped_run_time_start() -> None:
     with pytest.raises(ValueError, match="does not fit"):  # the shape rule, when the node is built
         _graph("update_slice", [TensorSpec((4, 3), "float32"), TensorSpec((2, 2), "float32"),
                                 TensorSpec((), "int64")], axis=0)
+
+
+@pytest.mark.parametrize("axis, dtype", [(0, "float32"), (1, "float64"), (-1, "int64")])
+def test_scatter_add_equals_torch_index_add_with_repeated_indices(axis: int, dtype: str) -> None:
+    rng = np.random.default_rng(axis + 5)
+    data = rng.integers(-5, 5, (4, 6, 3)).astype(dtype)
+    rows = data.shape[axis]
+    index = np.array([1, rows - 1, 1, 0, 1], np.int64)  # repeated: each accumulates
+    taken = list(data.shape)
+    taken[axis] = index.size
+    updates = rng.standard_normal(taken).astype(dtype) if dtype != "int64" else rng.integers(-9, 9, taken)
+    g = _graph("scatter_add", [TensorSpec(data.shape, dtype), TensorSpec((5,), "int64"),
+                               TensorSpec(tuple(taken), dtype)], axis=axis)
+    (got,) = interpret(g, [data, index, updates])
+    want = torch.from_numpy(data).index_add(axis, torch.from_numpy(index), torch.from_numpy(updates)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    wrapped = np.where(index == rows - 1, -1, index)  # a negative index wraps once, as gather's does
+    (again,) = interpret(g, [data, wrapped, updates])
+    np.testing.assert_array_equal(again, got)
+
+
+def test_scatter_add_of_a_2d_index_equals_torch_scatter_add_and_is_gathers_transpose() -> None:
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((5, 4))
+    index = rng.integers(0, 5, (3, 4))
+    src = rng.standard_normal((3, 4))
+    want = torch.from_numpy(data).scatter_add(0, torch.from_numpy(index), torch.from_numpy(src)).numpy()
+    flat = index * 4 + np.arange(4)  # torch.scatter_add's element positions, flattened
+    g = _graph("scatter_add", [TensorSpec((20,), "float64"), TensorSpec((3, 4), "int64"),
+                               TensorSpec((3, 4), "float64")])
+    (got,) = interpret(g, [data.reshape(-1), flat, src])
+    np.testing.assert_allclose(got.reshape(5, 4), want, rtol=1e-12)
+    # <gather(x, i), u> == <x, scatter_add(0, i, u)>: the two are each other's transpose.
+    x = rng.standard_normal(20)
+    gathered = x[flat]
+    assert np.isclose(np.sum(gathered * src), np.sum(x * (got - data.reshape(-1))))
+
+
+def test_scatter_add_refuses_bad_shapes_types_and_indices() -> None:
+    f, i = TensorSpec((4, 3), "float32"), TensorSpec((2,), "int64")
+    with pytest.raises(ValueError, match="gather's output shape"):
+        _graph("scatter_add", [f, i, TensorSpec((3, 3), "float32")])
+    with pytest.raises(ValueError, match="int32 or int64"):
+        _graph("scatter_add", [f, TensorSpec((2,), "float32"), TensorSpec((2, 3), "float32")])
+    with pytest.raises(ValueError, match="numeric"):
+        _graph("scatter_add", [TensorSpec((4,), "bool"), i, TensorSpec((2,), "bool")])
+    with pytest.raises(ValueError, match="one dtype"):
+        _graph("scatter_add", [f, i, TensorSpec((2, 3), "float64")])
+    g = _graph("scatter_add", [f, i, TensorSpec((2, 3), "float32")])
+    with pytest.raises(EdgerunError, match=r"out of range \[-4, 4\)"):
+        interpret(g, [np.zeros((4, 3), np.float32), np.array([0, 4]), np.ones((2, 3), np.float32)])

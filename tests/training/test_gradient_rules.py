@@ -61,6 +61,9 @@ CASES: list[tuple[str, Any, list[np.ndarray]]] = [
     ("where", lambda b, n: b.emit("where", [b.binary("gt", n[0], n[1]), n[0], n[1]]), [X, ROW]),
     ("gather", lambda b, n: b.emit("gather", [n[0], b.const(np.array([[0, 2], [-1, 0]]), DType.int64)], axis=1),
      [X]),
+    ("scatter_add repeated indices", lambda b, n: b.emit(
+        "scatter_add", [n[0], b.const(np.array([[0, 3], [-1, 0]]), DType.int64), n[1]], axis=1),
+     [X, R.standard_normal((3, 2, 2))]),
     ("update_slice", lambda b, n: b.emit("update_slice", [n[0], n[1], b.const(np.array([5]), DType.int64)]),
      [R.standard_normal((6, 3)), R.standard_normal((2, 3))]),
     ("softmax", _one("softmax", axis=1), [X]),

@@ -314,6 +314,33 @@ def _gather(b: OnnxBuilder, node: Node) -> None:
     b.node("Gather", _inputs(node), list(node.outputs), axis=int(node.attrs.get("axis", 0)) % max(rank, 1))
 
 
+@_op("scatter_add", NUMERIC)
+def _scatter_add(b: OnnxBuilder, node: Node) -> None:
+    """ScatterND with reduction='add' (opset 16+), which sums repeated indices. Along axis 0 each index is one
+    row of ScatterND's [..., 1] index; along another axis the data is seen as [pre, rows, post] and each
+    update's index is (its pre position, the row), so no transpose is copied. Negative indices wrap here."""
+    data, idx, updates = node.inputs
+    shape = b.graph.specs[data].shape
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    rows = shape[axis]
+    ispec = b.graph.specs[idx]
+    if ispec.dtype is not DType.int64:
+        idx = b.node("Cast", [idx], to=ONNX_DTYPE[DType.int64])
+    zero, size = b.const(np.array(0, np.int64), "zero"), b.const(np.array(rows, np.int64), "rows")
+    idx = b.node("Where", [b.node("Less", [idx, zero]), b.node("Add", [idx, size]), idx])
+    if axis == 0:
+        b.node("ScatterND", [data, b.node("Unsqueeze", [idx, b.ints([-1], "axes")]), updates], list(node.outputs),
+               reduction="add")
+        return
+    pre, post, n = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:])), ispec.numel
+    where = b.node("Expand", [b.node("Reshape", [idx, b.ints([1, n, 1])]), b.ints([pre, n, 1])])
+    outer = b.const(np.broadcast_to(np.arange(pre, dtype=np.int64).reshape(pre, 1, 1), (pre, n, 1)).copy(), "pre")
+    index = b.node("Concat", [outer, where], axis=2)
+    summed = b.node("ScatterND", [b.node("Reshape", [data, b.ints([pre, rows, post])]), index,
+                                  b.node("Reshape", [updates, b.ints([pre, n, post])])], reduction="add")
+    b.node("Reshape", [summed, b.ints(list(shape))], list(node.outputs))
+
+
 # ---- composites ORT runs as one kernel -----------------------------------------------------------------
 
 @_op("relu", F32, table=COMPOSITES)

@@ -1,8 +1,9 @@
 """Index-driven ONNX ops built from gather, comparisons against constant index grids, and matmul.
 
-GatherElements/GatherND compute flat element indices and run one gather on the flattened data. Scatter ops
-have no primitive: a [positions x updates] match mask selects (or sums) updates with one matmul, which is
-exact because each output picks at most one update (or sums them, for reduction='add').
+GatherElements/GatherND compute flat element indices and run one gather on the flattened data. The Scatter
+ops likewise address rows of the flattened data: reduction='add' is one IR scatter_add (gather's transpose);
+the others have no primitive: a [positions x updates] match mask selects updates with one matmul, which is
+exact because each output picks at most one update.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def _scatter(ctx: ImportContext, node: OnnxNode, rows: str, lin: str, updates: s
         raise node.refuse(f"reduction={reduction!r}")
     p = ctx.b.shape(rows)[0]
     dtype = ctx.b.dtype(rows)
+    if reduction == "add" and dtype is not DType.bool and not dtype.is_narrow:
+        return ctx.emit("scatter_add", [rows, lin, updates], axis=0)
     hit = ctx.emit("eq", [ctx.b.const(np.arange(p, dtype=np.int64).reshape(p, 1)),
                           ctx.emit("reshape", [lin], shape=[1, ctx.b.spec(lin).numel])])
     if reduction == "mul":

@@ -1,5 +1,6 @@
-"""Handlers for ATen element-wise indexing: gather (torch.gather, a detector picking its top boxes) and
-diagonal.
+"""Handlers for ATen element-wise indexing: gather (torch.gather, a detector picking its top boxes),
+diagonal, and the adding scatters (IR scatter_add): scatter_add, and index_put with accumulate (what
+torch.export makes of index_add and `x[i] += v`).
 
 torch.gather reads input[..., index[i], ...] along one axis for every element of `index`, whose other axes
 may be shorter than the input's. It runs as one IR gather on the flattened input with flat element
@@ -31,7 +32,17 @@ def _gather(ctx: ConvertContext, node: Any) -> str:
     axis = int(a["dim"]) % len(shape)
     if len(ishape) != len(shape):
         index = b.emit("reshape", [index], shape=[1] * len(shape))
-        ishape = (1,) * len(shape)
+    y = b.emit("gather", [b.emit("reshape", [x], shape=[math.prod(shape)]), _flat_index(ctx, index, shape, axis)],
+               axis=0)
+    out = ctx.out_shape(node)
+    return y if b.shape(y) == out else b.emit("reshape", [y], shape=list(out))
+
+
+def _flat_index(ctx: ConvertContext, index: str, shape: tuple[int, ...], axis: int) -> str:
+    """Element indices into the flattened tensor of `shape` for an index tensor along `axis` (torch.gather's
+    and torch.scatter_add's convention: the index's other axes address the same positions)."""
+    b = ctx.b
+    ishape = b.shape(index)
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
     grid = np.zeros(ishape, dtype=np.int64)
     for d in range(len(ishape)):
@@ -41,10 +52,50 @@ def _gather(ctx: ConvertContext, node: Any) -> str:
             grid = grid + np.arange(ishape[d], dtype=np.int64).reshape(view) * strides[d]
     wrapped = b.emit("where", [b.binary("lt", index, b.scalar(0, index)),
                                b.binary("add", index, b.scalar(shape[axis], index)), index])
-    flat_index = b.binary("add", b.binary("mul", wrapped, b.scalar(strides[axis], wrapped)), b.const(grid))
-    y = b.emit("gather", [b.emit("reshape", [x], shape=[math.prod(shape)]), flat_index], axis=0)
-    out = ctx.out_shape(node)
-    return y if b.shape(y) == out else b.emit("reshape", [y], shape=list(out))
+    return b.binary("add", b.binary("mul", wrapped, b.scalar(strides[axis], wrapped)), b.const(grid))
+
+
+def index_put_accumulate(ctx: ConvertContext, a: dict[str, Any], x: str) -> str:
+    """`x.index_put_(indices, values, accumulate=True)` (how torch.export writes x.index_add and x[:, i] += v)
+    with one index tensor after any number of full slices: values, broadcast to gather's output shape, summed
+    in at the rows the index names: one IR scatter_add (repeated indices accumulate)."""
+    b = ctx.b
+    indices = list(a["indices"])
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1:
+        ctx.unsupported("index_put with accumulate over more than one index tensor")
+    axis = used[0]
+    index = ctx.v(indices[axis])
+    if b.dtype(index) not in (DType.int32, DType.int64):
+        ctx.unsupported("index_put with accumulate and a boolean mask (its result depends on the data)")
+    shape = b.shape(x)
+    taken = [*shape[:axis], *b.shape(index), *shape[axis + 1:]]
+    values = ctx.operand(a["values"], b.dtype(x))
+    if list(b.shape(values)) != taken:
+        values = b.emit("expand", [values], shape=taken)
+    return b.emit("scatter_add", [x, index, values], axis=axis)
+
+
+@handles("aten.scatter_add.default")
+def _scatter_add(ctx: ConvertContext, node: Any) -> str:
+    """self.scatter_add(dim, index, src): src[i][j] added at self[index[i][j]][j] (dim 0), for the positions
+    the index covers (src may be larger): one IR scatter_add over the flattened tensor at flat indices."""
+    a = ctx.bind(node)
+    dtype = ctx.out_dtype(node)
+    x, src = ctx.operand(a["self"], dtype), ctx.operand(a["src"], dtype)
+    index = ctx.cast(ctx.v(a["index"]), DType.int64)
+    b = ctx.b
+    shape, ishape, sshape = b.shape(x), b.shape(index), b.shape(src)
+    if not all(isinstance(d, int) for d in (*shape, *ishape, *sshape)):
+        ctx.unsupported("scatter_add over symbolic sizes")
+    if not shape or len(ishape) != len(shape) or len(sshape) != len(shape):
+        ctx.unsupported("scatter_add with a 0-d tensor or operands of different ranks")
+    axis = int(a["dim"]) % len(shape)
+    if tuple(sshape) != tuple(ishape):  # the index covers a leading block of src
+        src = b.emit("slice", [src], starts=[0] * len(ishape), ends=list(ishape), axes=list(range(len(ishape))))
+    flat = b.emit("scatter_add", [b.emit("reshape", [x], shape=[math.prod(shape)]),
+                                  _flat_index(ctx, index, shape, axis), src], axis=0)
+    return b.emit("reshape", [flat], shape=list(shape))
 
 
 @handles("aten.diagonal.default", "aten.diagonal_copy.default")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edgerun.frontends.torch.aten_indexing import index_put_accumulate
 from edgerun.frontends.torch.context import ConvertContext, handles
 from edgerun.ir.symbolic import Dim, is_symbolic, same_values, sym_max, sym_min, value_range
 
@@ -302,10 +303,12 @@ def _write_at_index(ctx: ConvertContext, node: Any) -> str:
     dtype = ctx.out_dtype(node)
     x = ctx.operand(a["self"], dtype)
     shape = list(ctx.b.shape(x))
+    if a.get("accumulate"):
+        return index_put_accumulate(ctx, a, x)
     if "indices" in a:  # index_put: one index tensor, after any number of full slices (None)
         indices = list(a["indices"])
-        if a.get("accumulate") or sum(i is not None for i in indices) != 1 or indices[-1] is None:
-            ctx.unsupported("index_put other than one index tensor without accumulate")
+        if sum(i is not None for i in indices) != 1 or indices[-1] is None:
+            ctx.unsupported("index_put other than one index tensor")
         axis, index_arg, src_arg = len(indices) - 1, indices[-1], a["values"]
     else:
         axis, index_arg, src_arg = int(a["dim"]) % len(shape), a["index"], a["source"]

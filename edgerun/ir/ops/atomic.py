@@ -298,3 +298,26 @@ register(OpDef("gather", OpKind.ATOMIC, _gather_rule, 2, 2,
                doc="take slices along axis by a runtime index tensor (negative indices wrap once); "
                    "embeddings, data-dependent selection that raster's static regions cannot express; "
                    "attr padding_index: a row that takes no gradient (an embedding's padding)"))
+
+
+def _scatter_add_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
+    data, idx, updates = ins
+    if idx.dtype not in (DType.int32, DType.int64):
+        raise ValueError(f"scatter_add indices must be int32 or int64, got {idx.dtype.value}")
+    if data.dtype is DType.bool or data.dtype.is_narrow or data.dtype is DType.string:
+        raise ValueError(f"scatter_add adds: data must be a numeric type, got {data.dtype.value}")
+    same_dtype([data, updates], "scatter_add")
+    if data.rank == 0:
+        raise ValueError("scatter_add into a 0-d tensor")
+    axis = norm_axis(int(attrs.get("axis", 0)), data.rank)
+    taken = (*data.shape[:axis], *idx.shape, *data.shape[axis + 1:])
+    if tuple(updates.shape) != taken:
+        raise ValueError(f"scatter_add updates must have gather's output shape {list(taken)} (data {data}, "
+                         f"indices {idx}, axis {axis}), got {updates}")
+    return [data]
+
+
+register(OpDef("scatter_add", OpKind.ATOMIC, _scatter_add_rule, 3, 3,
+               doc="data plus updates summed into the slices along axis that a runtime index tensor names "
+                   "(negative indices wrap once; repeated indices accumulate, in index order): gather's "
+                   "transpose, an embedding's gradient, torch index_add/scatter_add, ONNX Scatter* reduction add"))

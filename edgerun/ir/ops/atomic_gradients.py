@@ -209,10 +209,9 @@ def _matmul(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
 
 @register_gradient("gather")
 def _gather(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
-    """Rows summed back to the indices they were taken from: a [rows, indices] one-hot matrix times the
-    taken rows' cotangents (the IR has no scatter-add). Built in that orientation, no transpose is copied;
-    the product costs rows x indices x row size, which for an embedding table is the price of not having
-    a scatter-add."""
+    """The taken slices' cotangents summed back to the indices they were taken from: a scatter_add (gather's
+    transpose) into zeros. An embedding's padding row (attr padding_index) takes none: its updates are
+    zeroed before the sum, as torch's Embedding(padding_idx=...) leaves that row untrained."""
     g = grads[0]
     if g is None or not needs[0]:
         return [None, None]
@@ -222,27 +221,28 @@ def _gather(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     data, idx = node.inputs
     shape = b.shape(data)
     axis = int(node.attrs.get("axis", 0)) % max(len(shape), 1)
-    rows = shape[axis]
-    pre, post = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
-    n = int(np.prod(b.shape(idx)))
-    flat = reshape_to(b, idx, [1, n])
-    wrapped = b.emit("where", [b.binary("lt", flat, b.scalar(0, flat)), b.binary("add", flat, b.scalar(rows, flat)),
-                               flat])
-    positions = b.const(np.arange(rows).reshape(rows, 1), b.dtype(idx))
-    onehot = as_float(b, b.binary("eq", positions, wrapped), g)  # [rows, n]: built transposed, no copy
-    gr = reshape_to(b, g, [pre, n, post])
-    if pre != 1:
-        gr = b.emit("transpose", [gr], perm=[1, 0, 2])
-    summed = b.emit("matmul", [onehot, reshape_to(b, gr, [n, pre * post])])  # [rows, pre*post]
-    summed = reshape_to(b, summed, [rows, pre, post])
-    if pre != 1:
-        summed = b.emit("transpose", [summed], perm=[1, 0, 2])
     padding = node.attrs.get("padding_index")
-    if padding is not None:  # torch's Embedding(padding_idx=...): that row never trains
-        keep = np.ones((rows, 1, 1), b.dtype(g).np)
-        keep[int(padding) % rows] = 0
-        summed = b.binary("mul", summed, b.const(keep, b.dtype(g)))
-    return [reshape_to(b, summed, shape), None]
+    if padding is not None:
+        rows = shape[axis]
+        wrapped = b.emit("where", [b.binary("lt", idx, b.scalar(0, idx)), b.binary("add", idx, b.scalar(rows, idx)),
+                                   idx])
+        trains = b.binary("ne", wrapped, b.scalar(int(padding) % rows, idx))
+        view = [1] * axis + list(b.shape(idx)) + [1] * (len(shape) - axis - 1)
+        g = b.emit("where", [reshape_to(b, trains, view), g, _c(b, 0.0, g)])
+    zeros = expand_to(b, _c(b, 0.0, g), shape) if shape else _c(b, 0.0, g)
+    return [b.emit("scatter_add", [zeros, idx, g], axis=axis), None]
+
+
+@register_gradient("scatter_add")
+def _scatter_add(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
+    """The data's cotangent passes through; each update's is the output cotangent at the slice it was added
+    to (a gather)."""
+    g = grads[0]
+    if g is None:
+        return [None, None, None]
+    axis = int(node.attrs.get("axis", 0))
+    gu = b.emit("gather", [g, node.inputs[1]], axis=axis) if needs[2] else None
+    return [g if needs[0] else None, None, gu]
 
 
 @register_gradient("update_slice")
