@@ -52,6 +52,15 @@ install_no_deps() {
 }
 install_no_deps
 
+# Flower (edgerun/fleet/federated/flower_client.py, tests/federated/test_flower.py) in its own venv: flwr pins
+# older cryptography, FastAPI, Starlette, uvicorn and protobuf than the fleet server runs (requirements-flower.txt).
+flower_want=$(sha256sum requirements-flower.txt | cut -d' ' -f1)
+if [[ ! -f .venv-flower/.installed || "$(cat .venv-flower/.installed)" != "$flower_want" ]]; then
+  [[ -x .venv-flower/bin/python ]] || python3 -m venv .venv-flower
+  .venv-flower/bin/pip install -q --disable-pip-version-check -r requirements-flower.txt
+  echo "$flower_want" > .venv-flower/.installed
+fi
+
 stamp=.venv/.installed
 want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat $stamp)" == "$want" ]]; then
