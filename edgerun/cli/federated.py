@@ -31,7 +31,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                        quorum=args.quorum if args.quorum is not None else args.per_round, deadline_s=args.deadline_s,
                        targeting=json.loads(args.targeting), norm_bound=args.norm_bound, clip=args.clip,
                        noise_multiplier=args.noise_multiplier, max_drop=args.max_drop, seed=args.seed,
-                       epochs=args.epochs, mu=args.mu, server_lr=args.server_lr)
+                       epochs=args.epochs, mu=args.mu, server_lr=args.server_lr,
+                       idle_and_charging=args.idle_and_charging)
     FederatedJob.start(database.create_engine(_db_url(args)), config, read_weights(args.weights),
                        Path(args.data) / "federated-updates")
     print(f"started federated job {args.name!r}: {args.rounds} rounds of {args.per_round} devices")
@@ -89,6 +90,8 @@ def register(fsub: argparse._SubParsersAction) -> None:
             p.add_argument("--epochs", type=int, default=1, help="local epochs per round")
             p.add_argument("--mu", type=float, default=0.0, help="FedProx's proximal weight")
             p.add_argument("--server-lr", type=float, default=1.0, help="global += this times the mean update")
+            p.add_argument("--idle-and-charging", action="store_true",
+                           help="sample only devices whose last check-in said they were idle and charging")
 
 
 def register_demo(p: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ import httpx
 from edgerun.fleet.agent_state import AgentState, safe_text
 from edgerun.fleet.container import Launch, Limits, RunResult, clear_scratch, run_in_container
 from edgerun.fleet.device_id import check_device_id
+from edgerun.fleet.device_state import DeviceState, read_device_state
 from edgerun.fleet.errors import ExpiredError, FleetError, IntegrityError
 from edgerun.fleet.freshness import verify_timestamp
 from edgerun.fleet.installer import Installer
@@ -62,7 +63,8 @@ class Agent:
                  device_groups: tuple[str, ...] = (), user_groups: tuple[str, ...] = (),
                  hooks: TaskHooks | None = None, checkin_interval_s: float = 5.0,
                  http_timeout_s: float = 30.0, warm_workers: bool = False, max_concurrent_runs: int = 4,
-                 on_step: Callable[[str, str], None] | None = None) -> None:
+                 on_step: Callable[[str, str], None] | None = None,
+                 device_state: Callable[[], DeviceState] = read_device_state) -> None:
         self.server_url = server_url.rstrip("/")
         self.device_id = check_device_id(device_id)
         self.state_dir = Path(state_dir).resolve()
@@ -70,6 +72,7 @@ class Agent:
         self.app_version, self.os_name = app_version, os_name
         self.device_groups, self.user_groups = tuple(device_groups), tuple(user_groups)
         self.hooks = hooks
+        self.device_state = device_state  # idle and charging, read at every check-in (federated jobs sample by it)
         self.checkin_interval_s = checkin_interval_s
         self.errors: list[str] = []  # refusals and failures of the latest check-in, for operators and tests
         self.on_step = on_step
@@ -164,8 +167,10 @@ class Agent:
         return {"Authorization": f"Bearer {self.token}"}
 
     def profile(self) -> DeviceProfile:
+        state = self.device_state()
         return DeviceProfile(self.device_id, self.app_version, self.os_name, self.device_groups,
-                             self.user_groups, {t: v for t, (v, _) in self.installer.active().items()})
+                             self.user_groups, {t: v for t, (v, _) in self.installer.active().items()},
+                             state.idle, state.charging)
 
     # ---- push: check-in or any business request ------------------------------------------------------
     def profile_headers(self) -> dict[str, str]:

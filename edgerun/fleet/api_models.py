@@ -24,6 +24,8 @@ class Profile(BaseModel):
     device_groups: list[str] = []
     user_groups: list[str] = []
     tasks: dict[str, int] = {}
+    idle: bool = Field(False, description="the device is not in use (federated jobs may train only on idle devices)")
+    charging: bool = Field(False, description="the device is on external power (likewise)")
 
 
 class RegisterRequest(BaseModel):

@@ -398,7 +398,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             raise HTTPException(400, "profile names another device")
         # The device's word for its app, OS, user groups and tasks; the admin's for its device groups.
         profile = DeviceProfile(body.device_id, body.app_version, body.os, owner.device_groups,
-                                tuple(body.user_groups), body.tasks)
+                                tuple(body.user_groups), body.tasks, body.idle, body.charging)
         service.note_seen(profile)
         watch.index.checked_in(profile)
         root_version = service.root().version

@@ -29,18 +29,21 @@ class DeviceProfile:
     device_groups: tuple[str, ...] = ()
     user_groups: tuple[str, ...] = ()
     tasks: dict[str, int] = field(default_factory=dict)
+    idle: bool = False          # the device's word, at its last check-in (device_state.py)
+    charging: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeviceProfile:
         return cls(device_id=str(d["device_id"]), app_version=str(d.get("app_version", "0")),
                    os=str(d.get("os", "")), device_groups=tuple(d.get("device_groups", ())),
                    user_groups=tuple(d.get("user_groups", ())),
-                   tasks={str(k): int(v) for k, v in d.get("tasks", {}).items()})
+                   tasks={str(k): int(v) for k, v in d.get("tasks", {}).items()},
+                   idle=bool(d.get("idle", False)), charging=bool(d.get("charging", False)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "app_version": self.app_version, "os": self.os,
                 "device_groups": list(self.device_groups), "user_groups": list(self.user_groups),
-                "tasks": dict(self.tasks)}
+                "tasks": dict(self.tasks), "idle": self.idle, "charging": self.charging}
 
 
 def version_key(v: str) -> tuple[int, ...]:

@@ -5,7 +5,9 @@ A `FederatedJob` is a state machine over the database (`round_store.py`); every 
 needs from there, so a job object may be dropped and made again (a server restart) at any point. Time is
 an argument (`now`), never read from the clock here. Devices are sampled among those the job's targeting
 matches (the release targeting of `targeting.py`), by a generator seeded with (job seed, round), so a
-round's participants are reproducible.
+round's participants are reproducible. With `idle_and_charging` only devices whose last check-in said they
+were idle and charging (their profile's fields, device_state.py) are sampled; `fleet_devices` reads the
+profiles the fleet server stored.
 
 A round closes when `quorum` accepted updates are in or its deadline has passed. Sampled devices that sent
 nothing by then are stragglers: counted and dropped; an update arriving after the close is refused as
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
 
+from edgerun.fleet import schema
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.federated import round_store as db
 from edgerun.fleet.federated.compression import unpack_update
@@ -55,6 +58,7 @@ class JobConfig:
     mu: float = 0.0                          # FedProx's proximal weight, sent likewise
     server_lr: float = 1.0                   # new global = global + server_lr * the weighted mean delta
     dp_delta: float = 1e-5                   # the delta of the (epsilon, delta) the status reports with noise on
+    idle_and_charging: bool = False          # sample only devices whose last check-in said idle and charging
 
     def __post_init__(self) -> None:
         if not self.name or self.rounds < 1 or self.per_round < 1 or not 1 <= self.quorum <= self.per_round:
@@ -77,6 +81,16 @@ class RoundResult:
     duplicates: int
     stragglers: int
     metric: float | None
+
+
+def fleet_devices(engine: sa.Engine, seen_since: float) -> list[DeviceProfile]:
+    """The fleet's devices seen at `seen_since` or later, each with the profile of its last check-in (app,
+    OS, user groups, idle, charging) and the device groups the admin gave it: what `open_round` samples from."""
+    table = schema.devices
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(table.c.profile, table.c.device_groups)
+                            .where(table.c.last_seen >= seen_since).order_by(table.c.id)).all()
+    return [replace(DeviceProfile.from_dict(row.profile), device_groups=tuple(row.device_groups)) for row in rows]
 
 
 class FederatedJob:
@@ -170,9 +184,11 @@ class FederatedJob:
                 (db.rounds.c.job == self.name) & (db.rounds.c.round == job.round))).first()
             if existing is not None:
                 return list(existing.sampled)
-            eligible = sorted(d.device_id for d in devices if matches(config.targeting, d))
+            eligible = sorted(d.device_id for d in devices if matches(config.targeting, d)
+                              and ((d.idle and d.charging) or not config.idle_and_charging))
             if not eligible:
-                raise FleetError(f"no device matches federated job {self.name!r}'s targeting")
+                raise FleetError(f"no device matches federated job {self.name!r}'s targeting"
+                                 + (" and is idle and charging" if config.idle_and_charging else ""))
             rng = np.random.default_rng([config.seed, job.round])
             picked = sorted(rng.choice(eligible, size=min(config.per_round, len(eligible)), replace=False).tolist())
             conn.execute(db.rounds.insert().values(job=self.name, round=job.round, sampled=picked, opened_at=now,
