@@ -1,7 +1,6 @@
-"""Real ONNX models from PyPI wheels imported with no shape arguments (`from_onnx(path, unsized="symbols")`),
-run at two input sizes against ONNX Runtime, with the first call at each size (the specialisation, or the
-per-size import of a ShapeTemplate) timed beside later calls and beside a program imported with the size
-pinned.
+"""Real ONNX models from PyPI wheels imported with no shape arguments (`from_onnx(path)`), saved, loaded from
+the file by the runtime and run at two input sizes against ONNX Runtime, with the first call at each size (its
+specialisation, guards checked) timed beside later calls and beside a program imported with the size pinned.
 
     .venv/bin/python bench/unsized_wheel_models.py [--models ocr-v6-det nudenet-yolov8n ...] [--update]
 
@@ -19,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,8 @@ def measure(label: str, runs: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     import edgerun
-    from edgerun.frontends.onnx import ShapeTemplate, from_onnx
+    from edgerun.frontends.onnx import from_onnx
+    from edgerun.ir.specialize import guards
 
     warnings.filterwarnings("ignore")
     package, relative, sizes, frozen = MODELS[label]
@@ -97,13 +98,16 @@ def measure(label: str, runs: int) -> dict[str, Any]:
         return {"model": label, "skipped": f"{package} is not installed"}
     constants = {k: np.array(v) for k, v in frozen.items()}
     start = time.perf_counter()
-    program = from_onnx(str(path), constant_inputs=constants or None, unsized="symbols")
+    program = from_onnx(str(path), constant_inputs=constants or None)
     row: dict[str, Any] = {"model": label, "package": package, "file": relative,
                            "import_s": round(time.perf_counter() - start, 2),
-                           "form": "per-size import" if isinstance(program, ShapeTemplate) else
+                           "form": "template with guards" if guards(program.graph) or any(
+                               guards(b) for b in program.graph.subgraphs.values()) else
                            "template" if program.graph.symbols else "static",
                            "symbols": {k: list(v) for k, v in program.graph.symbols.items()}}
-    model = edgerun.load(program)
+    with tempfile.TemporaryDirectory() as tmp:  # run from the program file, as a device would
+        program.save(Path(tmp) / "m.edgerun")
+        model = edgerun.load(str(Path(tmp) / "m.edgerun"))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     row["sizes"] = []
     for i, size in enumerate(sizes):

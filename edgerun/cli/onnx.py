@@ -33,9 +33,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", help="the .onnx file (external data is read from beside it)")
     p.add_argument("-o", "--output", required=True, help="program file to write")
     p.add_argument("--input-shape", action="append", type=_parse_shape, default=[], metavar="NAME=D0,D1,...",
-                   help="size an input's dynamic dimensions (repeatable): each D a size that pins it or "
+                   help="size an input's dynamic dimensions, for one plan checked upfront (repeatable; none "
+                        "needed): each D a size that pins it or "
                         "SYMBOL:MIN:MAX[:MULTIPLE] that keeps it symbolic within bounds, e.g. "
                         "x=1,3,H:32:2048,W:32:2048")
+    p.add_argument("--require-shapes", action="store_true",
+                   help="refuse a dynamic dimension no --input-shape sizes (by default it imports as a symbol of "
+                        "any size, the program specialised at each new size)")
     p.add_argument("--no-optimize", action="store_true", help="save the imported graph without running passes")
     p.set_defaults(func=_import_onnx)
 
@@ -46,11 +50,12 @@ def _import_onnx(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise EdgerunError(f"import-onnx needs the onnx package ({exc.name} is missing): "
                            "pip install 'edgerun[onnx]'") from None
-    from edgerun.frontends.onnx.symbols import DynamicInputError
+    from edgerun.frontends.onnx.symbols import DynamicInputError, InputShapeError
 
     try:
-        program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None, optimize=not args.no_optimize)
-    except DynamicInputError as exc:
+        program = from_onnx(args.file, input_shapes=dict(args.input_shape) or None, optimize=not args.no_optimize,
+                            unsized="refuse" if args.require_shapes else "symbols")
+    except (DynamicInputError, InputShapeError) as exc:  # said in flags, not in from_onnx's arguments
         raise EdgerunError(f"{args.file}: {exc.cli_message()}") from None
     program.save(args.output)
     g = program.graph

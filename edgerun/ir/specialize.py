@@ -13,6 +13,7 @@ give, and the size limit on such inputs, are here; the frontend that folds the v
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,8 @@ import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.symbolic import Dim, SymDim, evaluate, free_symbols, substitute, sym
+from edgerun.ir.registry import get_op
+from edgerun.ir.symbolic import Dim, SymDim, as_dim, evaluate, free_symbols, substitute, sym
 from edgerun.ir.tensor_spec import TensorSpec
 
 
@@ -87,7 +89,57 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
     unbound = sorted(set(graph.symbols) - set(bindings))
     if unbound:
         raise ShapeBindingError(f"symbol {unbound[0]!r} is used by no input dimension, so no call can bind it")
+    check_guards(graph, bindings)
     return bindings
+
+
+def guards(graph: Graph) -> list[tuple[str, Dim, Dim]]:
+    """What the graph assumes of its symbols beyond their bounds: (origin, a size, the size it must equal) for
+    each guarded node of the top level. A guarded reshape (attr guard) moves as many elements as its target
+    holds only at some sizes; the import recorded it rather than refusing the model."""
+    found = []
+    for node in graph.nodes:
+        if node.op == "reshape" and node.attrs.get("guard"):
+            target = math.prod(as_dim(d) for d in node.attrs["shape"])
+            found.append((str(node.attrs["guard"]), graph.specs[node.inputs[0]].numel, target))
+    return found
+
+
+def check_guards(graph: Graph, bindings: Mapping[str, int]) -> None:
+    """Refuse bindings at which a guard of the graph fails, naming the node, both sizes and the bindings.
+
+    A guard inside a cond branch holds only where that branch runs: the cond passes while one branch's guards
+    hold (specialize leaves the other out, so taking it is the run-time error an unimportable branch gives);
+    a loop's body runs, so its guards must hold."""
+    for origin, size, must_equal in guards(graph):
+        got, want = evaluate(size, bindings), evaluate(must_equal, bindings)
+        if got != want:
+            raise ShapeBindingError(f"the model cannot run at these sizes ({_describe(bindings)}): {origin} needs "
+                                    f"{size} = {must_equal}, here {got} against {want} (a relation the import "
+                                    "could not prove for every size, so each new size is checked)")
+    for node in graph.nodes:
+        failed = _failed_bodies(node, graph, bindings)
+        present = [key for key in _body_keys(node) if node.attrs[key] != ""]
+        if failed and (node.op != "cond" or len(failed) == len(present)):
+            raise next(iter(failed.values()))
+
+
+def _body_keys(node: Node) -> tuple[str, ...]:
+    return get_op(node.op).bodies
+
+
+def _failed_bodies(node: Node, graph: Graph, bindings: Mapping[str, int]) -> dict[str, ShapeBindingError]:
+    """The attr keys of `node`'s bodies whose guards fail at `bindings`, with the failure."""
+    failed = {}
+    for key in _body_keys(node):
+        name = node.attrs[key]
+        if name == "":
+            continue
+        try:
+            check_guards(graph.subgraphs[name], bindings)
+        except ShapeBindingError as exc:
+            failed[key] = exc
+    return failed
 
 
 def _scaled_symbol(want: SymDim) -> tuple[str, int] | None:
@@ -113,7 +165,15 @@ def specialize(graph: Graph, bindings: Mapping[str, int]) -> Graph:
     out.specs = {name: _concrete_spec(spec, bindings) for name, spec in graph.specs.items()}
     out.nodes = [Node(n.op, list(n.inputs), list(n.outputs), _concrete_attrs(n.attrs, bindings), dict(n.meta),
                       n.name) for n in graph.nodes]
-    out.subgraphs = {k: specialize(body, bindings) for k, body in graph.subgraphs.items()}  # control-flow bodies
+    left_out = set()
+    for node in out.nodes:  # a cond branch whose guards fail here cannot run at these sizes: left out
+        if node.op == "cond":
+            for key, exc in _failed_bodies(node, graph, bindings).items():
+                left_out.add(node.attrs[key])
+                node.attrs[key] = ""
+                node.attrs["unreachable"] = str(exc)[:500]
+    out.subgraphs = {k: specialize(body, bindings) for k, body in graph.subgraphs.items()  # control-flow bodies
+                     if k not in left_out}
     return out
 
 

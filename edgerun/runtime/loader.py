@@ -193,11 +193,6 @@ def _saved_value_template(program: Program) -> Program:
                            f"{program.metadata['value_template'].get('value_inputs')}: open it with "
                            "edgerun.frontends.onnx.ValueTemplate.from_program(Program.read(path)) (needs the onnx "
                            "package) and load that, or save a program with those inputs frozen (constant_inputs=)")
-    if "onnx_per_shape" in program.metadata and type(program) is Program:
-        raise EdgerunError("this program file is an ONNX model imported per input size at the first call of each: "
-                           "open it with edgerun.frontends.onnx.ShapeTemplate.from_program(Program.read(path)) "
-                           "(needs the onnx package) and load that, or import the model with input_shapes= for "
-                           "one program")
     return program
 
 

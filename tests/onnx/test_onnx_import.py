@@ -108,10 +108,11 @@ def test_external_data_model_loads(tmp_path):
         from_onnx(path)
 
 
-def test_dynamic_dimension_refused_then_pinned():
+def test_dynamic_dimension_imports_as_a_symbol_refused_on_request_or_pinned():
     m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 4])], [_vi("y", ["N", 4])])
+    assert from_onnx(m).graph.symbols == {"N": (1, 1 << 24)}
     with pytest.raises(UnsupportedOpError, match=r"dimension 0 is dynamic \('N'\).*input_shapes"):
-        from_onnx(m)
+        from_onnx(m, unsized="refuse")
     g = import_onnx_graph(m, input_shapes={"x": (3, 4)})
     assert g.specs[g.inputs[0]].shape == (3, 4)
 

@@ -60,10 +60,10 @@ def test_a_call_outside_the_bounds_names_the_input_and_dimension():
 
 def test_a_dynamic_dimension_without_bounds_is_refused_with_the_form_to_pass():
     with pytest.raises(UnsupportedOpError) as err:
-        from_onnx(_flatten_batch_model(), input_shapes={"x": (2, 3, None, 4)})
+        from_onnx(_flatten_batch_model(), input_shapes={"x": (2, 3, None, 4)}, unsized="refuse")
     assert "input_shapes['x'] dimension 2" in str(err.value) or "dimension 2" in str(err.value)
     with pytest.raises(UnsupportedOpError, match=r"dimensions 0 \('N'\), 2 \('H'\) are dynamic.*\(name, min, max\)"):
-        from_onnx(_flatten_batch_model())
+        from_onnx(_flatten_batch_model(), unsized="refuse")
     with pytest.raises(OnnxModelError, match=r"symbol 'H' without bounds"):
         from_onnx(_flatten_batch_model(), input_shapes={"x": (2, 3, "H", 4)})
 

@@ -58,8 +58,9 @@ def test_identity_output_declared_unknown_imports(declared):
 def test_input_with_minus_one_is_dynamic_and_message_names_every_dimension():
     m = _model([helper.make_node("Identity", ["x"], ["y"])], [_declared("x", (-1, 3, "?", "?"))],
                [_declared("y", (-1, 3, "?", "?"))])
+    assert set(from_onnx(m).graph.symbols) == {"x_0", "x_2", "x_3"}  # by default each imports as a symbol
     with pytest.raises(UnsupportedOpError) as err:
-        from_onnx(m)
+        from_onnx(m, unsized="refuse")
     text = str(err.value)
     assert "dimensions 0 (-1), 2 ('?'), 3 ('?') are dynamic" in text
     assert "input_shapes={'x': (<dim 0>, 3, <dim 2>, <dim 3>)}" in text

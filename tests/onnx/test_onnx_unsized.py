@@ -1,7 +1,7 @@
-"""Import with no shape arguments (`unsized="symbols"`): dynamic dimensions become symbols of any size; a model
-that holds only on multiples has the multiple inferred; one that cannot be planned for every size at once is
-imported per size at its first call, and a size it cannot run at is refused at that call with the reason.
-Real models from PyPI wheels (bench/unsized_wheel_models.py runs thirteen) and small hand-written ones,
+"""Import with no shape arguments (the default): dynamic dimensions become symbols of any size; a model that
+holds only on multiples has the multiple inferred; what the import cannot prove for every size is a guard in
+the one program file, checked at each new size, and a size that fails it is refused at that call with the
+reason. Real models from PyPI wheels (bench/unsized_wheel_models.py runs thirteen) and small hand-written ones,
 against ONNX Runtime."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from wheel_models import wheel_model
 
 import edgerun
 from edgerun.errors import EdgerunError
-from edgerun.frontends.onnx import ShapeTemplate, from_onnx
+from edgerun.frontends.onnx import from_onnx
+from edgerun.ir.specialize import guards
 from edgerun.program import Program
 
 ort = pytest.importorskip("onnxruntime")
@@ -49,8 +50,8 @@ def _halve_and_double() -> bytes:
 def test_dimensions_nobody_sized_import_as_symbols_and_run_at_each_size() -> None:
     model_bytes = _halve_and_double()
     with pytest.raises(EdgerunError, match="dynamic"):
-        from_onnx(model_bytes)  # the default still asks for sizes or bounds
-    program = from_onnx(model_bytes, unsized="symbols")
+        from_onnx(model_bytes, unsized="refuse")  # on request, every size must be stated
+    program = from_onnx(model_bytes)
     # The add holds only on even sizes: the importer found the multiple itself.
     assert program.graph.symbols == {"N": (1, 1 << 24), "H_div2": (1, 1 << 23), "W_div2": (1, 1 << 23)}
     model = edgerun.load(program)
@@ -84,58 +85,102 @@ def _reshape_by_height() -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
-def test_a_model_not_plannable_for_every_size_is_imported_per_size(tmp_path: Path) -> None:
-    """No one program serves every L: each new size is imported at its first call (cached), and a size the
-    model cannot run at is refused at that call, naming the sizes and the reason. bench/unsized_wheel_models.py
-    shows PP-OCRv4's recognizer taking this path."""
+def test_what_holds_only_at_some_sizes_is_a_guard_in_one_program_file(tmp_path: Path) -> None:
+    """No one plan serves every L, but one program does: the Reshape is a guard, checked at each new size. The
+    saved file runs at new sizes through the runtime alone (no ONNX import at run time); a size that fails
+    the guard is refused at its call, naming the node and both counts. PP-OCRv4's recognizer takes this path
+    (bench/unsized_wheel_models.py)."""
     model_bytes = _reshape_by_height()
-    program = from_onnx(model_bytes, unsized="symbols")
-    assert isinstance(program, ShapeTemplate) and "Reshape" in program.reason
+    program = from_onnx(model_bytes)
+    assert [origin for origin, _, _ in guards(program.graph)] == ["ONNX node 'r' (Reshape)"]
     program.save(tmp_path / "m.edgerun")
-    # The saved file holds the ONNX model; the frontend opens it (the runtime needs numpy alone).
-    model = edgerun.load(ShapeTemplate.from_program(Program.read(tmp_path / "m.edgerun")))
-    with pytest.raises(EdgerunError, match="imported per input size"):
-        edgerun.load(str(tmp_path / "m.edgerun"))
+    assert "onnx_model" not in Program.read(tmp_path / "m.edgerun").graph.constants  # IR, not the ONNX bytes
+    model = edgerun.load(str(tmp_path / "m.edgerun"))
     rng = np.random.default_rng(2)
     for shape in ((2, 40), (1, 80), (2, 40)):
         _matches_ort(model_bytes, model, {"x": rng.standard_normal(shape).astype(np.float32)})
-    assert model.specializations_made == 2  # the third call reused the first size's program
-    with pytest.raises(EdgerunError, match=r"cannot run at these input sizes \(x \(1, 96\)\)"):
+    assert model.specializations_made == 2  # the third call reused the first size's specialisation
+    with pytest.raises(EdgerunError, match=r"cannot run at these sizes \(L=96, N=1\): ONNX node 'r' \(Reshape\) "
+                                           r"needs L\*N = .*here 96 against 192"):
         model(np.zeros((1, 96), np.float32))
+    # Given sizes, the relation is proved at import: no guard, one plan for the bounds, checked upfront; bounds
+    # under which it cannot be proved are refused at import, as before.
+    bounded = from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), 48)})
+    assert bounded.graph.symbols == {"N": (1, 4)} and not guards(bounded.graph)
+    with pytest.raises(EdgerunError, match="cannot reshape"):
+        from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), ("L", 33, 80))})
 
 
-@pytest.mark.parametrize("package, relative, sizes", [
-    ("rapidocr", "models/ch_ppocr_mobile_v2.0_cls_mobile.onnx", [{"x": (1, 3, 48, 192)}, {"x": (3, 3, 48, 96)}]),
+@pytest.mark.parametrize("package, relative, sizes, bounds", [
+    ("rapidocr", "models/ch_ppocr_mobile_v2.0_cls_mobile.onnx", [{"x": (1, 3, 48, 192)}, {"x": (3, 3, 48, 96)}],
+     {"x": (("B", 1, 4), 3, 48, ("W", 32, 256))}),
     ("faster_whisper", "assets/silero_vad_v6.onnx",
-     [{"input": (4, 576), "h": (1, 1, 128), "c": (1, 1, 128)}, {"input": (9, 576), "h": (1, 1, 128), "c": (1, 1, 128)}]),
+     [{"input": (4, 576), "h": (1, 1, 128), "c": (1, 1, 128)}, {"input": (9, 576), "h": (1, 1, 128), "c": (1, 1, 128)}],
+     {"input": (("B", 1, 16), 576)}),
 ])
-def test_wheel_models_import_with_no_shape_arguments(package: str, relative: str,
-                                                     sizes: list[dict[str, tuple[int, ...]]]) -> None:
+def test_wheel_models_import_with_no_shape_arguments(package: str, relative: str, sizes: list[dict[str, tuple[int, ...]]],
+                                                     bounds: dict[str, tuple[object, ...]]) -> None:
     path = str(wheel_model(package, relative))
-    program = from_onnx(path, unsized="symbols")
-    assert program.graph.symbols and not isinstance(program, ShapeTemplate)
+    program = from_onnx(path)
+    assert program.graph.symbols and not guards(program.graph)
     model = edgerun.load(program)
     rng = np.random.default_rng(3)
     for size in sizes:
         _matches_ort(path, model, {k: (rng.standard_normal(v) * 0.5).astype(np.float32) for k, v in size.items()})
     assert onnx.load(path, load_external_data=False).graph.input  # the file itself was not rewritten
+    # The same model with bounds given: one template for every size in them, checked upfront, no guard.
+    bounded = from_onnx(path, input_shapes=bounds)  # type: ignore[arg-type]
+    declared = {d[0]: (d[1], d[2]) for shape in bounds.values() for d in shape if isinstance(d, tuple)}
+    assert bounded.graph.symbols == declared and not guards(bounded.graph)
+    model = edgerun.load(bounded)
+    for size in sizes:
+        _matches_ort(path, model, {k: (rng.standard_normal(v) * 0.5).astype(np.float32) for k, v in size.items()})
 
 
-def test_a_size_the_model_cannot_run_at_is_refused_at_its_call_as_onnxruntime_refuses_it() -> None:
-    """silero-vad's op15 export runs its LSTM in a branch whose input rank depends on the chunk length: it is
-    imported per size; at 1088 samples the LSTM would get a rank-5 input, which ONNX Runtime refuses too."""
+def _anchor_grid() -> bytes:
+    """x [N, 2, H, W] + arange(float(W)): a detector's anchor row, a Range up to a size cast to float."""
+    consts = [numpy_helper.from_array(np.array(v, dt), n) for n, v, dt in
+              (("three", 3, np.int64), ("zero", 0.0, np.float32), ("one", 1.0, np.float32))]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "three"], ["w"], axis=0),
+             helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node("Range", ["zero", "wf", "one"], ["r"]),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, "H", "W"])], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_range_up_to_a_size_cast_to_float_stays_symbolic() -> None:
+    """YOLOv8's anchors (bench/unsized_wheel_models.py: nudenet) are such a Range: one template, no guard."""
+    model_bytes = _anchor_grid()
+    program = from_onnx(model_bytes)
+    assert set(program.graph.symbols) == {"N", "H", "W"} and not guards(program.graph)
+    model = edgerun.load(program)
+    rng = np.random.default_rng(5)
+    for shape in ((1, 2, 3, 5), (2, 2, 4, 9)):
+        _matches_ort(model_bytes, model, {"x": rng.standard_normal(shape).astype(np.float32)})
+
+
+def test_a_size_the_model_cannot_run_at_is_refused_at_its_call_as_onnxruntime_refuses_it(tmp_path: Path) -> None:
+    """silero-vad's op15 export squeezes a frame count in a branch taken where it is 1, and its LSTM needs that
+    branch's rank: the squeeze is a guard, the other branch left out. At 1088 samples the count is 2; ONNX
+    Runtime refuses that size too (its LSTM gets a rank-5 input)."""
     path = str(wheel_model("silero_vad", "data/silero_vad_16k_op15.onnx"))
     sr = {"sr": np.array(16000)}
-    program = from_onnx(path, constant_inputs=sr, unsized="symbols")
-    assert isinstance(program, ShapeTemplate)
-    model = edgerun.load(program)
-    x, state = (np.random.default_rng(4).standard_normal((1, 576)) * 0.3).astype(np.float32), np.zeros((2, 1, 128),
-                                                                                                     np.float32)
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x, "state": state, **sr})
-    for g, w in zip(model(input=x, state=state), want):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    program = from_onnx(path, constant_inputs=sr)
+    program.save(tmp_path / "vad.edgerun")
+    model = edgerun.load(str(tmp_path / "vad.edgerun"))
+    rng = np.random.default_rng(4)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x, state = (rng.standard_normal((batch, 576)) * 0.3).astype(np.float32), np.zeros((2, batch, 128), np.float32)
+        want = session.run(None, {"input": x, "state": state, **sr})
+        for g, w in zip(model(input=x, state=state), want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     bad = {"input": np.zeros((2, 1088), np.float32), "state": np.zeros((2, 2, 128), np.float32)}
-    with pytest.raises(EdgerunError, match=r"cannot run at these input sizes.*LSTM input X must have 3 dimensions"):
+    with pytest.raises(EdgerunError, match=r"cannot run at these sizes \(batch=2, sequence=1088\): ONNX node "
+                                           r"'/model/decoder/Squeeze' \(Squeeze\)"):
         model(**bad)
     with pytest.raises(Exception, match="Input X must have 3 dimensions"):
-        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {**bad, **sr})
+        session.run(None, {**bad, **sr})

@@ -109,15 +109,34 @@ def test_a_task_without_schedule_or_trigger_is_noted_when_packed(tmp_path: Path,
     assert "note:" not in capsys.readouterr().out
 
 
-def test_a_dynamic_onnx_input_is_reported_in_cli_terms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_onnx_shapes_need_no_flag_and_a_bad_one_is_said_in_cli_terms(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Dynamic dimensions import with no flag; a wrong --input-shape is one line naming the flag (the same
+    mistake through from_onnx names its argument); --require-shapes asks for every size."""
     helper = pytest.importorskip("onnx.helper")
     onnx = pytest.importorskip("onnx")
+    from edgerun.frontends.onnx import InputShapeError, from_onnx
+
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, None])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3, None])])
     path = tmp_path / "dyn.onnx"
     onnx.save(helper.make_model(graph), str(path))
-    line = _error(capsys, ["import-onnx", str(path), "-o", str(tmp_path / "dyn.edgerun")])
+    out = str(tmp_path / "dyn.edgerun")
+    assert main(["import-onnx", str(path), "-o", out]) == 0
+    assert "N in [1, 16777216], x_2 in [1, 16777216]" in capsys.readouterr().out
+    line = _error(capsys, ["import-onnx", str(path), "-o", out, "--input-shape", "x=2,3"])
+    assert str(path) in line and "--input-shape x=...: has 2 dimensions, the model's input 3" in line
+    assert "input_shapes" not in line
+    line = _error(capsys, ["import-onnx", str(path), "-o", out, "--input-shape", "x=N:1:4,5,7"])
+    assert "--input-shape x=...: dimension 1 is 5, but the model fixes that dimension to 3" in line
+    line = _error(capsys, ["import-onnx", str(path), "-o", out, "--input-shape", "y=1,3,4"])
+    assert "--input-shape y=...: names no graph input (the model's are ['x'])" in line
+    line = _error(capsys, ["import-onnx", str(path), "-o", out, "--input-shape", "x=H:1:4,H:1:8,1"])
+    assert "--input-shape x=...: dimension 1 bounds symbol 'H' by 1..8, elsewhere by 1..4" in line
+    with pytest.raises(InputShapeError, match=r"^input_shapes\['x'\] has 2 dimensions, the model's input 3$"):
+        from_onnx(str(path), input_shapes={"x": (2, 3)})
+    line = _error(capsys, ["import-onnx", str(path), "-o", out, "--require-shapes"])
     assert str(path) in line and "input 'x' has dynamic dimensions 0 ('N'), 2" in line
     assert "--input-shape x=D0,3,D2" in line and "unsupported operator" not in line and "input_shapes=" not in line
 

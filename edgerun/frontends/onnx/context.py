@@ -123,6 +123,12 @@ class ImportContext:
         self.producers: dict[str, list[str]] = {}  # ONNX output name -> its node's ONNX inputs
         # Element types of import-time values holding symbolic dimensions (object arrays; see symfold.py).
         self.symbolic_dtypes: dict[str, DType] = {}
+        # Sizes cast to a float type (a grid's width as float for Range): computed at run time like any float
+        # data, but remembered as sizes, so a Range up to one still has a symbolic length (shape.py: range_).
+        self.float_sizes: dict[str, np.ndarray] = {}
+        # Whether a relation between symbolic sizes that holds only at some sizes may be a guard checked per size
+        # (a guarded reshape) rather than a refusal: the importer's last try for a model imported with no sizes.
+        self.guarded = False
         # Inside a control-flow body (control_flow.py): a body is planned once for its node, so it cannot hold
         # a data-dependent op (data_dependent.py refuses one there).
         self.in_body = False

@@ -31,6 +31,7 @@ from edgerun.frontends.onnx.functions import rename_outer_refs
 from edgerun.ir.builder import Builder
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
+from edgerun.ir.specialize import guards
 from edgerun.ir.subgraphs import add_subgraph
 from edgerun.ir.tensor_spec import TensorSpec
 
@@ -78,6 +79,7 @@ def import_body(ctx: ImportContext, body: Any, formals: Sequence[tuple[str, Tens
     # (silero-vad's 16 kHz branch squeezes a frame count that the bounds make 1).
     child = ImportContext(Graph(symbols=dict(ctx.graph.symbols)))
     child.in_body = True
+    child.guarded = ctx.guarded
     for name, spec in formals:
         child.values[name] = child.graph.add_input(name, spec)
     for name in captured:
@@ -170,6 +172,8 @@ def import_if(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> No
         names.append(add_subgraph(ctx.graph, _close(child, outs), side))
     if len(failures) == 2:
         raise node.refuse(f"neither branch imports at these shapes ({'; '.join(failures)})")
+    if not failures and ctx.guarded:
+        _keep_guarded_branch(ctx, names, failures)
     extra = {"unreachable": failures[0][:500]} if failures else {}
     try:
         results = ctx.b.emit_multi("cond", [ctx.value(node.inputs[0]), *(ctx.value(n) for n in captured)],
@@ -179,6 +183,25 @@ def import_if(ctx: ImportContext, node: OnnxNode, import_into: ImportInto) -> No
     for dst, value in zip(node.outputs, results):
         if dst:
             ctx.values[dst] = value
+
+
+def _keep_guarded_branch(ctx: ImportContext, names: list[str], failures: list[str]) -> None:
+    """Branches that give different shapes (a squeeze taken where a frame count is 1, rank 2 against the
+    other's rank 3) cannot be one cond. Where one branch holds only under a guard, that branch is the
+    structure the sizes choose when its guard holds: it is kept, and the other left out (taking it, or a size
+    failing the guard, is refused at that size; ir/specialize.py)."""
+    bodies = [ctx.graph.subgraphs[n] for n in names]
+    specs = [[b.specs[o] for o in b.outputs] for b in bodies]
+    guarded = [bool(guards(b)) for b in bodies]
+    if specs[0] == specs[1] or guarded.count(True) != 1:
+        return
+    keep = guarded.index(True)
+    drop = 1 - keep
+    del ctx.graph.subgraphs[names[drop]]
+    failures.append(f"{('then', 'else')[drop]} branch: gives {specs[drop]}, the {('then', 'else')[keep]} branch "
+                    f"{specs[keep]} (one program holds one shape per value; the other branch is kept, under its "
+                    "guard)")
+    names[drop] = ""
 
 
 # -- Loop -----------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from edgerun.frontends.onnx.sequences import (
 )
 from edgerun.frontends.onnx.symbols import UNSIZED, DeclaredInputs, InputDim, declare_inputs
 from edgerun.frontends.onnx.symfold import fold_symbolic, is_symbolic
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.symbolic import Dim, SymbolicShapeError, SymDim, sym
 from edgerun.ir.tensor_spec import TensorSpec
@@ -71,13 +72,14 @@ NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLi
 
 def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None = None,
                       constant_inputs: Mapping[str, Any] | None = None, layout: list[Any] | None = None,
-                      unsized: str = "refuse") -> Graph:
+                      unsized: str = "symbols") -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) as an edgerun Graph.
 
     `input_shapes` sizes the inputs' dynamic dimensions: an int pins one, a `(name, min, max)` tuple keeps it
     symbolic within bounds (`{"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`, see symbols.py); a dynamic
-    dimension given neither is refused, or with `unsized="symbols"` imports as a symbol of any size (symbols.py;
-    on multiples of the smallest of 2, 4, ..., 64 that imports, where the model needs them). `constant_inputs` freezes graph inputs to values (e.g. a Reshape
+    dimension given neither imports as a symbol of any size (symbols.py; on multiples of the smallest of 2, 4,
+    ..., 64 that imports, where the model needs them; relations that hold only at some sizes as guards checked
+    per size), or with `unsized="refuse"` is refused. `constant_inputs` freezes graph inputs to values (e.g. a Reshape
     target fed as an input), which then stop being program inputs.
 
     A sequence or optional input takes its structure from `input_shapes` too (sequences.py): a list of element
@@ -109,22 +111,16 @@ def import_onnx_graph(source: Any, input_shapes: Mapping[str, Sequence[InputDim]
         except ShapeBoundsError:
             break
     if found is None:
-        raise first
+        # No multiple helps: a relation that holds at some sizes only (a Reshape whose counts agree while
+        # (H + 15) // 48 is 1) becomes a guard the program checks at each new size (ir/specialize.py).
+        entries = []
+        try:
+            found = _import_declared(model, opset, declared, input_shapes, constant_inputs, entries, True), entries
+        except ShapeBoundsError:
+            raise first from None
     if layout is not None:
         layout.extend(found[1])
     return found[0]
-
-
-def unsized_input_specs(source: Any, input_shapes: Mapping[str, Sequence[InputDim]] | None,
-                        constant_inputs: Mapping[str, Any] | None) -> tuple[dict[str, TensorSpec], dict[str, tuple[int, int]]]:
-    """The tensor inputs' specs, dynamic dimensions nobody sized as symbols (unsized="symbols"), and the
-    symbols' bounds: what a per-size template (shape_template.py) declares."""
-    model = load_model(source)
-    frozen = set(constant_inputs or {}) | {t.name for t in model.graph.initializer}
-    declared = declare_inputs(model.graph.input, input_shapes or {}, frozen, "symbols")
-    specs = {vi.name: input_spec(vi, declared.shapes.get(vi.name)) for vi in model.graph.input
-             if vi.name not in frozen}
-    return specs, dict(declared.symbols)
 
 
 # Multiples tried, in this order, for dimensions nobody sized when the model does not import for every size.
@@ -133,7 +129,7 @@ DIVISIBILITY_TRIES = (64, 32, 16, 8, 4, 2)
 
 def _import_declared(model: Any, opset: int, declared: DeclaredInputs,
                      input_shapes: Mapping[str, Sequence[InputDim]] | None, constant_inputs: Mapping[str, Any] | None,
-                     layout: list[Any] | None) -> Graph:
+                     layout: list[Any] | None, guarded: bool = False) -> Graph:
     g = model.graph
     if input_shapes or declared.rewritten:
         constants = {k: tuple(np.shape(v)) for k, v in (constant_inputs or {}).items()}
@@ -145,6 +141,7 @@ def _import_declared(model: Any, opset: int, declared: DeclaredInputs,
     graph = Graph()
     graph.symbols.update(declared.symbols)
     ctx = ImportContext(graph)
+    ctx.guarded = guarded
     _add_initializers(ctx, g.initializer)
     input_names = {vi.name for vi in g.input}
     for name, value in (constant_inputs or {}).items():
@@ -356,6 +353,8 @@ def _fold_symbolic(ctx: ImportContext, node: OnnxNode) -> bool:
     """Shape arithmetic over symbolic dimensions, folded at import time (symfold.py) where it can be."""
     outs = fold_symbolic(ctx, node)
     if outs is None:
+        if node.op_type == "Cast" and ONNX_TO_DTYPE.get(int(node.attr("to", 1)), DType.int64).is_float:
+            ctx.float_sizes[node.outputs[0]] = ctx.consts[node.inputs[0]]
         return False  # computed at run time from the materialised dimensions
     dtype = ctx.dtype(node.inputs[0])
     if node.op_type == "Cast":

@@ -12,6 +12,7 @@ import numpy as np
 from edgerun.frontends.onnx.context import ImportContext, OnnxNode, Out, onnx_dtype
 from edgerun.frontends.onnx.registry import onnx_op
 from edgerun.frontends.onnx.symfold import dims_array, interval, is_symbolic
+from edgerun.ir.dtypes import DType
 from edgerun.ir.ops.raster import strided_copy_regions
 from edgerun.ir.symbolic import Dim, SymDim, sym_max, sym_min
 from edgerun.ir.tensor_spec import contiguous_strides
@@ -81,7 +82,15 @@ def reshape(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     allowzero = bool(node.attr("allowzero", 0))
     if not allowzero:
         target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
-    return [ctx.emit("reshape", [x], shape=_infer_minus_one(in_shape, target))]
+    target = _infer_minus_one(in_shape, target)
+    try:
+        return [ctx.emit("reshape", [x], shape=target)]
+    except ValueError:
+        if not ctx.guarded:
+            raise
+    # The counts agree only at some sizes (a recognizer's (H + 15) // 48 that must be 1): a guard, checked at
+    # each new size (ir/specialize.py), instead of a refusal.
+    return [ctx.emit("reshape", [x], shape=target, guard=f"ONNX node {node.name or node.outputs[0]!r} (Reshape)")]
 
 
 def _infer_minus_one(in_shape: tuple[Dim, ...], target: list[Dim]) -> list[Dim]:
@@ -144,6 +153,11 @@ def squeeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
                                               else d == 1)}
     unknown = [d for i, d in enumerate(shp) if isinstance(d, SymDim) and i not in ones
                and (named is None or i in named)]
+    if unknown and ctx.guarded and named is not None:
+        # Squeezing a size that is 1 only at some sizes (a branch taken when a frame count is 1): a guard
+        # checked at each new size (ir/specialize.py), the reshape dropping the named axes.
+        return [ctx.emit("reshape", [x], shape=[d for i, d in enumerate(shp) if i not in named],
+                         guard=f"ONNX node {node.name or node.outputs[0]!r} (Squeeze)")]
     if unknown:
         raise node.refuse_at_bounds(f"Squeeze of symbolic dimension {unknown[0]}, which is 1 only for some shapes: pin it in "
                           "input_shapes= or bound its symbols so that it is always 1")
@@ -175,7 +189,32 @@ def unsqueeze(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 @onnx_op("Concat")
 def concat(ctx: ImportContext, node: OnnxNode) -> list[Out]:
     xs = [ctx.input(node, i) for i in range(len(node.inputs)) if node.has_input(i)]
-    return [ctx.emit("concat", xs, axis=int(node.attr("axis")))]
+    axis = int(node.attr("axis"))
+    try:
+        return [ctx.emit("concat", xs, axis=axis)]
+    except ValueError:
+        if not ctx.guarded:
+            raise
+    return [ctx.emit("concat", agree_outside(ctx, node, xs, axis), axis=axis)]
+
+
+def agree_outside(ctx: ImportContext, node: OnnxNode, xs: list[str], axis: int) -> list[str]:
+    """`xs` reshaped, under a guard, to agree outside `axis` (where a pooled branch's 1 meets (H + 15) // 48):
+    each dimension takes a number where some input has one there, else the first input's size. The guard
+    checks at each new size that the sizes agree (ir/specialize.py)."""
+    shapes = [ctx.b.shape(x) for x in xs]
+    rank = len(shapes[0])
+    if any(len(s) != rank for s in shapes):
+        raise node.refuse(f"Concat of inputs of ranks {[len(s) for s in shapes]}")
+    axis %= rank
+    want = [next((s[i] for s in shapes if not isinstance(s[i], SymDim)), shapes[0][i]) for i in range(rank)]
+    out = []
+    for x, shape in zip(xs, shapes):
+        target = [d if i == axis else want[i] for i, d in enumerate(shape)]
+        same = all(d == t for d, t in zip(shape, target))
+        out.append(x if same else ctx.emit("reshape", [x], shape=target,
+                                           guard=f"ONNX node {node.name or node.outputs[0]!r} (Concat)"))
+    return out
 
 
 @onnx_op("Split")
@@ -333,11 +372,26 @@ def eye_like(ctx: ImportContext, node: OnnxNode) -> list[Out]:
 
 @onnx_op("Range")
 def range_(ctx: ImportContext, node: OnnxNode) -> list[Out]:
+    if node.inputs[1] in ctx.float_sizes:
+        return [_range_to_float_size(ctx, node)]
     start, limit, delta = (ctx.static(node, i, name) for i, name in enumerate(("start", "limit", "delta")))
     assert start is not None and limit is not None and delta is not None
     if any(is_symbolic(v) for v in (start, limit, delta)):
         return [_symbolic_range(ctx, node, start, limit, delta)]
     return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
+
+
+def _range_to_float_size(ctx: ImportContext, node: OnnxNode) -> str:
+    """Range up to a size cast to float (a detector's anchor grid: arange(float(w))): with a start and step
+    that are whole numbers, the same values as the integer range, cast; so its length stays symbolic."""
+    start, delta = ctx.const(node.inputs[0]), ctx.const(node.inputs[2])
+    if start is None or delta is None or start.size != 1 or delta.size != 1 or \
+            not float(start.item()).is_integer() or not float(delta.item()).is_integer():
+        raise node.refuse("Range up to a size cast to float needs a constant whole-number start and step; pin "
+                          "the dimensions in input_shapes=")
+    whole = _symbolic_range(ctx, node, np.asarray(int(start.item()), np.int64),
+                            ctx.float_sizes[node.inputs[1]], np.asarray(int(delta.item()), np.int64))
+    return ctx.cast(whole, DType.of(start))
 
 
 def _symbolic_range(ctx: ImportContext, node: OnnxNode, start: np.ndarray, limit: np.ndarray,

@@ -3,15 +3,18 @@
 `input_shapes={"x": (1, 3, ("H", 32, 2048), ("W", 32, 2048))}`: an int pins a dimension, a `(name, min, max)`
 tuple declares a symbol with inclusive bounds, and `(name, min, max, multiple)` one whose sizes are multiples
 (`("H", 32, 2048, 32)`: the dimension is `32*H_div32`, for models that only work on such sizes). The program is then a template that serves every shape in the
-bounds (the runtime specialises it per concrete shape). By default a dynamic dimension nobody bounded is refused
-with the form to pass, never given a silent default.
+bounds (the runtime specialises it per concrete shape), planned for the bounds upfront.
 
-With `unsized="symbols"` it imports instead: it becomes a symbol named after its `dim_param` (or
-`<input>_<axis>` for an anonymous one) bounded 1..DYNAMIC_MAX, bounds that only say "any size"; the runtime
-checks each call's sizes and specialises the program at the first call of each new size (cached). Where the
-model holds together only on multiples (a detector that halves H five times and doubles it back), the importer
-retries with those dimensions as multiples (`multiple=`), the smallest that imports, so a size that is no
-multiple is refused at its call with that reason.
+A dynamic dimension nobody sized imports too (`unsized="symbols"`, the default): it becomes a symbol named after
+its `dim_param` (or `<input>_<axis>` for an anonymous one) bounded 1..DYNAMIC_MAX, bounds that only say "any
+size"; the runtime checks each call's sizes and specialises the program at the first call of each new size
+(cached). Where the model holds together only on multiples (a detector that halves H five times and doubles it
+back), the importer retries with those dimensions as multiples (`multiple=`), the smallest that imports, so a
+size that is no multiple is refused at its call with that reason. `unsized="refuse"` instead refuses such a
+dimension with the form to pass (DynamicInputError), for a caller who wants every size stated.
+
+A wrong `input_shapes` entry (an input the model lacks, a wrong rank, bad bounds) is an InputShapeError, which
+says it in from_onnx's terms, or in the CLI's (`--input-shape`) through `cli_message()`.
 
 A dynamic dimension of an input not listed (or of a listed input's ONNX `dim_param`) takes the symbol declared
 for the same `dim_param` elsewhere: `input_shapes={"input": (("batch", 1, 8), ("sequence", 64, 4096))}` also
@@ -36,6 +39,20 @@ InputDim = int | tuple[str, int, int] | tuple[str, int, int, int]
 # bound never decides whether a real call runs; each call's sizes are specialised for as they come.
 DYNAMIC_MAX = 1 << 24
 UNSIZED = ("refuse", "symbols")
+
+
+class InputShapeError(OnnxModelError):
+    """A shape given for an input that does not fit the model or is malformed. `str()` says it in from_onnx's
+    terms (input_shapes=); `cli_message()` in the CLI's (--input-shape), for whoever gave it there."""
+
+    def __init__(self, name: str, axis: int | None, python: str, cli: str | None = None) -> None:
+        where = f"input_shapes[{name!r}]" + ("" if axis is None else f" dimension {axis}")
+        super().__init__(f"{where} {python}")
+        self.name, self.axis = name, axis
+        self._cli = f"--input-shape {name}=...: " + ("" if axis is None else f"dimension {axis} ") + (cli or python)
+
+    def cli_message(self) -> str:
+        return self._cli
 
 
 @dataclass
@@ -75,19 +92,19 @@ class DeclaredInputs:
 
 
 def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[Any]],
-                   skip: set[str], unsized: str = "refuse", multiple: int = 1) -> DeclaredInputs:
+                   skip: set[str], unsized: str = "symbols", multiple: int = 1) -> DeclaredInputs:
     """Resolve every tensor input's shape from the model and `input_shapes`; inputs in `skip` are constants.
 
-    `unsized="symbols"` makes each dynamic dimension left without a size or symbol a symbol bounded
+    `unsized="symbols"` (the default) makes each dynamic dimension left without a size or symbol a symbol bounded
     1..DYNAMIC_MAX; with `multiple` > 1, each such dimension past an input's first (its batch) is that multiple
     of a symbol. Raises OnnxModelError for an input_shapes entry that names no input, has the wrong rank, or a
-    malformed dimension, and UnsupportedOpError for a dynamic dimension left without a size or bounded symbol (naming
-    the form to pass).
+    malformed dimension (InputShapeError), and with unsized="refuse" DynamicInputError for a dynamic dimension left
+    without a size or bounded symbol (naming the form to pass).
     """
     by_name = {vi.name: vi for vi in inputs}
     for name in input_shapes:
         if name not in by_name:
-            raise OnnxModelError(f"input_shapes names {name!r}, which is not a graph input ({sorted(by_name)})")
+            raise InputShapeError(name, None, f"names no graph input (the model's are {sorted(by_name)})")
     out = DeclaredInputs()
     tensors = [vi for vi in inputs if vi.name not in skip and vi.type.WhichOneof("value") == "tensor_type"
                and vi.type.tensor_type.HasField("shape")]
@@ -96,7 +113,7 @@ def declare_inputs(inputs: Sequence[Any], input_shapes: Mapping[str, Sequence[An
         dims = list(vi.type.tensor_type.shape.dim)
         given = input_shapes.get(vi.name)
         if given is not None and len(given) != len(dims):
-            raise OnnxModelError(f"input_shapes[{vi.name!r}] has rank {len(given)}, the model's input {len(dims)}")
+            raise InputShapeError(vi.name, None, f"has {len(given)} dimensions, the model's input {len(dims)}")
         shape: list[Dim] = []
         unresolved: list[int] = []
         for i, d in enumerate(dims):
@@ -119,7 +136,6 @@ def _resolve(input_name: str, i: int, d: Any, given: Any, out: DeclaredInputs) -
     """One input dimension's size or symbol (None when it is dynamic and nothing bounds it)."""
     param = d.dim_param if d.HasField("dim_param") and not anonymous_symbol(d.dim_param) else ""
     static = int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None
-    where = f"input_shapes[{input_name!r}] dimension {i}"
     if given is None:
         if static is not None:
             return static
@@ -129,48 +145,56 @@ def _resolve(input_name: str, i: int, d: Any, given: Any, out: DeclaredInputs) -
             return sym(param)
         return None
     if isinstance(given, bool):
-        raise OnnxModelError(f"{where} is {given!r}: give a size or (name, min, max)")
+        raise InputShapeError(input_name, i, f"is {given!r}: give a size or (name, min, max)",
+                              f"is {given!r}: give a size or SYMBOL:MIN:MAX")
     if isinstance(given, int) or (hasattr(given, "__index__") and not isinstance(given, tuple | list | str)):
         size = int(given)
         if size < 0:
-            raise OnnxModelError(f"{where} is {size}: sizes are non-negative")
+            raise InputShapeError(input_name, i, f"is {size}: sizes are non-negative")
+        if static is not None and size != static:
+            raise InputShapeError(input_name, i, f"is {size}, but the model fixes that dimension to {static}")
         if param:
             _bind(out, param, size)
         return size
-    symbol = _symbol(given, where, out)
+    symbol = _symbol(given, input_name, i, out)
     if static is not None:
-        raise OnnxModelError(f"{where} declares symbol {given[0]!r}, but the model fixes that dimension to {static}")
+        raise InputShapeError(input_name, i, f"declares symbol {given[0]!r}, but the model fixes that dimension to "
+                              f"{static}", f"is the symbol {given[0]!r}, but the model fixes that dimension to "
+                              f"{static}: give {static} there")
     if param:
         _bind(out, param, symbol)
     return symbol
 
 
-def _symbol(given: Any, where: str, out: DeclaredInputs) -> Dim:
+def _symbol(given: Any, input_name: str, i: int, out: DeclaredInputs) -> Dim:
     """The dimension for (name, min, max) or (name, min, max, multiple); a multiple m makes it m * name_div<m>."""
     form = "(name, min, max), e.g. ('H', 32, 2048), or (name, min, max, multiple)"
     if isinstance(given, str):
-        raise OnnxModelError(f"{where} is the symbol {given!r} without bounds: give {form} (edgerun plans memory "
-                             "for the largest shape, so every symbol needs an upper bound)")
+        raise InputShapeError(input_name, i, f"is the symbol {given!r} without bounds: give {form} (or a size)",
+                              f"is the symbol {given!r} without bounds: give SYMBOL:MIN:MAX (or a size)")
     if not isinstance(given, tuple | list) or len(given) not in (3, 4):
-        raise OnnxModelError(f"{where} is {given!r}: give a size or {form}")
+        raise InputShapeError(input_name, i, f"is {given!r}: give a size or {form}")
     name, lo, hi, multiple = (*given, 1) if len(given) == 3 else given
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, multiple)) or not 0 <= lo <= hi \
             or multiple < 1:
-        raise OnnxModelError(f"{where} has bounds {lo!r}..{hi!r} (multiple {multiple!r}): they must be integers "
-                             "with 0 <= min <= max and a multiple of at least 1")
+        raise InputShapeError(input_name, i, f"has bounds {lo!r}..{hi!r} (multiple {multiple!r}): they must be "
+                              "integers with 0 <= min <= max and a multiple of at least 1",
+                              f"is {name}:{lo}:{hi}" + (f":{multiple}" if len(given) == 4 else "") +
+                              ": bounds must have 0 <= MIN <= MAX and a MULTIPLE of at least 1")
     if multiple > 1:
         # A model that halves a size five times and doubles it back (a U-Net, a text detector) adds the two only
         # when the size is a multiple of 32; as 32 * H_div32 the shape arithmetic cancels exactly.
         name, lo, hi = f"{name}_div{multiple}", -(-lo // multiple), hi // multiple
         if lo > hi:
-            raise OnnxModelError(f"{where}: no multiple of {multiple} lies within {given[1]}..{given[2]}")
+            raise InputShapeError(input_name, i, f"has bounds where no multiple of {multiple} lies within "
+                                  f"{given[1]}..{given[2]}")
     try:
         symbol = sym(name)
     except SymbolicShapeError as exc:
-        raise OnnxModelError(f"{where}: {exc}") from None
+        raise InputShapeError(input_name, i, f"names a symbol that cannot be one: {exc}") from None
     if out.symbols.get(name, (lo, hi)) != (lo, hi):
-        raise OnnxModelError(f"{where} bounds symbol {name!r} by {lo}..{hi}, elsewhere by "
-                             f"{out.symbols[name][0]}..{out.symbols[name][1]}")
+        raise InputShapeError(input_name, i, f"bounds symbol {name!r} by {lo}..{hi}, elsewhere by "
+                              f"{out.symbols[name][0]}..{out.symbols[name][1]}: one symbol has one pair of bounds")
     out.symbols[name] = (lo, hi)
     return symbol * multiple
 
@@ -183,7 +207,7 @@ def _dynamic(input_name: str, i: int, d: Any, out: DeclaredInputs, multiple: int
     fresh = f"{name}_div{multiple}" if multiple > 1 else name
     if fresh not in out.symbols:
         out.defaulted.append(fresh)
-    size = _symbol((name, multiple, DYNAMIC_MAX, multiple), f"input {input_name!r} dimension {i}", out)
+    size = _symbol((name, multiple, DYNAMIC_MAX, multiple), input_name, i, out)
     if param:
         _bind(out, param, size)
     return size

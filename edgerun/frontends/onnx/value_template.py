@@ -80,7 +80,7 @@ class ValueTemplate(Program):
     """
 
     def __init__(self, model: Any, error: DynamicInputError, input_shapes: Mapping[str, Sequence[InputDim]] | None,
-                 constant_inputs: Mapping[str, Any] | None, optimize: bool, unsized: str = "refuse") -> None:
+                 constant_inputs: Mapping[str, Any] | None, optimize: bool, unsized: str = "symbols") -> None:
         graph = Graph()
         for name, spec in error.input_specs.items():
             graph.add_input(name, spec)
@@ -179,7 +179,7 @@ class ValueTemplate(Program):
         shapes = {k: tuple(tuple(d) if isinstance(d, list) else d for d in v)
                   for k, v in saved.get("input_shapes", {}).items()}
         frozen = {k: np.asarray(program.graph.constants[c]) for k, c in saved.get("constant_inputs", {}).items()}
-        unsized = str(saved.get("unsized", "refuse"))
+        unsized = str(saved.get("unsized", "symbols"))
         try:
             graph = import_onnx_graph(model, shapes or None, frozen or None, None, unsized)
         except DynamicInputError as exc:

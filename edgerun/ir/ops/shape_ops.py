@@ -84,7 +84,17 @@ def static_index(shape: Sequence[int], value: int) -> int:
 
 
 def _reshape_rule(ins: list[TensorSpec], attrs: Attrs) -> list[TensorSpec]:
-    return [TensorSpec(resolve_shape(ins[0].numel, attrs["shape"]), ins[0].dtype)]
+    try:
+        return [TensorSpec(resolve_shape(ins[0].numel, attrs["shape"]), ins[0].dtype)]
+    except ValueError:
+        # A guarded reshape (attr guard: where it came from) holds over symbolic sizes only where the element
+        # counts agree, which the import could not prove for every size: specialisation checks it per size
+        # (ir/specialize.py: check_guards). Once the sizes are numbers the counts must agree as always.
+        target = tuple(as_dim(d) for d in attrs["shape"])
+        if not attrs.get("guard") or -1 in target or not (is_symbolic(ins[0].numel)
+                                                          or any(is_symbolic(d) for d in target)):
+            raise
+        return [TensorSpec(target, ins[0].dtype)]
 
 
 def _reshape(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
@@ -94,7 +104,8 @@ def _reshape(b: Builder, ins: list[str], attrs: Attrs) -> list[str]:
     return [_copy_view(b, ins[0], 0, contiguous_strides(shape), shape)]
 
 
-_composite("reshape", _reshape_rule, _reshape, 1, 1, "same elements, new shape (attr shape; one -1 allowed)")
+_composite("reshape", _reshape_rule, _reshape, 1, 1, "same elements, new shape (attr shape; one -1 allowed; attr "
+           "guard, naming its origin, when the counts agree only at some symbolic sizes: checked per size)")
 
 
 def _flat_shape(shape: tuple[int, ...], attrs: Attrs) -> tuple[int, ...]:
