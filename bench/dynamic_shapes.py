@@ -14,7 +14,16 @@ interleaved so both see the same load. Ratios are template / static.
 
     .venv/bin/python bench/dynamic_shapes.py [--models resnet18,minilm_l6] [--runs 20] [--rounds 3]
 
-Then the call overhead a template adds, on a one-node program where no kernel hides it (2000 calls).
+Then ONNX models from PyPI wheels imported with no shape arguments (`from_onnx(path)`; one of them, PP-OCRv4's
+recognizer, holds a guard checked at each new size), saved, and loaded from the file: per size, the first call
+of a freshly loaded program (guards checked, specialised from the file's IR, loaded, run) against a program
+imported with that size pinned (its load plus first call), the specialisation alone, and the median later call
+of each (interleaved).
+
+    .venv/bin/python bench/dynamic_shapes.py --onnx ocr-v4-rec,silero-op15,ocr-cls-mobile
+
+(`--onnx ""` leaves them out; the models are bench/unsized_wheel_models.py's, skipped when their wheel is
+absent). Then the call overhead a template adds, on a one-node program where no kernel hides it (2000 calls).
 
 Writes bench/results/dynamic_shapes.json. Last line: `max_steady_ratio=<x> max_first_call_ratio=<y>`.
 """
@@ -25,6 +34,7 @@ import argparse
 import functools
 import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -145,6 +155,67 @@ def bench_model(name: str, runs: int, rounds: int, workdir: Path) -> list[dict[s
     return rows
 
 
+def bench_onnx(label: str, runs: int, rounds: int, workdir: Path) -> list[dict[str, Any]]:
+    """One wheel model imported with no shape arguments, against a program with each size pinned."""
+    import edgerun
+    from edgerun.frontends.onnx import from_onnx
+    from edgerun.ir.specialize import guards
+    from edgerun.program import Program
+    from edgerun.runtime.specializing import specialize_program
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from unsized_wheel_models import MODELS, _feeds, wheel_file
+
+    package, relative, sizes, frozen = MODELS[label]
+    path = wheel_file(package, relative)
+    if path is None:
+        print(f"{label}: skipped, {package} is not installed", flush=True)
+        return []
+    constants = {k: np.array(v) for k, v in frozen.items()} or None
+    template_path = workdir / f"{label}.edgerun"
+    import_s, program = _timed(functools.partial(from_onnx, constant_inputs=constants), str(path))
+    program.save(template_path)
+    saved = Program.read(template_path)
+    checked = [o for g in (saved.graph, *saved.graph.subgraphs.values()) for o, _, _ in guards(g)]
+    print(f"onnx:{label}: imported with no shape arguments in {import_s:.1f} s, symbols {saved.graph.symbols}, "
+          f"{len(checked)} guards", flush=True)
+    rows = []
+    for k, size in enumerate(sizes):
+        feeds = _feeds(size, k)
+        pinned_path = workdir / f"{label}.{k}.edgerun"
+        from_onnx(str(path), input_shapes=size, constant_inputs=constants).save(pinned_path)
+        firsts, pinned_loads, pinned_firsts = [], [], []
+        for _ in range(rounds):
+            template = edgerun.load(template_path)
+            firsts.append(_timed(functools.partial(template, **feeds))[0])
+            load_s, pinned = _timed(edgerun.load, pinned_path)
+            pinned_loads.append(load_s)
+            pinned_firsts.append(_timed(functools.partial(pinned, **feeds))[0])
+        bindings = dict(template.specialization(feeds).program.metadata["specialized_from"]["symbols"])
+        specialise_s = statistics.median(_timed(specialize_program, saved, bindings)[0] for _ in range(rounds))
+        ours, theirs = template(**feeds), pinned(**feeds)
+        pairs = zip(ours, theirs) if isinstance(ours, tuple | list) else [(ours, theirs)]
+        steady = _steady([functools.partial(template, **feeds), functools.partial(pinned, **feeds)], [], runs)
+        row = {
+            "model": f"onnx:{label}", "shape": {n: list(v) for n, v in size.items()}, "guards": len(checked),
+            "template_first_call_ms": statistics.median(firsts) * 1e3,
+            "specialise_ms": specialise_s * 1e3,
+            "static_load_ms": statistics.median(pinned_loads) * 1e3,
+            "static_first_call_ms": statistics.median(pinned_firsts) * 1e3,
+            "template_steady_ms": steady[0] * 1e3, "static_steady_ms": steady[1] * 1e3,
+            "max_abs_diff_template_vs_static": max(float(np.abs(a - b).max()) for a, b in pairs),
+        }
+        static_first = row["static_load_ms"] + row["static_first_call_ms"]
+        row["first_call_ratio"] = row["template_first_call_ms"] / static_first
+        row["steady_ratio"] = row["template_steady_ms"] / row["static_steady_ms"]
+        rows.append(row)
+        first_shape = next(iter(size.values()))
+        print(f"{label:16s} {first_shape!s:16s} {row['template_first_call_ms']:9.1f} {row['specialise_ms']:8.1f} "
+              f"{static_first:9.1f} {row['first_call_ratio']:6.2f} {row['template_steady_ms']:9.2f} "
+              f"{row['static_steady_ms']:9.2f} {row['steady_ratio']:6.3f}", flush=True)
+    return rows
+
+
 def call_overhead_us(calls: int = 2000) -> dict[str, float]:
     """What a template adds to each call, measured on a one-node program (relu on float32[n, 64]), where the
     kernel is too small to hide it: median per-call time of the template and the static program."""
@@ -181,6 +252,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="steady-state calls per shape (median)")
     parser.add_argument("--rounds", type=int, default=3, help="fresh loads per shape for first-call times (median)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (1 keeps a shared box's noise down)")
+    parser.add_argument("--onnx", default="ocr-v4-rec,silero-op15,ocr-cls-mobile",
+                        help="comma-separated wheel models (bench/unsized_wheel_models.py) imported with no shapes")
     args = parser.parse_args()
     from threadpoolctl import threadpool_limits
 
@@ -192,14 +265,21 @@ def main() -> None:
           "pass pipeline) inside it; 1st stat: the static program's load plus first call; arena=: same arena bytes)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
+        for name in filter(None, args.models.split(",")):
             rows += bench_model(name, args.runs, args.rounds, Path(tmp))
+        if args.onnx:
+            print("ONNX models imported with no shape arguments, loaded from their program files; 'stat' is a "
+                  "program imported with the size pinned:")
+        for label in filter(None, args.onnx.split(",")):
+            rows += bench_onnx(label, args.runs, args.rounds, Path(tmp))
     overhead = call_overhead_us()
     print(f"call overhead on a one-node program: template {overhead['template_call_us']:.1f} us, static "
           f"{overhead['static_call_us']:.1f} us, added {overhead['added_us']:.1f} us per call")
     out = Path(__file__).parent / "results" / "dynamic_shapes.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"python": sys.version.split()[0], "load_average_before": load_before,
+    out.write_text(json.dumps({"command": " ".join(["bench/dynamic_shapes.py", *sys.argv[1:]]),
+                               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                               "python": sys.version.split()[0], "load_average_before": load_before,
                                "load_average_after": os.getloadavg(), "runs": args.runs, "rounds": args.rounds,
                                "threads": args.threads, "call_overhead": overhead,
                                "rows": rows}, indent=2) + "\n")
