@@ -1,5 +1,5 @@
 """The runtime needs numpy alone: programs of every kind (a plain one, methods sharing state, a template
-specialised per shape, a quantized one) load and run in a process where importing torch or onnx fails,
+specialised per shape, one holding a guard checked per shape, a quantized one) load and run in a process where importing torch or onnx fails,
 and give what they gave here. docs/design.md's layer list puts every frontend above the runtime and the
 search (tests/test_layering.py); this is the same claim checked by running."""
 
@@ -57,6 +57,18 @@ def template() -> Program:
     return Program(g, {"producer": "test"})
 
 
+def guarded() -> Program:
+    """x [N, L] reshaped to [N, (L + 15) // 48, L] under a guard (what the ONNX import makes of PP-OCRv4's
+    recognizer): it runs where (L + 15) // 48 is 1 and refuses other sizes at their call."""
+    n, length = sym("N"), sym("L")
+    g = Graph(symbols={"N": (1, 8), "L": (1, 1 << 20)})
+    b = Builder(g)
+    x = g.add_input("x", TensorSpec((n, length), DType.float32))
+    y = b.emit("reshape", [x], shape=[n, (length + 15) // 48, length], guard="the test's Reshape")
+    g.outputs = [b.emit("relu", [y])]
+    return Program(g, {"producer": "test"})
+
+
 CHILD = textwrap.dedent("""
     import importlib.abc, sys
 
@@ -84,6 +96,13 @@ CHILD = textwrap.dedent("""
         np.testing.assert_allclose(t(want[f"t{n}"]), want[f"template{n}"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(edgerun.load(f"{folder}/quantized.edgerun")(x4), want["quantized"], rtol=1e-5,
                                atol=1e-6)
+    g = edgerun.load(f"{folder}/guarded.edgerun")
+    np.testing.assert_allclose(g(want["g40"]), want["guarded40"])
+    try:
+        g(np.zeros((1, 96), np.float32))
+        raise AssertionError("a size failing the guard ran")
+    except edgerun.EdgerunError as exc:
+        assert "the test's Reshape needs" in str(exc), exc
     assert not {"torch", "onnx"} & set(sys.modules), sorted({"torch", "onnx"} & set(sys.modules))
     print("ran", len(want.files))
 """)
@@ -95,7 +114,8 @@ def test_programs_of_every_kind_load_and_run_where_torch_and_onnx_cannot_be_impo
     x23 = rng.standard_normal((2, 3)).astype(np.float32)
     t3, t5 = (rng.standard_normal((n, 4)).astype(np.float32) for n in (3, 5))
     programs = {"plain": plain(), "state": with_methods_and_state(), "template": template(),
-                "quantized": edgerun.quantize(plain(), "int8-dynamic")}
+                "quantized": edgerun.quantize(plain(), "int8-dynamic"), "guarded": guarded()}
+    g40 = rng.standard_normal((2, 40)).astype(np.float32)
     for name, program in programs.items():
         program.save(tmp_path / f"{name}.edgerun")
     state = edgerun.load(programs["state"])
@@ -103,7 +123,9 @@ def test_programs_of_every_kind_load_and_run_where_torch_and_onnx_cannot_be_impo
     t = edgerun.load(programs["template"])
     want = {"x4": x4, "x23": x23, "t3": t3, "t5": t5, "plain": edgerun.load(programs["plain"])(x4),
             "state": state.run_method("peek", x23), "template3": t(t3), "template5": t(t5),
-            "quantized": edgerun.load(programs["quantized"])(x4)}
+            "quantized": edgerun.load(programs["quantized"])(x4), "g40": g40,
+            "guarded40": edgerun.load(programs["guarded"])(g40)}
+    np.testing.assert_array_equal(want["guarded40"], np.maximum(g40, 0).reshape(2, 1, 40))
     assert any(n.op.endswith("integer") or "quant" in n.op for n in programs["quantized"].graph.nodes)
     np.savez(tmp_path / "want.npz", **want)
     done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,
