@@ -212,7 +212,7 @@ def main() -> None:
         weights = float_weights(checkpoint)  # the LLM package's step builder over float32 weights
 
         def dense() -> Program:
-            return step_program(step_graph(info.config, weights, chunk=1, context=args.context, cache="state"),
+            return step_program(step_graph(info.config, weights, chunk=1, context=args.context),
                                 info.config, args.context)
         if args.ablate:
             ablate(dense(), args.rounds)

@@ -268,10 +268,10 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     shared: dict[str, Any] = {}  # the packed operands, made once for both methods
     methods = {
         "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context,
-                              int8_activations=int8_decode and int8_prefill, shared=shared, cache="state",
+                              int8_activations=int8_decode and int8_prefill, shared=shared,
                               layout="heads"),
         "decode": step_graph(info.config, weights, chunk=1, context=info.context, int8_activations=int8_decode,
-                             shared=shared, cache="state", layout="heads"),
+                             shared=shared, layout="heads"),
     }
     # Initial values as read-only zeros in one element's memory: the runtime's state buffers are the cache
     # (StateStore copies these into them), so a resident zero cache of the program's own would be a second

@@ -5,24 +5,24 @@ architecture's options, post-norms on both branches, QK-norm, partial or scaled 
 per rotary base: gemma3's sliding layers have their own), a sliding window on some layers, soft-capped
 attention scores and logits, GELU-tanh gating, the embedding scaled by sqrt(dim).
 
-Prefill is the step at a chunk length (the prompt in chunks, the last padded: the causal mask keeps the
-padding out of real tokens' attention); decode is the step at T=1. The cache is either
+Each layer's attention is one `cache_attention` op (edgerun/ir/ops/cache_attention_ops.py): the q/k/v
+projections' outputs (after QK-norm) in, with the rotary tables of the layer's base, its window and soft-cap
+as attributes; the layer's cache read and its T new rows written at the run-time position `start`. A backend
+with an attention kernel runs it whole (ONNX Runtime: GroupQueryAttention, appending the rows in place);
+elsewhere its decomposition runs. The builder knows nothing of backends.
 
-- program state (`cache="state"`, what `edgerun.llm` runs): per layer the states `k_cache_{i}`,
-  `v_cache_{i}`, read as views and written with `update_slice` at the run-time position `start`, in place
-  (only the T new rows; the step must satisfy start + T <= C, see step_runner.py); or
-- graph inputs and outputs (`cache="inputs"`, the WebGPU decode plan's form): the cache comes in as inputs,
-  the new rows go out as outputs `k_new_{i}`, `v_new_{i}`, and the host writes them.
+Prefill is the step at a chunk length (the prompt in chunks, the last padded: the causal mask keeps the
+padding out of real tokens' attention); decode is the step at T=1. The cache is program state: per layer
+the states `k_cache_{i}`, `v_cache_{i}`, updated by the layer's op (only the T new rows, in place; the step
+must satisfy start + T <= C, see step_runner.py).
 
 Inputs:  tokens int64[T], start int64[1] (position of tokens[0]), last int64[1] (row whose logits to emit)
 Cache, in one of two layouts (`layout`):
   "heads" (what `edgerun.llm` runs): k_cache_{i} and v_cache_{i} float32[1, kv_heads, C, head_dim], ONNX
-      Runtime's GroupQueryAttention layout, so its delegate can run a layer's attention and both cache
-      writes as that one kernel, appending the new rows in place (onnx_llm_ops.CacheAttentionFusion);
+      Runtime's GroupQueryAttention layout;
   "keys_transposed" (the WebGPU decode plan's): k_cache_{i} float32[kv_heads, head_dim, C] (the score matmul
       needs no transpose), v_cache_{i} float32[kv_heads, C, head_dim].
-Outputs: logits float32[vocab] (or [T, vocab] with all_logits); with cache="inputs" also the new rows
-         k_new_{i}, v_new_{i} (T in place of C in the cache's shape)
+Outputs: logits float32[vocab] (or [T, vocab] with all_logits)
 
 Cache slots at positions >= start are masked out (they must hold finite values: 0 * NaN is NaN).
 GGUF-packed weights stay packed (see `packed_linear`).
@@ -44,16 +44,11 @@ from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_ope
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 Weight = np.ndarray | PackedWeight
-CacheForm = Literal["state", "inputs"]
 CacheLayout = Literal["heads", "keys_transposed"]
-# Node meta naming a node's role in a layer's attention ("<layer> q", "<layer> k", "<layer> v", "<layer> out",
-# "<layer> k write", "<layer> v write", and "rope cos" / "rope sin"): what ONNX Runtime's delegate needs to run
-# the attention as GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion; the roles' promises are there).
-ATTENTION_ROLE = "llm_attention"
 
 
 def cache_names(config: Architecture) -> list[str]:
-    """The cache's names (states or inputs), layer by layer: k_cache_0, v_cache_0, k_cache_1, ..."""
+    """The cache states' names, layer by layer: k_cache_0, v_cache_0, k_cache_1, ..."""
     return [f"{kind}_cache_{i}" for i in range(config.layers) for kind in ("k", "v")]
 
 
@@ -96,24 +91,17 @@ def rope_tables(config: Architecture, context: int, base: float | None = None) -
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def plain_attention(config: Architecture, layer: int) -> bool:
-    """Whether layer `layer`'s attention is the one ONNX Runtime's GroupQueryAttention fusion runs (full
-    rotary from the tagged tables, 1/sqrt(head_dim) scale, causal over the whole cache, no soft-cap, no
-    QK-norm between the projections and the rotary): only such layers are tagged for it."""
-    return (not config.qk_norm and not config.is_sliding(layer) and not config.attn_softcap
-            and config.rotary_dim == config.head_dim and not config.query_scale and not config.local_rope_theta)
-
-
 class _StepBuilder:
     def __init__(self, config: Architecture, weights: Mapping[str, Weight], chunk: int, context: int,
                  all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]],
-                 cache: CacheForm, layout: CacheLayout) -> None:
-        self.shared, self.cache_form, self.layout = shared, cache, layout
+                 layout: CacheLayout) -> None:
+        self.shared, self.layout = shared, layout
         self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
         self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
         self.b = Builder(self.g)
         self._transposed: dict[str, str] = {}
+        self.start = ""
 
     def weight_t(self, name: str) -> str:
         """The [in, out] constant of weight `name` (stored [out, in]), so a projection is one matmul."""
@@ -235,120 +223,44 @@ class _StepBuilder:
     def rms_norm(self, x: str, name: str) -> str:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
 
-    def rotate(self, x: str, cos: str, sin: str) -> str:
-        """x * cos + rotate_half(x) * sin on [heads, T, head_dim]; with partial rotary only the first
-        rotary_dim dims of each head turn, the rest pass through (transformers' order)."""
-        b, rd, hd = self.b, self.c.rotary_dim, self.c.head_dim
-        x_rot = x if rd == hd else b.emit("slice", [x], starts=[0], ends=[rd], axes=[2])
-        x1 = b.emit("slice", [x_rot], starts=[0], ends=[rd // 2], axes=[2])
-        x2 = b.emit("slice", [x_rot], starts=[rd // 2], ends=[rd], axes=[2])
-        rotated = b.emit("concat", [b.unary("neg", x2), x1], axis=2)
-        out = b.binary("add", b.binary("mul", x_rot, cos), b.binary("mul", rotated, sin))
-        if rd == hd:
-            return out
-        return b.emit("concat", [out, b.emit("slice", [x], starts=[rd], ends=[hd], axes=[2])], axis=2)
-
-    def heads_first(self, x: str, heads: int, role: str = "") -> str:
-        """[T, heads*hd] -> [heads, T, hd]; `role` tags the reshape, whose input is the projection."""
-        b = self.b
-        reshaped = self.tagged(role, "reshape", [x], shape=[self.T, heads, self.c.head_dim]) if role else \
-            b.emit("reshape", [x], shape=[self.T, heads, self.c.head_dim])
-        return b.emit("transpose", [reshaped], perm=[1, 0, 2])
-
-    def attention(self, h: str, i: int, cos: str, sin: str, cache_keep: str, causal: str) -> tuple[str, str, str]:
-        b, c, T, C = self.b, self.c, self.T, self.C
-        kv, hd, group = c.kv_heads, c.head_dim, c.group
-        prefix = f"layers.{i}."
-        plain = plain_attention(c, i)  # tagged for ONNX Runtime's GroupQueryAttention only if so
+    def attention(self, h: str, i: int, tables: tuple[str, str]) -> str:
+        """Layer i's attention as one `cache_attention` op (ir/ops/cache_attention_ops.py: rotary, grouped
+        heads, causal and cache masks, the layer's window and soft-cap, the cache read and its new rows
+        written); QK-norm before it. Its cache outputs are the layer's state updates."""
+        b, c, prefix = self.b, self.c, f"layers.{i}."
         q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
-        q = self.rotate(self.qk_norm(self.heads_first(q, c.heads, f"{i} q" if plain else ""), prefix + "q_norm"),
-                        cos, sin)
-        k = self.rotate(self.qk_norm(self.heads_first(k, kv, f"{i} k" if plain else ""), prefix + "k_norm"),
-                        cos, sin)
-        v = self.heads_first(v, kv, f"{i} v" if plain else "")  # [kv, T, hd]
-        k_cache, v_cache = self.cache_read(f"k_cache_{i}"), self.cache_read(f"v_cache_{i}")
-        if self.layout == "heads":  # [1, kv, C, hd] both; the new rows [1, kv, T, hd]
-            k_cache = b.emit("transpose", [b.emit("reshape", [k_cache], shape=[kv, C, hd])], perm=[0, 2, 1])
-            v_cache = b.emit("reshape", [v_cache], shape=[kv, C, hd])
-            k_new = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T], for this chunk's scores
-            k_rows, v_rows = b.emit("reshape", [k], shape=[1, kv, T, hd]), b.emit("reshape", [v], shape=[1, kv, T, hd])
-        else:
-            k_new = k_rows = b.emit("transpose", [k], perm=[0, 2, 1])  # [kv, hd, T]
-            v_rows = v
-        # Query heads sharing a key/value head sit side by side (transformers' repeat_kv order), so grouped
-        # attention is one batched matmul per kv head with group*T query rows.
-        q = b.binary("mul", q, b.scalar(float(np.float32(c.scale)), q))
-        q_grouped = b.emit("reshape", [q], shape=[kv, group * T, hd])
-        neg_inf = b.const(np.float32(-np.inf))
-        scores = self.tagged(f"{i} scores" if plain else "", "matmul", [q_grouped, k_cache])
-        s_cache = self.tagged(f"{i} mask" if plain else "", "where", [cache_keep, self.softcap(scores), neg_inf])
-        s_new = b.emit("where", [causal, self.softcap(b.emit("matmul", [q_grouped, k_new])), neg_inf])
-        probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
-        p_cache = b.emit("slice", [probs], starts=[0], ends=[C], axes=[2])
-        p_new = b.emit("slice", [probs], starts=[C], ends=[C + T], axes=[2])
-        out = b.binary("add", self.tagged(f"{i} values" if plain else "", "matmul", [p_cache, v_cache]),
-                       b.emit("matmul", [p_new, v]))
-        out = b.emit("transpose", [b.emit("reshape", [out], shape=[c.heads, T, hd])], perm=[1, 0, 2])
-        out = self.tagged(f"{i} out" if plain else "", "reshape", [out], shape=[T, c.heads * hd])
-        return self.linear(out, prefix + "o"), k_rows, v_rows
+        q, k = self.qk_norm(q, c.heads, prefix + "q_norm"), self.qk_norm(k, c.kv_heads, prefix + "k_norm")
+        k_name, v_name = f"k_cache_{i}", f"v_cache_{i}"
+        attrs: dict[str, object] = {"head_dim": c.head_dim, "layout": self.layout, "scale": float(np.float32(c.scale))}
+        if c.is_sliding(i):
+            attrs["window"] = c.sliding_window
+        if c.attn_softcap:
+            attrs["softcap"] = float(c.attn_softcap)
+        out, k_cache, v_cache = b.emit_multi("cache_attention", [q, k, v, self.cache_read(k_name),
+                                                                 self.cache_read(v_name), self.start, *tables], **attrs)
+        self.g.state_updates[k_name], self.g.state_updates[v_name] = k_cache, v_cache
+        return self.linear(out, prefix + "o")
 
-    def qk_norm(self, x: str, name: str) -> str:
-        """QK-norm (qwen3, gemma3): an RMSNorm per head over head_dim, before the rotary embedding."""
-        return self.rms_norm(x, name) if self.c.qk_norm else x
+    def qk_norm(self, x: str, heads: int, name: str) -> str:
+        """QK-norm (qwen3, gemma3): an RMSNorm per head over head_dim of [T, heads * head_dim]."""
+        if not self.c.qk_norm:
+            return x
+        b, hd = self.b, self.c.head_dim
+        per_head = b.emit("reshape", [x], shape=[self.T, heads, hd])
+        return b.emit("reshape", [self.rms_norm(per_head, name)], shape=[self.T, heads * hd])
 
-    def softcap(self, x: str, cap: float | None = None) -> str:
-        """cap * tanh(x / cap) (gemma2's scores and logits); x itself without a cap."""
-        cap = self.c.attn_softcap if cap is None else cap
+    def softcap(self, x: str, cap: float) -> str:
+        """cap * tanh(x / cap) (gemma2's logits); x itself without a cap."""
         if not cap:
             return x
         b = self.b
         return b.binary("mul", b.unary("tanh", b.binary("div", x, b.scalar(cap, x))), b.scalar(cap, x))
 
-    def tagged(self, role: str, op: str, inputs: list[str], **attrs: object) -> str:
-        """A node with its role in node meta. The cache attention's ("<layer> scores" / "mask" / "values",
-        meta `llm_cache`): ONNX Runtime's delegate makes these three per layer read only the cache cells in
-        use (onnx_llm_ops.attend_used_cells). The roles promise what that relies on: `mask` is
-        `where(keep, scores, -inf)` over the cells, and the cache columns of its softmax are what `values`
-        multiplies, so a cell where keep is false adds exactly 0. The others (ATTENTION_ROLE) mark the
-        attention's ends for the delegate's GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion)."""
-        if not role:
-            return self.b.emit(op, inputs, **attrs)
-        key = "llm_cache" if role.split(" ", 1)[-1] in ("scores", "mask", "values") else ATTENTION_ROLE
-        saved = self.b.meta
-        self.b.meta = {**saved, key: role}
-        try:
-            return self.b.emit(op, inputs, **attrs)
-        finally:
-            self.b.meta = saved
-
     def cache_read(self, name: str) -> str:
-        """Layer cache `name` as a state read (a view of the state's buffer) or as a graph input."""
-        spec = cache_specs(self.c, self.C, self.layout)[name]
-        if self.cache_form == "inputs":
-            return self.g.add_input(name, spec)
-        self.g.specs[name] = spec
+        """Layer cache `name`: a program state, read as a view of the state's buffer."""
+        self.g.specs[name] = cache_specs(self.c, self.C, self.layout)[name]
         self.g.state_inputs.append(name)
         return name
-
-    def cache_write(self, rows: list[str], start: str) -> list[str]:
-        """Every layer's new rows ([k_new_0, v_new_0, k_new_1, ...]): written into the cache states at `start`
-        (update_slice, in place: attention read the old cache before), or returned as outputs.
-
-        The writes are emitted last, after the head: the placement search walks the nodes in graph order and
-        counts backend switches, so 60 update_slices (reference only) between the layers' ONNX Runtime nodes
-        would look like 120 partitions and push the whole step onto the reference backend."""
-        if self.cache_form == "inputs":
-            return rows
-        for i, (k_new, v_new) in enumerate(zip(rows[::2], rows[1::2])):
-            axes = (2, 2) if self.layout == "heads" else (2, 1)
-            for kind, new, axis in (("k", k_new, axes[0]), ("v", v_new, axes[1])):
-                name = f"{kind}_cache_{i}"
-                if self.layout == "heads" and plain_attention(self.c, i):  # GroupQueryAttention's write: tagged
-                    self.g.state_updates[name] = self.tagged(f"{i} {kind} write", "update_slice",
-                                                             [name, new, start], axis=axis)
-                else:
-                    self.g.state_updates[name] = self.b.emit("update_slice", [name, new, start], axis=axis)
-        return []
 
     def mlp(self, h: str, i: int) -> str:
         b, prefix = self.b, f"layers.{i}."
@@ -359,40 +271,18 @@ class _StepBuilder:
     def build(self) -> Graph:
         b, g, c, T, C = self.b, self.g, self.c, self.T, self.C
         tokens = g.add_input("tokens", TensorSpec((T,), DType.int64))
-        start = g.add_input("start", TensorSpec((1,), DType.int64))
+        self.start = g.add_input("start", TensorSpec((1,), DType.int64))
         last = g.add_input("last", TensorSpec((1,), DType.int64))
-        positions = b.binary("add", b.const(np.arange(T, dtype=np.int64)), start)
-        # Padding rows past the context read the last table row; their outputs are never used.
-        positions = b.binary("minimum", positions, b.const(np.asarray(C - 1, np.int64)))
-        ropes: dict[float, tuple[str, str]] = {}
-        for i in range(c.layers):  # a table per rotary base (gemma3's sliding layers have their own)
-            base = c.rope_base(i)
-            if base not in ropes:
-                cos_table, sin_table = rope_tables(c, C, base)
-                tag = "rope" if base == c.rope_theta else ""  # the tables GroupQueryAttention reads
-                # [T, rotary_dim], broadcasts over heads; the rows of positions start + t
-                ropes[base] = (self.tagged(tag and "rope cos", "gather", [b.const(cos_table), positions], axis=0),
-                               self.tagged(tag and "rope sin", "gather", [b.const(sin_table), positions], axis=0))
-        cells = b.const(np.arange(C, dtype=np.int64))
-        cache_keep = b.emit("reshape", [b.binary("lt", cells, start)], shape=[1, 1, C])
-        tril = np.tril(np.ones((T, T), dtype=bool))
-        causal = b.const(np.tile(tril, (c.group, 1)))  # [group*T, T]
-        if c.sliding_window:  # a sliding layer's query at position p sees keys p - W < j <= p
-            W = c.sliding_window
-            rows = b.binary("add", b.const(np.tile(np.arange(T, dtype=np.int64), c.group)[:, None]), start)
-            in_window = b.binary("lt", b.binary("sub", rows, b.emit("reshape", [cells], shape=[1, C])),
-                                 b.const(np.asarray(W, np.int64)))  # [group*T, C]
-            window_keep = b.emit("reshape", [b.binary("logical_and", in_window, cache_keep)], shape=[1, c.group * T, C])
-            near = np.subtract.outer(np.arange(T), np.arange(T)) < W
-            window_causal = b.const(np.tile(tril & near, (c.group, 1)))
+        tables: dict[float, tuple[str, str]] = {}
+        for base in dict.fromkeys(c.rope_base(i) for i in range(c.layers)):  # gemma3's sliding layers: their own
+            cos_table, sin_table = rope_tables(c, C, base)  # [C, rotary_dim]: the rows of positions 0 .. C - 1
+            tables[base] = (g.add_constant(cos_table, name=f"rope_cos_{len(tables)}"),
+                            g.add_constant(sin_table, name=f"rope_sin_{len(tables)}"))
         x = self.embed(tokens)  # [T, dim]
         if c.embed_scale:
             x = b.binary("mul", x, b.scalar(float(np.float32(np.sqrt(c.dim))), x))
-        new_rows: list[str] = []
         for i in range(c.layers):
-            cos, sin = ropes[c.rope_base(i)]
-            keep, mask = (window_keep, window_causal) if c.is_sliding(i) else (cache_keep, causal)
-            attn, k_new, v_new = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, cos, sin, keep, mask)
+            attn = self.attention(self.rms_norm(x, f"layers.{i}.attn_norm"), i, tables[c.rope_base(i)])
             if c.post_norms:
                 attn = self.rms_norm(attn, f"layers.{i}.attn_post_norm")
             x = b.binary("add", x, attn)
@@ -400,7 +290,6 @@ class _StepBuilder:
             if c.post_norms:
                 mlp = self.rms_norm(mlp, f"layers.{i}.mlp_post_norm")
             x = b.binary("add", x, mlp)
-            new_rows += [k_new, v_new]
         h = self.rms_norm(x, "final_norm")
         if not self.all_logits:
             h = b.emit("gather", [h, last], axis=0)  # [1, dim]: only the row generation needs
@@ -414,15 +303,15 @@ class _StepBuilder:
         logits = self.softcap(logits, c.final_softcap)
         if not self.all_logits:
             logits = b.emit("reshape", [logits], shape=[c.vocab])
-        g.outputs = [logits, *self.cache_write(new_rows, start)]
+        g.outputs = [logits]
         return g
 
 
 def step_graph(config: Architecture, weights: Mapping[str, Weight], *, chunk: int, context: int,
                all_logits: bool = False, int8_activations: bool = False,
-               shared: dict[str, list[Int4Operands]] | None = None, cache: CacheForm = "inputs",
+               shared: dict[str, list[Int4Operands]] | None = None,
                layout: CacheLayout = "keys_transposed") -> Graph:
-    """The step program for `chunk` tokens against a cache of `context` positions, held as `cache` in `layout`.
+    """The step program for `chunk` tokens against a cache of `context` positions, held as state in `layout`.
 
     Float weights become float matmuls; PackedWeight ones stay packed (matmul_int4; the Q8_0 embedding as
     int8 rows scaled after the gather). `int8_activations` rounds the packed matmuls' inputs to int8 per
@@ -430,11 +319,8 @@ def step_graph(config: Architecture, weights: Mapping[str, Weight], *, chunk: in
     Graphs built with one `shared` dict share their packed operands (stacked, split, offsets) array for array.
     """
     graph = _StepBuilder(config, weights, chunk, context, all_logits, int8_activations,
-                         {} if shared is None else shared, cache, layout).build()
-    names = ["logits"]
-    if cache == "inputs":
-        names += [f"{kind}_new_{i}" for i in range(config.layers) for kind in ("k", "v")]
-    _rename_outputs(graph, names)
+                         {} if shared is None else shared, layout).build()
+    _rename_outputs(graph, ["logits"])
     return graph
 
 

@@ -8,7 +8,8 @@ Everything lives in two device buffers: the arena (inputs, intermediates, output
 across calls with `PartitionRunner.hold`) and the weights (the constants blob, as the backend stores it).
 
 The cache is the program's state, as `edgerun.llm` runs it: each layer's new key and value rows are written
-at the run-time position `start` by `update_slice`, which the backend runs in place in the cache's range,
+at the run-time position `start` by the `update_slice` of its cache_attention's decomposition (webgpu runs
+the op as that decomposition, its attention as one fused dispatch), which the backend runs in place in the cache's range,
 inside the layer's softmax and output-projection dispatches (backends/webgpu/update.py), so the plan needs
 no dispatch of its own. A token is three 4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read
 of the next token.
@@ -55,7 +56,7 @@ def decode_program(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True, c
     """The LLM package's step (its step builder at `chunk` tokens: 1 decodes, more prefill; the KV cache as
     state) with a GPU argmax of the `last` row's logits as its output ("next_token") instead of the logits,
     and (int4) the GGUF's packed 4-bit projections as matmul_int4."""
-    graph = step_graph(info.config, float_weights(checkpoint), chunk=chunk, context=info.context, cache="state")
+    graph = step_graph(info.config, float_weights(checkpoint), chunk=chunk, context=info.context)
     if int4:
         _pack_projections(graph, checkpoint)
     logits = graph.outputs[0]
@@ -65,7 +66,7 @@ def decode_program(checkpoint: Checkpoint, info: ModelInfo, int4: bool = True, c
 
 
 def step_program(graph: Graph, config: Architecture, context: int) -> Program:
-    """A step graph with its KV cache as state (cache="state") as a one-method program, the cache zeroed."""
+    """A step graph (its KV cache is state) as a one-method program, the cache zeroed."""
     state = {name: np.zeros(spec.shape, np.float32) for name, spec in cache_specs(config, context).items()}
     return Program.from_methods({"decode": graph}, default_method="decode", state=state)
 

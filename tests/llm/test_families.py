@@ -76,6 +76,36 @@ def test_family_matches_transformers(tmp_path: Path, family: str) -> None:
     assert model.generate(IDS, max_new_tokens=5, ignore_eos=True).token_ids == want
 
 
+# Families whose every attention ONNX Runtime runs as GroupQueryAttention (head_dim 16, full rotary): its
+# window (mistral, gemma), soft-cap and query scale (gemma2), QK-norm before it and a second rotary base
+# (gemma3). qwen3 (head_dim 24) and phi3 (partial rotary) run cache_attention's decomposition there.
+ORT_FUSED = {"llama": 3, "mistral": 3, "gemma2": 3, "gemma3": 3, "qwen3": 0, "phi3": 0}
+
+
+@pytest.mark.parametrize("family", list(ORT_FUSED))
+def test_family_on_onnxruntime_matches_transformers(tmp_path: Path, family: str) -> None:
+    """The same check with each method one ONNX Runtime partition: cache_attention as GroupQueryAttention
+    (its local_window_size, softcap and scale) where it computes the op exactly, the decomposition elsewhere."""
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    ref = write_family_model(tmp_path, family)
+    model = edgerun.llm.load(tmp_path, context=64, chunk=8, backends=["onnxruntime"])
+    for method in (model.runner.prefill, model.runner.decode):
+        (compiled,) = method.parts.compiled
+        assert compiled.backend == "onnxruntime" and compiled.info["fused_attentions"] == ORT_FUSED[family]
+        # GroupQueryAttention appends in place; the decomposition's writes are copies written back.
+        assert len(compiled.overwrites_inputs) == 2 * ORT_FUSED[family]
+        assert len(method.parts.state.plan.copies) == 2 * (3 - ORT_FUSED[family])
+    with torch.no_grad():
+        want_logits = ref(torch.tensor([IDS])).logits[0, -1].numpy()
+        want = ref.generate(torch.tensor([IDS]), max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                            pad_token_id=0)[0, len(IDS):].tolist()
+    got = model.next_logits(IDS)
+    assert np.abs(got - want_logits).max() < LOGIT_TOLERANCE, np.abs(got - want_logits).max()
+    assert model.generate(IDS, max_new_tokens=5, ignore_eos=True).token_ids == want
+
+
 def test_unsupported_architectures_are_refused_naming_the_supported(tmp_path: Path) -> None:
     write_family_model(tmp_path, "llama")
     config = json.loads((tmp_path / "config.json").read_text())

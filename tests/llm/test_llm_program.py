@@ -51,7 +51,7 @@ STEPS = (IDS, [4], [9], IDS[:2], *[[i] for i in IDS[:8]])  # 19 + 1 + 1 + 2 + 8 
 
 def test_onnxruntime_runs_each_layers_attention_and_cache_writes_as_one_kernel(dense: Any, tiny_gguf: Path) -> None:
     """On ONNX Runtime a whole step is one partition: each layer's attention and its two cache writes are one
-    GroupQueryAttention (onnx_llm_ops.CacheAttentionFusion) appending the new rows to the state's buffer in
+    GroupQueryAttention (the cache_attention op, onnx_llm_ops.py) appending the new rows to the state's buffer in
     place (the partition declares the overwrite, the runtime binds the state to input and output); the logits
     and the cache stay the reference's, from an empty cache through prefill chunks to decode steps near the
     end of the context."""
@@ -71,36 +71,6 @@ def test_onnxruntime_runs_each_layers_attention_and_cache_writes_as_one_kernel(d
         np.testing.assert_allclose(fast.program.state[name][:, :, :31], cache[:, :, :31], atol=1e-5, rtol=0)
 
 
-def test_onnxruntime_attends_over_the_used_cache_cells_only(dense: Any) -> None:
-    """An attention ONNX Runtime does not fuse (here: the step's fusion tags removed but the writes') reads the
-    cells before `start` only (a run-time length, onnx_llm_ops.attend_used_cells), and its tagged cache writes
-    run on ONNX Runtime as copies (Slice/Concat), written back after the call; the logits stay those of the
-    reference's whole-cache attention."""
-    pytest.importorskip("onnxruntime")
-    from edgerun.llm.program_builder import ATTENTION_ROLE
-    from edgerun.llm.step_runner import StepRunner
-
-    source = dense.program.program
-    methods = {}
-    for name, graph in source.methods.items():
-        graph = graph.copy()
-        for node in graph.nodes:
-            if not str(node.meta.get(ATTENTION_ROLE, "")).endswith(" write"):
-                node.meta.pop(ATTENTION_ROLE, None)
-        methods[name] = graph
-    untagged = Program.from_methods(methods, default_method="prefill", state=source.state)
-    fast = edgerun.load(untagged, backends=["onnxruntime"])
-    for method in ("prefill", "decode"):
-        (compiled,) = fast.method(method).parts.compiled  # the writes too
-        assert compiled.info["attentions_over_used_cells"] == LAYERS and compiled.info["fused_attentions"] == 0
-        assert not compiled.overwrites_inputs and len(fast.method(method).parts.state.plan.copies) == 2 * LAYERS
-        assert not compiled.run.__self__.session.get_session_options().enable_mem_pattern  # run-time shapes
-    runner = StepRunner(fast, chunk=CHUNK, context=CONTEXT)
-    dense.reset()
-    for step in STEPS:
-        np.testing.assert_allclose(runner.forward(step), dense.runner.forward(step), atol=1e-4, rtol=0)
-
-
 def test_one_program_with_two_methods_and_the_cache_as_state(dense: Any) -> None:
     program = dense.program
     assert program.methods == ["prefill", "decode"]
@@ -109,11 +79,11 @@ def test_one_program_with_two_methods_and_the_cache_as_state(dense: Any) -> None
         method = program.method(name)
         assert method.graph.inputs == ["tokens", "start", "last"] and len(method.graph.outputs) == 1
         assert method.input_specs["tokens"].shape == (length,)
-        assert [n.op for n in method.graph.nodes].count("update_slice") == 2 * LAYERS
-        # The writes come last in graph order: the placement search counts backend switches in that order,
-        # and writes between the layers pushed the whole prefill onto the reference backend under "auto".
-        ops = [n.op for n in program.program.methods[name].nodes]
-        assert ops.index("update_slice") == len(ops) - 2 * LAYERS
+        # Each layer's attention is one op whose cache outputs are the layer's state updates.
+        source = program.program.methods[name]
+        attentions = [n for n in source.nodes if n.op == "cache_attention"]
+        assert len(attentions) == LAYERS and not [n for n in source.nodes if n.op == "update_slice"]
+        assert sorted(source.state_updates.values()) == sorted(o for n in attentions for o in n.outputs[1:])
         # Each state's new rows are written in place into its buffer: no copy of the cache per call.
         assert sorted(method.parts.state.plan.in_place) == sorted(program.state)
         assert not method.parts.state.plan.copies

@@ -61,7 +61,7 @@ def test_unfused_step_on_webgpu_gives_the_reference_logits_in_both_cache_layouts
     info = model_info(checkpoint, 16, 4)
     weights = {n: checkpoint.float_weight(n) for n in checkpoint.weights}
     weights.update({f"{n}.T": np.ascontiguousarray(w.T) for n, w in weights.items() if w.ndim == 2})
-    methods = {name: step_graph(info.config, weights, chunk=chunk, context=16, cache="state", layout=layout)
+    methods = {name: step_graph(info.config, weights, chunk=chunk, context=16, layout=layout)
                for name, chunk in (("prefill", 4), ("decode", 1))}
     state = {n: np.zeros(s.shape, np.float32) for n, s in cache_specs(info.config, 16, layout).items()}
     program = Program.from_methods(methods, default_method="prefill", state=state)

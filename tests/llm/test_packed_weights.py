@@ -102,28 +102,6 @@ def test_onnxruntime_uses_the_packed_weights_in_place(packed: Any) -> None:
         assert not [name for name, c in method.graph.constants.items() if c.dtype == np.int8]
 
 
-def test_onnxruntime_keeps_the_memory_pattern_for_the_fused_step(packed: Any) -> None:
-    """Attention over the used cache cells gives a partition run-time shapes, which ORT's memory pattern
-    does not cover: such a session runs without one (25 MB less resident after a prefill chunk; docs/llm.md;
-    test_llm_program.py tests it on an unfused step). The fused step's attention is GroupQueryAttention, its
-    intermediates all of static shapes, so it keeps the pattern, as a partition of static shapes does."""
-    for method in (packed.runner.prefill, packed.runner.decode):
-        (compiled,) = [c for c in method.parts.compiled if c.backend == "onnxruntime"]
-        assert compiled.info["attentions_over_used_cells"] == 0 and compiled.info["fused_attentions"] == 30
-        assert compiled.run.__self__.session.get_session_options().enable_mem_pattern
-    from edgerun.ir.builder import Builder
-    from edgerun.ir.dtypes import DType
-    from edgerun.ir.graph import Graph
-    from edgerun.ir.tensor_spec import TensorSpec
-    from edgerun.runtime import load
-
-    g = Graph()
-    x = g.add_input("x", TensorSpec((4, 8), DType.float32))
-    g.outputs = [Builder(g).emit("relu", [x])]
-    (compiled,) = load(g, backends=["onnxruntime"]).parts.compiled
-    assert compiled.run.__self__.session.get_session_options().enable_mem_pattern
-
-
 def test_the_host_lets_go_of_the_codes_onnxruntime_prepacked(packed: Any) -> None:
     """ONNX Runtime prepacks every MatMulNBits' codes (and, at accuracy level 4, its scales), so the program's
     arrays of them are released (runtime/constant_release.py) but for the tied head's planes and their

@@ -29,13 +29,10 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
-from edgerun.backends.onnxruntime.onnx_llm_ops import (  # + the rms_norm and update_slice kernels
+from edgerun.backends.onnxruntime.onnx_llm_ops import (  # + the rms_norm and cache_attention kernels
     FUSED_ATTENTIONS_KEY,
-    LLM_SUPPORTED,
     OVERWRITES_KEY,
-    USED_CELLS_KEY,
-    CacheAttentionFusion,
-    attend_used_cells,
+    lower_unfused_attention,
 )
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
@@ -73,7 +70,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     extra = "onnxruntime"
     library = "onnxruntime"
-    supported = {**SUPPORTED, **QUANT_SUPPORTED, **LLM_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
+    supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
     composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization, RMSNorm: one ORT kernel each
     control_flow = CONTROL_FLOW  # If, Loop, Scan, bodies emitted like any partition (onnx_control_flow.py)
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
@@ -121,11 +118,10 @@ class OnnxRuntimeBackend(Backend):
         pooled = work >= SMALL_PARTITION_FLOPS or (
             self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
         threads = self.threads if pooled else 1
-        used_cells = sum(int(p.value) for p in model.metadata_props if p.key == USED_CELLS_KEY)
         overwrites = {p.key[len(OVERWRITES_KEY):]: p.value for p in model.metadata_props
                       if p.key.startswith(OVERWRITES_KEY)}
         runner, shared_by = self._session_for(model, subgraph, external, in_place, overwrites,
-                                              (threads, self.spin, not used_cells))
+                                              (threads, self.spin))
         session = runner.session
         assert session is not None  # just built or joined: only a later compile replaces it
         released = released_initializers(runner.model, shared_initializers(session), _probe_session)
@@ -138,7 +134,6 @@ class OnnxRuntimeBackend(Backend):
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "fused_attentions": sum(int(p.value) for p in model.metadata_props
                                                                if p.key == FUSED_ATTENTIONS_KEY),
-                                       "attentions_over_used_cells": used_cells,
                                        "constants_read_in_place": len(in_place),
                                        "session_shared_by": shared_by,
                                        "gathered_rasters": sum(1 for n in model.graph.node
@@ -151,7 +146,7 @@ class OnnxRuntimeBackend(Backend):
         """The runner of `model`, and how many partitions its session serves. A partition that is an earlier
         one's graph at other sizes (an LLM's decode step and its prefill chunk) joins that one's session,
         remade generic over both (onnx_shape_variants.py): one prepacked copy of the weights, not one each."""
-        threads, spin, memory_pattern = settings
+        threads, spin = settings
         variant, arrays = describe(model, {**external, **in_place}, settings)
         group = self._shape_variants.find(variant, arrays) if arrays else None
         if group is not None:
@@ -168,7 +163,7 @@ class OnnxRuntimeBackend(Backend):
                     member.release()
                 return_freed_memory()  # else fragments of it stay resident beside the new session (21 MB)
                 try:
-                    session = make_session(generic, external, threads, spin, memory_pattern)
+                    session = make_session(generic, external, threads, spin)
                 except Exception:
                     for member, v in zip(members, group):  # each back on a session of its own graph
                         member.rebuild({name: a for name, a in zip(v.array_names, arrays)}, settings)
@@ -179,7 +174,7 @@ class OnnxRuntimeBackend(Backend):
                 variant.member = weakref.ref(runner)
                 group.append(variant)
                 return runner, len(group)
-        runner = BoundSession(make_session(model, external, threads, spin, memory_pattern), subgraph, external,
+        runner = BoundSession(make_session(model, external, threads, spin), subgraph, external,
                               in_place, overwrites, model=model)
         variant.member = weakref.ref(runner)
         if arrays:
@@ -213,11 +208,10 @@ def create_backend(threads: int | None = None, spin: bool | None = None) -> Onnx
 
 def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     """An ONNX ModelProto for `subgraph`, and the constants to pass as external OrtValues (name -> array)."""
-    b = OnnxBuilder(subgraph)
-    fusion = CacheAttentionFusion(subgraph)
+    b = OnnxBuilder(lower_unfused_attention(subgraph))
+    subgraph = b.graph  # the unfused attentions' pieces and constants included
     for node in subgraph.nodes:
-        if not fusion.emit(b, node):
-            emit_node(b, node)
+        emit_node(b, node)
     helper = b.helper
     used = {v for n in subgraph.nodes for v in n.inputs if v}
     external: dict[str, np.ndarray] = {}
@@ -249,9 +243,8 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     model.ir_version = 9
     drop_noop_reshapes(model)
     fold_expand_reshapes(model)
-    attend_used_cells(model, subgraph)
-    notes = {FUSED_ATTENTIONS_KEY: str(len(fusion.layers)),  # what compile reports and declares
-             **{OVERWRITES_KEY + out: read for out, read in fusion.overwrites.items()}}
+    notes = {FUSED_ATTENTIONS_KEY: str(sum(n.op == "cache_attention" for n in b.graph.nodes)),  # compile reports
+             **{OVERWRITES_KEY + out: read for out, read in b.overwrites.items()}}  # and declares these
     for key, note in notes.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, note
@@ -295,23 +288,18 @@ def _placeholder_folder() -> str:
 
 
 def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
-                 spin: bool = False, memory_pattern: bool = True) -> ort.InferenceSession:
+                 spin: bool = False) -> ort.InferenceSession:
     """A session using the program's arrays in place: `add_initializer` shares them (no copy; ORT's kernels
     still prepack their own layouts from them). `add_external_initializers`, the fallback if sharing fails,
-    copies every one into the session (a copy per session: +126 MB peak for SmolLM2's two methods).
-
-    `memory_pattern=False` turns off ORT's memory pattern, which lays the statically shaped intermediates of
-    a run out in one block: a partition whose intermediates have run-time shapes (attention over the used
-    cache cells, onnx_llm_ops.py) allocates those from the arena beside that block, and without the pattern
-    they all share the arena (SmolLM2 after a prefill chunk: 25 MB less resident, no slower; docs/llm.md)."""
+    copies every one into the session (a copy per session: +126 MB peak for SmolLM2's two methods)."""
     values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in external.items()}
     folded = _folded_initializers(model)
     shared = set(values) - folded
     try:
-        session = _session(model, values, threads, spin, shared, memory_pattern)
+        session = _session(model, values, threads, spin, shared)
     except Exception:  # an ORT fusion that needs a shared initializer's bytes in the graph: copy them all
         shared = set()
-        session = _session(model, values, threads, spin, shared, memory_pattern)
+        session = _session(model, values, threads, spin, shared)
     hand_over(session, values, shared)
     return session
 
@@ -336,9 +324,8 @@ def _folded_initializers(model: Any) -> set[str]:
 
 
 def _session(model: Any, values: dict[str, Any], threads: int, spin: bool,
-             shared: set[str], memory_pattern: bool = True) -> ort.InferenceSession:
+             shared: set[str]) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.enable_mem_pattern = memory_pattern
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     # No QDQ fusion: ORT would rewrite dequantize -> add -> quantize into QLinearAdd, which rounds differently
@@ -424,11 +411,11 @@ class BoundSession:
 
     def rebuild(self, arrays: dict[str, np.ndarray], settings: tuple[Any, ...]) -> None:
         """A session of this runner's own model again, over `arrays` (its weights by name)."""
-        threads, spin, memory_pattern = settings
+        threads, spin = settings
         model, in_place_names = self.own
         in_place = {name: arrays[name] for name in in_place_names}
         external = {name: a for name, a in arrays.items() if name not in in_place}
-        self._use(make_session(model, external, threads, spin, memory_pattern), model, external, in_place)
+        self._use(make_session(model, external, threads, spin), model, external, in_place)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         call = self._call

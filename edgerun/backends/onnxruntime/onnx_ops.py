@@ -64,6 +64,10 @@ class OnnxBuilder:
         self._ints: dict[tuple[int, ...], tuple[str, int]] = {}
         self.consumers = graph.consumers()
         self.producers = graph.producers()
+        self.shared: dict[str, Any] = {}  # what translators make once per graph and read from several nodes
+        # Output -> the input whose buffer a kernel updates in place (GroupQueryAttention's cache append): the
+        # partition declares these (CompiledPartition.overwrites_inputs).
+        self.overwrites: dict[str, str] = {}
 
     def fresh(self, hint: str) -> str:
         self._count += 1

@@ -9,7 +9,8 @@ its output (a state update, written back after the call). Such an append floats:
 the first dispatch after the last one it must follow (the cache's last reader, the producers of its rows
 and start), beside whatever runs there (horizontal fusion: it binds no buffer of its own), so on SmolLM2
 each layer's k append rides with the softmax and its v append with the output projection, and the KV
-append costs no dispatch wherever the program emits it (the LLM program emits all of them after the head).
+append costs no dispatch wherever the program emits it (the LLM step's cache_attention decomposition writes
+each right after its layer's attention).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from edgerun.ir.ops import (  # noqa: F401
     atomic,
     atomic_gradients,
+    cache_attention_ops,
     control_flow_ops,
     conv_transpose_ops,
     data_dependent_ops,
