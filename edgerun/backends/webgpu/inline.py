@@ -22,6 +22,7 @@ from edgerun.backends.webgpu.wgsl import (
     broadcast_strides,
     coords,
     elementwise_expr,
+    literal,
     offset_expr,
 )
 from edgerun.ir.dtypes import DType
@@ -153,7 +154,7 @@ class InlineWriter:
             value = self.read(node.inputs[r.src], src)
             lines += ["{", *steps, f"if ({' && '.join([*checks, 'rest == 0'])}) {{ return {value}; }}", "}"]
         fill = node.attrs.get("fill")
-        lines.append(f"return f32({float(fill or 0.0)!r});")
+        lines.append(f"return {literal(fill or 0.0, DType.float32)};")  # -inf: a max pool's padding
         return lines
 
 

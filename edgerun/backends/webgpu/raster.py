@@ -8,13 +8,9 @@ wins, as in the reference.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 
-from edgerun.backends.webgpu.wgsl import FLOATS, STORAGE_TYPE, WGSL_TYPE, Kernel, shader_source
-from edgerun.ir.dtypes import DType
+from edgerun.backends.webgpu.wgsl import STORAGE_TYPE, WGSL_TYPE, Kernel, literal, shader_source
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.region import REGION_LEN, Region, regions_of
 
@@ -34,7 +30,7 @@ def raster_kernels(node: Node, graph: Graph) -> list[Kernel]:
     kernels: list[Kernel] = []
     fill = node.attrs.get("fill")
     if fill is not None:
-        lit = _literal(fill, out.dtype)
+        lit = literal(fill, out.dtype)
         kernels.append(Kernel(shader_source([], [f"out0[idx] = {lit};"], [STORAGE_TYPE[out.dtype]], out.numel,
                                             status=False),
                               [out_name], out.numel, [node.name], label=f"{node.name}:fill"))
@@ -81,14 +77,3 @@ def regions_overlap(regions: list[Region], numel: int) -> bool:
     return bool((seen > 1).any())
 
 
-def _literal(value: Any, dtype: DType) -> str:
-    if dtype in FLOATS:
-        v = float(value)
-        if math.isnan(v):
-            return "e_bits(0x7fc00000u)"
-        if math.isinf(v):
-            return "e_bits(0x7f800000u)" if v > 0 else "e_bits(0xff800000u)"
-        return f"f32({v!r})"
-    if dtype is DType.bool:
-        return "1u" if value else "0u"
-    return f"i32({int(value)})"

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,20 @@ WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DTy
              DType.uint8: "u32"}
 STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}
 FLOATS = frozenset({DType.float32, DType.float16})
+
+
+def literal(value: Any, dtype: DType) -> str:
+    """A WGSL constant of `dtype`; infinities and NaN through e_bits (WGSL has no literal for them)."""
+    if dtype in FLOATS:
+        v = float(value)
+        if math.isnan(v):
+            return "e_bits(0x7fc00000u)"
+        if math.isinf(v):
+            return "e_bits(0x7f800000u)" if v > 0 else "e_bits(0xff800000u)"
+        return f"f32({v!r})"
+    if dtype is DType.bool:
+        return "1u" if value else "0u"
+    return f"i32({int(value)})"
 
 # Helpers every shader may call; the WGSL compiler drops the unused ones.
 PRELUDE = """
