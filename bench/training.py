@@ -2,7 +2,7 @@
 whole-model gradient checks.
 
     PYTHONPATH=$PWD .venv/bin/python bench/training.py [--steps 30] [--threads 2] [--models mlp,din,digits]
-        [--digits] [--gradients] [--out bench/results/training.json]
+        [--digits] [--gradients] [--memory mlp,digits,din,minilm2,minilm2-frozen] [--out bench/results/training.json]
 
 The speed table goes to --out, the gradient checks to training_gradients.json and the digits run to
 training_digits.json beside it.
@@ -11,10 +11,17 @@ Speed: each (system, model) runs alone in a fresh process (`--worker`), so peak 
 system's alone; edgerun's worker loads a training program file saved beforehand (`--prepare`) with numpy
 alone, no torch imported. A step is one optimizer step (SGD, momentum 0.9) on a batch of 32 from the same
 weights, the median of `--steps` steps after 5 warm-up steps. Systems: edgerun's training program on ONNX Runtime and
-on the numpy reference, and torch eager (zero_grad, forward, loss, backward, step). Threads: 2 everywhere
+on the numpy reference, torch eager (zero_grad, forward, loss, backward, step), and ExecuTorch's training path
+(executorch.extension.training, requirements-bench.txt: the module and loss exported with torch.export's joint
+forward-backward graph to a .pte in the --prepare process; the timed process loads it, runs forward_backward
+and its SGD optimizer; its portable CPU kernels, no delegate, as its training example does). A model ExecuTorch
+cannot export or run is reported with the reason (the kernel its runtime lacks). Threads: 2 everywhere
 (torch.set_num_threads, EDGERUN_ORT_THREADS, the BLAS variables).
 --digits: the digits CNN (32, 64, 128 wide) trained from scratch on the device for 20 epochs (Adam 2e-3, a
 cosine schedule given as the learning-rate input), held-out accuracy per epoch.
+--memory mlp,digits,din,minilm2,minilm2-frozen: recompute versus keep (passes/autodiff.py's recompute_cheap): the forward
+activation bytes backward holds and train_step's planned arena with it on and off, and whether the
+gradients are equal bit for bit.
 --gradients: the gradient of every parameter of the zoo's MLP, DIN, the digits CNN, MobileNetV2 (32x32
 inputs, 10 classes) and MiniLM (16 tokens) against torch.autograd: the worst error of any parameter,
 relative to that parameter's largest gradient (plus 1e-3 of the model's largest, for gradients that are
@@ -37,7 +44,7 @@ from typing import Any
 import numpy as np
 
 BATCH = 32
-SYSTEMS = ("edgerun-ort", "edgerun-reference", "torch")
+SYSTEMS = ("edgerun-ort", "edgerun-reference", "torch", "executorch")
 
 
 def _model(name: str) -> tuple[Any, tuple[Any, ...], Any, str]:
@@ -73,6 +80,45 @@ def prepare(name: str, workdir: str) -> None:
                          optimizer=T.SGD(0.01, momentum=0.9))
     model.save(os.path.join(workdir, f"{name}.train.edgerun"))
     np.savez(os.path.join(workdir, f"{name}.batch.npz"), *[i.numpy() for i in inputs], targets.numpy())
+    prepare_executorch(name, workdir)
+
+
+def prepare_executorch(name: str, workdir: str) -> None:
+    """ExecuTorch's training path (its CIFAR example's): the module and its loss exported together,
+    torch.export's joint forward-backward graph, lowered to edge and to a .pte whose method returns the loss,
+    the gradients and the parameters. A failure is written beside it for the table to show."""
+    import torch
+
+    module, inputs, targets, loss = _model(name)
+    fn = torch_bce() if loss == "bce" else torch.nn.functional.cross_entropy
+    path = os.path.join(workdir, f"{name}.pte")
+    try:
+        from executorch.exir import EdgeCompileConfig, to_edge
+        from torch.export.experimental import _export_forward_backward
+
+        ep = _export_forward_backward(torch.export.export(with_loss(module, fn), (*inputs, targets), strict=True))
+        program = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
+        with open(path, "wb") as f:
+            f.write(program.buffer)
+    except Exception as exc:  # an export failure is a result of the comparison, not of this script
+        with open(path + ".error", "w") as f:
+            f.write(f"export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+
+
+def with_loss(net: Any, loss: Any) -> Any:
+    """The module followed by its loss, as one module (what ExecuTorch exports for training)."""
+    import torch
+
+    class _Module(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, *args: Any) -> Any:
+            *inputs, target = args
+            return loss(self.net(*inputs), target)
+
+    return _Module()
 
 
 def torch_bce() -> Any:
@@ -96,6 +142,27 @@ def worker(system: str, name: str, steps: int, threads: int, workdir: str) -> di
             opt.zero_grad()
             loss_fn(module(*inputs), targets).backward()
             opt.step()
+            times.append(time.perf_counter() - t0)
+    elif system == "executorch":
+        import torch
+        from executorch.extension.training import _load_for_executorch_for_training, get_sgd_optimizer
+
+        path = os.path.join(workdir, f"{name}.pte")
+        if not os.path.exists(path):
+            with open(path + ".error") as f:
+                return {"error": f.read()}
+        torch.set_num_threads(threads)
+        _, inputs, targets, _ = _model(name)
+        t0 = time.perf_counter()
+        model = _load_for_executorch_for_training(path)
+        build = time.perf_counter() - t0
+        optimizer = None
+        for _ in range(steps + 5):
+            t0 = time.perf_counter()
+            model.forward_backward("forward", (*inputs, targets))  # fails naming a missing kernel, if any
+            if optimizer is None:  # the parameters are known once a step has run (ExecuTorch's API)
+                optimizer = get_sgd_optimizer(model.named_parameters(), 0.01, 0.9, 0, 0, False)
+            optimizer.step(model.named_gradients())
             times.append(time.perf_counter() - t0)
     else:
         from edgerun.training import TrainingProgram
@@ -126,9 +193,9 @@ def speed(models: list[str], steps: int, threads: int) -> dict[str, Any]:
                        capture_output=True)
     print(f"## Train step at batch {BATCH}, {threads} threads (median of {steps}; load average "
           f"{os.getloadavg()[0]:.2f} at the start)")
-    print("| model | edgerun (ORT) ms | edgerun (reference) ms | torch eager ms | ORT / torch | RSS edgerun (ORT) MB | "
-          "RSS torch MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| model | edgerun (ORT) ms | edgerun (reference) ms | torch eager ms | ExecuTorch ms | ORT / torch | "
+          "RSS edgerun (ORT) MB | RSS torch MB | RSS ExecuTorch MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in models:
         row = {}
         for system in SYSTEMS:
@@ -136,13 +203,25 @@ def speed(models: list[str], steps: int, threads: int) -> dict[str, Any]:
                                   "--threads", str(threads), "--workdir", workdir], capture_output=True, text=True,
                                  env=env, check=False)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None and system == "executorch":  # its runtime logs the kernel it lacks, then raises
+                missing = sorted({x.split("Missing operator:")[1].split("]")[-1].strip()
+                                  for x in out.stderr.splitlines() if "Missing operator:" in x})
+                row[system] = {"error": "run failed: the runtime has no kernel for " + ", ".join(missing)
+                               if missing else "run failed: " + out.stderr.strip().splitlines()[-1][:300]}
+                continue
             if line is None:
                 raise SystemExit(f"{system} on {name} failed:\n{out.stderr[-2000:]}")
             row[system] = json.loads(line[len("RESULT "):])
         results[name] = row
-        ort, ref, tor = row["edgerun-ort"], row["edgerun-reference"], row["torch"]
+        ort, ref, tor, et = row["edgerun-ort"], row["edgerun-reference"], row["torch"], row["executorch"]
+        et_ms = f"{et['ms_per_step']:.2f}" if "error" not in et else "fails"
+        et_rss = f"{et['peak_rss_mb']:.0f}" if "error" not in et else "-"
         print(f"| {name} | {ort['ms_per_step']:.2f} | {ref['ms_per_step']:.2f} | {tor['ms_per_step']:.2f} | "
-              f"{ort['ms_per_step'] / tor['ms_per_step']:.2f} | {ort['peak_rss_mb']:.0f} | {tor['peak_rss_mb']:.0f} |")
+              f"{et_ms} | {ort['ms_per_step'] / tor['ms_per_step']:.2f} | {ort['peak_rss_mb']:.0f} | "
+              f"{tor['peak_rss_mb']:.0f} | {et_rss} |")
+    for name in models:
+        if "error" in results[name]["executorch"]:
+            print(f"ExecuTorch on {name}: {results[name]['executorch']['error']}")
     return results
 
 
@@ -235,6 +314,56 @@ def gradients() -> dict[str, Any]:
     return results
 
 
+def memory(models: list[str]) -> dict[str, Any]:
+    """Recompute versus keep: the activation bytes backward holds and the planned arenas (the reference's
+    plan, where edgerun places every value) of train_step with recompute_cheap on and off, the gradients
+    compared."""
+    import torch
+
+    import edgerun.training as T
+
+    def case(name: str) -> tuple[Any, tuple[Any, ...], Any, Any]:
+        if name.startswith("minilm2"):  # MiniLM's first two layers (384 wide, 1536 FFN, 12 heads), 8 x 32 tokens
+            from edgerun.zoo.minilm import EXAMPLE_SENTENCES, build, tokenize
+
+            torch.manual_seed(0)
+            module = build()
+            module.encoder.encoder.layer = module.encoder.encoder.layer[:2]
+            sentences = (list(EXAMPLE_SENTENCES) * 8)[:8]
+            return module, tokenize(sentences, 32), torch.randn(8, 384) * 0.05, torch.nn.functional.mse_loss
+        module, inputs, targets, loss = _model(name)
+        return module, inputs, targets, torch_bce() if loss == "bce" else loss
+
+    results: dict[str, Any] = {}
+    print("## Recompute versus keep (train_step, planned on the reference)")
+    print("| model | kept for backward: keep all | with recompute | train_step arena: keep all | with recompute | "
+          "arena saved | gradients equal |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name in models:
+        module, inputs, targets, loss = case(name)
+        row: dict[str, Any] = {}
+        grads = []
+        # minilm2-frozen: the embedding tables frozen (their gradient, 47 MB for the word table, is otherwise
+        # the arena's peak, whatever backward keeps)
+        train = (lambda n: "embeddings" not in n) if name == "minilm2-frozen" else None
+        for recompute in (False, True):
+            model = T.from_torch(module, inputs, loss=loss, example_targets=None if isinstance(loss, str) else targets,
+                                 trainable_params=train, optimizer=T.SGD(0.01), backends=["reference"],
+                                 recompute=recompute)
+            kept = model.program.metadata["training"]["activation_bytes"]["kept_for_backward"]
+            arena = model.loaded.method("train_step").arena_bytes
+            row["recompute" if recompute else "keep"] = {"kept_bytes": kept, "train_step_arena_bytes": arena}
+            grads.append(model.gradients(*(i.numpy() for i in inputs), targets.numpy()))
+        equal = all(np.array_equal(grads[0][k], grads[1][k]) for k in grads[0])
+        row["gradients_equal"] = equal
+        results[name] = row
+        keep, again = row["keep"], row["recompute"]
+        saved = 1 - again["train_step_arena_bytes"] / keep["train_step_arena_bytes"]
+        print(f"| {name} | {keep['kept_bytes']:,} | {again['kept_bytes']:,} | {keep['train_step_arena_bytes']:,} | "
+              f"{again['train_step_arena_bytes']:,} | {saved:.1%} | {'bit for bit' if equal else 'NO'} |")
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"))
@@ -245,6 +374,8 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,din,digits", help="the speed table's models ('' for none)")
     ap.add_argument("--digits", action="store_true", help="also train the digits CNN to accuracy")
     ap.add_argument("--gradients", action="store_true", help="also check whole-model gradients against torch")
+    ap.add_argument("--memory", default="", help="also compare recompute with keep on these models "
+                    "(mlp,din,digits,minilm2: MiniLM's first two layers, minilm2-frozen: its embeddings frozen)")
     ap.add_argument("--out", default="bench/results/training.json")
     args = ap.parse_args()
     if args.prepare:
@@ -262,6 +393,8 @@ def main() -> None:
     stem = args.out.removesuffix(".json")
     if args.gradients:
         sections[f"{stem}_gradients.json"] = lambda: {"gradients": gradients()}
+    if args.memory:
+        sections[f"{stem}_memory.json"] = lambda: {"memory": memory(args.memory.split(","))}
     if args.digits:
         sections[f"{stem}_digits.json"] = lambda: {"digits": digits_run(args.threads)}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -9,9 +9,16 @@ comparison, a cast to int ends a path, as in torch). A path through an op with n
 control flow, a data-dependent op) is a NoGradientError naming the node.
 
 What backward keeps: the rules read forward values (a node's inputs or outputs) directly, so the backward
-graph holds on to exactly the activations some rule reads, and the memory plan frees every other one after
-its last forward use. Because the result is one ordinary graph, every backend runs it and every pass
-(decomposition, folding, raster merging, dead code) and the memory planner treat it like any other.
+graph holds on to the activations some rule reads, and the memory plan frees every other one after its last
+forward use. `recompute_cheap` then chooses what to keep and what to compute again: an activation backward
+reads that a cheap elementwise op made (unary, binary, comparison, where, cast, relu, clamp) from values
+backward keeps anyway, from inputs, weights or state, or from other such recomputable values, is computed
+again just before backward's first read of it instead of being held from the forward to there (a relu's
+output from its input, which the relu rule keeps; the intermediates of a GELU from its input). Elementwise
+inputs are never larger than the output, so this never keeps more bytes across the forward/backward
+boundary; the copies are marked (meta "recomputed") so common-subexpression elimination leaves them apart.
+Because the result is one ordinary graph, every backend runs it and every pass (decomposition, folding,
+raster merging, dead code) and the memory planner treat it like any other.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.decompose import decompose, restore_output_names
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.registry import NoGradientError, gradient_rule, no_gradient_reason
+from edgerun.ir.registry import NoGradientError, get_op, gradient_rule, no_gradient_reason
 
 
 def _is_float(graph: Graph, value: str) -> bool:
@@ -120,6 +127,58 @@ def activations_kept(graph: Graph, forward_nodes: int) -> tuple[int, int]:
     read = {i for n in graph.nodes[forward_nodes:] for i in n.inputs} & produced
     size = lambda names: sum(graph.specs[v].numel * graph.specs[v].dtype.itemsize for v in names)  # noqa: E731
     return size(read), size(produced)
+
+
+RECOMPUTED = "recomputed"  # node meta: a forward node computed again for backward (value: the original's name)
+_CHEAP_FAMILIES = frozenset({"unary", "binary", "compare"})
+_CHEAP_OPS = frozenset({"where", "cast", "relu", "clamp", "logical_not"})
+
+
+def _cheap(node: Node) -> bool:
+    """One pass over its elements, no reduction or data movement: cheaper to compute again than to keep."""
+    return node.op in _CHEAP_OPS or get_op(node.op).family in _CHEAP_FAMILIES
+
+
+def recompute_cheap(graph: Graph, forward_nodes: int) -> list[str]:
+    """Recompute, for the backward part of `graph` (the nodes after the first `forward_nodes`), the forward
+    activations it reads that cheap elementwise ops make from values it keeps anyway (see the module
+    docstring); returns the activations no longer kept. In place; the graph computes the same values."""
+    forward, backward = graph.nodes[:forward_nodes], graph.nodes[forward_nodes:]
+    producer = {o: n for n in forward for o in n.outputs}
+    free = set(graph.inputs) | set(graph.constants) | set(graph.state_inputs)
+    read = {i for n in backward for i in n.inputs if i in producer}
+    recomputable: set[str] = set()
+    for node in forward:  # in order: an input's fate is decided before its readers'
+        if len(node.outputs) == 1 and _cheap(node) and node.outputs[0] not in graph.outputs and all(
+                not i or i in free or i in recomputable or i in read for i in node.inputs):
+            recomputable.add(node.outputs[0])
+    dropped = sorted(v for v in read if v in recomputable)
+    if not dropped:
+        return []
+    copies: dict[str, str] = {}
+    emitted: list[Node] = []
+
+    def copy_of(value: str) -> str:
+        if value not in recomputable:
+            return value
+        if value not in copies:
+            node = producer[value]
+            inputs = [copy_of(i) if i else i for i in node.inputs]
+            out = graph.fresh_name(f"{value}_again")
+            graph.specs[out] = graph.specs[value]
+            emitted.append(Node(node.op, inputs, [out], dict(node.attrs), {**node.meta, RECOMPUTED: node.name},
+                                graph.fresh_name(f"{node.name}_again")))
+            copies[value] = out
+        return copies[value]
+
+    rebuilt: list[Node] = []
+    for node in backward:
+        node.inputs = [copy_of(i) if i else i for i in node.inputs]
+        rebuilt.extend(emitted)  # each copy right before backward's first read of it
+        emitted.clear()
+        rebuilt.append(node)
+    graph.nodes = forward + rebuilt
+    return dropped
 
 
 def gradient_graph(graph: Graph, loss: str, wrt: Sequence[str]) -> Graph:

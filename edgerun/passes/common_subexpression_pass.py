@@ -45,14 +45,15 @@ def merge_identical_constants(graph: Graph) -> bool:
 def merge_identical_nodes(graph: Graph, ops: frozenset[str] | None = None) -> bool:
     """Drop nodes that repeat an earlier node (restricted to `ops` when given); their readers use the first.
 
-    A node whose outputs are graph outputs stays, so output names never change.
+    A node whose outputs are graph outputs stays, so output names never change. A node marked "recomputed"
+    (passes/autodiff.py: a forward value computed again for backward so it need not be kept) stays apart.
     """
     seen: dict[str, list[str]] = {}
     rename: dict[str, str] = {}
     kept = []
     for node in graph.nodes:
         node.inputs = [rename.get(i, i) for i in node.inputs]
-        if ops is not None and node.op not in ops:
+        if (ops is not None and node.op not in ops) or "recomputed" in node.meta:
             kept.append(node)
             continue
         key = json.dumps([node.op, node.inputs, node.attrs], sort_keys=True, default=str)

@@ -26,7 +26,7 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
-from edgerun.passes.autodiff import activations_kept, append_gradients
+from edgerun.passes.autodiff import activations_kept, append_gradients, recompute_cheap
 from edgerun.passes.pipeline import optimize
 from edgerun.program import Program
 from edgerun.training.losses import LOSSES, emit_loss, target_spec
@@ -106,8 +106,9 @@ def _backward_nodes(graph: Graph, gradients: dict[str, str]) -> int:
 
 
 def build_training_program(program: Program, loss: str, trainable: TrainableSpec, optimizer: Optimizer,
-                           clip_norm: float | None = None) -> tuple[Program, TrainingLayout]:
-    """The training program of `program`'s default method (see the module docstring)."""
+                           clip_norm: float | None = None, recompute: bool = True) -> tuple[Program, TrainingLayout]:
+    """The training program of `program`'s default method (see the module docstring); `recompute`: compute
+    cheap elementwise activations again in backward instead of keeping them (autodiff.recompute_cheap)."""
     source = program.graph
     if source.symbols:
         raise EdgerunError("training needs a program at fixed shapes: export it at the batch size it trains with")
@@ -149,6 +150,9 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
     found = append_gradients(gradients, loss_value, chosen)
     forward_nodes = len(gradients.nodes) - _backward_nodes(gradients, found)
     gradients.outputs = [loss_value, *(found[w] for w in chosen)]
+    kept_all, produced = activations_kept(gradients, forward_nodes)
+    if recompute:
+        recompute_cheap(gradients, forward_nodes)
 
     train = graph
     tb = Builder(train)
@@ -167,6 +171,8 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
             state[name] = np.zeros(state[w].shape, state[w].dtype)
             slots[w][slot] = name
     grads = append_gradients(train, loss_value, chosen)
+    if recompute:
+        recompute_cheap(train, len(train.nodes) - _backward_nodes(train, grads))
     squares = [tb.emit("cast", [tb.emit("reduce_sum", [tb.binary("mul", grads[w], grads[w])])], dtype="float32")
                if train.specs[w].dtype is not DType.float32
                else tb.emit("reduce_sum", [tb.binary("mul", grads[w], grads[w])]) for w in chosen]
@@ -200,9 +206,10 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
                "gradients": _optimized(gradients)}
     metadata = dict(program.metadata)
     metadata.pop("passes", None)
-    kept, produced = activations_kept(gradients, forward_nodes)
+    kept, _ = activations_kept(gradients, forward_nodes)
     metadata["training"] = {"loss": loss, "trainable": list(chosen), "optimizer": optimizer_to_json(optimizer),
-                            "activation_bytes": {"kept_for_backward": kept, "forward": produced}}
+                            "activation_bytes": {"kept_for_backward": kept, "forward": produced,
+                                                 "kept_without_recompute": kept_all}}
     built = Program.from_methods(methods, default_method="forward", state=state, metadata=metadata)
     layout = TrainingLayout(tuple(forward.inputs), tuple(evaluate.inputs), tuple(chosen), tuple(optimizer.slots()))
     return built, layout

@@ -118,7 +118,8 @@ class TrainingProgram:
 
 def trainable(program: Program | str | os.PathLike[str], loss: str = "cross_entropy",
               trainable: TrainableSpec = None, optimizer: Optimizer | None = None, *,
-              clip_norm: float | None = None, backends: Sequence[str] | str | None = None) -> TrainingProgram:
+              clip_norm: float | None = None, backends: Sequence[str] | str | None = None,
+              recompute: bool = True) -> TrainingProgram:
     """A training program from an inference program (a Program or a program file).
 
     `loss`: "cross_entropy" (the first output holds [batch, classes] scores; targets are int64 classes),
@@ -126,9 +127,11 @@ def trainable(program: Program | str | os.PathLike[str], loss: str = "cross_entr
     loss: every input it reads is an input of train_step). `trainable`: weight names, a filter over them
     (frozen layers are the weights it leaves out), or None for every float weight of rank >= 1.
     `optimizer`: SGD or Adam (default SGD(0.01)). `clip_norm`: clip the gradients' global norm to this.
+    `recompute`: compute cheap elementwise activations again in backward rather than keep them
+    (passes/autodiff.py, recompute_cheap); False keeps every activation backward reads.
     """
     if not isinstance(program, Program):
         program = Program.read(program)
     optimizer = optimizer if optimizer is not None else SGD()
-    built, layout = build_training_program(program, loss, trainable, optimizer, clip_norm)
+    built, layout = build_training_program(program, loss, trainable, optimizer, clip_norm, recompute)
     return TrainingProgram(built, layout, optimizer, backends)
