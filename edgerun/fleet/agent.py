@@ -47,7 +47,9 @@ ANSWER_ERRORS = (httpx.HTTPError, FleetError, ValueError, KeyError, TypeError, A
 
 
 class TaskHooks(Protocol):
-    """What the agent tells the rest of the device about task (de)activation; see docs/fleet.md."""
+    """What the agent tells the rest of the device about task (de)activation; see docs/fleet.md. Hooks may
+    also have `stop()`, which the agent calls as it stops: `poll` then finishes the work in hand and starts
+    no more (StreamHooks leaves the unprocessed events queued for the next start)."""
 
     def on_task_activated(self, task_id: str, config: dict[str, Any], run_fn: RunFn) -> None: ...
 
@@ -104,6 +106,12 @@ class Agent:
         # push) never waits for a task; at most `max_concurrent_runs` at once, one per task.
         self._background: dict[str, threading.Thread] = {}
         self.max_concurrent_runs = max_concurrent_runs
+        # The hooks' poll (the stream pipeline and the runs its triggers start), on a thread of its own under
+        # run_forever for the same reason; one poll at a time.
+        self._hooks_thread: threading.Thread | None = None
+        # Set while the agent stops: no run starts any more (one that is starting as the stop cancels the
+        # runs in flight would otherwise miss the cancellation and run its whole timeout).
+        self._stopping = threading.Event()
 
     # ---- trust and identity -------------------------------------------------------------------------
     def _load_root(self, root_path: str | Path | None) -> Root:
@@ -328,6 +336,8 @@ class Agent:
         version, folder, config = self.task_config(task)
         key, cancel = next(self._run_keys), threading.Event()
         with self._runs_lock:
+            if self._stopping.is_set():
+                return RunResult("cancelled", 0.0, error="not run: the agent is stopping")
             self._in_flight[key] = (task, version, cancel)
         try:
             return self._run_task(task, version, folder, config, inputs, cancel)
@@ -481,9 +491,31 @@ class Agent:
         self._flush_logged()
         self.announce_active()
         self.run_scheduled(wait=wait)
-        if self.hooks is not None:
-            self.hooks.poll()
+        self.poll_hooks(wait=wait)
         self._flush_logged()
+
+    def poll_hooks(self, *, wait: bool = True) -> None:
+        """The hooks' step (the stream pipeline: trigger matches run their tasks through `run_task`, so a
+        newer assignment cancels them like any run). With `wait` on this thread; without it on a thread of
+        its own, at most one at a time, so a triggered task that hangs holds up neither check-ins nor
+        reports; a round while the previous poll still runs skips it."""
+        if self.hooks is None:
+            return
+        if wait:
+            self._poll_logged(self.hooks)
+            return
+        if self._hooks_thread is not None and self._hooks_thread.is_alive():
+            return
+        self._hooks_thread = threading.Thread(target=self._poll_logged, args=(self.hooks,), name="hooks-poll",
+                                              daemon=True)
+        self._hooks_thread.start()
+
+    def _poll_logged(self, hooks: TaskHooks) -> None:
+        try:
+            hooks.poll()
+        except Exception as exc:  # the hooks' fault never stops the loop
+            self.errors.append(f"hooks: {type(exc).__name__}: {exc}"[:500])
+            log.exception("agent %s: hooks poll failed", self.device_id)
 
     def _flush_logged(self) -> None:
         try:
@@ -497,6 +529,7 @@ class Agent:
         and a check-in without a nudge happens only every `fallback_checkin_s`; the loop still ticks every
         `checkin_interval_s` for scheduled runs, the hooks and reports. Without it, every tick checks in."""
         stop = stop or threading.Event()
+        self._stopping.clear()
         wake = threading.Event()
         listener: PushListener | None = None
         last_checkin = -1e18
@@ -528,12 +561,16 @@ class Agent:
             self._flush_logged()  # the runs just cancelled are reported now rather than at the next start
 
     def _stop_background_runs(self, grace_s: float = 10.0) -> None:
-        """Cancel the runs in progress and wait (bounded) for their reports to be written."""
+        """Cancel the runs in progress, start no more, and wait (bounded) for their reports to be written."""
+        stop_hooks = getattr(self.hooks, "stop", None)
+        if stop_hooks is not None:
+            stop_hooks()  # the pipeline processes no further event (left queued for the next start)
         with self._runs_lock:
+            self._stopping.set()
             events = [e for _, _, e in self._in_flight.values()]
         for event in events:
             event.set()
-        for thread in list(self._background.values()):
+        for thread in [*self._background.values(), *([self._hooks_thread] if self._hooks_thread else [])]:
             thread.join(grace_s)
 
     def next_wait_s(self) -> float:

@@ -6,7 +6,8 @@
 The agent announces each active task; a task whose config has `triggers` is registered in the pipeline, and
 when a condition matches, the task runs in the agent's compute container (the `run_fn` the agent hands
 over) with the match as its input; its output becomes a record in collective storage and is uploaded to
-the fleet server's /v1/stream. `poll()` runs in every agent step.
+the fleet server's /v1/stream. `poll()` runs in every agent step: under `run_forever` on a thread of its
+own (the agent's loop keeps checking in while a triggered task runs, and a newer assignment cancels it).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ class StreamHooks:
         except Exception as exc:
             self.poll_errors += 1
             log.exception("stream pipeline step failed: %s", exc)
+
+    def stop(self) -> None:
+        """The agent is stopping: the pump in progress ends after the event in hand (its runs cancelled by
+        the agent), and the events after it stay queued for the next start."""
+        self.pipeline.stopping.set()
 
     def close(self) -> None:
         self.pipeline.close()

@@ -1,5 +1,7 @@
 """DevicePipeline: what the device agent owns. Events in from the durable queue, trigger matching, task
-outputs into collective storage, and uploads through the tunnel. One thread drives it (the agent loop).
+outputs into collective storage, and uploads through the tunnel. One thread drives it (`pump`, `upload`:
+the agent's hooks thread); tasks are registered and unregistered from another (the agent loop's check-in),
+so the trigger trie and the handlers are read and changed under a lock, never held while a task runs.
 
 `max_concurrent_runs` > 1 runs the tasks one event matched side by side (Walle runs matched tasks
 concurrently; the agent's warm pool bounds them too); their outputs are stored in match order all the same.
@@ -10,6 +12,7 @@ agent's next `upload()`; delivery is the same code path, so it stays exactly-onc
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +49,8 @@ class DevicePipeline:
                                   backoff=backoff) if upload_url else None)
         self.trie = TriggerTrie()
         self._handlers: dict[str, OnMatch] = {}
+        self._tasks_lock = threading.Lock()  # the trie and the handlers: see the module docstring
+        self.stopping = threading.Event()  # set: pump ends after the event in hand, leaving the rest queued
         self._recent: deque[Event] = deque(maxlen=RECENT_EVENTS)  # the time-level sequence
         self._pages = PageSequencer()  # the page-level sequence
         self._closed_now: list[PageVisit] = []  # visits the event being processed closed
@@ -59,12 +64,15 @@ class DevicePipeline:
 
     def register_task(self, task_id: str, triggers: Any, on_match: OnMatch) -> None:
         """Registers a task's `triggers` (format: docs/stream.md); `on_match` runs it and may return its output."""
-        self.trie.add_task(task_id, parse_triggers(triggers))
-        self._handlers[task_id] = on_match
+        parsed = parse_triggers(triggers)
+        with self._tasks_lock:
+            self.trie.add_task(task_id, parsed)
+            self._handlers[task_id] = on_match
 
     def unregister_task(self, task_id: str) -> None:
-        self.trie.remove_task(task_id)
-        self._handlers.pop(task_id, None)
+        with self._tasks_lock:
+            self.trie.remove_task(task_id)
+            self._handlers.pop(task_id, None)
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -80,47 +88,61 @@ class DevicePipeline:
         return self._emitter.emit(kind, page_id, **fields)
 
     def pump(self, max_events: int | None = None) -> int:
-        """Processes queued events: match, run matched tasks, store outputs, then commit the queue cursor."""
+        """Processes queued events: match, run matched tasks, store outputs, then commit the queue cursor.
+        Once `stopping` is set, the event in hand (whose runs the stop cancelled) and those after it stay
+        queued: the next start runs them."""
         if not self._replayed:
             self._replay_tail()
         limit = max_events or self.pump_batch
         total = 0
-        while True:
+        while not self.stopping.is_set():
             batch = self.queue.read(min(limit - total, self.pump_batch))
             if not batch:
                 break
+            done = 0
             for _, event in batch:
-                if event is None:
-                    continue  # counted by the queue as events_malformed
-                self._observe(event)
-                matches = [self._prepare(m) for m in self.trie.match(event)]
-                self.stats["matches"] += sum(1 for m in matches if m.task_id in self._handlers)
-                if self._executor is not None and len(matches) > 1:
-                    self.store.flush()  # what the tasks may read is written before they start, on this thread
-                    outputs = list(self._executor.map(self._call, matches))
-                else:
-                    outputs = [self._call(m) for m in matches]
-                for match, output in zip(matches, outputs, strict=True):
-                    if output is not None:
-                        self.store.put(match.task_id, output, record_id=match.record_id)
+                if event is not None:  # (a malformed one is counted by the queue as events_malformed)
+                    outputs = self._process(event)
+                    if self.stopping.is_set():
+                        break
+                    for match, output in outputs:
+                        if output is not None:
+                            self.store.put(match.task_id, output, record_id=match.record_id)
+                done += 1
             # Outputs first, cursor second: a crash in between re-runs the events, and the idempotent record
             # ids make the re-run store nothing twice.
             stored = self.store.flush()
-            self.queue.commit(batch[-1][0])
+            if done:
+                self.queue.commit(batch[done - 1][0])
             if self.realtime and stored:
                 self.upload()
-            total += len(batch)
-            self.stats["events_processed"] += len(batch)
+            total += done
+            self.stats["events_processed"] += done
             if total >= limit:
                 break
         return total
+
+    def _process(self, event: Event) -> list[tuple[TriggerMatch, dict[str, Any] | None]]:
+        """One event: its matches (under the tasks lock) and the outputs of the tasks they ran (outside it)."""
+        with self._tasks_lock:
+            self._observe(event)
+            matched = [(m, self._handlers.get(m.task_id)) for m in map(self._prepare, self.trie.match(event))]
+        calls = [(m, h) for m, h in matched if h is not None]
+        self.stats["matches"] += len(calls)
+        if self._executor is not None and len(calls) > 1:
+            self.store.flush()  # what the tasks may read is written before they start, on this thread
+            outputs = list(self._executor.map(lambda call: self._call(*call), calls))
+        else:
+            outputs = [self._call(m, h) for m, h in calls]
+        return [(m, out) for (m, _), out in zip(calls, outputs, strict=True)]
 
     def _replay_tail(self) -> None:
         """Rebuilds partial matches after a restart from the events consumed before it, without firing."""
         self._replayed = True
         for event in self.queue.consumed_tail(RECENT_EVENTS):
-            self._observe(event)
-            self.trie.match(event, fire=False)
+            with self._tasks_lock:
+                self._observe(event)
+                self.trie.match(event, fire=False)
 
     def _observe(self, event: Event) -> None:
         self._recent.append(event)
@@ -134,10 +156,7 @@ class DevicePipeline:
             return match._replace(events=self._page_visit(match.events[-1]))
         return match
 
-    def _call(self, match: TriggerMatch) -> dict[str, Any] | None:
-        handler = self._handlers.get(match.task_id)
-        if handler is None:
-            return None
+    def _call(self, match: TriggerMatch, handler: OnMatch) -> dict[str, Any] | None:
         try:
             return handler(match)
         except Exception:  # a task's fault must not stop the pipeline or the other tasks

@@ -1,7 +1,7 @@
 """The agent's loop does not wait for its tasks, and warm workers do not wait for each other: an abort
-reaches a device whose task hangs and stops that task; a task that takes minutes to import does not hold
+reaches a device whose task hangs (scheduled or triggered by the stream pipeline) and stops that task; a task that takes minutes to import does not hold
 up another task's first run; nothing a warm run started outlives it; SIGTERM stops the agent cleanly
-(docs/security.md, rows D17-D19, D21)."""
+(docs/security.md, rows D17-D19, D21, D22)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from fleet_helpers import REPO, FleetServer, make_task, token_file
 from edgerun.fleet.container import Launch, Limits
 from edgerun.fleet.sandbox import detect_level
 from edgerun.fleet.warm_pool import WARM_WORKER, WarmPool
+from edgerun.stream.agent_hooks import STREAM_STATE_DIR, StreamHooks
+from edgerun.stream.event_queue import EventEmitter
 
 pytestmark = pytest.mark.xdist_group("fleet-agent")
 LEVEL = detect_level()
@@ -74,6 +76,40 @@ def test_an_abort_reaches_an_agent_whose_task_hangs_and_stops_the_task(shared_se
     finally:
         stop.set()
         loop.join(30)
+    assert not loop.is_alive()
+
+
+def test_a_stream_triggered_task_that_hangs_holds_up_no_check_in_and_an_abort_stops_it(
+        shared_server: FleetServer, tmp_path: Path) -> None:
+    device = task = "stream-hung"
+    release = shared_server.admin().publish(
+        make_task(tmp_path, task, 1, body="import time\ndef run(inputs):\n    time.sleep(3600)\n",
+                  limits={"timeout_s": 3600}, triggers=[{"sequence": ["click.buy"]}],
+                  targeting={"kind": "device", "values": [device]}),
+        shared_server.keys, {"steps": [100], "min_reports": 10**6})
+    agent = shared_server.agent(device, tmp_path / "agent", checkin_interval_s=0.1)
+    hooks = agent.hooks = StreamHooks.for_agent(agent)
+    checkins: list[str] = []  # the check-in requests the agent sends, seen on its own HTTP client
+    agent.http.event_hooks["request"].append(
+        lambda request: checkins.append(request.url.path) if request.url.path.endswith("/checkin") else None)
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.run_forever, kwargs={"stop": stop}, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: hooks.pipeline.trie.task_ids == [task], "the task's trigger was registered")
+        EventEmitter(agent.state_dir / STREAM_STATE_DIR).emit("click", "item", event_id="click.buy")
+        wait_for(lambda: agent._in_flight, "the triggered run started")
+        during = len(checkins)
+        wait_for(lambda: len(checkins) >= during + 3 and agent._in_flight, "check-ins during the run")
+        shared_server.admin().control(release["id"], "abort")  # reaches the device only by a check-in
+        wait_for(lambda: shared_server.admin().device(device)["reports"], "the run was reported")
+        assert shared_server.admin().device(device)["reports"] == {"cancelled": 1}
+        assert task not in agent.profile().tasks and not agent._in_flight and not hooks.pipeline.trie.task_ids
+    finally:
+        stop.set()
+        loop.join(30)
+        hooks.close()
+        agent.close()
     assert not loop.is_alive()
 
 
