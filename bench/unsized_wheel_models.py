@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -163,7 +164,9 @@ def main() -> int:
                   f"{s['later_call_s']} | {s['pinned_call_s']} |")
     print(f"load average: {' '.join(load)}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "loadavg": load}, indent=1))
+    RESULTS.write_text(json.dumps({"command": " ".join(["bench/unsized_wheel_models.py", *sys.argv[1:]]),
+                                   "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                                   "rows": rows, "loadavg": load}, indent=1))
     return 0
 
 
