@@ -147,15 +147,43 @@ class Simulator:
         await asyncio.gather(*(one(d) for d in self.devices))
         return time.perf_counter() - start
 
+    def preload(self, db_url: str) -> float:
+        """Enrol every device straight into the database (what `register_all` leaves there, without its HTTP
+        round trips): large fleets, where enrolment is not what is measured, start in seconds, not hours."""
+        import secrets
+
+        import psycopg
+
+        from edgerun.fleet.server_tokens import token_hash
+
+        start, now = time.perf_counter(), time.time()
+        columns = "id, token_hash, profile, registered_at, last_seen, device_groups, bucket"
+        with (psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://")) as conn,
+              conn.cursor().copy(f"COPY devices ({columns}) FROM STDIN") as copy):
+            for d in self.devices:
+                d.token = secrets.token_urlsafe(32)
+                profile = {"device_id": d.device_id, "app_version": "2.0", "os": "android", "device_groups": [],
+                           "user_groups": [], "tasks": {}}
+                copy.write_row((d.device_id, token_hash(d.token), json.dumps(profile), now, now, "[]",
+                                device_bucket(d.device_id)))
+        return time.perf_counter() - start
+
     async def check_in(self, d: SimDevice) -> None:
         t0 = time.perf_counter()
-        profile = {"device_id": d.device_id, "app_version": "2.0", "os": "android", "tasks": d.tasks}
+        profile = {"device_id": d.device_id, "app_version": "2.0", "os": "android", "tasks": d.tasks,
+                   "serial": d.serial}  # as the agent does: the highest serial it accepted
         status, body = await self.call("POST", f"/v1/devices/{d.device_id}/checkin", d.token, profile)
         self.c.latencies.append(time.perf_counter() - t0)
         if status != 200:
             self.c.errors += 1
             return
         self.c.checkins += 1
+        if body["status"] == "up-to-date":
+            serial = int(body["timestamp"]["signed"]["serial"])
+            if serial < d.serial:  # the agent refuses a timestamp older than a serial it has accepted
+                self.c.errors += 1
+                self.c.last_error = f"timestamp #{serial} below #{d.serial}"
+            d.serial = max(d.serial, serial)
         if body["status"] == "update":
             await self.apply(d, body["assignment"])
 
@@ -225,31 +253,82 @@ class Simulator:
         return sum(1 for d in self.devices if d.tasks.get(task) == version)
 
 
-def start_server(base: Path, keys: KeyDir, workers: int, db_url: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(base: Path, keys: KeyDir, workers: int, db_url: str, name: str = "data",
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(base / "data"),
+    cmd = [sys.executable, "-m", "edgerun", "fleet", "serve", "--port", str(port), "--data", str(base / name),
            "--keys", str(keys.path), "--workers", str(workers),
            # every simulated device is on loopback, and the throughput runs check in back to back: the limits
            # would measure themselves, not the server
-           "--rate-per-token", "0", "--rate-per-address", "0"] + (["--db", db_url] if db_url else [])
+           "--rate-per-token", "0", "--rate-per-address", "0", *extra] + (["--db", db_url] if db_url else [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "EDGERUN_FLEET_TOKEN": "admin", "EDGERUN_ENROLL_TOKEN": "enroll"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env,  # tokens from the environment: never argv
-                            stdout=subprocess.DEVNULL, stderr=open(base / "server.log", "wb"))  # noqa: SIM115
+                            stdout=subprocess.DEVNULL, stderr=open(base / f"{name}.log", "wb"))  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     import httpx
 
-    for _ in range(300):
+    for _ in range(1200):
         try:
             if httpx.get(url + "/v1/health", timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError((base / "server.log").read_text())
+    raise RuntimeError((base / f"{name}.log").read_text())
+
+
+@dataclass
+class Servers:
+    """One server (its worker processes), or `--replicas` of them as hosts would run them: each its own data
+    folder, one PostgreSQL and one file store, behind nginx (Debian's package, the config of docs/fleet.md)."""
+
+    procs: list[subprocess.Popen[bytes]]
+    urls: list[str]  # each replica, directly (metrics)
+    url: str         # where the devices and the admin go
+    nginx: Any = None
+
+    def cpu_s(self) -> float:
+        return sum(tree_cpu_s(p.pid) for p in self.procs)
+
+    def nginx_cpu_s(self) -> float:
+        return tree_cpu_s(self.nginx.proc.pid) if self.nginx is not None else 0.0
+
+    def checkins_per_replica(self) -> list[int]:
+        """Check-ins each replica answered so far (its Prometheus counter)."""
+        import httpx
+
+        out = []
+        for u in self.urls:
+            text = httpx.get(u + "/metrics", timeout=10).text
+            out.append(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                               if line.startswith("edgerun_fleet_checkins_total{"))))
+        return out
+
+    def stop(self) -> None:
+        if self.nginx is not None:
+            self.nginx.stop()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(30)
+
+
+def start_servers(base: Path, keys: KeyDir, workers: int, db_url: str, replicas: int) -> Servers:
+    if replicas <= 1:
+        proc, url = start_server(base, keys, workers, db_url)
+        return Servers([proc], [url], url)
+    if not db_url:
+        raise SystemExit("--replicas needs --db postgres")
+    from edgerun.fleet.load_balancer import LocalNginx
+
+    started = [start_server(base, keys, workers, db_url, f"replica-{i}", ("--store", str(base / "blobs")))
+               for i in range(replicas)]
+    nginx = LocalNginx([u for _, u in started]).start()
+    return Servers([p for p, _ in started], [u for _, u in started], nginx.url, nginx)
 
 
 STAT_STATEMENTS = "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = 'all'\n"
@@ -335,12 +414,17 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
     keys = KeyDir(base / "keys")
     keys.init()
     pg = LocalPostgres().start(STAT_STATEMENTS) if db == "postgres" else None
-    proc, url = start_server(base, keys, args.workers, pg.url if pg else "")
+    servers = start_servers(base, keys, args.workers, pg.url if pg else "", args.replicas)
+    url = servers.url
     admin = AdminClient(url, "admin")
     try:
         sim = Simulator(url, Root(keys.root_chain()[-1]), args.devices, args.connections)
-        register_s = await sim.register_all("enroll")
-        log(f"[{db}] registered {args.devices} devices in {register_s:.1f}s")
+        if args.preload and pg is not None:
+            register_s = sim.preload(pg.url)
+            log(f"[{db}] preloaded {args.devices} devices into the database in {register_s:.1f}s")
+        else:
+            register_s = await sim.register_all("enroll")
+            log(f"[{db}] registered {args.devices} devices in {register_s:.1f}s")
 
         # 1. The fleet's own load: each device on its own schedule, up to date.
         sim.stop = False
@@ -351,10 +435,14 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         sim.c = Counters()
         if pg is not None:
             statements(pg, reset=True)
-        t0, server_cpu0, client_cpu0 = time.perf_counter(), tree_cpu_s(proc.pid), time.process_time()
+        spread0 = servers.checkins_per_replica()
+        t0, server_cpu0, client_cpu0 = time.perf_counter(), servers.cpu_s(), time.process_time()
+        nginx_cpu0 = servers.nginx_cpu_s()
         await asyncio.sleep(args.duration)
         sustained = sim.c.checkins / (time.perf_counter() - t0)
-        server_cpu = tree_cpu_s(proc.pid) - server_cpu0
+        server_cpu = servers.cpu_s() - server_cpu0
+        nginx_cpu = servers.nginx_cpu_s() - nginx_cpu0
+        spread = [b - a for a, b in zip(spread0, servers.checkins_per_replica(), strict=True)]
         client_cpu = time.process_time() - client_cpu0
         per_checkin = statements(pg) / sim.c.checkins if pg is not None and sim.c.checkins else None
         per_server_cpu_s = sim.c.checkins / server_cpu if server_cpu else None
@@ -366,8 +454,9 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
             f"statements per check-in {per_checkin})")
 
         row = {
-            "db": db, "devices": args.devices, "server_workers": args.workers, "connections": args.connections,
-            "register_per_s": args.devices / register_s, "checkin_interval_s_sustained": args.checkin_interval,
+            "db": db, "devices": args.devices, "server_workers": args.workers, "replicas": args.replicas,
+            "checkins_per_replica": spread, "nginx_cpu_s": nginx_cpu, "connections": args.connections,
+            "register_per_s": None if args.preload else args.devices / register_s, "checkin_interval_s_sustained": args.checkin_interval,
             "offered_checkins_per_s": args.devices / args.checkin_interval,
             "checkins_per_s": sustained, "checkins_per_server_cpu_s": per_server_cpu_s,
             "statements_per_checkin": per_checkin,
@@ -389,6 +478,7 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         gray_s = await wait_until(lambda: sim.count_at("simtask", 2) == args.devices, args.timeout,
                                   lambda: f"  {sim.count_at('simtask', 2)} devices on v2; errors {sim.c.errors} {sim.c.last_error}")
         gray_state = admin.release(good["id"])["stage"]
+        gray_spread = [b - a for a, b in zip(spread0, servers.checkins_per_replica(), strict=True)]
         publish_to_all_s = time.perf_counter() - t_pub
         log(f"[{db}] gray release reached {args.devices} devices in {gray_s:.1f}s ({gray_state})")
 
@@ -407,6 +497,7 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*loops)
         return {
             **row, "gray_release_to_all_s": gray_s, "gray_publish_to_all_s": publish_to_all_s, "gray_final_stage": gray_state,
+            "checkins_per_replica_to_gray_end": gray_spread,
             "bad_release_stage": bad_state["stage"], "bad_release_failures": bad_state["total_failure"],
             "first_failure_to_rollback_everywhere_s": rollback_all_s, "devices_on_rollback_version": ever_bad,
             "checkin_interval_s": args.interval, "client_errors": sim.c.errors,
@@ -414,8 +505,7 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
         }
     finally:
         admin.close()
-        proc.terminate()
-        proc.wait(30)
+        servers.stop()
         if pg is not None:
             pg.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -468,7 +558,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=10_000)
     p.add_argument("--db", action="append", choices=("sqlite", "postgres"), help="repeatable (default: both)")
-    p.add_argument("--workers", type=int, default=2, help="server processes")
+    p.add_argument("--workers", type=int, default=2, help="server processes (of each replica)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="servers as separate hosts would run them, behind nginx (PostgreSQL only)")
+    p.add_argument("--preload", action="store_true",
+                   help="PostgreSQL: write the devices' enrolments straight into the database (large fleets)")
     p.add_argument("--connections", type=int, default=64, help="keep-alive connections shared by the devices")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of the fleet-load measurement")
     p.add_argument("--checkin-interval", type=float, default=60.0,
@@ -498,7 +592,7 @@ def main() -> int:
         print(f"wrote {out}")
         return 0
     results = [asyncio.run(run_scenario(db, args)) for db in dbs]
-    cols = [("db", "{}"), ("devices", "{}"), ("server_workers", "{}"), ("register_per_s", "{:.0f}"),
+    cols = [("db", "{}"), ("devices", "{}"), ("replicas", "{}"), ("server_workers", "{}"), ("register_per_s", "{:.0f}"),
             ("offered_checkins_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
             ("checkins_per_server_cpu_s", "{:.0f}"), ("statements_per_checkin", "{:.2f}"), ("load_average", "{:.1f}"),
             ("checkin_latency_ms_p50", "{:.1f}"), ("checkin_latency_ms_p99", "{:.1f}"),
@@ -507,6 +601,12 @@ def main() -> int:
     print(" | ".join(c for c, _ in cols))
     for r in results:
         print(" | ".join(f.format(r[c]) if r[c] is not None else "-" for c, f in cols))
+    for r in results:
+        if r["replicas"] > 1:
+            print(f"{r['db']}: check-ins answered by each replica in the load window {r['checkins_per_replica']}"
+                  + (f", up to the gray release's end {r['checkins_per_replica_to_gray_end']}"
+                     if r.get("checkins_per_replica_to_gray_end") else "")
+                  + f"; nginx {r['nginx_cpu_s']:.1f} CPU s in the load window")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(),

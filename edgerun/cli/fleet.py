@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                max_blob_mb=args.max_blob_mb, enroll_token_uses=args.enroll_token_uses,
                                db_pool_size=args.db_pool_size, db_max_overflow=args.db_max_overflow,
                                db_statement_timeout_ms=args.db_statement_timeout_ms,
-                               identity_cache_size=args.identity_cache_size,
+                               identity_cache_size=args.identity_cache_size, seen_resolution_s=args.seen_resolution,
                                rate_per_token=args.rate_per_token, rate_per_address=args.rate_per_address,
                                push_poll_s=args.push_poll))
     json_logs.configure(args.log_level, args.log_format)
@@ -298,6 +298,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="PostgreSQL cancels a statement (lock waits included) running past this; 0: never")
     p.add_argument("--identity-cache-size", type=int, default=100_000,
                    help="device tokens whose identity each process keeps for 10 s (least recently used out)")
+    p.add_argument("--seen-resolution", type=float, default=300.0,
+                   help="seconds a device's stored last-seen time may lag its check-ins (fewer database writes); "
+                        "never more than a quarter of a running step's liveness window")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--log-format", choices=("json", "text"), default="json",
                    help="server logs on stderr: one JSON object a line (default) or plain text")

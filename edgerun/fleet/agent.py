@@ -202,7 +202,10 @@ class Agent:
         """One push-then-pull round; returns True if some task version changed."""
         profile = self.profile()
         r = self.http.post(f"/v1/devices/{self.device_id}/checkin",
-                           json={**profile.as_dict(), "isolation": self.isolation}, headers=self._auth())
+                           json={**profile.as_dict(), "isolation": self.isolation,
+                                 # the highest serial accepted: a server may answer with a timestamp it signed before
+                                 "serial": int(self.state.get("assignment_serial", "0") or 0)},
+                           headers=self._auth())
         r.raise_for_status()
         body = _json_object(r)
         root_version = body.get("root_version", 0)

@@ -28,6 +28,12 @@ class Profile(BaseModel):
     charging: bool = Field(False, description="the device is on external power (likewise)")
 
 
+class CheckinRequest(Profile):
+    serial: int = Field(0, ge=0, description=(
+        "the highest assignment or timestamp serial the device has accepted: a server may answer 'up to date' "
+        "with a timestamp it signed before, if its serial is not below this one (edgerun.fleet.freshness)"))
+
+
 class RegisterRequest(BaseModel):
     enroll_token: str = Field(max_length=256)
     profile: Profile

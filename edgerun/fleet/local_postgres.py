@@ -56,6 +56,10 @@ class LocalPostgres:
                 "fsync = on\nmax_connections = 200\nshared_buffers = 128MB\n" + extra_conf)
         with open(data / "postgresql.conf", "a") as f:
             f.write(conf)
+        return self._launch()
+
+    def _launch(self) -> LocalPostgres:
+        data = self.dir / "data"
         self.proc = subprocess.Popen([*self._as_user, str(self.bindir / "postgres"), "-D", str(data)],
                                      stdout=subprocess.DEVNULL, stderr=open(self.dir / "log", "wb"))  # noqa: SIM115
         deadline = time.monotonic() + 30
@@ -82,7 +86,18 @@ class LocalPostgres:
             conn.execute(f'CREATE DATABASE "{name}"')
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
+    def shut_down(self) -> None:
+        """Stop the server and keep the cluster (its data, its port) for `start_again`: a database restart."""
+        self._halt()
+
+    def start_again(self) -> LocalPostgres:
+        return self._launch()
+
     def stop(self) -> None:
+        self._halt()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _halt(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             # "fast" shutdown (a throwaway cluster need not wait for its clients), through pg_ctl: the signal
             # must reach postgres itself, not the `runuser` in front of it.
@@ -92,7 +107,6 @@ class LocalPostgres:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> LocalPostgres:
         return self.start()

@@ -25,10 +25,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from edgerun.fleet import server_tokens
+from edgerun.fleet import checkin_path, server_tokens
 from edgerun.fleet.admin_api import build_admin_router
 from edgerun.fleet.api_models import (
     CheckinAnswer,
+    CheckinRequest,
     Profile,
     RegisterRequest,
     ReportBatch,
@@ -46,6 +47,7 @@ from edgerun.fleet.s3_store import S3Options
 from edgerun.fleet.service import (
     IDENTITY_TTL_S,
     NOTIFIED_IDENTITY_TTL_S,
+    SEEN_RESOLUTION_S,
     DeviceIdentity,
     EnrolmentError,
     FleetService,
@@ -86,10 +88,13 @@ class ServerConfig:
     db_max_overflow: int = 20        # and opened beyond them under bursts
     db_statement_timeout_ms: int = 30_000  # PostgreSQL cancels a statement (lock waits included) past this
     identity_cache_size: int = 100_000     # device tokens whose identity a process keeps (for 10 s each)
+    seen_resolution_s: float = SEEN_RESOLUTION_S  # how stale a stored last-seen time may be (service.flush_seen)
     rate_per_token: str = "20/s:200"       # each bearer token: 20 requests a second, bursts of 200 ("0": none)
     rate_per_address: str = "1000/s:5000"  # each client address (carrier NAT puts many devices behind one)
     push_poll_s: float = 0.0         # release-table poll of the push watch; 0: 0.5 s on SQLite, 5 s with NOTIFY
 
+
+DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
 
 # Body limits per route, enforced while the body is read (edgerun.stream.body_limit), after the caller's
 # token is checked from the headers alone.
@@ -180,7 +185,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
     service = FleetService(engine, keys.key("assignment"), cfg.cache_ttl_s, cfg.timestamp_ttl_s,
                            online_key_loader=lambda: keys.key("assignment"),
-                           identity_cache_size=cfg.identity_cache_size,
+                           identity_cache_size=cfg.identity_cache_size, seen_resolution_s=cfg.seen_resolution_s,
                            identity_ttl_s=NOTIFIED_IDENTITY_TTL_S if engine.dialect.name == "postgresql" else IDENTITY_TTL_S)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
@@ -280,6 +285,13 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         return JSONResponse({"detail": [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
                                         for e in exc.errors()]}, status_code=422)
 
+    @app.exception_handler(sa.exc.DBAPIError)
+    async def database_unavailable(_request: Request, exc: sa.exc.DBAPIError) -> Response:
+        # The database restarting or unreachable: a clean, retryable answer (the balancer may try another
+        # replica; agents keep their reports and retry), never a traceback.
+        log.warning("database error", extra={"error": type(exc.orig).__name__ if exc.orig else type(exc).__name__})
+        return JSONResponse({"detail": DATABASE_UNAVAILABLE}, status_code=503, headers={"Retry-After": "1"})
+
     @app.exception_handler(FleetError)
     async def fleet_error(_request: Request, exc: FleetError) -> Response:
         return JSONResponse({"detail": str(exc)}, status_code=400)
@@ -293,10 +305,13 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             profile = DeviceProfile.from_dict(Profile.model_validate_json(raw).model_dump())
         except ValueError:
             return None  # a bad profile header must not break the business request it rides on
-        owner = service.identity(auth[7:].strip().decode("latin-1"))
-        if owner is None or owner.device_id != profile.device_id:
-            return None
-        stale = service.needs_update(service.trusted_profile(profile, owner))
+        try:
+            owner = service.identity(auth[7:].strip().decode("latin-1"))
+            if owner is None or owner.device_id != profile.device_id:
+                return None
+            stale = service.needs_update(service.trusted_profile(profile, owner))
+        except sa.exc.DBAPIError:
+            return None  # the database away: the business request still gets its own answer (maybe a 503)
         return f"/v1/devices/{profile.device_id}/assignment" if stale else "up-to-date"
 
     def body_rule(scope: Scope) -> BodyRule:
@@ -319,17 +334,25 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         token = bearer(scope)
         if token is None:
             return 401, "missing bearer token"
-        return None if service.is_admin(token) else (403, "admin token required")
+        try:
+            return None if service.is_admin(token) else (403, "admin token required")
+        except sa.exc.DBAPIError:
+            return 503, DATABASE_UNAVAILABLE
 
     def device_from_headers(scope: Scope, device_id: str | None) -> tuple[int, str] | None:
         token = bearer(scope)
         if token is None:
             return 401, "missing bearer token"
-        owner = service.identity(token)
+        try:
+            owner = service.identity(token)
+        except sa.exc.DBAPIError:  # a token not cached while the database is away
+            return 503, DATABASE_UNAVAILABLE
         if owner is None or (device_id is not None and owner.device_id != device_id):
             return 403, "this token does not belong to that device"
         return None
 
+    # Innermost of these: after the rate limit and the body limit, before FastAPI's router (defined below).
+    app.add_middleware(checkin_path.CheckinPath, answer=lambda *a: answer_checkin(*a))
     app.add_middleware(PiggybackPush, header_value=push_header_value)
     app.add_middleware(BodyLimit, rule_for=body_rule)
     # Added last, so it runs first: a flood is refused before any token is looked up or body read.
@@ -382,34 +405,42 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             raise HTTPException(exc.status, str(exc)) from exc
         return {"token": token, "device_id": identity.device_id, "device_groups": list(identity.device_groups)}
 
+    async def answer_checkin(device_id: str, token: str | None, raw: bytes) -> checkin_path.Answer:
+        """Answered by hand (no model round trips), on the event loop, from cached tokens and releases; only an
+        out-of-date device, which needs a serial and a delivery record from the database, goes to the thread
+        pool. Served by `checkin_path.CheckinPath` ahead of FastAPI's router, and by the route below."""
+        try:
+            owner = service.identity(token) if token else None
+            if owner is None or owner.device_id != device_id:
+                return checkin_path.error(403, "this token does not belong to that device")
+            try:
+                body = CheckinRequest.model_validate_json(raw)
+            except ValueError as exc:
+                return checkin_path.error(422, f"bad profile: {exc}")
+            if body.device_id != device_id:
+                return checkin_path.error(400, "profile names another device")
+            # The device's word for its app, OS, user groups and tasks; the admin's for its device groups.
+            profile = DeviceProfile(body.device_id, body.app_version, body.os, owner.device_groups,
+                                    tuple(body.user_groups), body.tasks, body.idle, body.charging)
+            service.note_seen(profile)
+            watch.index.checked_in(profile)
+            root_version = service.root().version
+            if not service.needs_update(profile):
+                metrics.checkins.labels("up-to-date").inc()
+                return 200, json.dumps({"status": "up-to-date", "root_version": root_version,
+                                        "timestamp": service.timestamp(device_id, body.serial)}).encode(), []
+            assignment = await run_in_threadpool(service.assignment, profile)
+        except sa.exc.DBAPIError:
+            return checkin_path.error(503, DATABASE_UNAVAILABLE, [(b"retry-after", b"1")])
+        metrics.checkins.labels("update").inc()
+        return 200, json.dumps({"status": "update", "root_version": root_version, "assignment": assignment}).encode(), []
+
     @app.post("/v1/devices/{device_id}/checkin", response_model=CheckinAnswer,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                  "schema": Profile.model_json_schema()}}}})
+                  "schema": CheckinRequest.model_json_schema()}}}})
     async def checkin(device_id: str, request: Request) -> Response:
-        # The hot path: parsed and answered by hand (no model validation round trips), on the event loop,
-        # from cached tokens and releases; only an out-of-date device, which needs a serial from the
-        # database, goes to the thread pool.
-        owner = require_device(request, device_id)
-        try:
-            body = Profile.model_validate_json(await request.body())
-        except ValueError as exc:
-            raise HTTPException(422, f"bad profile: {exc}") from exc
-        if body.device_id != device_id:
-            raise HTTPException(400, "profile names another device")
-        # The device's word for its app, OS, user groups and tasks; the admin's for its device groups.
-        profile = DeviceProfile(body.device_id, body.app_version, body.os, owner.device_groups,
-                                tuple(body.user_groups), body.tasks, body.idle, body.charging)
-        service.note_seen(profile)
-        watch.index.checked_in(profile)
-        root_version = service.root().version
-        if not service.needs_update(profile):
-            metrics.checkins.labels("up-to-date").inc()
-            return Response(json.dumps({"status": "up-to-date", "root_version": root_version,
-                                        "timestamp": service.timestamp(device_id)}), media_type="application/json")
-        assignment = await run_in_threadpool(service.assignment, profile)
-        metrics.checkins.labels("update").inc()
-        return Response(json.dumps({"status": "update", "root_version": root_version, "assignment": assignment}),
-                        media_type="application/json")
+        status, payload, headers = await answer_checkin(device_id, _bearer(request), await request.body())
+        return Response(payload, status, {k.decode(): v.decode() for k, v in headers}, media_type="application/json")
 
     @app.get("/v1/devices/{device_id}/assignment")
     def assignment(device_id: str, request: Request) -> dict[str, Any]:

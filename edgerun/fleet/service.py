@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 from sqlalchemy.dialects import postgresql, sqlite
 
 from edgerun.fleet import releases as rel
@@ -46,6 +46,10 @@ ROOT_TTL_S = 5.0  # how soon a root accepted by another server process is notice
 # replica (release_notify.announce_device), and the cache only bounds memory and a lost notification.
 IDENTITY_TTL_S = 10.0
 NOTIFIED_IDENTITY_TTL_S = 600.0
+# A stored last-seen time is at most this old while its device checks in (fewer row updates than check-ins);
+# step populations count devices seen within a liveness window of a day by default.
+SEEN_RESOLUTION_S = 300.0
+DB_RETRY_S = 1.0  # while the database is away, how often the cached root and releases are looked up again
 
 
 class EnrolmentError(FleetError):
@@ -92,7 +96,7 @@ class FleetService:
                  cache_ttl_s: float = 0.2, timestamp_ttl_s: float = TIMESTAMP_LIFETIME_S,
                  online_key_loader: Callable[[], SigningKey] | None = None,
                  clock: Callable[[], float] = time.monotonic, identity_cache_size: int = 100_000,
-                 identity_ttl_s: float = IDENTITY_TTL_S) -> None:
+                 identity_ttl_s: float = IDENTITY_TTL_S, seen_resolution_s: float = SEEN_RESOLUTION_S) -> None:
         self.engine = engine
         self.clock = clock  # monotonic seconds; the cache lifetimes are measured on it (tests pass their own)
         self._missing_key_logged = 0
@@ -103,9 +107,18 @@ class FleetService:
         self._lock = threading.Lock()
         self._releases: dict[str, list[CachedRelease]] = {}
         self._releases_at = 0.0
+        self._releases_loaded = False
         # token hash -> identity, for `identity_ttl_s`, at most `identity_cache_size` (least recently used out)
         self._tokens: TTLCache[str, DeviceIdentity] = TTLCache(identity_cache_size, identity_ttl_s, timer=clock)
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
+        # device id -> (profile JSON text, last-seen time) this process last wrote for it (see `flush_seen`)
+        self._written: LRUCache[str, tuple[str, float]] = LRUCache(identity_cache_size)
+        self.seen_resolution = seen_resolution_s
+        self._shortest_window = float("inf")  # shortest liveness window of a running step (seen_resolution_s)
+        # device id -> (serial, root version, key id, envelope) of the last timestamp signed for it, reused
+        # for half its lifetime (see `timestamp`)
+        self._timestamps: TTLCache[str, tuple[int, int, str, dict[str, Any]]] = TTLCache(
+            identity_cache_size, timestamp_ttl_s / 2, timer=clock)
         self._root: Root | None = None
         self._root_at = 0.0
         self._admin_hash: str | None = None
@@ -120,8 +133,15 @@ class FleetService:
         on a host: the new key file or the new root."""
         now = self.clock()
         if self._root is None or now - self._root_at >= ROOT_TTL_S:
-            with self.engine.connect() as conn:
-                env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
+            try:
+                with self.engine.connect() as conn:
+                    env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
+            except sa.exc.DBAPIError:
+                if self._root is None:
+                    raise
+                # The database away (a restart): no root can be accepted meanwhile, so the one held is current.
+                self._root_at = now - ROOT_TTL_S + DB_RETRY_S
+                return self._root
             if env is None:
                 raise FleetError("the server has no root metadata")
             if self._root is None or int(env["signed"]["version"]) != self._root.version:
@@ -266,6 +286,8 @@ class FleetService:
             for h in [h for h, i in self._tokens.items() if i.device_id == device_id]:
                 self._tokens.pop(h, None)
             self._seen.pop(device_id, None)
+            self._written.pop(device_id, None)
+            self._timestamps.pop(device_id, None)
 
     def identity(self, token: str) -> DeviceIdentity | None:
         h = token_hash(token)
@@ -291,25 +313,69 @@ class FleetService:
         """The device's profile with what targeting must not take from its word replaced by the admin's."""
         return replace(profile, device_groups=identity.device_groups)
 
-    def note_seen(self, profile: DeviceProfile) -> None:
+    def note_seen(self, profile: DeviceProfile, at: float | None = None) -> None:
+        """A check-in: kept until the next `flush_seen` (`at`: its wall-clock time, now unless a test says)."""
         with self._lock:
-            self._seen[profile.device_id] = (profile.as_dict(), time.time())
+            self._seen[profile.device_id] = (profile.as_dict(), time.time() if at is None else at)
+
+    def seen_resolution_s(self) -> float:
+        """How stale a stored last-seen time may be: `seen_resolution_s`, or a quarter of the shortest liveness
+        window of a running step, so no step ever counts a device that keeps checking in as gone."""
+        self._cached_releases()
+        return min(self.seen_resolution, self._shortest_window / 4)
 
     def flush_seen(self) -> int:
+        """Write the check-ins noted since the last flush; returns how many devices it wrote. A device is written
+        when its profile differs from what this process last wrote for it (an install, a new app version) or
+        its stored last-seen time is `seen_resolution_s` old; the check-ins between write nothing, so the
+        database takes one row update per device per resolution, not one per check-in."""
         with self._lock:
             batch, self._seen = self._seen, {}
-        if batch:
-            # One statement a device: its last-seen time, and the profile only where the stored JSON text differs
-            # (it changes on an install, not on the thousands of check-ins between); the profile is compared in
-            # the database, so no process keeps a copy of every device's profile to decide.
-            unchanged = sa.cast(devices.c.profile, sa.Text) == sa.bindparam("b_text")
-            with self.engine.begin() as conn:
+        if not batch:
+            return 0
+        resolution = self.seen_resolution_s()
+        rows = []
+        for device_id, (profile, seen) in batch.items():
+            text = json.dumps(profile)
+            written = self._written.get(device_id)
+            if written is None or written[0] != text or seen - written[1] >= resolution:
+                rows.append((device_id, seen, text, profile))
+        if not rows:
+            return 0
+        try:
+            self._write_seen(rows)
+        except Exception:
+            # The database away (a restart): keep what was not written for the next flush, unless a newer
+            # check-in of the same device came in meanwhile.
+            with self._lock:
+                for device_id, seen, _, profile in rows:
+                    self._seen.setdefault(device_id, (profile, seen))
+            raise
+        with self._lock:
+            for device_id, seen, text, _ in rows:
+                self._written[device_id] = (text, seen)
+        return len(rows)
+
+    def _write_seen(self, rows: list[tuple[str, float, str, dict[str, Any]]]) -> None:
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # One statement for the whole batch; the profile is replaced only where its stored JSON text
+                # differs (compared in the database: another replica may have written it since), and a last-seen
+                # time never goes back (another replica may have written a later one).
+                conn.execute(sa.text(
+                    "UPDATE devices AS d SET last_seen = GREATEST(d.last_seen, v.seen), "
+                    "profile = CASE WHEN d.profile::text = v.ptext THEN d.profile ELSE v.ptext::json END "
+                    "FROM unnest(CAST(:ids AS text[]), CAST(:seens AS float8[]), CAST(:texts AS text[])) "
+                    "AS v(id, seen, ptext) WHERE d.id = v.id"),
+                    {"ids": [r[0] for r in rows], "seens": [r[1] for r in rows], "texts": [r[2] for r in rows]})
+            else:
+                unchanged = sa.cast(devices.c.profile, sa.Text) == sa.bindparam("b_text")
                 conn.execute(devices.update().where(devices.c.id == sa.bindparam("b_id"))
-                             .values(last_seen=sa.bindparam("b_seen"),
-                                     profile=sa.case((unchanged, devices.c.profile), else_=sa.bindparam("b_profile", type_=devices.c.profile.type))),
-                             [{"b_id": d, "b_seen": t, "b_profile": p, "b_text": json.dumps(p)}
-                              for d, (p, t) in batch.items()])
-        return len(batch)
+                             .values(last_seen=sa.case((devices.c.last_seen > sa.bindparam("b_seen"), devices.c.last_seen),
+                                                       else_=sa.bindparam("b_seen")),
+                                     profile=sa.case((unchanged, devices.c.profile),
+                                                     else_=sa.bindparam("b_profile", type_=devices.c.profile.type))),
+                             [{"b_id": d, "b_seen": t, "b_profile": p, "b_text": text} for d, t, text, p in rows])
 
     # ---- what each device should run --------------------------------------------------------------
     def invalidate(self) -> None:
@@ -319,10 +385,21 @@ class FleetService:
         now = self.clock()
         if now - self._releases_at < self.cache_ttl_s:
             return self._releases
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(releases)).all()
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(sa.select(releases)).all()
+        except sa.exc.DBAPIError:
+            if not self._releases_loaded:
+                raise
+            # The database away (a restart): nothing can change a release meanwhile, so up-to-date devices are
+            # still answered from what is held; look again in DB_RETRY_S.
+            self._releases_at = now - self.cache_ttl_s + DB_RETRY_S
+            return self._releases
         by_task: dict[str, list[CachedRelease]] = defaultdict(list)
+        shortest = float("inf")
         for r in rows:
+            if r.stage in ("beta", "gray"):
+                shortest = min(shortest, float(r.policy.get("active_window_s", rollout.RolloutPolicy.active_window_s)))
             if r.stage in rollout.TERMINAL and not r.exposed:
                 continue
             policy = rollout.RolloutPolicy.from_dict(r.policy)
@@ -332,7 +409,8 @@ class FleetService:
                                                  frozenset(policy.beta_devices), release_offset(r.task, r.version)))
         for cands in by_task.values():
             cands.sort(key=lambda c: (precedence(c.targeting), c.version), reverse=True)
-        self._releases, self._releases_at = dict(by_task), now
+        self._releases, self._releases_at, self._shortest_window = dict(by_task), now, shortest
+        self._releases_loaded = True
         return self._releases
 
     def desired(self, profile: DeviceProfile) -> dict[str, dict[str, Any]]:
@@ -363,10 +441,26 @@ class FleetService:
             self._serial = max(self._serial + 1, time.time_ns() // 1000)
             return self._serial
 
-    def timestamp(self, device_id: str) -> dict[str, Any]:
-        """The signed, short-lived proof that an "up to date" answer is current (TUF's timestamp role)."""
-        return sign_timestamp(device_id, self._next_serial(), self.root().version, self.online_key,
-                              self.timestamp_ttl_s)
+    def timestamp(self, device_id: str, seen_serial: int = 0) -> dict[str, Any]:
+        """The signed, short-lived proof that an "up to date" answer is current (TUF's timestamp role).
+
+        Signing is a third of an up-to-date answer's CPU, so one signed timestamp answers a device again
+        while it has more than half its lifetime left, under the same root and key, and only if its serial is
+        not below `seen_serial`, the highest the device says it has accepted (from any replica: an assignment
+        or a timestamp signed since makes this one stale, and the device would refuse it). A device that says
+        nothing (0, an agent from before the field) always gets a fresh one. The freeze-attack bound is the
+        same: a reused timestamp still expires `timestamp_ttl_s` after it was signed."""
+        root, key = self.root(), self.online_key
+        with self._lock:
+            cached = self._timestamps.get(device_id)
+        if (cached is not None and seen_serial > 0 and cached[0] >= seen_serial and cached[1] == root.version
+                and cached[2] == key.keyid):
+            return cached[3]
+        serial = self._next_serial()
+        envelope = sign_timestamp(device_id, serial, root.version, key, self.timestamp_ttl_s)
+        with self._lock:
+            self._timestamps[device_id] = (serial, root.version, key.keyid, envelope)
+        return envelope
 
     def assignment(self, profile: DeviceProfile) -> dict[str, Any]:
         """The signed assignment. Each release version in it is recorded as delivered to this device first:
