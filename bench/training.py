@@ -2,7 +2,7 @@
 whole-model gradient checks.
 
     PYTHONPATH=$PWD .venv/bin/python bench/training.py [--steps 30] [--threads 2] [--models mlp,din,digits]
-        [--digits] [--gradients] [--memory mlp,digits,din,minilm2,minilm2-frozen] [--out bench/results/training.json]
+        [--digits] [--gradients] [--memory mlp,digits,din,minilm2,minilm2-frozen] [--mnn] [--out bench/results/training.json]
 
 The speed table goes to --out, the gradient checks to training_gradients.json and the digits run to
 training_digits.json beside it.
@@ -22,6 +22,8 @@ cosine schedule given as the learning-rate input), held-out accuracy per epoch.
 --memory mlp,digits,din,minilm2,minilm2-frozen: recompute versus keep (passes/autodiff.py's recompute_cheap): the forward
 activation bytes backward holds and train_step's planned arena with it on and off, and whether the
 gradients are equal bit for bit.
+--mnn: MNN's own training path (MNN.nn, MNN.optim; the MLP rebuilt in its layer API, as MNN cannot train an
+imported model from Python), in its own process; reported as training only if the loss and the weights move.
 --gradients: the gradient of every parameter of the zoo's MLP, DIN, the digits CNN, MobileNetV2 (32x32
 inputs, 10 classes) and MiniLM (16 tokens) against torch.autograd: the worst error of any parameter,
 relative to that parameter's largest gradient (plus 1e-3 of the model's largest, for gradients that are
@@ -364,6 +366,59 @@ def memory(models: list[str]) -> dict[str, Any]:
     return results
 
 
+MNN_STEPS = 6
+
+
+def mnn_worker() -> dict[str, Any]:
+    """MNN's own training path (its Python Express API: MNN.nn layers, MNN.optim.SGD, as its MNIST example
+    trains): the MLP 784-256-256-10 rebuilt in MNN's layer API (MNN has no importer of a torch or ONNX
+    model for training), SGD(0.1, momentum 0.9) on one batch of 32. It counts as training only if the loss
+    and the weights move."""
+    import MNN.expr as F
+    import MNN.nn as nn
+    import MNN.optim as optim
+
+    class Net(nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = nn.linear(784, 256), nn.linear(256, 256), nn.linear(256, 10)
+
+        def forward(self, x: Any) -> Any:
+            return F.softmax(self.fc3(F.relu(self.fc2(F.relu(self.fc1(x))))), 1)
+
+    rng = np.random.default_rng(0)
+    net = Net()
+    net.train(True)
+    sgd = optim.SGD(net, 0.1, 0.9, 0.0)
+    x = F.const(rng.random((BATCH, 784), dtype=np.float32).ravel().tolist(), [BATCH, 784], F.NCHW)
+    labels = rng.integers(0, 10, BATCH).astype(np.int32)
+    target = F.one_hot(F.const(labels.tolist(), [BATCH], F.NCHW, F.int), 10, 1.0, 0.0)
+    weights = lambda: np.concatenate([np.array(p.read(), np.float32).ravel() for p in net.parameters])  # noqa: E731
+    before, losses, times = weights(), [], []
+    for _ in range(MNN_STEPS):
+        t0 = time.perf_counter()
+        loss = nn.loss.cross_entropy(net.forward(x), target)
+        sgd.step(loss)
+        losses.append(float(np.array(loss.read())))
+        times.append(time.perf_counter() - t0)
+    moved = float(np.abs(weights() - before).max())
+    if moved == 0.0 or len(set(losses)) == 1:
+        return {"error": f"MNN's Express training (MNN.optim.SGD.step) left the weights unchanged (largest change "
+                         f"of any of its {len(net.parameters)} parameters {moved}) and the loss at {losses[0]:.4f} over {MNN_STEPS} steps: nothing trained, "
+                         "nothing to time", "losses": losses}
+    return {"ms_per_step": 1000 * statistics.median(times), "losses": losses,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def mnn() -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--mnn-worker"], capture_output=True, text=True, check=False)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    result = json.loads(line[len("RESULT "):]) if line else {"error": out.stderr.strip().splitlines()[-1][:300]}
+    print("## MNN's training path (MLP 784-256-256-10, its own layer API, SGD)")
+    print(result.get("error") or f"{result['ms_per_step']:.2f} ms per step, losses {result['losses']}")
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"))
@@ -376,10 +431,15 @@ def main() -> None:
     ap.add_argument("--gradients", action="store_true", help="also check whole-model gradients against torch")
     ap.add_argument("--memory", default="", help="also compare recompute with keep on these models "
                     "(mlp,din,digits,minilm2: MiniLM's first two layers, minilm2-frozen: its embeddings frozen)")
+    ap.add_argument("--mnn", action="store_true", help="also try MNN's own training path (its Express API)")
+    ap.add_argument("--mnn-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="bench/results/training.json")
     args = ap.parse_args()
     if args.prepare:
         prepare(*args.prepare)
+        return
+    if args.mnn_worker:
+        print("RESULT " + json.dumps(mnn_worker()))
         return
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.threads, args.workdir)))
@@ -395,6 +455,8 @@ def main() -> None:
         sections[f"{stem}_gradients.json"] = lambda: {"gradients": gradients()}
     if args.memory:
         sections[f"{stem}_memory.json"] = lambda: {"memory": memory(args.memory.split(","))}
+    if args.mnn:
+        sections[f"{stem}_mnn.json"] = lambda: {"mnn": mnn()}
     if args.digits:
         sections[f"{stem}_digits.json"] = lambda: {"digits": digits_run(args.threads)}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
