@@ -1,4 +1,4 @@
-"""`edgerun fleet federated start|status|stop` and `edgerun fleet demo federated` (docs/federated.md)."""
+"""`edgerun fleet federated start|run|status|stop` and `edgerun fleet demo federated` (docs/federated.md)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,60 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Drive the job's rounds among the fleet until it is done or stopped (coordinator.py)."""
+    import tempfile
+    import time
+
+    import numpy as np
+
+    from edgerun.fleet.admin_client import AdminClient
+    from edgerun.fleet.federated.collector import fetch_records
+    from edgerun.fleet.federated.coordinator import NoDeviceYet, RoundDriver
+    from edgerun.fleet.federated.digits_data import accuracy
+    from edgerun.fleet.federated.publisher import FleetPublisher
+    from edgerun.fleet.federated.rounds import fleet_devices
+    from edgerun.fleet.federated.training_task import PROGRAM_PATH
+    from edgerun.fleet.signing import KeyDir
+    from edgerun.secret_files import secret_from
+    from edgerun.training import TrainingProgram
+
+    try:
+        with np.load(args.held_out, allow_pickle=False) as held:
+            images, labels = held["images"].astype(np.float32), held["labels"].astype(np.int64)
+    except (OSError, KeyError, ValueError) as exc:
+        raise EdgerunError(f"--held-out {args.held_out}: not an .npz of 'images' and 'labels' ({exc})") from None
+    model = TrainingProgram.read(Path(args.task) / PROGRAM_PATH)
+    token = secret_from(args.admin_token_file, "EDGERUN_FLEET_TOKEN")
+    admin = AdminClient(args.server, token)
+    job = _job(args)
+    policy = json.loads(args.policy)
+    with tempfile.TemporaryDirectory(prefix="edgerun-federated-") as packages:
+        driver = RoundDriver(job, FleetPublisher(admin, KeyDir(args.keys), args.task, packages, policy), admin,
+                             lambda now: fleet_devices(job.engine, now - args.seen_s),
+                             lambda: fetch_records(args.server, token, args.name),
+                             lambda weights: accuracy(model, weights, images, labels))
+        waiting = ""
+        while driver.running():
+            try:
+                result = driver.step(time.time())
+            except NoDeviceYet as exc:  # no device to sample yet: say so once, try again
+                if str(exc) != waiting:
+                    print(f"waiting: {exc}", flush=True)
+                    waiting = str(exc)
+                result = None
+            if result is not None:
+                print(json.dumps({"round": result.round, "outcome": result.outcome, "version": result.version,
+                                  "participants": result.participants, "stragglers": result.stragglers,
+                                  "duplicates": result.duplicates, "refused": result.refused,
+                                  "metric": result.metric}), flush=True)
+            else:
+                time.sleep(args.poll_s)
+    admin.close()
+    print(f"federated job {args.name!r} is {job.status()['status']}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     print(json.dumps(_job(args).status(), indent=1))
     return 0
@@ -68,6 +122,7 @@ def register(fsub: argparse._SubParsersAction) -> None:
     federated = fsub.add_parser("federated", help="federated learning jobs: rounds of on-device training")
     sub = federated.add_subparsers(dest="federated_command", metavar="ACTION", required=True)
     for name, func, text in (("start", cmd_start, "create a job with its initial global weights"),
+                             ("run", cmd_run, "drive the job's rounds among the fleet until it is done"),
                              ("status", cmd_status, "the job's state and every round's summary"),
                              ("stop", cmd_stop, "stop the job (no further rounds open)")):
         p = sub.add_parser(name, help=text)
@@ -92,6 +147,17 @@ def register(fsub: argparse._SubParsersAction) -> None:
             p.add_argument("--server-lr", type=float, default=1.0, help="global += this times the mean update")
             p.add_argument("--idle-and-charging", action="store_true",
                            help="sample only devices whose last check-in said they were idle and charging")
+        if name == "run":
+            p.add_argument("--server", required=True, help="the fleet server's URL")
+            p.add_argument("--admin-token-file", help="file holding the admin token (default: $EDGERUN_FLEET_TOKEN)")
+            p.add_argument("--keys", required=True, help="the key folder whose release key signs the invitations")
+            p.add_argument("--task", required=True, help="the job's training task folder (write_training_task)")
+            p.add_argument("--held-out", required=True, help="an .npz of 'images' and 'labels' each round is "
+                                                             "evaluated on")
+            p.add_argument("--policy", default='{"steps": [100], "min_reports": 1}',
+                           help="the staged-release policy of every invitation, as JSON")
+            p.add_argument("--seen-s", type=float, default=600.0, help="sample among devices seen this recently")
+            p.add_argument("--poll-s", type=float, default=1.0, help="seconds between looks at the uploads")
 
 
 def register_demo(p: argparse.ArgumentParser) -> None:

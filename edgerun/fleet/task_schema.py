@@ -3,7 +3,7 @@
 A config that passes cannot crash the agent: every field has a type and a range, numbers are finite, the
 nesting is bounded. Errors are FleetError naming the field (`task.json: limits.timeout_s must be ...`).
 Unknown top-level keys are kept (forward compatibility; they never reach the container); unknown keys
-inside `limits`, `schedule` and `isolation` are refused, since a misspelt limit would silently not apply.
+inside `limits`, `schedule`, `run_once` and `isolation` are refused, since a misspelt limit would silently not apply.
 """
 
 from __future__ import annotations
@@ -97,6 +97,13 @@ def validate_task_config(config: Any) -> dict[str, Any]:
         schedule = _object("schedule", schedule)
         _only("schedule", schedule, {"every_s"})
         _number("schedule.every_s", schedule.get("every_s"), float, 0.0, 365 * 86400.0)
+    run_once = config.get("run_once")  # run once when the version is activated (stream/agent_hooks.py)
+    if run_once is not None:
+        run_once = _object("run_once", run_once)
+        _only("run_once", run_once, {"record_id"})
+        record_id = run_once.get("record_id")
+        if not isinstance(record_id, str) or not 0 < len(record_id) <= 200:
+            raise _err("run_once.record_id", "a string of 1 to 200 characters", record_id)
     limits = _object("limits", config.get("limits", {}))
     _only("limits", limits, set(LIMITS))
     filled: dict[str, Any] = {}

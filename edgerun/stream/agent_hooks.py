@@ -8,11 +8,22 @@ when a condition matches, the task runs in the agent's compute container (the `r
 over) with the match as its input; its output becomes a record in collective storage and is uploaded to
 the fleet server's /v1/stream. `poll()` runs in every agent step: under `run_forever` on a thread of its
 own (the agent's loop keeps checking in while a triggered task runs, and a newer assignment cancels it).
+
+A task whose config has `run_once: {"record_id": ID}` runs once when that version is activated (in the next
+`poll()`), with {"data_dir", "outputs_db"} as its input, and its output is stored under ID and uploaded like
+a trigger's. `data_dir` is `<agent state>/stream/data/<task>`, the device's own files for that task (a
+federated job's local samples: docs/federated.md), shared read-only into every run like collective storage.
+A marker per (task, ID), written after the output is stored, keeps an agent started again from running it
+twice; should it die in between, the second run's output has the same ID, which the store and the
+server's /v1/stream keep once. A failed run is reported like any run and not tried again; a cancelled one
+(the agent stopping) is not marked, so the next start runs it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +34,8 @@ from edgerun.stream.trigger_spec import TriggerMatch
 log = logging.getLogger(__name__)
 
 STREAM_STATE_DIR = "stream"  # under the agent's state dir; the app's EventEmitter writes events.db there
+DATA_DIR = "data"  # under STREAM_STATE_DIR: a folder per task, the device's own files for it (read-only to runs)
+ONCE_DIR = "once"  # under STREAM_STATE_DIR: a marker per `run_once` record already stored
 
 
 class _RunResult(Protocol):
@@ -50,6 +63,11 @@ class StreamHooks:
         self.pipeline = pipeline
         self.failed_runs = 0
         self.poll_errors = 0
+        self.data_root = pipeline.state_dir / DATA_DIR
+        self.data_root.mkdir(parents=True, exist_ok=True)  # exists before any run, so every run can share it
+        # task -> (record id, run) waiting for the next poll; the agent may announce while a poll runs
+        self._once: dict[str, tuple[str, RunFn]] = {}
+        self._once_lock = threading.Lock()
 
     @classmethod
     def for_agent(cls, agent: _AgentLike, **pipeline_options: Any) -> StreamHooks:
@@ -59,6 +77,12 @@ class StreamHooks:
         return cls(pipeline)
 
     def on_task_activated(self, task_id: str, config: dict[str, Any], run_fn: RunFn) -> None:
+        once = config.get("run_once")
+        record_id = once.get("record_id") if isinstance(once, dict) else None  # checked at install: task_schema
+        with self._once_lock:
+            self._once.pop(task_id, None)  # a version replaced before its run: only the active one runs
+            if isinstance(record_id, str) and record_id and not self._once_marker(task_id, record_id).exists():
+                self._once[task_id] = (record_id, run_fn)
         triggers = config.get("triggers")
         if not triggers:
             self.pipeline.unregister_task(task_id)  # a new version may have dropped its triggers
@@ -81,18 +105,47 @@ class StreamHooks:
 
         return run
 
+    def _once_marker(self, task_id: str, record_id: str) -> Path:
+        key = hashlib.sha256(f"{task_id}\0{record_id}".encode()).hexdigest()
+        return self.pipeline.state_dir / ONCE_DIR / key
+
+    def _run_once(self) -> None:
+        """The `run_once` runs of versions activated since the last poll: output stored under its record id."""
+        with self._once_lock:
+            due, self._once = self._once, {}
+        for task_id, (record_id, run_fn) in due.items():
+            self.pipeline.store.flush()
+            result: _RunResult = run_fn({"data_dir": str(self.data_root / task_id),
+                                         "outputs_db": str(self.pipeline.store.path)})
+            if getattr(result, "outcome", "") == "cancelled":
+                continue  # replaced by a newer version (announced on its own) or the agent stopping: runs at its next start
+            if not result.ok:
+                self.failed_runs += 1
+                log.warning("task %s failed its run_once %s: %s", task_id, record_id, result.error)
+            elif result.output is not None:
+                output = result.output if isinstance(result.output, dict) else {"output": result.output}
+                self.pipeline.store_output(task_id, output, record_id=record_id)
+                self.pipeline.store.flush()
+            marker = self._once_marker(task_id, record_id)  # a failed run is reported, not retried
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+
     def shared_paths(self) -> list[Path]:
-        """Collective storage, which the agent binds read-only into every task's compute container."""
+        """Collective storage and the tasks' data folders, which the agent binds read-only into every task's
+        compute container."""
         db = Path(self.pipeline.store.path)
-        return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+        return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), self.data_root]
 
     def on_task_deactivated(self, task_id: str) -> None:
+        with self._once_lock:
+            self._once.pop(task_id, None)
         self.pipeline.unregister_task(task_id)
 
     def poll(self) -> None:
         # The agent's loop must outlive a bad moment of the pipeline (a full disk, a locked file): log it and
         # try again on the next step; nothing is lost, the queue and the outputs are on disk.
         try:
+            self._run_once()
             self.pipeline.pump()
             self.pipeline.upload()
         except Exception as exc:

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgerun.fleet.agent import Agent
 from edgerun.fleet.errors import FleetError
-from edgerun.fleet.federated.training_task import decode_arrays, encode_arrays
+from edgerun.fleet.federated.training_task import decode_arrays, encode_arrays, record_id
 from edgerun.stream.storage import CollectiveStore
 from edgerun.stream.uploader import Uploader
 
@@ -25,10 +25,6 @@ STATE_DIR = "federated"
 # it uploads (a straggler), "nan" and "huge" upload a NaN or a 100x update instead of its own, "twice"
 # uploads its update a second time under another record id (a device that re-ran the round).
 FAULTS = ("silent", "nan", "huge", "twice")
-
-
-def record_id(job: str, round_number: int) -> str:
-    return f"federated:{job}:{round_number}"
 
 
 class FederatedDevice:
