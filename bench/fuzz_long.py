@@ -8,6 +8,10 @@ load average, and writes bench/results/fuzz_long.json. A finding leaves its inpu
 (printed); copy it to fuzz/regressions/TARGET/, fix the parser, and CI replays it from then on. The
 corpus grown by the run stays in the work folder; `-merge=1` into fuzz/corpus/TARGET keeps what adds
 coverage.
+
+The results file keeps one row per target: a run of some targets replaces their rows and keeps the others,
+each row with the command and the load average of the run that wrote it (on a shared machine, run the
+slow targets one at a time under `nice -n 19`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def main() -> None:
     for target in args.targets:
         work = Path(tempfile.mkdtemp(prefix=f"edgerun-fuzz-long-{target}-"))
         row = run_target(target, args.runs, work, args.limit_s)
+        row["load_average"] = [round(x, 2) for x in os.getloadavg()]  # as the target ends
         rows.append(row)
         print(json.dumps(row), flush=True)
     load = os.getloadavg()
@@ -67,11 +72,14 @@ def main() -> None:
         print(f"| {row['target']} | {row['executions']:,} | {secs} | {rate} | {row['coverage']} | "
               f"{len(row['findings'])} |")  # type: ignore[arg-type]
     out = REPO / "bench" / "results" / "fuzz_long.json"
-    command = f"bench/fuzz_long.py --runs {args.runs} --limit-s {args.limit_s:g}"
-    kept = [{**{k: v for k, v in row.items() if k != "work"}, "findings": len(row["findings"])}  # type: ignore[arg-type]
-            for row in rows]
+    command = f"bench/fuzz_long.py --runs {args.runs} --limit-s {args.limit_s:g} --targets {' '.join(args.targets)}"
+    kept = {str(row["target"]): {**{k: v for k, v in row.items() if k != "work"},  # type: ignore[arg-type]
+                                 "findings": len(row["findings"]), "command": command}  # type: ignore[arg-type]
+            for row in rows}
+    earlier = json.loads(out.read_text())["rows"] if out.exists() else []
+    merged = {str(row["target"]): row for row in earlier} | kept
     out.write_text(json.dumps({"command": command, "machine": platform.machine(), "load_average": load,
-                               "runs": args.runs, "rows": kept}, indent=1))
+                               "runs": args.runs, "rows": [merged[t] for t in sorted(merged)]}, indent=1) + "\n")
     print(f"wrote {out.relative_to(REPO)}")
 
 

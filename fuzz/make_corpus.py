@@ -61,6 +61,23 @@ def main() -> None:
         writer.close()
         _write("gguf", "tiny", (Path(tmp) / "m.gguf").read_bytes())
 
+        # every kind of field (arrays of strings and numbers) and each packed tensor type the reader unpacks
+        writer = gguf.GGUFWriter(str(Path(tmp) / "q.gguf"), "llama")
+        writer.add_array("tokenizer.ggml.tokens", ["a", "b"])
+        writer.add_array("tokenizer.ggml.scores", [0.5, -1.0])
+        writer.add_bool("general.flag", True)
+        kinds = gguf.GGMLQuantizationType
+        writer.add_tensor("h", np.arange(4, dtype=np.float16))
+        for name, kind, nbytes in (("q4_0", kinds.Q4_0, 18), ("q8_0", kinds.Q8_0, 34), ("q4_k", kinds.Q4_K, 144),
+                                   ("q6_k", kinds.Q6_K, 210)):
+            block = np.arange(nbytes, dtype=np.uint8).reshape(1, nbytes)
+            writer.add_tensor(name, block, raw_shape=(1, nbytes), raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        _write("gguf", "quantized", (Path(tmp) / "q.gguf").read_bytes())
+
     frames = encode({"id": 1, "method": "put", "args": {"session": "s"}}, [np.arange(4, dtype=np.float32)])
     _write("remote_wire", "put", b"\0\0".join(bytes(f) for f in frames))
     _write("remote_wire", "hello", bytes(encode({"id": 1, "method": "hello", "args": {}}, [])[0]))

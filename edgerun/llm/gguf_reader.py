@@ -9,6 +9,7 @@ file that is not GGUF, or a truncated one is an EdgerunError naming the file and
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import os
@@ -28,6 +29,7 @@ _PACKED = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k"}
 _FLOAT = {"F32", "F16"}
 _DEQUANTIZED_AT_LOAD = {"BF16", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
 SUPPORTED_TYPES = sorted(_FLOAT | set(_PACKED) | _DEQUANTIZED_AT_LOAD)
+_COLLECT_AFTER_PARTS = 10_000  # parsed field parts above which the reader collects garbage after freeing them
 
 
 @dataclass
@@ -81,13 +83,18 @@ def _metadata(path: str, reader: Any) -> dict[str, Any]:
             metadata[key] = fld.contents()
         except Exception as exc:
             raise EdgerunError(f"{path!r}: cannot decode metadata {key!r}: {exc}") from None
-    # The parsed fields are ~250,000 small arrays (the vocabulary and merges, ~100 MB of objects): freed
-    # before the tensors are unpacked, so the two never count together in the peak memory of a load.
+    # A model's parsed fields are ~250,000 small arrays (the vocabulary and merges, ~100 MB of objects):
+    # freed before the tensors are unpacked, so the two never count together in the peak memory of a load.
+    # The full collection (about 30 ms in a process holding many objects) only pays off for such a file,
+    # not for each of a small file's few fields.
+    parts = sum(len(fld.parts) for fld in reader.fields.values())
     reader.fields.clear()
-    gc.collect()
+    if parts > _COLLECT_AFTER_PARTS:
+        gc.collect()
     return metadata
 
 
+@functools.cache
 def _plain_array_reader() -> type:
     """gguf's GGUFReader parsing a plain ndarray view of its memory map instead of the np.memmap itself.
 
@@ -105,6 +112,16 @@ def _plain_array_reader() -> type:
         @data.setter
         def data(self, value: np.ndarray) -> None:
             self._plain = value.view(np.ndarray)
+
+        def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+            # gguf hands back fewer values than asked for when the file ends first; an array field then
+            # loops over its declared length (up to 2**64) appending empty reads, and a 200-byte file takes
+            # all the memory there is (found by fuzz/targets.py::gguf). A short read is a truncated file.
+            values = super()._get(offset, dtype, count, override_order)
+            if len(values) < int(count):
+                raise ValueError(f"{int(count)} values of {np.dtype(dtype).name} at byte {offset} "
+                                 f"run past the end of the file ({len(self._plain)} bytes)")
+            return values
 
     return PlainArrayReader
 
