@@ -2,10 +2,12 @@
 round's invitation is a signed release targeted at the sampled devices; each agent runs it once on its own
 data folder and its stream tunnel uploads the update; the driver collects, closes, evaluates and invites
 the next round. Both rounds' global weights equal FedAvg computed directly in numpy from the same seeds
-and data, each update applied once, and the final weights reach the devices as a plain release."""
+and data, each update applied once, and the final weights reach the devices as a plain release. A rolled-back
+round's successor is invited with the last good weights under its own round number."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,17 +18,22 @@ import numpy as np
 import pytest
 
 from edgerun.fleet import database
+from edgerun.fleet.agent import Agent
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.federated.collector import fetch_records
+from edgerun.fleet.federated.coordinator import RoundDriver
 from edgerun.fleet.federated.digits_data import digits_model, digits_split, direct_fedavg
-from edgerun.fleet.federated.publisher import release_version
-from edgerun.fleet.federated.rounds import FederatedJob
+from edgerun.fleet.federated.fedavg import fedavg
+from edgerun.fleet.federated.local import local_update
+from edgerun.fleet.federated.publisher import WEIGHTS_NAME, FleetPublisher, release_version
+from edgerun.fleet.federated.rounds import FederatedJob, JobConfig, fleet_devices
 from edgerun.fleet.federated.training_task import SAMPLES_FILE, record_id, write_training_task
 from edgerun.fleet.local_server import start_server, token_file
+from edgerun.fleet.package import read_package
 from edgerun.fleet.signing import KeyDir
 from edgerun.fleet.task_schema import validate_task_config
-from edgerun.stream.agent_hooks import DATA_DIR, STREAM_STATE_DIR
-from edgerun.training import write_weights
+from edgerun.stream.agent_hooks import DATA_DIR, STREAM_STATE_DIR, StreamHooks
+from edgerun.training import read_weights, write_weights
 
 REPO = Path(__file__).resolve().parents[2]
 JOB, SEED, DEVICES = "digits-agents", 5, 3
@@ -117,3 +124,81 @@ def test_run_once_is_checked_like_every_task_config_field() -> None:
         validate_task_config({**base, "run_once": {"record": "x"}})
     with pytest.raises(FleetError, match=r"run_once\.record_id must be a string of 1 to 200 characters"):
         validate_task_config({**base, "run_once": {"record_id": ""}})
+
+
+def test_a_rolled_back_round_invites_the_next_with_the_last_good_weights_and_a_restarted_driver_goes_on(
+        tmp_path: Path) -> None:
+    """Round 2 is rolled back (its metric drops): round 3's invitation is task version 5 carrying version
+    2's weights (round 1's), and round 3 trains from them. The driver is made again inside round 1: it
+    finds the invitation already published and does not send it again."""
+    keys = KeyDir(tmp_path / "keys")
+    keys.init()
+    server = start_server(tmp_path / "server", keys)
+    agents: list[Agent] = []
+    pipelines: list[StreamHooks] = []
+    try:
+        job_name, seed, devices = "digits-rollback", 7, 2
+        shards, _ = digits_split(devices, seed)
+        model, _, initial = digits_model(seed, lr=0.5)
+        write_training_task(tmp_path / "task", job_name, model, initial, epochs=1)
+        for i, (images, labels) in enumerate(shards):
+            agent = server.agent(f"rb-{i}", tmp_path / f"rb-{i}")
+            hooks = agent.hooks = StreamHooks.for_agent(agent)
+            pipelines.append(hooks)
+            (hooks.data_root / job_name).mkdir()
+            np.savez(hooks.data_root / job_name / SAMPLES_FILE, images=images, labels=labels)
+            agent.step()
+            agents.append(agent)
+        server.wait_seen()
+        engine = database.create_engine(database.sqlite_url(server.data))
+        job = FederatedJob.start(engine, JobConfig(job_name, rounds=3, per_round=devices, quorum=devices,
+                                                   deadline_s=600, norm_bound=50, max_drop=0.05, seed=seed,
+                                                   server_lr=2.0), initial, tmp_path / "updates")
+        admin = server.admin()
+        metrics = iter([0.9, 0.1, 0.95])  # round 2 falls 0.8 below the best: rolled back
+
+        def driver() -> RoundDriver:
+            return RoundDriver(job, FleetPublisher(admin, keys, tmp_path / "task", tmp_path / "packages"), admin,
+                               lambda now: fleet_devices(engine, now - 600),
+                               lambda: fetch_records(server.url, server.admin_token, job_name),
+                               lambda weights: next(metrics))
+
+        first = driver()
+        assert first.step(time.time()) is None  # round 1 opened and invited
+        again = driver()  # the driver started again inside round 1
+        results = []
+        deadline = time.monotonic() + 300
+        while again.running() and time.monotonic() < deadline:
+            for agent in agents:
+                agent.step()
+            result = again.step(time.time())
+            if result is not None:
+                results.append(result)
+        assert [(r.round, r.outcome, r.version, r.participants) for r in results] == [
+            (1, "published", 2, 2), (2, "rolled_back", 2, 2), (3, "published", 3, 2)]
+        versions = sorted(r["version"] for r in admin.releases() if r["task"] == job_name)
+        assert versions == [release_version(r) for r in (1, 2, 3, 4)]  # 3 invitations + the final weights
+
+        invitation = read_package(tmp_path / "packages" / f"{job_name}-v{release_version(3)}.tar")
+        blobs = {f.path: invitation.blobs[f.sha256] for f in invitation.files}
+        assert json.loads(blobs["federated.json"])["round"] == 3
+        (tmp_path / "round3.weights").write_bytes(blobs[WEIGHTS_NAME])
+        round_one = job.global_weights(2)
+        shipped = read_weights(tmp_path / "round3.weights")
+        assert all(np.array_equal(shipped[n], round_one[n]) for n in round_one)
+        [expect_one] = direct_fedavg(model, initial, shards, [[0, 1]], seed=seed, epochs=1, server_lr=2.0)
+        updates = [(str(i), *local_update(model, expect_one, *shards[i], epochs=1, seed=(seed, 3)))
+                   for i in range(devices)]
+        expect_three = fedavg(expect_one, updates, 3, server_lr=2.0)
+        for name in initial:
+            np.testing.assert_allclose(round_one[name], expect_one[name], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(job.global_weights(3)[name], expect_three[name], rtol=1e-5, atol=1e-6)
+        for agent in agents:
+            agent.step()
+            assert agent.profile().tasks[job_name] == release_version(4)
+        admin.close()
+        engine.dispose()
+    finally:
+        for hooks in pipelines:
+            hooks.close()
+        server.stop()
