@@ -88,14 +88,17 @@ def _scatter_add(ctx: ConvertContext, node: Any) -> str:
     shape, ishape, sshape = b.shape(x), b.shape(index), b.shape(src)
     if not all(isinstance(d, int) for d in (*shape, *ishape, *sshape)):
         ctx.unsupported("scatter_add over symbolic sizes")
-    if not shape or len(ishape) != len(shape) or len(sshape) != len(shape):
-        ctx.unsupported("scatter_add with a 0-d tensor or operands of different ranks")
+    if not shape and not ishape and not sshape:  # 0-d: one element, added at index 0 (or -1)
+        x, index, src = (b.emit("reshape", [v], shape=[1]) for v in (x, index, src))
+        shape, ishape, sshape = (1,), (1,), (1,)
+    if len(ishape) != len(shape) or len(sshape) != len(shape):
+        ctx.unsupported("scatter_add with operands of different ranks")
     axis = int(a["dim"]) % len(shape)
     if tuple(sshape) != tuple(ishape):  # the index covers a leading block of src
         src = b.emit("slice", [src], starts=[0] * len(ishape), ends=list(ishape), axes=list(range(len(ishape))))
     flat = b.emit("scatter_add", [b.emit("reshape", [x], shape=[math.prod(shape)]),
                                   _flat_index(ctx, index, shape, axis), src], axis=0)
-    return b.emit("reshape", [flat], shape=list(shape))
+    return b.emit("reshape", [flat], shape=list(ctx.out_shape(node)))
 
 
 @handles("aten.diagonal.default", "aten.diagonal_copy.default")
