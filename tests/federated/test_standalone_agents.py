@@ -202,3 +202,15 @@ def test_a_rolled_back_round_invites_the_next_with_the_last_good_weights_and_a_r
         for hooks in pipelines:
             hooks.close()
         server.stop()
+
+
+def test_run_refuses_an_unreadable_held_out_file_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgerun.cli import main
+
+    (tmp_path / "held.npz").write_text("not an npz")
+    assert main(["fleet", "federated", "run", "--data", str(tmp_path), "--name", "j", "--server",
+                 "http://127.0.0.1:9", "--keys", str(tmp_path), "--task", str(tmp_path),
+                 "--held-out", str(tmp_path / "held.npz")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("edgerun: error: --held-out") and "not an .npz of 'images' and 'labels'" in err
+    assert "\n" not in err
