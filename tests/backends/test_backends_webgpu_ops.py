@@ -24,6 +24,7 @@ from edgerun.ir.decompose import decomposed
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
+from edgerun.oracle import interpret
 
 try:
     from edgerun.backends.webgpu import WebGpuBackend, get_device
@@ -704,3 +705,16 @@ def test_attention_reads_only_the_cache_cells_in_use() -> None:
         if used < c:
             assert np.isnan(unfused(*poisoned)[0]).all()
     assert runner.stats.replays == 2 * len(cells) - 1 and not runner.stats.fallbacks
+
+
+def test_scatter_add_sums_repeated_indices_in_order_and_checks_its_range() -> None:
+    data, updates = f32(5, 3, 2), f32(5, 4, 2)
+    idx = np.array([2, -1, 2, 0], np.int64)  # a repeated index accumulates, a negative one wraps
+    graph, _ = build([data, idx, updates], lambda b, n: [b.emit("scatter_add", [n[0], n[1], n[2]], axis=1)])
+    part = UNFUSED.compile(graph)
+    np.testing.assert_array_equal(part(data, idx, updates)[0], interpret(graph, [data, idx, updates])[0])  # bit for bit
+    rows = f32(6, 4)
+    graph, _ = build([rows, idx, f32(4, 4)], lambda b, n: [b.emit("exp", [b.emit("scatter_add", n, axis=0)])])
+    check(graph, [rows, idx, f32(4, 4)])
+    with pytest.raises(EdgerunError, match="scatter_add index out of range"):
+        UNFUSED.compile(graph)(rows, np.array([0, 6, 1, 1], np.int64), f32(4, 4))

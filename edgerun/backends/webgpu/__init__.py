@@ -35,6 +35,10 @@ def _int_ok(node: Node, graph: Graph) -> bool:
     return graph.specs[node.inputs[0]].dtype is not DType.bool
 
 
+def _float32_data(node: Node, graph: Graph) -> bool:
+    return graph.specs[node.inputs[0]].dtype is DType.float32
+
+
 def _packed_constants(node: Node, graph: Graph) -> bool:
     """uint8 values exist on the device only as constants (packed int4 weights and zero points); float
     activations only (the kernel has no int8 rounding of its input)."""
@@ -61,6 +65,7 @@ SUPPORTED: dict[str, OpSupport] = {
     "max_pool2d": OpSupport(_F),
     "avg_pool2d": OpSupport(_F),
     "gather": OpSupport(_ALL | _Q),  # int8/uint8 data: a quantized embedding table (int8.py)
+    "scatter_add": OpSupport(_NUM, check=_float32_data),  # an embedding's gradient (wgsl.py: no atomics)
     # the quantized ops (int8.py), int8/uint8 packed 4 to a word
     "quantize_linear": OpSupport(frozenset({*_Q, DType.float32})),
     "dequantize_linear": OpSupport(frozenset({*_Q, DType.int32, DType.float32}), check=dequantize_claimable),

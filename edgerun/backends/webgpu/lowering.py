@@ -351,7 +351,7 @@ def group_parts(group: Group, graph: Graph, readers: Counter[str], outputs: set[
     label = "+".join(["|".join(n.op for n in (group.anchor, *group.siblings)), *(n.op for n in group.chain)])
     return Parts(bound, stored, lines, helpers, [STORAGE_TYPE[graph.specs[v].dtype] for v in bound],
                  [STORAGE_TYPE[graph.specs[v].dtype] for v in stored], math.prod(shape), nodes, label,
-                 status=group.anchor.op == "gather")
+                 status=group.anchor.op in ("gather", "scatter_add"))
 
 
 def _update_parts(node: Node, graph: Graph, alias: dict[str, str]) -> Parts:

@@ -35,7 +35,7 @@ from edgerun.backends.base import ResidentState
 from edgerun.backends.webgpu.device import GpuDevice
 from edgerun.backends.webgpu.int8 import BYTES, STATUS_DYNAMIC_NONFINITE
 from edgerun.backends.webgpu.lowering import lower, value_aliases
-from edgerun.backends.webgpu.wgsl import WORKGROUP, Kernel
+from edgerun.backends.webgpu.wgsl import STATUS_SCATTER_RANGE, WORKGROUP, Kernel
 from edgerun.errors import EdgerunError
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -45,6 +45,7 @@ INT4_ACCUMULATE = ("f32", "f16")  # what matmul_int4 sums in (f16 only where the
 _STORED = {DType.float32: np.float32, DType.float16: np.float16, DType.bool: np.uint32, DType.int8: np.int8,
            DType.uint8: np.uint8}
 _STATUS = {1: "gather index out of range on the webgpu backend",
+           STATUS_SCATTER_RANGE: "scatter_add index out of range on the webgpu backend",
            STATUS_DYNAMIC_NONFINITE: "dynamic_quantize input has NaN or infinity; its range has no int8 scale"}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 

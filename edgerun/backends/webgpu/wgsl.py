@@ -28,6 +28,7 @@ WGSL_TYPE = {DType.float32: "f32", DType.float16: "f32", DType.int32: "i32", DTy
              DType.uint8: "u32"}
 STORAGE_TYPE = {**WGSL_TYPE, DType.float16: "f16"}
 FLOATS = frozenset({DType.float32, DType.float16})
+STATUS_SCATTER_RANGE = 3  # the status word's value when a scatter_add index is out of range (1: gather's)
 
 
 def literal(value: Any, dtype: DType) -> str:
@@ -244,6 +245,8 @@ def node_body(node: Node, graph: Graph, int4_half: bool = False) -> Body:
         return _gather_body(node, graph, inputs)
     if op == "update_slice":
         return _update_slice_body(node, graph, inputs)
+    if op == "scatter_add":
+        return _scatter_add_body(node, graph, inputs)
     raise KeyError(op)
 
 
@@ -482,6 +485,27 @@ def _gather_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
               f"if (ix < -{n} || ix >= {n}) {{ status[0] = 1u; ix = 0; }}",
               f"if (ix < 0) {{ ix = ix + {n}; }}",
               f"let acc = in0[{' + '.join([*pre, f'ix * {ds[axis]}', *post])}];"]
+    return Body(inputs, lines)
+
+
+def _scatter_add_body(node: Node, graph: Graph, inputs: list[str]) -> Body:
+    """Gather's transpose without atomics (WGSL has no float atomic add): each output element is its data
+    element plus, in index order, every update whose index names its row, as the reference adds them."""
+    data, idx = graph.specs[inputs[0]], graph.specs[inputs[1]]
+    axis = int(node.attrs.get("axis", 0)) % data.rank
+    rows, n = data.shape[axis], idx.numel
+    post = math.prod(data.shape[axis + 1:])
+    inner = row_major(data.shape[:axis])
+    pre_flat = " + ".join(f"c{a} * {inner[a]}" for a in range(axis)) or "0"
+    post_flat = " + ".join(f"c{a} * {s}" for a, s in zip(range(axis + 1, data.rank), row_major(data.shape[axis + 1:])))
+    lines = [*coords(data.shape), "var acc = in0[idx];",
+             f"let base = ({pre_flat}) * {n * post}{' + ' + post_flat if post_flat else ''};",
+             f"for (var j = 0; j < {n}; j = j + 1) {{",
+             "  var ix = in1[j];",
+             f"  if (ix < -{rows} || ix >= {rows}) {{ status[0] = {STATUS_SCATTER_RANGE}u; ix = 0; }}",
+             f"  if (ix < 0) {{ ix = ix + {rows}; }}",
+             f"  if (ix == c{axis}) {{ acc = acc + in2[base + j * {post}]; }}",
+             "}"]
     return Body(inputs, lines)
 
 
