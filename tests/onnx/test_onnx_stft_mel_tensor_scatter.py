@@ -1,5 +1,5 @@
 """ONNX STFT (framed, windowed forward DFTs), MelWeightMatrix (a constant filter bank), TensorScatter (a
-KV-cache write at run-time indices) and scatter with reduction='mul' match onnx.reference."""
+KV-cache write at run-time indices) and scatter with reduction='mul' and 'add' match onnx.reference."""
 
 from __future__ import annotations
 
@@ -91,6 +91,25 @@ def test_scatter_elements_multiplies_repeated_indices_in_order():
              "upd": RNG.standard_normal((2, 4)).astype(np.float32)}
     want = ReferenceEvaluator(model).run(None, feeds)[0]
     graph = from_onnx(model).graph
+    got = interpret(graph, [feeds[n] for n in graph.inputs])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["ScatterND", "ScatterElements"])
+def test_scatter_add_is_one_scatter_add_and_sums_repeated_indices(op):
+    if op == "ScatterND":  # rows of a [4, 3] tensor, row 1 three times
+        shapes, idx = ([4, 3], [5, 1], [5, 3]), np.array([[1], [3], [1], [-1], [1]], np.int64)
+        node = helper.make_node(op, ["data", "idx", "upd"], ["y"], reduction="add")
+    else:
+        shapes, idx = ([2, 5], [2, 4], [2, 4]), np.array([[1, 1, 3, -1], [0, 4, 4, 2]], np.int64)
+        node = helper.make_node(op, ["data", "idx", "upd"], ["y"], axis=1, reduction="add")
+    model = make_model([node], [value_info("data", shapes[0]), value_info("idx", shapes[1], TensorProto.INT64),
+                                value_info("upd", shapes[2])], [value_info("y", shapes[0])], opset=18)
+    feeds = {"data": RNG.standard_normal(shapes[0]).astype(np.float32), "idx": idx,
+             "upd": RNG.standard_normal(shapes[2]).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    graph = from_onnx(model).graph
+    assert [n.op for n in graph.nodes].count("scatter_add") == 1
     got = interpret(graph, [feeds[n] for n in graph.inputs])[0]
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
