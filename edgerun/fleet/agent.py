@@ -404,8 +404,12 @@ class Agent:
             self.on_step(name, task)
 
     def _container_options(self, folder: Path) -> dict[str, Any]:
-        """How every run of this device is isolated, cold or warm: the same level, hidden state, shares."""
-        shares: list[str | Path] = getattr(self.hooks, "shared_paths", list)()
+        """How every run of this device is isolated, cold or warm: the same level, hidden state, shares.
+        Hooks may name files shared read-only with the runs of one task (`shared_paths(task)`: collective
+        storage and that task's own data folder)."""
+        task = folder.parent.name  # a version folder is tasks/<task>/<version> (Installer.version_dir)
+        shared_paths = getattr(self.hooks, "shared_paths", None)
+        shares: list[str | Path] = shared_paths(task) if shared_paths is not None else []
         cache, cache_env = search_cache()
         config = json.loads((folder / "release.json").read_text())["signed"]["config"]
         return {"network": bool(config.get("network", False)), "level": self.isolation,

@@ -12,7 +12,11 @@ own (the agent's loop keeps checking in while a triggered task runs, and a newer
 A task whose config has `run_once: {"record_id": ID}` runs once when that version is activated (in the next
 `poll()`), with {"data_dir", "outputs_db"} as its input, and its output is stored under ID and uploaded like
 a trigger's. `data_dir` is `<agent state>/stream/data/<task>`, the device's own files for that task (a
-federated job's local samples: docs/federated.md), shared read-only into every run like collective storage.
+federated job's local samples: docs/federated.md). Each run of a task sees its own task's data folder
+(read-only, like collective storage) and no other task's: `shared_paths(task)` names only that one, and at the
+bubblewrap levels nothing else of `data/` is in the run's mount view. (At the rlimit levels there is no mount
+view: `data/` is 0711, so a run of a root agent's own uid cannot list it, but reads another task's folder
+whose name it knows; docs/security.md.)
 A marker per (task, ID), written after the output is stored, keeps an agent started again from running it
 twice; should it die in between, the second run's output has the same ID, which the store and the
 server's /v1/stream keep once. A failed run is reported like any run and not tried again; a cancelled one
@@ -34,7 +38,7 @@ from edgerun.stream.trigger_spec import TriggerMatch
 log = logging.getLogger(__name__)
 
 STREAM_STATE_DIR = "stream"  # under the agent's state dir; the app's EventEmitter writes events.db there
-DATA_DIR = "data"  # under STREAM_STATE_DIR: a folder per task, the device's own files for it (read-only to runs)
+DATA_DIR = "data"  # under STREAM_STATE_DIR: a folder per task, the device's own files for it (read-only to its runs)
 ONCE_DIR = "once"  # under STREAM_STATE_DIR: a marker per `run_once` record already stored
 
 
@@ -64,7 +68,10 @@ class StreamHooks:
         self.failed_runs = 0
         self.poll_errors = 0
         self.data_root = pipeline.state_dir / DATA_DIR
-        self.data_root.mkdir(parents=True, exist_ok=True)  # exists before any run, so every run can share it
+        self.data_root.mkdir(parents=True, exist_ok=True)
+        # Traversable, not listable: where a run has no mount view (rlimit levels), its own uid reaches its
+        # own task's folder by name but cannot list the others'.
+        self.data_root.chmod(0o711)
         # task -> (record id, run) waiting for the next poll; the agent may announce while a poll runs
         self._once: dict[str, tuple[str, RunFn]] = {}
         self._once_lock = threading.Lock()
@@ -130,11 +137,16 @@ class StreamHooks:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
 
-    def shared_paths(self) -> list[Path]:
-        """Collective storage and the tasks' data folders, which the agent binds read-only into every task's
-        compute container."""
+    def shared_paths(self, task_id: str) -> list[Path]:
+        """What the agent binds read-only into the compute container of a run of `task_id`: collective storage
+        and that task's own data folder, never another task's. The folder is made here, so it is bound even
+        for a warm worker started before the app puts the task's first files in it."""
+        data = self.data_root / task_id
+        if data.parent != self.data_root or task_id in ("", ".", ".."):  # task names are checked at install
+            raise ValueError(f"not a task name: {task_id!r}")
+        data.mkdir(exist_ok=True)
         db = Path(self.pipeline.store.path)
-        return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), self.data_root]
+        return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), data]
 
     def on_task_deactivated(self, task_id: str) -> None:
         with self._once_lock:

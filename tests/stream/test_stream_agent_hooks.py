@@ -78,7 +78,7 @@ def test_run_once_runs_a_version_once_on_its_data_folder_and_stores_its_output_u
 
     def run_fn(inputs: Any) -> RunResult:
         runs.append(inputs)
-        return run_in_container(task, "main.py", inputs, timeout_s=20, readonly_shares=hooks.shared_paths())
+        return run_in_container(task, "main.py", inputs, timeout_s=20, readonly_shares=hooks.shared_paths("learn"))
 
     hooks.on_task_activated("learn", {"run_once": {"record_id": "learn:1"}}, run_fn)
     hooks.poll()
