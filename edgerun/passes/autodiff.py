@@ -3,7 +3,8 @@
 `append_gradients(graph, loss, wrt)` lowers the composites that have no gradient rule of their own
 (registry.gradient_rule: softmax, log-softmax, layer norm and relu keep theirs), then walks the nodes from
 the loss back to the values in `wrt`, calling each op's vector-Jacobian product (written beside the op, in
-ir/ops/*) and summing the cotangents of values read more than once. Only nodes on a path from a value in
+ir/ops/*) and summing the cotangents of values read more than once (a table gathered twice: the second
+gather's updates scattered into the first's gradient, not added densely). Only nodes on a path from a value in
 `wrt` to the loss are differentiated; a value of integer or bool type carries no gradient (an argmax, a
 comparison, a cast to int ends a path, as in torch). A path through an op with no gradient (a quantized op,
 control flow, a data-dependent op) is a NoGradientError naming the node.
@@ -41,6 +42,23 @@ def _is_float(graph: Graph, value: str) -> bool:
 def _where(node: Node) -> str:
     source = node.meta.get("source") or node.meta.get("module_path")
     return f" at {source}" if source else ""
+
+
+def _is_zeros(graph: Graph, value: str) -> bool:
+    """A constant of zeros, or one expanded (the zeros a gather's gradient scatters into)."""
+    if value in graph.constants:
+        return not np.any(graph.constants[value])
+    node = next((n for n in reversed(graph.nodes) if value in n.outputs), None)
+    return node is not None and node.op == "expand" and _is_zeros(graph, node.inputs[0])
+
+
+def _accumulate(b: Builder, graph: Graph, total: str, g: str) -> str:
+    """total + g. A g that is updates scattered into zeros (a gather's gradient: an embedding table read
+    twice) is scattered into total instead: no dense add over the table, no table of zeros."""
+    node = next((n for n in reversed(graph.nodes) if g in n.outputs), None)
+    if node is not None and node.op == "scatter_add" and _is_zeros(graph, node.inputs[0]):
+        return b.emit("scatter_add", [total, *node.inputs[1:]], **node.attrs)
+    return b.binary("add", total, g)
 
 
 def append_gradients(graph: Graph, loss: str, wrt: Sequence[str]) -> dict[str, str]:
@@ -106,7 +124,7 @@ def append_gradients(graph: Graph, loss: str, wrt: Sequence[str]) -> dict[str, s
             if graph.specs[g] != graph.specs[value]:
                 raise EdgerunError(f"the gradient rule of {node.op} gave {graph.specs[g]} for {value!r}, which is "
                                    f"{graph.specs[value]}")
-            cotangents[value] = b.binary("add", cotangents[value], g) if value in cotangents else g
+            cotangents[value] = _accumulate(b, graph, cotangents[value], g) if value in cotangents else g
     b.meta = {}
     result = {}
     for name in wrt:
