@@ -5,6 +5,8 @@ Decompositions, frontends and passes all build graphs through it, so shape rules
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import numpy as np
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.registry import infer_specs
+from edgerun.ir.symbolic import fixed_by_bounds
 from edgerun.ir.tensor_spec import TensorSpec
 
 
@@ -47,6 +50,8 @@ class Builder:
     def emit_multi(self, op: str, inputs: list[str], **attrs: Any) -> list[str]:
         specs = infer_specs(op, [self.graph.specs[i] if i else _ABSENT for i in inputs], attrs,
                             self.graph.subgraphs)
+        if self.graph.symbols:
+            specs = [fixed_spec(s, self.graph.symbols) for s in specs]
         return self.graph.add_node(op, inputs, specs, attrs, self.meta)
 
     def emit(self, op: str, inputs: list[str], **attrs: Any) -> str:
@@ -61,6 +66,14 @@ class Builder:
 
     def binary(self, op: str, a: str, b: str) -> str:
         return self.emit(op, [a, b])
+
+
+def fixed_spec(spec: TensorSpec, symbols: Mapping[str, tuple[int, int]]) -> TensorSpec:
+    """`spec` with each dimension the symbols' bounds fix written as that number: a pool's `(H + 15)//48` is 1
+    for every H in 33..80, so a Reshape after it to [N, 1, W] is proved over those bounds, one plan. The
+    verifier infers specs the same way."""
+    shape = tuple(fixed_by_bounds(d, symbols) for d in spec.shape)
+    return spec if shape == spec.shape else dataclasses.replace(spec, shape=shape)
 
 
 # Placeholder spec for an omitted optional input; shape rules check `is _ABSENT` via `absent()`.

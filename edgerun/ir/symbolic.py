@@ -716,6 +716,19 @@ def _atom_range(atom: _Atom, symbols: Mapping[str, tuple[int, int]]) -> tuple[in
     return min(corners), max(corners)
 
 
+def fixed_by_bounds(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> Dim:
+    """`d` as the number it is at every size the symbols' bounds allow, else `d` unchanged: a quotient such as
+    `(L + 15)//48` is 1 for every L in 33..80, which the canonical form (bounds-free) cannot know but a
+    relation proved over those bounds needs (a Reshape by it). Only forms with a quotient, remainder, max or
+    min are tried: a polynomial in symbols whose bounds leave room is never one number."""
+    if not isinstance(d, SymDim) or all(atom.kind == "sym" for mono, _ in d._terms for atom in mono):
+        return d
+    if not d.free_symbols <= symbols.keys():
+        return d
+    bounds = _interval(d, symbols)  # cheap (this runs on every template node built), never narrower than the truth
+    return bounds[0] if bounds is not None and bounds[0] == bounds[1] else d
+
+
 def upper_bound(d: Dim, symbols: Mapping[str, tuple[int, int]]) -> int:
     """The largest value of `d` within the symbols' bounds, for forms that grow with every symbol (a sum of
     products of symbols with positive coefficients); others raise, since their maximum is not at a corner."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgerun.errors import UnsupportedOpError, VerificationError
-from edgerun.ir.builder import _ABSENT
+from edgerun.ir.builder import _ABSENT, fixed_spec
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.registry import get_op, infer_specs
 from edgerun.ir.state import verify_state
@@ -57,6 +57,8 @@ def verify(graph: Graph, *, allow_composite: bool = True) -> None:
         try:
             want = infer_specs(node.op, [graph.specs[i] if i else _ABSENT for i in node.inputs], node.attrs,
                                graph.subgraphs)
+            if graph.symbols:
+                want = [fixed_spec(s, graph.symbols) for s in want]
         except (ValueError, KeyError, TypeError) as exc:
             raise VerificationError(f"{_where(node)}: {exc}") from None
         if len(want) != len(node.outputs):

@@ -159,3 +159,25 @@ def test_specialised_graph_is_static_verified_and_computes_like_its_rules() -> N
 def test_template_graph_needs_specialising_before_it_runs() -> None:
     with pytest.raises(EdgerunError, match="symbolic dimension"):
         np.zeros(spec(B, 3).shape)
+
+
+def test_a_size_the_bounds_fix_is_that_number_so_a_reshape_by_it_is_proved() -> None:
+    """PP-OCRv4's recognizer pools its height H to (H + 15)//48 rows and reshapes as if it were 1: true for
+    every H in 33..80. The builder writes such a size as the number the bounds fix, so the reshape is proved
+    for every size in them (one plan); with bounds where it is not always 1 the reshape is still refused."""
+    for bounds, proved in (((33, 80), True), ((33, 96), False)):
+        g = Graph(symbols={"batch": (1, 4), "h": bounds, "w": (1, 64)})
+        b = Builder(g)
+        x = g.add_input("x", spec(B, 8, H, W))
+        rows = b.emit("max_pool2d", [x], kernel=[48, 1], padding=[15, 0, 0, 0])  # [batch, 8, (h + 15)//48, w]
+        if not proved:
+            assert g.specs[rows].shape[2] == (H + 15) // 48
+            with pytest.raises(ValueError, match="cannot reshape"):
+                b.emit("reshape", [rows], shape=[B, 8, W])
+            continue
+        assert g.specs[rows].shape == (B, 8, 1, W)
+        g.outputs = [b.emit("reshape", [rows], shape=[B, 8, W])]
+        verify(g)  # the verifier infers the fixed size too
+        x_value = np.random.default_rng(0).standard_normal((2, 8, 40, 5)).astype(np.float32)
+        got = interpret(specialize(g, {"batch": 2, "h": 40, "w": 5}), {"x": x_value})[0]
+        np.testing.assert_array_equal(got, x_value[:, :, :33].max(axis=2))  # rows 0..32: the window padded by 15

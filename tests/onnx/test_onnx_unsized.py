@@ -103,12 +103,19 @@ def test_what_holds_only_at_some_sizes_is_a_guard_in_one_program_file(tmp_path: 
     with pytest.raises(EdgerunError, match=r"cannot run at these sizes \(L=96, N=1\): ONNX node 'r' \(Reshape\) "
                                            r"needs L\*N = .*here 96 against 192"):
         model(np.zeros((1, 96), np.float32))
-    # Given sizes, the relation is proved at import: no guard, one plan for the bounds, checked upfront; bounds
-    # under which it cannot be proved are refused at import, as before.
+    # Given sizes, the relation is proved at import: no guard, one plan for the bounds, checked upfront. Bounds
+    # under which (L + 15)//48 is always 1 prove it too (the import uses the bounds); bounds past them cannot
+    # be served by one plan and are refused at import, in one line.
     bounded = from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), 48)})
     assert bounded.graph.symbols == {"N": (1, 4)} and not guards(bounded.graph)
-    with pytest.raises(EdgerunError, match="cannot reshape"):
-        from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), ("L", 33, 80))})
+    bounded = from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), ("L", 33, 80))})
+    assert bounded.graph.symbols == {"N": (1, 4), "L": (33, 80)} and not guards(bounded.graph)
+    model = edgerun.load(bounded)
+    for shape in ((2, 33), (1, 80)):
+        _matches_ort(model_bytes, model, {"x": rng.standard_normal(shape).astype(np.float32)})
+    with pytest.raises(EdgerunError, match="cannot reshape") as refused:
+        from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), ("L", 33, 96))})
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("package, relative, sizes, bounds", [

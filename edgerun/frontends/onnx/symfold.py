@@ -18,7 +18,7 @@ import numpy as np
 
 from edgerun.frontends.onnx.context import ONNX_TO_DTYPE, ImportContext, OnnxNode
 from edgerun.ir.dtypes import DType
-from edgerun.ir.symbolic import SymDim, floordiv, mod, sym_max, sym_min, value_range
+from edgerun.ir.symbolic import SymDim, fixed_by_bounds, floordiv, mod, sym_max, sym_min, value_range
 
 Folder = Callable[[list[np.ndarray | None], OnnxNode, Mapping[str, tuple[int, int]]], list[np.ndarray] | None]
 
@@ -65,6 +65,10 @@ def _guard(fn: Folder) -> Folder:
         assert results is not None
         # np.take of one index gives a bare SymDim; every output is an array again here.
         outs = [np.asarray(o, dtype=o.dtype if isinstance(o, np.ndarray) else object) for o in results]
+        # A size the bounds fix is that number ((L + 15)//48 is 1 for L in 33..80): what follows is proved
+        # with it over every size in the bounds, where the symbolic form would hold only at some sizes.
+        outs = [np.asarray(np.frompyfunc(lambda d: fixed_by_bounds(d, symbols), 1, 1)(o), dtype=object)
+                if o.dtype == object else o for o in outs]
         return [dims_array(o, o.dtype if o.dtype != object else np.int64) for o in outs]
     return run
 
