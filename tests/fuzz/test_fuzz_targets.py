@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 # 30 s on an idle 2-core box even run one test at a time: CPU seconds of each run with these counts
 # (start-up, mostly instrumenting, included; `/usr/bin/time python -m fuzz.run T -runs=N -seed=1`):
 # gguf 5.9, onnx_model 3.9, program_file 1.9, task_package 1.6, stream_batch 1.5, remote_wire 1.4;
-# the whole tier 22 s of CPU.
+# the whole tier 17.0 s wall with the box nearly idle (load average 1.0).
 CI_RUNS = {"remote_wire": 50000, "stream_batch": 20000, "program_file": 20000, "task_package": 5000,
            "onnx_model": 5000, "gguf": 2000}
 
