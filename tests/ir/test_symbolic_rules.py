@@ -181,3 +181,11 @@ def test_a_size_the_bounds_fix_is_that_number_so_a_reshape_by_it_is_proved() -> 
         x_value = np.random.default_rng(0).standard_normal((2, 8, 40, 5)).astype(np.float32)
         got = interpret(specialize(g, {"batch": 2, "h": 40, "w": 5}), {"x": x_value})[0]
         np.testing.assert_array_equal(got, x_value[:, :, :33].max(axis=2))  # rows 0..32: the window padded by 15
+
+
+def test_a_template_saved_with_the_symbolic_form_of_a_fixed_size_still_verifies() -> None:
+    g = Graph(symbols={"batch": (1, 4), "h": (33, 80), "w": (1, 64)})
+    x = g.add_input("x", spec(B, 8, H, W))
+    (rows,) = g.add_node("max_pool2d", [x], [spec(B, 8, (H + 15) // 48, W)], {"kernel": [48, 1], "padding": [15, 0, 0, 0]})
+    g.outputs = [rows]
+    verify(g)
