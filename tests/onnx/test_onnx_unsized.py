@@ -113,7 +113,7 @@ def test_what_holds_only_at_some_sizes_is_a_guard_in_one_program_file(tmp_path: 
     model = edgerun.load(bounded)
     for shape in ((2, 33), (1, 80)):
         _matches_ort(model_bytes, model, {"x": rng.standard_normal(shape).astype(np.float32)})
-    with pytest.raises(EdgerunError, match="cannot reshape") as refused:
+    with pytest.raises(EdgerunError, match=r"cannot reshape .* no one plan serves them") as refused:
         from_onnx(model_bytes, input_shapes={"x": (("N", 1, 4), ("L", 33, 96))})
     assert "\n" not in str(refused.value)
 

@@ -269,8 +269,9 @@ def _import_nodes(ctx: ImportContext, nodes: list[Any], opsets: dict[str, int], 
             if _symbolic_inputs(ctx, node):
                 # Over symbolic sizes a shape rule fails when it cannot prove two sizes agree for every shape
                 # in the bounds (n6 against a split into 2 + 4), or a handler needs a number (np.arange(n)).
-                raise node.refuse_at_bounds(f"{exc}: over symbolic sizes this holds only for some shapes, or edgerun cannot "
-                                  "prove it holds for all; pin the dimensions in input_shapes=") from None
+                raise node.refuse_at_bounds(f"{exc}: this holds at only some of the sizes the bounds allow, or edgerun "
+                                            "cannot prove it holds at all of them, so no one plan serves them: "
+                                            "narrow the bounds or pin the dimensions in input_shapes=") from None
             narrow = _narrow_inputs(ctx, node)
             if narrow:
                 # bfloat16, float8, int4, ... are storage types (ir/dtypes.py): an op whose rule needs a float
