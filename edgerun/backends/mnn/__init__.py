@@ -80,8 +80,9 @@ SMALL_PARTITION_WORK = 3e6
 F32 = frozenset({DType.float32})
 # Ops whose ONNX form MNN does not run as the reference does.
 # Found by the op-by-op tests: MNN's Round rounds halves away from zero (the IR: to even), its Mod is not
-# C fmod on negative operands, and its MaxPool ignores dilation.
-UNSUPPORTED = frozenset({"round", "mod"})
+# C fmod on negative operands, its MaxPool ignores dilation, and its ScatterND does not apply
+# reduction="add" (scatter_add's rows come out overwritten, not summed: 2.5 off on the ORT op cases).
+UNSUPPORTED = frozenset({"round", "mod", "scatter_add"})
 # Ops whose results are int64 in the IR: MNN holds integers as int32 and has no int64 arithmetic.
 INT64_OPS = frozenset({"argmax", "argmin", "logical_xor"})
 # Data movement and comparisons run on every dtype MNN holds; arithmetic on float32 only. int64 values
