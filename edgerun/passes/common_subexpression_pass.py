@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 
 from edgerun.ir.graph import Graph
 from edgerun.passes.base import Pass, PassResult
@@ -19,12 +20,13 @@ def _rename_inputs(graph: Graph, rename: dict[str, str]) -> None:
         node.inputs = [rename.get(i, i) for i in node.inputs]
 
 
-def merge_identical_constants(graph: Graph) -> bool:
-    """Make every reader of a constant read the first constant with the same dtype, shape and bytes."""
+def merge_identical_constants(graph: Graph, among: Collection[str] | None = None) -> bool:
+    """Make every reader of a constant read the first constant with the same dtype, shape and bytes
+    (only the constants named in `among` when given)."""
     pinned = set(graph.inputs) | set(graph.outputs)
     by_type: dict[tuple[str, tuple[int, ...]], list[str]] = {}
     for name, array in graph.constants.items():
-        if name not in pinned:
+        if name not in pinned and (among is None or name in among):
             by_type.setdefault((array.dtype.str, tuple(array.shape)), []).append(name)
     rename: dict[str, str] = {}
     for names in by_type.values():

@@ -32,6 +32,7 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.state import on_functional
 from edgerun.ir.subgraphs import is_control_flow
 from edgerun.ir.verifier import verify
+from edgerun.passes.common_subexpression_pass import merge_identical_constants, merge_identical_nodes
 from edgerun.program import Program
 from edgerun.runtime.arena_limit import check_arena_budget
 from edgerun.runtime.control_flow import LoadBody, bind_control_flow
@@ -199,7 +200,20 @@ def _saved_value_template(program: Program) -> Program:
 def prepare_graph(graph: Graph, candidates: Iterable[Backend] = ()) -> Graph:
     """The graph the runtime places: composites no candidate backend keeps whole are decomposed (on a copy,
     output names kept: callers know outputs by name), and the result verified."""
-    graph = on_functional(graph, lambda g: decomposed(g, claimed_by(candidates)))
+    keep = claimed_by(candidates)
+
+    def lower(g: Graph) -> Graph:
+        lowered = decomposed(g, keep)
+        if lowered is not g:
+            # Composites decompose one by one, so pieces that depend only on shared values repeat: each
+            # layer's cache_attention gathers the same rotary rows at the same positions. One copy is kept.
+            # Only the constants the decompositions added are compared (hashing every weight costs a load).
+            merge_identical_constants(lowered, among=set(lowered.constants) - set(g.constants))
+            merge_identical_nodes(lowered)
+            lowered.prune_specs()
+        return lowered
+
+    graph = on_functional(graph, lower)
     verify(graph)
     return graph
 
