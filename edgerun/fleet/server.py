@@ -163,7 +163,7 @@ class PiggybackPush:
         if b"x-edgerun-profile" not in headers:
             await self.app(scope, receive, send)
             return
-        value = self.header_value(headers)
+        value = await self.header_value(headers)
 
         async def send_with_header(message: Any) -> None:
             if message["type"] == "http.response.start" and value is not None:
@@ -296,7 +296,14 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     async def fleet_error(_request: Request, exc: FleetError) -> Response:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
-    def push_header_value(headers: dict[bytes, bytes]) -> str | None:
+    async def identity_of(token: str) -> DeviceIdentity | None:
+        """A held token at once; otherwise its database lookup runs in the thread pool, so that a device this
+        process has not seen yet (every device, after a start or behind a new replica) never holds up the
+        requests of the others for a database round trip."""
+        found = service.cached_identity(token)
+        return found if found is not None else await run_in_threadpool(service.identity, token)
+
+    async def push_header_value(headers: dict[bytes, bytes]) -> str | None:
         """Push: any request that carries a device profile learns whether that device is out of date."""
         raw, auth = headers.get(b"x-edgerun-profile"), headers.get(b"authorization", b"")
         if not raw or not auth.lower().startswith(b"bearer "):
@@ -306,7 +313,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         except ValueError:
             return None  # a bad profile header must not break the business request it rides on
         try:
-            owner = service.identity(auth[7:].strip().decode("latin-1"))
+            owner = await identity_of(auth[7:].strip().decode("latin-1"))
             if owner is None or owner.device_id != profile.device_id:
                 return None
             stale = service.needs_update(service.trusted_profile(profile, owner))
@@ -339,12 +346,12 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         except sa.exc.DBAPIError:
             return 503, DATABASE_UNAVAILABLE
 
-    def device_from_headers(scope: Scope, device_id: str | None) -> tuple[int, str] | None:
+    async def device_from_headers(scope: Scope, device_id: str | None) -> tuple[int, str] | None:
         token = bearer(scope)
         if token is None:
             return 401, "missing bearer token"
         try:
-            owner = service.identity(token)
+            owner = await identity_of(token)
         except sa.exc.DBAPIError:  # a token not cached while the database is away
             return 503, DATABASE_UNAVAILABLE
         if owner is None or (device_id is not None and owner.device_id != device_id):
@@ -406,11 +413,11 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         return {"token": token, "device_id": identity.device_id, "device_groups": list(identity.device_groups)}
 
     async def answer_checkin(device_id: str, token: str | None, raw: bytes) -> checkin_path.Answer:
-        """Answered by hand (no model round trips), on the event loop, from cached tokens and releases; only an
-        out-of-date device, which needs a serial and a delivery record from the database, goes to the thread
-        pool. Served by `checkin_path.CheckinPath` ahead of FastAPI's router, and by the route below."""
+        """Answered by hand (no model round trips), on the event loop, from cached tokens and releases; a token
+        not held yet (`identity_of`) and an out-of-date device, which needs a serial and a delivery record from
+        the database, go to the thread pool. Served by `checkin_path.CheckinPath` ahead of FastAPI's router, and by the route below."""
         try:
-            owner = service.identity(token) if token else None
+            owner = await identity_of(token) if token else None
             if owner is None or owner.device_id != device_id:
                 return checkin_path.error(403, "this token does not belong to that device")
             try:

@@ -289,7 +289,14 @@ class FleetService:
             self._written.pop(device_id, None)
             self._timestamps.pop(device_id, None)
 
+    def cached_identity(self, token: str) -> DeviceIdentity | None:
+        """The identity of a token this process holds, without touching the database (None: not held)."""
+        with self._lock:
+            return self._tokens.get(token_hash(token))
+
     def identity(self, token: str) -> DeviceIdentity | None:
+        """The device a token belongs to: held, or looked up in the database (a blocking round trip; the
+        server runs this in its thread pool, see server.identity_of)."""
         h = token_hash(token)
         with self._lock:
             cached = self._tokens.get(h)

@@ -9,6 +9,7 @@ discarding the rest of a huge body.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Refusal = tuple[int, str] | None  # (status, detail) to answer with, or None to let the request in
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,11 @@ class BodyRule:
     """What a route accepts: at most `limit` body bytes, from a caller `authorize` lets in.
 
     `authorize(scope)` sees only the path and headers; it returns None to let the request in, or the
-    (status, detail) to answer with instead."""
+    (status, detail) to answer with instead. It may be a coroutine function: one that must look a token up in
+    a database awaits that lookup off the event loop, so other requests are served meanwhile."""
 
     limit: int
-    authorize: Callable[[Scope], tuple[int, str] | None] | None = None
+    authorize: Callable[[Scope], Refusal | Awaitable[Refusal]] | None = None
 
 
 RuleFor = Callable[[Scope], BodyRule]
@@ -77,6 +80,8 @@ class BodyLimit:
         rule = self.rule_for(scope)
         if rule.authorize is not None:
             refused = rule.authorize(scope)
+            if inspect.isawaitable(refused):
+                refused = await refused
             if refused is not None:
                 await refuse(send, *refused)
                 return
