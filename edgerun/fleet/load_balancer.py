@@ -4,7 +4,9 @@
 What the balancer is for, beyond spreading requests: it reads every request's headers and body itself, with
 timeouts (`client_header_timeout`, `client_body_timeout`), before a replica sees a byte, so a client that
 sends half a request and waits (thousands of them, cheaply) ties up an nginx connection slot until the
-timeout, not a server's worker. Push streams are passed through unbuffered with a long read timeout; a replica
+timeout, not a server's worker. Each device goes to one replica (a consistent hash of its token), so the
+identity and timestamp a replica caches serve that device's next check-ins; round robin made two in three
+check-ins of three replicas miss them. Push streams are passed through unbuffered with a long read timeout; a replica
 that fails is skipped for the next try (`proxy_next_upstream`), and `/metrics` answers only the monitoring
 network.
 """
@@ -43,9 +45,17 @@ http {{
     send_timeout 30s;
     keepalive_timeout 75s;
     client_max_body_size {max_body_mb}m;   # admin file uploads (`fleet serve --max-blob-mb`)
+    # Affinity: a device's requests all carry its token, so hashing on it sends each device to one replica,
+    # whose caches then hold that device's identity and signed timestamp. A request without a token
+    # (enrolment, readiness) hashes on its own random id: any replica.
+    map $http_authorization $fleet_affinity {{
+        ""      $request_id;
+        default $http_authorization;
+    }}
     upstream fleet {{
+        hash $fleet_affinity consistent;   # a replica's failure moves only its own devices, to the next one
 {upstream}
-        keepalive 64;                  # shared keep-alive connections to the replicas
+        keepalive 64;                  # shared keep-alive connections to the replicas (after `hash`)
     }}
     server {{
         listen {listen} backlog=4096;

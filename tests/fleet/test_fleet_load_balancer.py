@@ -1,6 +1,6 @@
 """nginx (Debian's package) in front of two replicas on one PostgreSQL: half-sent requests are cut off by the
-balancer's header timeout and never block anyone, agents work through it, and when one replica is killed the
-balancer sends its requests to the other."""
+balancer's header timeout and never block anyone, agents work through it, each device's requests go to one
+replica (a hash of its token), and when that replica is killed the balancer sends them to the other."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import make_task, start_server
+from fleet_helpers import FleetServer, make_task, start_server
 
 from edgerun.fleet.agent import Agent
 from edgerun.fleet.load_balancer import NGINX, LocalNginx
@@ -18,6 +18,13 @@ from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.signing import KeyDir
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("fleet-load-balancer")]
+
+
+def checkins_answered(server: FleetServer) -> int:
+    """The replica's own count of check-ins answered (its Prometheus counter, read from it directly)."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("edgerun_fleet_checkins_total{")))
 
 
 @pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is absent (Debian package nginx-light)")
@@ -41,17 +48,25 @@ def test_nginx_in_front_of_two_replicas(postgres: LocalPostgres, tmp_path: Path)
             a.admin().publish(make_task(tmp_path, "balanced", 2), keys, {"steps": [100], "min_reports": 1})
             agent.check_in()
             assert agent.errors == [] and agent.profile().tasks == {"balanced": 2}
+            # Affinity: every check-in of a device lands on the same replica (round robin alternated them).
+            before = [checkins_answered(a), checkins_answered(b)]
+            for _ in range(6):
+                agent.check_in()
+            grew = [checkins_answered(a) - before[0], checkins_answered(b) - before[1]]
+            assert sorted(grew) == [0, 6], grew
+            pinned, other = (a, b) if grew[0] else (b, a)
             for s in half_sent:  # the balancer ends each one at its header timeout, without passing it on
                 s.settimeout(60)
                 answer = s.recv(4096)
                 assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
-            # One replica dies (kill -9): requests go to the other.
-            a.proc.send_signal(signal.SIGKILL)
-            a.proc.wait(30)
+            # The device's replica dies (kill -9): its requests go to the other.
+            pinned.proc.send_signal(signal.SIGKILL)
+            pinned.proc.wait(30)
             for _ in range(4):
                 assert httpx.get(lb.url + "/v1/ready").status_code == 200
+            answered = checkins_answered(other)
             agent.check_in()
-            assert agent.errors == []
+            assert agent.errors == [] and checkins_answered(other) == answered + 1
             agent.close()
     finally:
         for s in half_sent:
