@@ -7,8 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from fleet_helpers import BACKENDS, FleetServer, database_url, start_server
 
+from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir
 from edgerun.fleet.signing import KeyDir
 
@@ -40,6 +42,15 @@ def server(module_tmp: Path, keys: KeyDir) -> Iterator[FleetServer]:
     s = start_server(module_tmp, keys)
     yield s
     s.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
+    """A migrated fleet database for in-process services, once on SQLite and once on PostgreSQL."""
+    e = create_engine(database_url(request, request.param) or sqlite_url(tmp_path))
+    upgrade(e)
+    yield e
+    e.dispose()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

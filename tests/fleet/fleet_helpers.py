@@ -14,9 +14,19 @@ from edgerun.fleet.local_server import FleetServer, free_port, start_server, tok
 from edgerun.fleet.package import pack_task
 
 REPO = Path(__file__).resolve().parents[2]
-__all__ = ["BACKENDS", "REPO", "FleetServer", "database_url", "free_port", "make_task", "start_server", "token_file"]
+__all__ = ["BACKENDS", "REPO", "Clock", "FleetServer", "database_url", "free_port", "make_task", "start_server", "token_file"]
 BACKENDS = ("sqlite", "postgresql")
 _databases = itertools.count()
+
+
+class Clock:
+    """Injected monotonic time for in-process services: caches' lifetimes pass when the test says so."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def database_url(request: pytest.FixtureRequest, backend: str) -> str:

@@ -5,12 +5,11 @@ last-seen writes are coalesced to one row update per device per resolution, prof
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from fleet_helpers import BACKENDS, database_url
+from fleet_helpers import Clock
 
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.errors import RollbackAttackError
@@ -22,22 +21,6 @@ from edgerun.fleet.signing import KeyDir, Root
 from edgerun.fleet.targeting import DeviceProfile
 
 pytestmark = pytest.mark.xdist_group("fleet-replicas")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(params=BACKENDS)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
-    e = create_engine(database_url(request, request.param) or sqlite_url(tmp_path))
-    upgrade(e)
-    yield e
-    e.dispose()
 
 
 def test_a_timestamp_is_reused_only_while_the_device_would_accept_it(tmp_path: Path) -> None:

@@ -10,20 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import FleetServer, start_server
+from fleet_helpers import Clock, FleetServer, start_server
 
 from edgerun.fleet.server import ServerConfig, create_app
 from edgerun.fleet.signing import KeyDir
 
 pytestmark = pytest.mark.xdist_group("fleet-operations")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def metric(text: str, name: str) -> float:
@@ -37,7 +29,7 @@ def metric(text: str, name: str) -> float:
 def test_rate_limits_per_token_and_per_address(tmp_path: Path) -> None:
     keys = KeyDir(tmp_path / "keys")
     keys.init()
-    clock = Clock()
+    clock = Clock(100.0)
     app = create_app(ServerConfig(tmp_path / "data", keys.path, admin_token="admin-secret", enroll_token="enrol",
                                   rate_per_token="1/s:3", rate_per_address="1/s:5"), clock=clock)
 

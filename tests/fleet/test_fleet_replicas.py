@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
-from fleet_helpers import BACKENDS, FleetServer, database_url, start_server
+from fleet_helpers import Clock, FleetServer, start_server
 
-from edgerun.fleet.database import create_engine, sqlite_url, upgrade
+from edgerun.fleet.database import create_engine, upgrade
 from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.manifest import verify_assignment
 from edgerun.fleet.schema import deliveries, releases
@@ -24,24 +24,6 @@ from edgerun.fleet.signing import KeyDir, Root
 from edgerun.fleet.targeting import DeviceProfile
 
 pytestmark = pytest.mark.xdist_group("fleet-replicas")
-
-
-class Clock:
-    """Injected monotonic time: the caches' lifetimes pass when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(params=BACKENDS)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
-    e = create_engine(database_url(request, request.param) or sqlite_url(tmp_path))
-    upgrade(e)
-    yield e
-    e.dispose()
 
 
 def replica(engine: sa.Engine, keys: KeyDir, clock: Callable[[], float] | None = None) -> FleetService:

@@ -6,17 +6,14 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from fleet_helpers import BACKENDS, database_url
 
 from edgerun.fleet import releases as rel
 from edgerun.fleet import rollout
-from edgerun.fleet.database import create_engine, sqlite_url, upgrade
+from edgerun.fleet.database import create_engine, upgrade
 from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.schema import devices, releases
 from edgerun.fleet.step_monitor import StepMonitor
@@ -24,14 +21,6 @@ from edgerun.fleet.targeting import DeviceProfile, device_bucket, in_step, match
 
 pytestmark = pytest.mark.xdist_group("fleet-step-monitor")
 STEPS = [0.5, 5.0, 20.0, 50.0, 100.0]
-
-
-@pytest.fixture(params=BACKENDS)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
-    e = create_engine(database_url(request, request.param) or sqlite_url(tmp_path))
-    upgrade(e)
-    yield e
-    e.dispose()
 
 
 def add_devices(engine: sa.Engine, n: int, rng: random.Random) -> list[dict[str, Any]]:
