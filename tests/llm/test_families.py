@@ -60,13 +60,10 @@ def write_family_model(folder: Path, family: str, seed: int = 0) -> Any:
     return model
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_family_matches_transformers(tmp_path: Path, family: str) -> None:
+def assert_matches_transformers(model: Any, ref: Any) -> None:
+    """The last position's logits within LOGIT_TOLERANCE and 5 greedy tokens equal to transformers'."""
     import torch
 
-    ref = write_family_model(tmp_path, family)
-    model = edgerun.llm.load(tmp_path, context=64, chunk=8)
-    assert model.config.arch == family
     with torch.no_grad():
         want_logits = ref(torch.tensor([IDS])).logits[0, -1].numpy()
         want = ref.generate(torch.tensor([IDS]), max_new_tokens=5, min_new_tokens=5, do_sample=False,
@@ -74,6 +71,14 @@ def test_family_matches_transformers(tmp_path: Path, family: str) -> None:
     got = model.next_logits(IDS)
     assert np.abs(got - want_logits).max() < LOGIT_TOLERANCE, np.abs(got - want_logits).max()
     assert model.generate(IDS, max_new_tokens=5, ignore_eos=True).token_ids == want
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_matches_transformers(tmp_path: Path, family: str) -> None:
+    ref = write_family_model(tmp_path, family)
+    model = edgerun.llm.load(tmp_path, context=64, chunk=8)
+    assert model.config.arch == family
+    assert_matches_transformers(model, ref)
 
 
 # Families whose every attention ONNX Runtime runs as GroupQueryAttention (head_dim 16, full rotary): its
@@ -87,8 +92,6 @@ def test_family_on_onnxruntime_matches_transformers(tmp_path: Path, family: str)
     """The same check with each method one ONNX Runtime partition: cache_attention as GroupQueryAttention
     (its local_window_size, softcap and scale) where it computes the op exactly, the decomposition elsewhere."""
     pytest.importorskip("onnxruntime")
-    import torch
-
     ref = write_family_model(tmp_path, family)
     model = edgerun.llm.load(tmp_path, context=64, chunk=8, backends=["onnxruntime"])
     for method in (model.runner.prefill, model.runner.decode):
@@ -97,13 +100,7 @@ def test_family_on_onnxruntime_matches_transformers(tmp_path: Path, family: str)
         # GroupQueryAttention appends in place; the decomposition's writes are copies written back.
         assert len(compiled.overwrites_inputs) == 2 * ORT_FUSED[family]
         assert len(method.parts.state.plan.copies) == 2 * (3 - ORT_FUSED[family])
-    with torch.no_grad():
-        want_logits = ref(torch.tensor([IDS])).logits[0, -1].numpy()
-        want = ref.generate(torch.tensor([IDS]), max_new_tokens=5, min_new_tokens=5, do_sample=False,
-                            pad_token_id=0)[0, len(IDS):].tolist()
-    got = model.next_logits(IDS)
-    assert np.abs(got - want_logits).max() < LOGIT_TOLERANCE, np.abs(got - want_logits).max()
-    assert model.generate(IDS, max_new_tokens=5, ignore_eos=True).token_ids == want
+    assert_matches_transformers(model, ref)
 
 
 def test_unsupported_architectures_are_refused_naming_the_supported(tmp_path: Path) -> None:
