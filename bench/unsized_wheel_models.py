@@ -151,17 +151,22 @@ def measure_bounded(label: str, path: Path, program: Any, sizes: Sizes, constant
         bounded.save(Path(tmp) / "m.edgerun")
         model = edgerun.load(str(Path(tmp) / "m.edgerun"))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    out["sizes"] = []
-    for i, size in enumerate(sizes):
-        feeds = _feeds(size, i)
-        start = time.perf_counter()
-        got = model(**feeds)
-        first = time.perf_counter() - start
-        got = list(got) if isinstance(got, tuple | list) else [got]
-        want = session.run(None, {**feeds, **constants})
-        out["sizes"].append({"shapes": {k: list(v) for k, v in size.items()}, "error": _error(got, want),
-                             "first_call_s": round(first, 3), "later_call_s": round(_median_call(model, feeds, runs), 4)})
+    out["sizes"] = [_call_at(model, session, size, i, constants, runs) for i, size in enumerate(sizes)]
     return out
+
+
+def _call_at(model: Any, session: Any, size: dict[str, Any], i: int, constants: dict[str, np.ndarray],
+             runs: int) -> dict[str, Any]:
+    """`model` at one size from its program file: the first call's time, its error against ONNX Runtime's
+    outputs and the median of later calls."""
+    feeds = _feeds(size, i)
+    start = time.perf_counter()
+    got = model(**feeds)
+    first = time.perf_counter() - start
+    got = list(got) if isinstance(got, tuple | list) else [got]
+    want = session.run(None, {**feeds, **constants})
+    return {"shapes": {k: list(v) for k, v in size.items()}, "error": _error(got, want),
+            "first_call_s": round(first, 3), "later_call_s": round(_median_call(model, feeds, runs), 4)}
 
 
 def _error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
@@ -198,20 +203,11 @@ def measure(label: str, runs: int) -> dict[str, Any]:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     row["sizes"] = []
     for i, size in enumerate(sizes):
+        at_size = _call_at(model, session, size, i, constants, runs)
         feeds = _feeds(size, i)
-        start = time.perf_counter()
-        got = model(**feeds)
-        first = time.perf_counter() - start
-        got = list(got) if isinstance(got, tuple | list) else [got]
-        want = session.run(None, {**feeds, **constants})
-        error = _error(got, want)
-        later = _median_call(model, feeds, runs)
         pinned = edgerun.load(from_onnx(str(path), input_shapes=size, constant_inputs=constants or None))
         pinned(**feeds)
-        pinned_s = _median_call(pinned, feeds, runs)
-        row["sizes"].append({"shapes": {k: list(v) for k, v in size.items()}, "error": error,
-                             "first_call_s": round(first, 3), "later_call_s": round(later, 4),
-                             "pinned_call_s": round(pinned_s, 4)})
+        row["sizes"].append({**at_size, "pinned_call_s": round(_median_call(pinned, feeds, runs), 4)})
     bounded = measure_bounded(label, path, program, sizes, constants, runs)
     row.update({f"bounded_{k}": v for k, v in bounded.items()})  # bounded_sizes: a table of its own on the page
     return row
