@@ -147,25 +147,27 @@ class ReleaseWatch:
         if loop is not None and kicked is not None and not loop.is_closed():
             loop.call_soon_threadsafe(kicked.set)
 
-    def _snapshot(self) -> dict[int, CachedRelease]:
-        return {c.id: c for cands in self.service._cached_releases().values() for c in cands}
+    def _table(self) -> dict[str, list[CachedRelease]]:
+        return self.service._cached_releases()
 
     async def _watch(self) -> None:
         assert self._kicked is not None
         while not self.closed:
             try:
-                now = await run_in_threadpool(self._snapshot)
+                table = await run_in_threadpool(self._table)
             except Exception as exc:  # a busy database must not end the watch; the next round retries
                 log.warning("release watch failed", extra={"error": repr(exc)})
             else:
+                now = {c.id: c for cands in table.values() for c in cands}
                 if self._seen is not None:
-                    self._nudge(self._seen, now)
+                    self._nudge(self._seen, now, table)
                 self._seen = now
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kicked.wait(), self.poll_s)
             self._kicked.clear()
 
-    def _nudge(self, before: dict[int, CachedRelease], now: dict[int, CachedRelease]) -> None:
+    def _nudge(self, before: dict[int, CachedRelease], now: dict[int, CachedRelease],
+               table: dict[str, list[CachedRelease]]) -> None:
         changed = [i for i in before.keys() | now.keys() if _state(before.get(i)) != _state(now.get(i))]
         if not changed:
             return
@@ -173,7 +175,7 @@ class ReleaseWatch:
         for stream in streams.values():
             if self.checks is not None:
                 self.checks.inc()
-            if self.service.needs_update(stream.profile):
+            if self.service.needs_update(stream.profile, table):  # the table just read: no re-read on the loop
                 if self.nudges is not None:
                     self.nudges.inc()
                 stream.nudged.set()

@@ -175,7 +175,8 @@ class PiggybackPush:
 
 
 def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -> FastAPI:
-    """The server of one process; `clock` (monotonic seconds) paces its rate limits (tests pass their own)."""
+    """The server of one process; `clock` (monotonic seconds) paces its rate limits and its caches' lifetimes
+    (tests pass their own)."""
     per_token, per_address = Rate.parse(cfg.rate_per_token), Rate.parse(cfg.rate_per_address)
     cfg = prepare(cfg)
     engine = create_engine(cfg.db_url or sqlite_url(cfg.data_dir), cfg.db_pool_size, cfg.db_max_overflow,
@@ -184,7 +185,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
     service = FleetService(engine, keys.key("assignment"), cfg.cache_ttl_s, cfg.timestamp_ttl_s,
-                           online_key_loader=lambda: keys.key("assignment"),
+                           online_key_loader=lambda: keys.key("assignment"), clock=clock,
                            identity_cache_size=cfg.identity_cache_size, seen_resolution_s=cfg.seen_resolution_s,
                            identity_ttl_s=NOTIFIED_IDENTITY_TTL_S if engine.dialect.name == "postgresql" else IDENTITY_TTL_S)
     service.add_roots(keys.root_chain())
@@ -316,7 +317,8 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             owner = await identity_of(auth[7:].strip().decode("latin-1"))
             if owner is None or owner.device_id != profile.device_id:
                 return None
-            stale = service.needs_update(service.trusted_profile(profile, owner))
+            _, table = await service.current()
+            stale = service.needs_update(service.trusted_profile(profile, owner), table)
         except sa.exc.DBAPIError:
             return None  # the database away: the business request still gets its own answer (maybe a 503)
         return f"/v1/devices/{profile.device_id}/assignment" if stale else "up-to-date"
@@ -337,12 +339,12 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             return BodyRule(MAX_BATCH_BYTES, lambda s: device_from_headers(s, None))
         return BodyRule(SMALL_BODY)
 
-    def admin_from_headers(scope: Scope) -> tuple[int, str] | None:
+    async def admin_from_headers(scope: Scope) -> tuple[int, str] | None:
         token = bearer(scope)
         if token is None:
             return 401, "missing bearer token"
         try:
-            return None if service.is_admin(token) else (403, "admin token required")
+            return None if await service.is_admin_async(token) else (403, "admin token required")
         except sa.exc.DBAPIError:
             return 503, DATABASE_UNAVAILABLE
 
@@ -413,9 +415,9 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         return {"token": token, "device_id": identity.device_id, "device_groups": list(identity.device_groups)}
 
     async def answer_checkin(device_id: str, token: str | None, raw: bytes) -> checkin_path.Answer:
-        """Answered by hand (no model round trips), on the event loop, from cached tokens and releases; a token
-        not held yet (`identity_of`) and an out-of-date device, which needs a serial and a delivery record from
-        the database, go to the thread pool. Served by `checkin_path.CheckinPath` ahead of FastAPI's router, and by the route below."""
+        """Answered by hand (no model round trips), on the event loop, from cached tokens, root and releases; a
+        token not held yet (`identity_of`), the periodic re-read of the root and releases (`service.current`) and
+        an out-of-date device, which needs a serial and a delivery record from the database, go to worker threads. Served by `checkin_path.CheckinPath` ahead of FastAPI's router, and by the route below."""
         try:
             owner = await identity_of(token) if token else None
             if owner is None or owner.device_id != device_id:
@@ -431,11 +433,12 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
                                     tuple(body.user_groups), body.tasks, body.idle, body.charging)
             service.note_seen(profile)
             watch.index.checked_in(profile)
-            root_version = service.root().version
-            if not service.needs_update(profile):
+            root, table = await service.current()
+            root_version = root.version
+            if not service.needs_update(profile, table):
                 metrics.checkins.labels("up-to-date").inc()
                 return 200, json.dumps({"status": "up-to-date", "root_version": root_version,
-                                        "timestamp": service.timestamp(device_id, body.serial)}).encode(), []
+                                        "timestamp": service.timestamp(device_id, body.serial, root)}).encode(), []
             assignment = await run_in_threadpool(service.assignment, profile)
         except sa.exc.DBAPIError:
             return checkin_path.error(503, DATABASE_UNAVAILABLE, [(b"retry-after", b"1")])
@@ -471,7 +474,9 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
 
     @app.post("/v1/devices/{device_id}/reports")
     async def add_reports(device_id: str, body: ReportBatch, request: Request) -> dict[str, int]:
-        require_device(request, device_id)
+        owner = await identity_of(_bearer(request))
+        if owner is None or owner.device_id != device_id:
+            raise HTTPException(403, "this token does not belong to that device")
         accepted = await group_commit.submit(device_id, [r.model_dump() for r in body.reports])
         metrics.reports.labels("new").inc(accepted)
         metrics.reports.labels("duplicate").inc(len(body.reports) - accepted)

@@ -32,6 +32,7 @@ from edgerun.fleet import rollout
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S, sign_timestamp
 from edgerun.fleet.manifest import sign_assignment
+from edgerun.fleet.refreshed import Refreshed
 from edgerun.fleet.release_notify import announce_device
 from edgerun.fleet.schema import deliveries, devices, enrolment_tokens, releases, reports, roots
 from edgerun.fleet.server_tokens import SERVER_TOKEN_LABEL, admin_token_hash, token_hash
@@ -64,6 +65,14 @@ class EnrolmentError(FleetError):
 class DeviceIdentity:
     device_id: str
     device_groups: tuple[str, ...]  # set by the admin, never by the device
+
+
+@dataclass(frozen=True)
+class ReleaseTable:
+    """The releases any device may be offered, per task, most specific targeting first."""
+
+    by_task: dict[str, list[CachedRelease]]
+    shortest_window_s: float  # shortest liveness window of a running step (see `seen_resolution_s`)
 
 
 @dataclass(frozen=True)
@@ -105,24 +114,20 @@ class FleetService:
         self.cache_ttl_s = cache_ttl_s
         self.timestamp_ttl_s = timestamp_ttl_s
         self._lock = threading.Lock()
-        self._releases: dict[str, list[CachedRelease]] = {}
-        self._releases_at = 0.0
-        self._releases_loaded = False
+        # Re-read each period (another replica may have changed them), never on the event loop (refreshed.py).
+        self._release_table = Refreshed(self._read_releases, cache_ttl_s, clock, DB_RETRY_S)
+        self._root = Refreshed(self._read_root, ROOT_TTL_S, clock, DB_RETRY_S)
+        self._admin_hash = Refreshed(lambda _held: admin_token_hash(self.engine) or "", ROOT_TTL_S, clock, DB_RETRY_S)
         # token hash -> identity, for `identity_ttl_s`, at most `identity_cache_size` (least recently used out)
         self._tokens: TTLCache[str, DeviceIdentity] = TTLCache(identity_cache_size, identity_ttl_s, timer=clock)
         self._seen: dict[str, tuple[dict[str, Any], float]] = {}
         # device id -> (profile JSON text, last-seen time) this process last wrote for it (see `flush_seen`)
         self._written: LRUCache[str, tuple[str, float]] = LRUCache(identity_cache_size)
         self.seen_resolution = seen_resolution_s
-        self._shortest_window = float("inf")  # shortest liveness window of a running step (seen_resolution_s)
         # device id -> (serial, root version, key id, envelope) of the last timestamp signed for it, reused
         # for half its lifetime (see `timestamp`)
         self._timestamps: TTLCache[str, tuple[int, int, str, dict[str, Any]]] = TTLCache(
             identity_cache_size, timestamp_ttl_s / 2, timer=clock)
-        self._root: Root | None = None
-        self._root_at = 0.0
-        self._admin_hash: str | None = None
-        self._admin_at = 0.0
         self._serial = 0
 
     # ---- trust root -------------------------------------------------------------------------------
@@ -130,25 +135,17 @@ class FleetService:
         """The newest root, re-read every ROOT_TTL_S (another server process may have accepted a rotation);
         at each re-read, a root naming an assignment key this process does not sign with makes it look in
         its key folder again (see `_follow_online_key`), so a rotation needs no restart, whichever comes first
-        on a host: the new key file or the new root."""
-        now = self.clock()
-        if self._root is None or now - self._root_at >= ROOT_TTL_S:
-            try:
-                with self.engine.connect() as conn:
-                    env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
-            except sa.exc.DBAPIError:
-                if self._root is None:
-                    raise
-                # The database away (a restart): no root can be accepted meanwhile, so the one held is current.
-                self._root_at = now - ROOT_TTL_S + DB_RETRY_S
-                return self._root
-            if env is None:
-                raise FleetError("the server has no root metadata")
-            if self._root is None or int(env["signed"]["version"]) != self._root.version:
-                self._root = Root(env)
-            self._follow_online_key(self._root)
-            self._root_at = now
-        return self._root
+        on a host: the new key file or the new root. For worker threads; the event loop uses `current`."""
+        return self._root.get()
+
+    def _read_root(self, held: Root | None) -> Root:
+        with self.engine.connect() as conn:
+            env = conn.execute(sa.select(roots.c.envelope).order_by(roots.c.version.desc()).limit(1)).scalar()
+        if env is None:
+            raise FleetError("the server has no root metadata")
+        root = held if held is not None and int(env["signed"]["version"]) == held.version else Root(env)
+        self._follow_online_key(root)
+        return root
 
     def _follow_online_key(self, root: Root) -> None:
         """After `keys rotate --role assignment`, sign with the key the root names, read from the key folder;
@@ -167,11 +164,16 @@ class FleetService:
 
     def is_admin(self, token: str) -> bool:
         """The admin token, as stored in the database for every replica (server_tokens.py), re-read every
-        ROOT_TTL_S, so a token replaced through another replica stops working here too."""
-        now = self.clock()
-        if self._admin_hash is None or now - self._admin_at >= ROOT_TTL_S:
-            self._admin_hash, self._admin_at = admin_token_hash(self.engine) or "", now
-        return bool(self._admin_hash) and hmac.compare_digest(token_hash(token), self._admin_hash)
+        ROOT_TTL_S, so a token replaced through another replica stops working here too. For worker threads."""
+        return self._matches_admin(token, self._admin_hash.get())
+
+    async def is_admin_async(self, token: str) -> bool:
+        """`is_admin` for the event loop: the admin token's hash is never re-read on it (refreshed.py)."""
+        return self._matches_admin(token, await self._admin_hash.get_async())
+
+    @staticmethod
+    def _matches_admin(token: str, admin_hash: str) -> bool:
+        return bool(admin_hash) and hmac.compare_digest(token_hash(token), admin_hash)
 
     def root_document(self, version: int) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -193,7 +195,7 @@ class FleetService:
                 else:
                     current = verify_root_update(current, env)
                 conn.execute(roots.insert().values(version=current.version, envelope=env))
-        self._root = None
+        self._root.invalidate()
         return self.root().version
 
     # ---- enrolment and device identity --------------------------------------------------------------
@@ -328,8 +330,7 @@ class FleetService:
     def seen_resolution_s(self) -> float:
         """How stale a stored last-seen time may be: `seen_resolution_s`, or a quarter of the shortest liveness
         window of a running step, so no step ever counts a device that keeps checking in as gone."""
-        self._cached_releases()
-        return min(self.seen_resolution, self._shortest_window / 4)
+        return min(self.seen_resolution, self._release_table.get().shortest_window_s / 4)
 
     def flush_seen(self) -> int:
         """Write the check-ins noted since the last flush; returns how many devices it wrote. A device is written
@@ -386,22 +387,21 @@ class FleetService:
 
     # ---- what each device should run --------------------------------------------------------------
     def invalidate(self) -> None:
-        self._releases_at = 0.0
+        """A release changed (here, or NOTIFY says elsewhere): the next reader waits for the table's re-read."""
+        self._release_table.invalidate()
 
     def _cached_releases(self) -> dict[str, list[CachedRelease]]:
-        now = self.clock()
-        if now - self._releases_at < self.cache_ttl_s:
-            return self._releases
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(sa.select(releases)).all()
-        except sa.exc.DBAPIError:
-            if not self._releases_loaded:
-                raise
-            # The database away (a restart): nothing can change a release meanwhile, so up-to-date devices are
-            # still answered from what is held; look again in DB_RETRY_S.
-            self._releases_at = now - self.cache_ttl_s + DB_RETRY_S
-            return self._releases
+        """The release table, re-read every `cache_ttl_s`, for worker threads (the event loop uses `current`)."""
+        return self._release_table.get().by_task
+
+    async def current(self) -> tuple[Root, dict[str, list[CachedRelease]]]:
+        """The root and the release table for the event loop, neither ever read from the database on it
+        (refreshed.py): what `needs_update` and `timestamp` take from a request served there."""
+        return await self._root.get_async(), (await self._release_table.get_async()).by_task
+
+    def _read_releases(self, _held: ReleaseTable | None) -> ReleaseTable:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(releases)).all()
         by_task: dict[str, list[CachedRelease]] = defaultdict(list)
         shortest = float("inf")
         for r in rows:
@@ -416,14 +416,14 @@ class FleetService:
                                                  frozenset(policy.beta_devices), release_offset(r.task, r.version)))
         for cands in by_task.values():
             cands.sort(key=lambda c: (precedence(c.targeting), c.version), reverse=True)
-        self._releases, self._releases_at, self._shortest_window = dict(by_task), now, shortest
-        self._releases_loaded = True
-        return self._releases
+        return ReleaseTable(dict(by_task), shortest)
 
-    def desired(self, profile: DeviceProfile) -> dict[str, dict[str, Any]]:
-        """Per task, the release envelope this device should run (most specific targeting first)."""
+    def desired(self, profile: DeviceProfile,
+                table: dict[str, list[CachedRelease]] | None = None) -> dict[str, dict[str, Any]]:
+        """Per task, the release envelope this device should run (most specific targeting first), from `table`
+        (`current`'s, on the event loop) or the table held."""
         out: dict[str, dict[str, Any]] = {}
-        for task, cands in self._cached_releases().items():
+        for task, cands in (self._cached_releases() if table is None else table).items():
             for c in cands:
                 if not matches(c.targeting, profile):
                     continue
@@ -433,8 +433,9 @@ class FleetService:
                     break
         return out
 
-    def needs_update(self, profile: DeviceProfile) -> dict[str, dict[str, Any]]:
-        want = self.desired(profile)
+    def needs_update(self, profile: DeviceProfile,
+                     table: dict[str, list[CachedRelease]] | None = None) -> dict[str, dict[str, Any]]:
+        want = self.desired(profile, table)
         # A device never goes down a version, so one that is ahead counts as up to date; and a removal
         # concerns only devices that have the task.
         return {t: env for t, env in want.items() if int(env["signed"]["version"]) > profile.tasks.get(t, 0)
@@ -448,7 +449,7 @@ class FleetService:
             self._serial = max(self._serial + 1, time.time_ns() // 1000)
             return self._serial
 
-    def timestamp(self, device_id: str, seen_serial: int = 0) -> dict[str, Any]:
+    def timestamp(self, device_id: str, seen_serial: int = 0, root: Root | None = None) -> dict[str, Any]:
         """The signed, short-lived proof that an "up to date" answer is current (TUF's timestamp role).
 
         Signing is a third of an up-to-date answer's CPU, so one signed timestamp answers a device again
@@ -456,8 +457,9 @@ class FleetService:
         not below `seen_serial`, the highest the device says it has accepted (from any replica: an assignment
         or a timestamp signed since makes this one stale, and the device would refuse it). A device that says
         nothing (0, an agent from before the field) always gets a fresh one. The freeze-attack bound is the
-        same: a reused timestamp still expires `timestamp_ttl_s` after it was signed."""
-        root, key = self.root(), self.online_key
+        same: a reused timestamp still expires `timestamp_ttl_s` after it was signed. `root`: the current one
+        (`current`'s, on the event loop)."""
+        root, key = root or self.root(), self.online_key
         with self._lock:
             cached = self._timestamps.get(device_id)
         if (cached is not None and seen_serial > 0 and cached[0] >= seen_serial and cached[1] == root.version
