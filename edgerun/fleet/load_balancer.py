@@ -4,11 +4,13 @@
 What the balancer is for, beyond spreading requests: it reads every request's headers and body itself, with
 timeouts (`client_header_timeout`, `client_body_timeout`), before a replica sees a byte, so a client that
 sends half a request and waits (thousands of them, cheaply) ties up an nginx connection slot until the
-timeout, not a server's worker. Each device goes to one replica (a consistent hash of its token), so the
-identity and timestamp a replica caches serve that device's next check-ins; round robin made two in three
-check-ins of three replicas miss them. Push streams are passed through unbuffered with a long read timeout; a replica
-that fails is skipped for the next try (`proxy_next_upstream`), and `/metrics` answers only the monitoring
-network.
+timeout, not a server's worker. A device's own routes (`DEVICE_ROUTES`) go to one replica per device (a
+consistent hash of its token), so the identity and timestamp a replica caches serve that device's next
+check-ins; round robin made two in three check-ins of three replicas miss them. Everything else (the admin
+API, the stream's collection reads, enrolment, readiness) goes to the least busy replica: hashed too, an
+admin's requests, all carrying one token, would all land on one replica. Push streams are passed through
+unbuffered with a long read timeout; a replica that fails is skipped for the next try
+(`proxy_next_upstream`), and `/metrics` answers only the monitoring network.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from pathlib import Path
 from edgerun.fleet.errors import FleetError
 
 NGINX = "/usr/sbin/nginx"
+# nginx locations of the requests a device makes with its own token: check-ins, reports, assignments, blob
+# downloads and the stream tunnel's batches (the push stream, `/v1/devices/{id}/events`, has its own location).
+DEVICE_ROUTES = ("/v1/devices/", "/v1/blobs/", "= /v1/stream/batches")
 
 
 def nginx_config(replicas: list[str], listen: str, *, header_timeout_s: int = 10, body_timeout_s: int = 10,
                  prefix: str = "/var/lib/edgerun-nginx", metrics_from: str = "127.0.0.1",
                  max_body_mb: int = 1100) -> str:
     """The nginx.conf of a balancer listening on `listen` (host:port) in front of `replicas` (host:port each)."""
-    upstream = "\n".join(f"        server {r} max_fails=1 fail_timeout=5s;" for r in replicas)
+    servers = "\n".join(f"        server {r} max_fails=1 fail_timeout=5s;" for r in replicas)
+    device_locations = "\n".join(f"        location {route} {{ proxy_pass http://fleet_devices; }}"
+                                  for route in DEVICE_ROUTES)
     return f"""worker_processes 1;
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
@@ -47,15 +54,20 @@ http {{
     client_max_body_size {max_body_mb}m;   # admin file uploads (`fleet serve --max-blob-mb`)
     # Affinity: a device's requests all carry its token, so hashing on it sends each device to one replica,
     # whose caches then hold that device's identity and signed timestamp. A request without a token
-    # (enrolment, readiness) hashes on its own random id: any replica.
+    # (enrolment) hashes on its own random id: any replica.
     map $http_authorization $fleet_affinity {{
         ""      $request_id;
         default $http_authorization;
     }}
-    upstream fleet {{
+    upstream fleet_devices {{
         hash $fleet_affinity consistent;   # a replica's failure moves only its own devices, to the next one
-{upstream}
+{servers}
         keepalive 64;                  # shared keep-alive connections to the replicas (after `hash`)
+    }}
+    upstream fleet {{                   # the admin API and the rest: one token, spread over every replica
+        least_conn;
+{servers}
+        keepalive 16;
     }}
     server {{
         listen {listen} backlog=4096;
@@ -68,8 +80,9 @@ http {{
         location / {{
             proxy_pass http://fleet;
         }}
+{device_locations}
         location ~ ^/v1/devices/[^/]+/events$ {{
-            proxy_pass http://fleet;
+            proxy_pass http://fleet_devices;
             proxy_buffering off;       # push nudges go out as they are written
             proxy_read_timeout 1h;     # the stream carries a ping every 15 s
         }}
