@@ -32,7 +32,8 @@ from edgerun.ir.subgraphs import bodies_of, is_control_flow
 from edgerun.oracle.conv_algorithms import Work
 
 # Runs a partition: reads `inputs` (subgraph.inputs order) and writes every array in `outputs`
-# (subgraph.outputs order) in place. The arrays are the runtime's; a backend never keeps them.
+# (subgraph.outputs order) in place. The arrays are the runtime's; a backend never keeps them. It may be
+# handed other arrays on a later call (of the same shapes and dtypes).
 PartitionRun = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 # Binds one node to fixed arrays (value name -> array, constants included) and returns a call with no
 # arguments that computes the node's outputs into those arrays.
@@ -128,35 +129,40 @@ class OpCost:
 
 @dataclass
 class CompiledPartition:
-    """A subgraph a backend has made executable. Exactly what the runtime needs and nothing more."""
+    """A subgraph a backend has made executable. Exactly what the runtime needs and nothing more.
+
+    `run` is the partition's whole behaviour at call time: it reads the input arrays and writes the output
+    arrays it is handed, and anything else it needs it does itself. A `run` that computes with numpy quiets
+    floating-point warnings itself (overflow to inf, 0/0 to NaN are the kernels' business, as the oracle's
+    kernels do); the runtime enters `np.errstate` only around the node calls it binds (`bind_node`), so a
+    program made of delegates alone runs without it.
+
+    Beyond that, a partition may declare three capabilities, each general (any backend may declare it) and
+    each with one runtime path: a state it keeps in its own memory (`keep_state`: runtime/state.py), outputs
+    it writes over the input arrays they update (`overwrites_inputs`: runtime/state.py), and constants it
+    no longer reads from the host (`released_constants`: runtime/constant_release.py). The default declares
+    none of them, and a partition declaring none runs correctly everywhere.
+    """
 
     backend: str
     graph: Graph  # the subgraph it was compiled from (inputs, outputs, nodes, constants)
     run: PartitionRun
     bind_node: NodeBinder | None = None  # offered by backends whose nodes run on the runtime's arena
     info: dict[str, object] = field(default_factory=dict)  # backend-specific notes for `edgerun plan`
-    # False for a delegate whose `run` does no numpy arithmetic: a program made only of such partitions
-    # runs without entering np.errstate (about 1 us per call, a third of a tiny model's call).
-    uses_numpy_math: bool = True
-    # Offered by a backend with memory of its own: given the states this partition alone reads and updates
-    # (ResidentState handles), it returns the names of those it keeps between calls. For those, `run` neither
-    # reads the input array nor writes the update's array; the runtime pulls the value only when the host
-    # needs it (docs/runtime.md, "State a backend keeps in its own memory").
+    # State it keeps: given the states this partition alone reads and updates (ResidentState handles), it
+    # returns the names of those it keeps between calls. For those, `run` neither reads the input array nor
+    # writes the update's array; the runtime pulls the value only when the host needs it (docs/runtime.md,
+    # "State a backend keeps in its own memory").
     keep_state: Callable[[Sequence[ResidentState]], Collection[str]] | None = None
-    # True when `run` reads the input arrays and writes the output arrays it is handed on each call and
-    # keeps no reference to either between calls (a delegate that copies in and out of memory of its own).
-    # A program that is this one partition then hands it the caller's inputs and fresh output arrays
-    # instead of copying both through the arena (LoadedProgram.run).
-    takes_any_arrays: bool = False
-    # Constants of `graph` this partition never reads from the host's arrays again once compiled (the backend
-    # made its own layout of them, e.g. ONNX Runtime's prepacked weights). The runtime may drop the host's
-    # copy of those that no other partition or method reads (runtime/constant_release.py).
+    # Constants it releases: constants of `graph` it never reads from the host's arrays again once compiled
+    # (the backend made its own layout of them, e.g. ONNX Runtime's prepacked weights). The runtime may drop
+    # the host's copy of those that no other partition or method reads.
     released_constants: frozenset[str] = frozenset()
-    # Outputs this partition computes correctly when the runtime hands each one the very array of the input it
-    # names (output -> input): the partition writes only what changes into it (ONNX Runtime's
+    # Inputs it overwrites: outputs it computes correctly when the runtime hands each one the very array of
+    # the input it names (output -> input), writing only what changes into it (ONNX Runtime's
     # GroupQueryAttention appending a KV cache's new rows to past_key's buffer). An output that updates the
-    # state this input reads is then planned into the state's buffer (runtime/state.py), as the reference's
-    # update_slice is: no copy after the call.
+    # state this input reads is then planned into the state's buffer, as the reference's update_slice is:
+    # no copy after the call.
     overwrites_inputs: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -187,8 +193,10 @@ class Backend(ABC):
     # before timing the next candidate placement (edgerun.search.timing).
     busy_after_call_s: ClassVar[float] = 0.0
     # Its partitions copy their inputs into memory of its own and their outputs back on every call, even
-    # where the memory is the host's (MNN's tensors): calibration then splits a call's memory-bound time
-    # into work and those copies (its transfer rate).
+    # where the memory is the host's (MNN's tensors), and keep no reference to the arrays they are handed.
+    # Calibration then splits a call's memory-bound time into work and those copies (its transfer rate), and
+    # a program that is one such partition runs it on the caller's inputs and fresh outputs: the arena's
+    # fixed arrays would only add a copy each way (LoadedProgram.run).
     copies_at_boundary: ClassVar[bool] = False
 
     # Composite ops this backend runs whole, as one kernel, with the same kind of constraints as `supported`

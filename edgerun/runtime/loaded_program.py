@@ -64,10 +64,7 @@ class LoadedProgram(MethodAccess):
         # What chose the placement, when the load-time search did (edgerun.search.AutoPlan; shown by
         # `edgerun plan`). The runtime never reads it.
         self.search: object = None
-        by_index = {p.index: cp for p, cp in zip(parts.partitions, parts.compiled)}
-        self._executor = Executor(parts.instructions,
-                                  uses_numpy_math=any(by_index[i.partition].uses_numpy_math
-                                                      for i in parts.instructions))
+        self._executor = Executor(parts.instructions)
         self._input_views = [parts.views[n] for n in self.graph.inputs]
         self._output_views = [parts.views[n] for n in self.graph.outputs]
         # (shape, dtype) per input, for the fast path: arrays that match exactly skip bind_inputs. A string
@@ -78,7 +75,7 @@ class LoadedProgram(MethodAccess):
         self._input_slots = tuple((view, shape, dtype) for view, (shape, dtype)
                                   in zip(self._input_views, self._input_types))
         self._execute = self._executor.unprofiled()
-        self._direct = _direct_partition(parts, by_index)
+        self._direct = _direct_partition(parts)
         self._output_types = tuple((self.graph.specs[n].shape, self.graph.specs[n].dtype.np)
                                    for n in self.graph.outputs)
         self._state = parts.state
@@ -142,7 +139,7 @@ class LoadedProgram(MethodAccess):
         """Outputs as a list, in output order; `sink` receives one event per instruction."""
         if sink is None and self._state is None and (type(inputs) is list or type(inputs) is tuple) \
                 and len(inputs) == len(self._input_slots):
-            if self._direct is not None:  # one partition that takes the caller's arrays: no arena copies
+            if self._direct is not None:  # one partition that copies at its boundary: no arena copies
                 for value, (shape, dtype) in zip(inputs, self._input_types):
                     if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
                         break
@@ -205,16 +202,19 @@ class LoadedProgram(MethodAccess):
             raise EdgerunError(f"value {name!r} has no array in this loaded program") from None
 
 
-def _direct_partition(parts: LoadedParts, by_index: Mapping[int, CompiledPartition]) -> PartitionRun | None:
-    """The `run` of a program that is one partition taking any arrays (CompiledPartition.takes_any_arrays)
+def _direct_partition(parts: LoadedParts) -> PartitionRun | None:
+    """The `run` of a program that is one partition of a backend that copies at its boundary
+    (Backend.copies_at_boundary: it copies in and out of memory of its own and keeps no array it is handed)
     whose inputs are the program's (in any order) and whose outputs are the program's, in order:
     LoadedProgram.run calls it on the caller's inputs and fresh outputs. None for anything else (the arena
     path)."""
     if parts.state is not None or len(parts.instructions) != 1 or parts.instructions[0].op != "partition":
         return None
-    compiled = by_index[parts.instructions[0].partition]
+    index = parts.instructions[0].partition
+    compiled = next(cp for p, cp in zip(parts.partitions, parts.compiled) if p.index == index)
+    backend = parts.backends.get(compiled.backend)
     inputs, outputs = list(parts.graph.inputs), list(parts.graph.outputs)
-    if not compiled.takes_any_arrays or not set(compiled.graph.inputs) <= set(inputs) \
+    if backend is None or not backend.copies_at_boundary or not set(compiled.graph.inputs) <= set(inputs) \
             or list(compiled.graph.outputs) != outputs or len(set(outputs)) != len(outputs) \
             or set(outputs) & set(inputs):
         return None

@@ -281,7 +281,7 @@ class MnnBackend(Backend):
         threads = self.partition_threads(subgraph)
         with converted_file("mnn", key, lambda target: convert_model(model, external, target), ".mnn") as path:
             runner = SessionRunner(path, subgraph, threads)
-        return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False, takes_any_arrays=True,
+        return CompiledPartition(self.name, subgraph, runner.run,
                                  info={"threads": threads, "mnn_bytes": runner.model_bytes})
 
     def partition_threads(self, subgraph: Graph) -> int:

@@ -129,7 +129,7 @@ class OnnxRuntimeBackend(Backend):
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             runner.external.pop(name, None)
             release_initializer(session, name)
-        return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
+        return CompiledPartition(self.name, subgraph, runner.run,
                                  released_constants=released_constants, overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "fused_attentions": sum(int(p.value) for p in model.metadata_props

@@ -136,7 +136,7 @@ class WebGpuBackend(Backend):
         gpu = self.gpu
         runner = PartitionRunner(gpu, subgraph, fuse=self.fuse, replay=self.replay,
                                  int4_accumulate=self.int4_accumulate)
-        return CompiledPartition(self.name, subgraph, runner.run, uses_numpy_math=False,
+        return CompiledPartition(self.name, subgraph, runner.run,
                                  keep_state=runner.keep_state if self.keep_state else None,
                                  info={"dispatches": len(runner.kernels), "nodes": len(subgraph.nodes),
                                        "arena_bytes": runner.arena_bytes, "adapter": gpu.description,
