@@ -12,7 +12,7 @@ pytest.importorskip("onnxruntime")
 from backends_testkit import assert_matches_reference, one_node_graph, run_on
 
 from edgerun.backends.onnxruntime import OnnxRuntimeBackend
-from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, SUPPORTED
+from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, SUPPORTED, TRANSLATORS
 
 ORT = OnnxRuntimeBackend(threads=1)
 RNG = np.random.default_rng(0)
@@ -268,9 +268,25 @@ def test_cache_attention_is_one_group_query_attention_matching_its_decomposition
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_the_backend_declares_the_decoder_ops_without_changing_other_tables() -> None:
+    """The decoder's ops reach the backend through the tables it joins (OnnxRuntimeBackend.composites, the
+    emitter's TRANSLATORS_ALL), not by importing onnx_llm_ops writing into onnx_ops' tables; what compile
+    declares (the inputs GroupQueryAttention appends to) comes back from the emitter, not from ONNX metadata."""
+    from edgerun.backends.onnxruntime import emit_partition
+    from edgerun.backends.onnxruntime.onnx_control_flow import TRANSLATORS_ALL
+    from edgerun.backends.onnxruntime.onnx_llm_ops import LLM_COMPOSITES, LLM_TRANSLATORS
+
+    assert not set(LLM_TRANSLATORS) & set(TRANSLATORS) and not set(LLM_COMPOSITES) & set(COMPOSITES)
+    assert set(LLM_COMPOSITES) <= set(ORT.composites) and set(LLM_TRANSLATORS) <= set(TRANSLATORS_ALL)
+    graph = one_node_graph("rms_norm", [f32(2, 16), f32(16)], constant=[False, True], normalized_ndim=1)
+    emitted = emit_partition(graph)
+    assert [n.op_type for n in emitted.model.graph.node] == ["SimplifiedLayerNormalization"]
+    assert emitted.overwrites == {} and emitted.fused_attentions == 0 and not emitted.model.metadata_props
+
+
 def test_every_claimed_composite_has_a_case() -> None:
     # cache_attention has several outputs and state, so its case is the test above rather than a table row.
-    assert set(COMPOSITES) - {c[1] for c in COMPOSITE_CASES} == {"cache_attention"}
+    assert set(ORT.composites) - {c[1] for c in COMPOSITE_CASES} == {"cache_attention"}
 
 
 def test_layer_norm_with_broadcast_weights_is_not_claimed() -> None:

@@ -21,6 +21,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,7 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
-from edgerun.backends.onnxruntime.onnx_llm_ops import (  # + the rms_norm and cache_attention kernels
-    FUSED_ATTENTIONS_KEY,
-    OVERWRITES_KEY,
-    lower_unfused_attention,
-)
+from edgerun.backends.onnxruntime.onnx_llm_ops import LLM_COMPOSITES, lower_unfused_attention
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
     EXTERNAL_CONSTANT_BYTES,
@@ -71,7 +68,9 @@ class OnnxRuntimeBackend(Backend):
     extra = "onnxruntime"
     library = "onnxruntime"
     supported = {**SUPPORTED, **QUANT_SUPPORTED, "raster": OpSupport(dtypes=frozenset(ONNX_DTYPE))}
-    composites = COMPOSITES  # Relu, Clip, Gelu, Softmax, LayerNormalization, RMSNorm: one ORT kernel each
+    # Relu, Clip, Gelu, Softmax, LayerNormalization (onnx_ops); RMSNorm, GroupQueryAttention (onnx_llm_ops):
+    # one ORT kernel each.
+    composites = {**COMPOSITES, **LLM_COMPOSITES}
     control_flow = CONTROL_FLOW  # If, Loop, Scan, bodies emitted like any partition (onnx_control_flow.py)
     # Until calibration measures this machine (edgerun.search), figures typical of ORT's MLAS on 2 cores.
     # Integer: MLAS's u8s8 kernels (QLinearConv, MatMulInteger) pair products in 16 bits, about twice the float rate.
@@ -107,7 +106,8 @@ class OnnxRuntimeBackend(Backend):
             if node.op not in self.supported and node.op not in self.composites and node.op not in self.control_flow:
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="not supported by the onnxruntime backend")
-        model, external = build_model(subgraph)
+        emitted = emit_partition(subgraph)
+        model, external, overwrites = emitted.model, emitted.external, emitted.overwrites
         in_place = read_in_place(model, external)  # bound to the program's arrays at run time, not prepacked
         for name in in_place:
             del external[name]
@@ -118,8 +118,6 @@ class OnnxRuntimeBackend(Backend):
         pooled = work >= SMALL_PARTITION_FLOPS or (
             self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
         threads = self.threads if pooled else 1
-        overwrites = {p.key[len(OVERWRITES_KEY):]: p.value for p in model.metadata_props
-                      if p.key.startswith(OVERWRITES_KEY)}
         runner, shared_by = self._session_for(model, subgraph, external, in_place, overwrites,
                                               (threads, self.spin))
         session = runner.session
@@ -132,8 +130,7 @@ class OnnxRuntimeBackend(Backend):
         return CompiledPartition(self.name, subgraph, runner.run,
                                  released_constants=released_constants, overwrites_inputs=overwrites,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
-                                       "fused_attentions": sum(int(p.value) for p in model.metadata_props
-                                                               if p.key == FUSED_ATTENTIONS_KEY),
+                                       "fused_attentions": emitted.fused_attentions,
                                        "constants_read_in_place": len(in_place),
                                        "session_shared_by": shared_by,
                                        "gathered_rasters": sum(1 for n in model.graph.node
@@ -206,8 +203,24 @@ def create_backend(threads: int | None = None, spin: bool | None = None) -> Onnx
     return OnnxRuntimeBackend(threads, spin)
 
 
+@dataclass
+class EmittedPartition:
+    """A partition as ONNX, with what the emitters found that compile declares or reports."""
+
+    model: Any  # onnx.ModelProto
+    external: dict[str, np.ndarray]  # constants passed as external OrtValues (name -> array)
+    overwrites: dict[str, str]  # output -> the input whose buffer a kernel updates in place (overwrites_inputs)
+    fused_attentions: int  # cache_attention nodes emitted as GroupQueryAttention
+
+
 def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     """An ONNX ModelProto for `subgraph`, and the constants to pass as external OrtValues (name -> array)."""
+    emitted = emit_partition(subgraph)
+    return emitted.model, emitted.external
+
+
+def emit_partition(subgraph: Graph) -> EmittedPartition:
+    """`subgraph` as ONNX (build_model), with the inputs its kernels overwrite and the attentions fused."""
     b = OnnxBuilder(lower_unfused_attention(subgraph))
     subgraph = b.graph  # the unfused attentions' pieces and constants included
     for node in subgraph.nodes:
@@ -243,13 +256,9 @@ def build_model(subgraph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     model.ir_version = 9
     drop_noop_reshapes(model)
     fold_expand_reshapes(model)
-    notes = {FUSED_ATTENTIONS_KEY: str(sum(n.op == "cache_attention" for n in b.graph.nodes)),  # compile reports
-             **{OVERWRITES_KEY + out: read for out, read in b.overwrites.items()}}  # and declares these
-    for key, note in notes.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, note
     kept = {t.name for t in model.graph.initializer}  # tidying may leave a constant unused
-    return model, {k: v for k, v in external.items() if k in kept}
+    return EmittedPartition(model, {k: v for k, v in external.items() if k in kept}, dict(b.overwrites),
+                            sum(n.op == "cache_attention" for n in b.graph.nodes))
 
 
 PLACEHOLDER_FILE = "edgerun-weights"

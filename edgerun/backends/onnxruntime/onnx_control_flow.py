@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import OpSupport
-from edgerun.backends.onnxruntime.onnx_ops import ONNX_DTYPE, TRANSLATORS, OnnxBuilder
+from edgerun.backends.onnxruntime.onnx_llm_ops import LLM_TRANSLATORS
+from edgerun.backends.onnxruntime.onnx_ops import ONNX_DTYPE, TRANSLATORS, OnnxBuilder, Translator
 from edgerun.backends.onnxruntime.onnx_quant_ops import QUANT_TRANSLATORS
 from edgerun.backends.onnxruntime.onnx_raster import emit_raster
 from edgerun.ir.graph import Graph, Node
@@ -24,6 +25,9 @@ from edgerun.ir.subgraphs import bodies_of, has_every_body
 # A cond with a left-out branch (ir/ops/control_flow_ops.py) stays on the reference, whose error names it.
 CONTROL_FLOW = {"cond": OpSupport(check=lambda node, graph: has_every_body(node)), "while_loop": OpSupport(),
                 "scan": OpSupport()}
+# Every translator the backend emits with, each module's table joined here, once: the atomic ops and the
+# composites ORT keeps whole (onnx_ops), the integer ops (onnx_quant_ops), the decoder's ops (onnx_llm_ops).
+TRANSLATORS_ALL: dict[str, Translator] = {**TRANSLATORS, **QUANT_TRANSLATORS, **LLM_TRANSLATORS}
 
 
 class _BodyBuilder(OnnxBuilder):
@@ -44,7 +48,7 @@ def emit_node(b: OnnxBuilder, node: Node) -> None:
     elif node.op in CONTROL_FLOW:
         emit_control_flow(b, node)
     else:
-        (TRANSLATORS.get(node.op) or QUANT_TRANSLATORS[node.op])(b, node)
+        TRANSLATORS_ALL[node.op](b, node)
 
 
 def emit_control_flow(b: OnnxBuilder, node: Node) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.backends.base import OpSupport
-from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, TRANSLATORS, OnnxBuilder
+from edgerun.backends.onnxruntime.onnx_ops import COMPOSITES, OnnxBuilder, Translator
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 
@@ -41,10 +41,6 @@ def _rms_norm(b: OnnxBuilder, node: Node) -> None:
         b.const(np.ones(shape[len(shape) - n:], np.float32), "rms_scale")
     b.node("SimplifiedLayerNormalization", [x, weight], list(node.outputs), axis=len(shape) - n,
            epsilon=float(node.attrs.get("eps", 1e-6)))
-
-
-TRANSLATORS["rms_norm"] = _rms_norm
-COMPOSITES["rms_norm"] = OpSupport(dtypes=frozenset({DType.float32}), check=_rms_norm_fits)
 
 
 # ---- a cache write at a run-time position -----------------------------------------------------------------
@@ -70,13 +66,8 @@ def _clamped_start(b: OnnxBuilder, start: str, highest: int) -> str:
     return b.node("Min", [b.node("Max", [flat, b.ints([0], "zero")]), b.ints([highest], "highest")])
 
 
-TRANSLATORS["update_slice"] = _update_slice
-
-
 # ---- a layer's attention and cache writes as GroupQueryAttention ------------------------------------------
 
-FUSED_ATTENTIONS_KEY = "edgerun.fused_attentions"
-OVERWRITES_KEY = "edgerun.overwrites:"  # + output name -> the input whose buffer GroupQueryAttention appends to
 GQA_HEAD_MULTIPLE = 16  # ORT's GroupQueryAttention with rotary needs head_dim % 16 == 0
 
 
@@ -85,7 +76,7 @@ def lower_unfused_attention(graph: Graph) -> Graph:
     decomposition (every other composite of the partition kept for its ORT kernel)."""
     from edgerun.ir.decompose import decomposed
 
-    return decomposed(graph, lambda node, g: node.op in COMPOSITES and (
+    return decomposed(graph, lambda node, g: (node.op in COMPOSITES or node.op in LLM_COMPOSITES) and (
         node.op != "cache_attention" or _rope_tables(node, g) is not None))
 
 
@@ -147,10 +138,6 @@ def _cache_attention(b: OnnxBuilder, node: Node) -> None:
     b.overwrites[node.outputs[1]], b.overwrites[node.outputs[2]] = k_cache, v_cache
 
 
-TRANSLATORS["cache_attention"] = _cache_attention
-COMPOSITES["cache_attention"] = OpSupport(dtypes=frozenset({DType.float32, DType.int32, DType.int64}))
-
-
 def _once(b: OnnxBuilder, key: str, make: Any) -> Any:
     """What `make` returns, made once per ONNX graph (the lengths and tables every layer reads)."""
     if key not in b.shared:
@@ -198,3 +185,14 @@ def _column_slice(graph: Graph, producers: dict[str, Node], value: str) -> tuple
     KERNELS["raster"]([index], node.attrs, [out])
     first = int(out[0, 0]) if out.size else 0
     return (source, first) if np.array_equal(out, index[:, first:first + width]) else None
+
+
+# ---- what this module declares to the backend ----------------------------------------------------------------
+
+# The decoder's ops: their translators, and the composites among them ORT runs as one kernel. The backend
+# joins these tables with onnx_ops' and onnx_quant_ops' (OnnxRuntimeBackend.composites, onnx_control_flow's
+# TRANSLATORS_ALL); importing this module changes no other module's table.
+LLM_TRANSLATORS: dict[str, Translator] = {"rms_norm": _rms_norm, "update_slice": _update_slice,
+                                          "cache_attention": _cache_attention}
+LLM_COMPOSITES = {"rms_norm": OpSupport(dtypes=frozenset({DType.float32}), check=_rms_norm_fits),
+                  "cache_attention": OpSupport(dtypes=frozenset({DType.float32, DType.int32, DType.int64}))}
