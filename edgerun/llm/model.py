@@ -6,7 +6,9 @@
 
 The program (`build_program`) has two methods, `prefill` (a chunk of tokens) and `decode` (one token), sharing
 the weights and the KV cache, which is program state. GGUF Q4_0/Q4_1/Q8_0 weights run packed (matmul_int4);
-`dequantize=True` runs float32 weights instead.
+`dequantize=True` runs float32 weights instead. Loaded with `slots=B` it also has `decode_batch` (one token
+for each of B sequences in one call, each in its own cache slot) and `commit_slot` (the prefilled cache into
+a slot): slot_batch.py runs them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from edgerun.llm.architecture import Architecture
 from edgerun.llm.chat_template import render_chat
 from edgerun.llm.checkpoint import Checkpoint, load_checkpoint
 from edgerun.llm.generation import GenerationResult, TextCallback, run_generation
-from edgerun.llm.program_builder import PROJECTIONS, Weight, cache_specs, step_graph
+from edgerun.llm.program_builder import (
+    PROJECTIONS,
+    Weight,
+    batched_decode_graph,
+    cache_specs,
+    slot_cache_names,
+    slot_commit_graph,
+    step_graph,
+)
 from edgerun.llm.quant_blocks import PackedWeight
 from edgerun.llm.sampling import SamplingParams
 from edgerun.llm.step_runner import StepRunner
@@ -37,6 +47,7 @@ from edgerun.runtime.constant_release import release_constants
 
 DEFAULT_CONTEXT = 2048  # cache positions (the KV-cache state has this many)
 DEFAULT_CHUNK = 64  # the prefill method's static length
+MAX_SLOTS = 64  # sequences a batched decode may run at once
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,13 @@ class LanguageModel:
     @property
     def name(self) -> str:
         return self.info.name
+
+    @property
+    def slots(self) -> int:
+        """Sequences the batched decode runs in one call (`load(..., slots=B)`); 1: no batched decode."""
+        names = slot_cache_names(self.config)[:1]
+        state = self.program.program.state if self.program.program is not None else {}
+        return int(state[names[0]].shape[0]) if names and names[0] in state else 1
 
     @property
     def eos_token_id(self) -> int | None:
@@ -172,21 +190,26 @@ class LanguageModel:
 
 def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, context: int | None = None,
          chunk: int = DEFAULT_CHUNK, backends: Sequence[str] | str | None = None,
-         int8_decode: bool = True, int8_prefill: bool = True) -> LanguageModel:
+         int8_decode: bool = True, int8_prefill: bool = True, slots: int = 1) -> LanguageModel:
     """Load a GGUF file, a Hugging Face model folder, or a program file written by `edgerun llm export`.
 
     Packed GGUF weights (Q4_0, Q4_1, Q8_0) run packed unless `dequantize`; `int8_decode` and `int8_prefill`
     (see build_program) apply to them. An exported file runs as it was exported (its context, chunk and
-    weights). `backends="auto"` lets the search place each method.
+    weights). `backends="auto"` lets the search place each method. `slots` > 1 adds the batched decode over
+    that many sequences (build_program).
     """
     path = os.fspath(path_or_gguf)
     from edgerun.llm.program_file import is_program_file, load_program_file
 
+    if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= MAX_SLOTS:
+        raise EdgerunError(f"slots must be an integer from 1 to {MAX_SLOTS}, got {slots!r}")
     if is_program_file(path):
+        if slots > 1:
+            raise EdgerunError("a program file runs as it was exported: load the GGUF or model folder for slots > 1")
         return load_program_file(path, backends=backends, dequantize=dequantize, context=context)
     checkpoint = load_checkpoint(path)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
-    program = build_program(checkpoint, info, dequantize, int8_decode, int8_prefill)
+    program = build_program(checkpoint, info, dequantize, int8_decode, int8_prefill, slots)
     del checkpoint  # freed before the program loads: ONNX Runtime's sessions then reuse its memory
     return LanguageModel(info, tokenizer, load_program(program, backends))
 
@@ -243,7 +266,7 @@ def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer | None:
 
 
 def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = False,
-                  int8_decode: bool = True, int8_prefill: bool = True) -> Program:
+                  int8_decode: bool = True, int8_prefill: bool = True, slots: int = 1) -> Program:
     """The model as one program: methods `prefill` (the default) and `decode`, one set of weight arrays
     (stored once in a file: the methods share constants by name) and the KV cache as zero-initialised
     states (their identical zero segments are stored once too).
@@ -255,6 +278,9 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     copy of the weights (backends/onnxruntime/onnx_shape_variants.py: SmolLM2's peak RSS 479 -> 405 MB,
     and prefill no slower: 616-624 against 530-536 tokens/s, docs/llm.md); with float inputs prefill needs
     a session of its own.
+
+    `slots` > 1: also `decode_batch` (one token for each of `slots` sequences, the decode method's weights and
+    int8 setting) and `commit_slot`, with the slot caches as more state (program_builder.py).
     """
     weights: dict[str, Weight] = {}
     for n, w in checkpoint.weights.items():
@@ -276,8 +302,14 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     # Initial values as read-only zeros in one element's memory: the runtime's state buffers are the cache
     # (StateStore copies these into them), so a resident zero cache of the program's own would be a second
     # copy (22 MB at context 512).
+    specs = cache_specs(info.config, info.context, "heads")
+    if slots > 1:
+        methods["decode_batch"] = batched_decode_graph(info.config, weights, slots=slots, context=info.context,
+                                                       int8_activations=int8_decode, shared=shared)
+        methods["commit_slot"] = slot_commit_graph(info.config, slots=slots, context=info.context)
+        specs |= cache_specs(info.config, info.context, slots=slots)
     zero = np.zeros((), np.float32)
-    state = {name: np.broadcast_to(zero, spec.shape) for name, spec in cache_specs(info.config, info.context, "heads").items()}
+    state = {name: np.broadcast_to(zero, spec.shape) for name, spec in specs.items()}
     return Program.from_methods(methods, default_method="prefill", state=state,
                                 metadata={**default_metadata(), "name": info.name, "source_digest": info.digest})
 

@@ -26,6 +26,13 @@ Outputs: logits float32[vocab] (or [T, vocab] with all_logits)
 
 Cache slots at positions >= start are masked out (they must hold finite values: 0 * NaN is NaN).
 GGUF-packed weights stay packed (see `packed_linear`).
+
+A batched decode (`slots` = B > 1, `batched_decode_graph`): B sequences, one token each, in one call. Its cache
+is B slots, per layer the states `k_slots_{i}`, `v_slots_{i}` float32[B, kv_heads, C, head_dim] ("heads"),
+each slot one sequence's rows; tokens int64[B], start int64[B] (each sequence's own position; every layer's
+cache_attention takes them as per-sequence lengths), logits float32[B, vocab]. The projections and the MLP
+run on the B rows as one matrix. A sequence's prompt runs through `prefill` into the single-sequence cache,
+and `slot_commit_graph` copies that cache into a slot.
 """
 
 from __future__ import annotations
@@ -52,9 +59,17 @@ def cache_names(config: Architecture) -> list[str]:
     return [f"{kind}_cache_{i}" for i in range(config.layers) for kind in ("k", "v")]
 
 
-def cache_specs(config: Architecture, context: int, layout: CacheLayout = "keys_transposed",
+def slot_cache_names(config: Architecture) -> list[str]:
+    """The batched decode's cache states, layer by layer: k_slots_0, v_slots_0, k_slots_1, ..."""
+    return [f"{kind}_slots_{i}" for i in range(config.layers) for kind in ("k", "v")]
+
+
+def cache_specs(config: Architecture, context: int, layout: CacheLayout = "keys_transposed", slots: int = 0,
                 ) -> dict[str, TensorSpec]:
+    """The cache states' specs: the single-sequence cache, or with `slots` the batched decode's ("heads")."""
     kv, hd = config.kv_heads, config.head_dim
+    if slots:
+        return {name: TensorSpec((slots, kv, context, hd), DType.float32) for name in slot_cache_names(config)}
     if layout == "heads":
         return {name: TensorSpec((1, kv, context, hd), DType.float32) for name in cache_names(config)}
     return {name: TensorSpec((kv, hd, context) if name.startswith("k") else (kv, context, hd), DType.float32)
@@ -94,9 +109,10 @@ def rope_tables(config: Architecture, context: int, base: float | None = None) -
 class _StepBuilder:
     def __init__(self, config: Architecture, weights: Mapping[str, Weight], chunk: int, context: int,
                  all_logits: bool, int8_activations: bool, shared: dict[str, list[Int4Operands]],
-                 layout: CacheLayout) -> None:
-        self.shared, self.layout = shared, layout
-        self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits
+                 layout: CacheLayout, slots: int = 0) -> None:
+        self.shared, self.layout, self.slots = shared, layout, slots
+        self.c, self.w, self.T, self.C, self.all_logits = config, weights, chunk, context, all_logits or slots > 0
+        self.n = chunk * max(slots, 1)  # rows: every sequence's tokens
         self.int4_attrs = {"activations": "int8"} if int8_activations else {}
         self.g = Graph()
         self.b = Builder(self.g)
@@ -212,13 +228,13 @@ class _StepBuilder:
 
         (high_even, high_odd), (low_even, low_odd) = nibbles(high, "embed.high.codes"), nibbles(low, "embed.low.codes")
         sixteen = b.scalar(16.0, high_even)
-        pairs = [b.emit("reshape", [b.binary("add", b.binary("mul", h, sixteen), lo)], shape=[self.T, groups, GROUP // 2, 1])
+        pairs = [b.emit("reshape", [b.binary("add", b.binary("mul", h, sixteen), lo)], shape=[self.n, groups, GROUP // 2, 1])
                  for h, lo in ((high_even, low_even), (high_odd, low_odd))]
-        codes = b.binary("sub", b.emit("reshape", [b.emit("concat", pairs, axis=3)], shape=[self.T, groups, GROUP]),
+        codes = b.binary("sub", b.emit("reshape", [b.emit("concat", pairs, axis=3)], shape=[self.n, groups, GROUP]),
                          b.scalar(128.0, high_even))
         scales = b.emit("reshape", [b.emit("gather", [self.constant(low.scales, "embed.low.scales"), tokens], axis=0)],
-                        shape=[self.T, groups, 1])
-        return b.emit("reshape", [b.binary("mul", codes, scales)], shape=[self.T, w.shape[1]])
+                        shape=[self.n, groups, 1])
+        return b.emit("reshape", [b.binary("mul", codes, scales)], shape=[self.n, w.shape[1]])
 
     def rms_norm(self, x: str, name: str) -> str:
         return self.b.emit("rms_norm", [x, self.const(name)], eps=self.c.eps)
@@ -230,7 +246,8 @@ class _StepBuilder:
         b, c, prefix = self.b, self.c, f"layers.{i}."
         q, k, v = self.projections(h, [prefix + "q", prefix + "k", prefix + "v"])
         q, k = self.qk_norm(q, c.heads, prefix + "q_norm"), self.qk_norm(k, c.kv_heads, prefix + "k_norm")
-        k_name, v_name = f"k_cache_{i}", f"v_cache_{i}"
+        kind = "slots" if self.slots else "cache"
+        k_name, v_name = f"k_{kind}_{i}", f"v_{kind}_{i}"
         attrs: dict[str, object] = {"head_dim": c.head_dim, "layout": self.layout, "scale": float(np.float32(c.scale))}
         if c.is_sliding(i):
             attrs["window"] = c.sliding_window
@@ -246,8 +263,8 @@ class _StepBuilder:
         if not self.c.qk_norm:
             return x
         b, hd = self.b, self.c.head_dim
-        per_head = b.emit("reshape", [x], shape=[self.T, heads, hd])
-        return b.emit("reshape", [self.rms_norm(per_head, name)], shape=[self.T, heads * hd])
+        per_head = b.emit("reshape", [x], shape=[self.n, heads, hd])
+        return b.emit("reshape", [self.rms_norm(per_head, name)], shape=[self.n, heads * hd])
 
     def softcap(self, x: str, cap: float) -> str:
         """cap * tanh(x / cap) (gemma2's logits); x itself without a cap."""
@@ -258,7 +275,7 @@ class _StepBuilder:
 
     def cache_read(self, name: str) -> str:
         """Layer cache `name`: a program state, read as a view of the state's buffer."""
-        self.g.specs[name] = cache_specs(self.c, self.C, self.layout)[name]
+        self.g.specs[name] = cache_specs(self.c, self.C, self.layout, self.slots)[name]
         self.g.state_inputs.append(name)
         return name
 
@@ -269,16 +286,16 @@ class _StepBuilder:
         return self.linear(b.binary("mul", act, up), prefix + "down")
 
     def build(self) -> Graph:
-        b, g, c, T, C = self.b, self.g, self.c, self.T, self.C
-        tokens = g.add_input("tokens", TensorSpec((T,), DType.int64))
-        self.start = g.add_input("start", TensorSpec((1,), DType.int64))
-        last = g.add_input("last", TensorSpec((1,), DType.int64))
+        b, g, c, C = self.b, self.g, self.c, self.C
+        tokens = g.add_input("tokens", TensorSpec((self.n,), DType.int64))
+        self.start = g.add_input("start", TensorSpec((max(self.slots, 1),), DType.int64))
+        last = "" if self.slots else g.add_input("last", TensorSpec((1,), DType.int64))
         tables: dict[float, tuple[str, str]] = {}
         for base in dict.fromkeys(c.rope_base(i) for i in range(c.layers)):  # gemma3's sliding layers: their own
             cos_table, sin_table = rope_tables(c, C, base)  # [C, rotary_dim]: the rows of positions 0 .. C - 1
             tables[base] = (g.add_constant(cos_table, name=f"rope_cos_{len(tables)}"),
                             g.add_constant(sin_table, name=f"rope_sin_{len(tables)}"))
-        x = self.embed(tokens)  # [T, dim]
+        x = self.embed(tokens)  # [rows, dim]
         if c.embed_scale:
             x = b.binary("mul", x, b.scalar(float(np.float32(np.sqrt(c.dim))), x))
         for i in range(c.layers):
@@ -322,6 +339,35 @@ def step_graph(config: Architecture, weights: Mapping[str, Weight], *, chunk: in
                          {} if shared is None else shared, layout).build()
     _rename_outputs(graph, ["logits"])
     return graph
+
+
+def batched_decode_graph(config: Architecture, weights: Mapping[str, Weight], *, slots: int, context: int,
+                         int8_activations: bool = False, shared: dict[str, list[Int4Operands]] | None = None,
+                         ) -> Graph:
+    """One decode step of `slots` sequences (module doc): tokens [slots], start [slots] -> logits [slots, vocab],
+    each sequence against its own slot of the `k_slots_{i}`/`v_slots_{i}` caches."""
+    if slots < 2:
+        raise ValueError(f"a batched decode needs at least 2 slots, got {slots}")
+    graph = _StepBuilder(config, weights, 1, context, True, int8_activations, {} if shared is None else shared,
+                         "heads", slots).build()
+    _rename_outputs(graph, ["logits"])
+    return graph
+
+
+def slot_commit_graph(config: Architecture, *, slots: int, context: int) -> Graph:
+    """slot int64[1] -> slot: the single-sequence cache ("heads") copied whole into slot `slot` of the batched
+    decode's caches (a prompt prefilled there joins the batch). update_slice on the slot axis: written in place."""
+    g = Graph()
+    slot = g.add_input("slot", TensorSpec((1,), DType.int64))
+    b = Builder(g)
+    single, batched = cache_specs(config, context, "heads"), cache_specs(config, context, slots=slots)
+    for source, target in zip(single, batched):
+        g.specs[source], g.specs[target] = single[source], batched[target]
+        g.state_inputs += [source, target]
+        g.state_updates[target] = b.emit("update_slice", [target, source, slot], axis=0)
+    g.outputs = [b.emit("reshape", [slot], shape=[1])]
+    _rename_outputs(g, ["slot"])
+    return g
 
 
 def _rename_outputs(graph: Graph, names: list[str]) -> None:

@@ -284,6 +284,42 @@ def test_the_backend_declares_the_decoder_ops_without_changing_other_tables() ->
     assert emitted.overwrites == {} and emitted.fused_attentions == 0 and not emitted.model.metadata_props
 
 
+@pytest.mark.parametrize(("steps", "window"), [(1, 0), (2, 4)])
+def test_cache_attention_over_sequences_is_one_group_query_attention(steps: int, window: int) -> None:
+    """Several sequences at their own starts, one row each (a batched decode): one GroupQueryAttention over
+    the batch with per-sequence seqlens_k; two rows each, which ORT's kernel refuses after a past: the
+    decomposition. Both equal the reference's decomposition (outputs and caches)."""
+    from edgerun.backends.onnxruntime import build_model
+    from edgerun.ir.builder import Builder
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+    from edgerun.oracle import interpret
+
+    starts, context, heads, kv_heads, head_dim = np.array([0, 7, 3, 10 - steps]), 10, 4, 2, 16
+    batch = len(starts)
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((batch * steps, n * head_dim)).astype(np.float32)
+               for n in (heads, kv_heads, kv_heads))
+    k_cache, v_cache = rng.standard_normal((2, batch, kv_heads, context, head_dim)).astype(np.float32)
+    angles = np.arange(context, dtype=np.float32)[:, None] * rng.uniform(0.1, 1, head_dim // 2).astype(np.float32)
+    cos, sin = (np.concatenate([f(angles)] * 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
+    g = Graph()
+    names = [g.add_input(n, TensorSpec(a.shape, "float32")) for n, a in
+             (("q", q), ("k", k), ("v", v), ("kc", k_cache), ("vc", v_cache))]
+    start = g.add_input("start", TensorSpec((batch,), "int64"))
+    tables = [g.add_constant(cos, name="cos"), g.add_constant(sin, name="sin")]
+    g.outputs = Builder(g).emit_multi("cache_attention", [*names, start, *tables], head_dim=head_dim,
+                                      layout="heads", scale=head_dim ** -0.5, window=window)
+    assert ORT.keeps_whole(g.nodes[0], g)
+    model, _ = build_model(g)
+    assert [n.op_type for n in model.graph.node].count("GroupQueryAttention") == (steps == 1)
+    feeds = [q, k, v, k_cache, v_cache, starts]
+    want = interpret(g, [a.copy() for a in feeds])
+    got = run_on(ORT, g, [a.copy() for a in feeds])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_every_claimed_composite_has_a_case() -> None:
     # cache_attention has several outputs and state, so its case is the test above rather than a table row.
     assert set(ORT.composites) - {c[1] for c in COMPOSITE_CASES} == {"cache_attention"}

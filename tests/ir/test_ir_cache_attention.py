@@ -79,3 +79,47 @@ def test_cache_attention_refuses_a_cache_of_the_other_layout() -> None:
     ins.append(g.add_input("start", TensorSpec((1,), "int64")))
     with pytest.raises(ValueError, match=r"heads caches must be \(1, 2, 10, 8\)"):
         Builder(g).emit_multi("cache_attention", ins, head_dim=HD, layout="heads")
+
+
+@pytest.mark.parametrize(("rows", "window", "softcap"), [(1, 0, 0.0), (2, 3, 2.0)])
+def test_sequences_in_one_call_equal_each_alone(rows: int, window: int, softcap: float) -> None:
+    """Caches of B sequences, each at its own start (one past its end: the 9th at the last cell, clamped as
+    update_slice clamps): each sequence's output and cache rows equal the single-sequence op on its own cache
+    (the op above, checked against torch), bit for bit."""
+    rng = np.random.default_rng(1)
+    starts = np.array([0, 5, 2, C - rows, C])
+    batch = len(starts)
+    q, k, v = (rng.standard_normal((batch * rows, n * HD)).astype(np.float32) for n in (HEADS, KV, KV))
+    k_cache, v_cache = rng.standard_normal((2, batch, KV, C, HD)).astype(np.float32)
+    angles = np.arange(C, dtype=np.float32)[:, None] * rng.uniform(0.1, 1, RD // 2).astype(np.float32)
+    cos, sin = (np.concatenate([f(angles)] * 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
+    attrs = {"head_dim": HD, "layout": "heads", "scale": 0.3, "window": window, "softcap": softcap}
+
+    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray, s: np.ndarray,
+            ) -> list[np.ndarray]:
+        g = Graph()
+        names = [g.add_input(n, TensorSpec(a.shape, "float32")) for n, a in
+                 (("q", q), ("k", k), ("v", v), ("kc", kc), ("vc", vc))]
+        tables = [g.add_constant(cos, name="cos"), g.add_constant(sin, name="sin")]
+        g.outputs = Builder(g).emit_multi("cache_attention", [*names, g.add_input("start", TensorSpec(s.shape, "int64")),
+                                                              *tables], **attrs)
+        return list(interpret(g, [q, k, v, kc.copy(), vc.copy(), s]))
+
+    out, k_out, v_out = run(q, k, v, k_cache, v_cache, starts)
+    for i, s in enumerate(starts):
+        part = slice(i * rows, (i + 1) * rows)
+        alone = run(q[part], k[part], v[part], k_cache[i:i + 1], v_cache[i:i + 1], np.array([s]))
+        if s + rows <= C:  # (the clamped sequence's rotary positions differ from its written cells, as alone)
+            np.testing.assert_array_equal(out[part], alone[0])
+        np.testing.assert_array_equal(k_out[i:i + 1], alone[1])
+        np.testing.assert_array_equal(v_out[i:i + 1], alone[2])
+
+
+def test_sequences_need_one_start_each() -> None:
+    g = Graph()
+    ins = [g.add_input(n, TensorSpec(s, "float32")) for n, s in
+           (("q", (4, HEADS * HD)), ("k", (4, KV * HD)), ("v", (4, KV * HD)), ("kc", (4, KV, C, HD)),
+            ("vc", (4, KV, C, HD)))]
+    ins.append(g.add_input("start", TensorSpec((1,), "int64")))
+    with pytest.raises(ValueError, match="start must be 4 int32 or int64 value"):
+        Builder(g).emit_multi("cache_attention", ins, head_dim=HD, layout="heads")

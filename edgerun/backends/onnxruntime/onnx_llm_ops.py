@@ -9,7 +9,8 @@ activations; ORT's skip-norm fusion looks for 3-D ones.) Claimed only with a wei
 (ORT's `scale` input is required and not broadcast); otherwise the IR's decomposition runs.
 
 cache_attention -> com.microsoft GroupQueryAttention: a layer's attention and both cache writes as one
-kernel appending the new rows in place (docs/llm.md), where GroupQueryAttention computes the op exactly;
+kernel appending the new rows in place (docs/llm.md), where GroupQueryAttention computes the op exactly
+(several sequences: its batch, each sequence's length in seqlens_k);
 any other cache_attention is emitted as its decomposition (`lower_unfused_attention`), its cache writes
 (update_slice) as Concat of slices, copies the runtime writes back.
 """
@@ -60,9 +61,9 @@ def _update_slice(b: OnnxBuilder, node: Node) -> None:
     b.node("Concat", [before, rows, after], list(node.outputs), axis=axis)
 
 
-def _clamped_start(b: OnnxBuilder, start: str, highest: int) -> str:
-    """`start` (int32/int64, one element) as an int64 [1] clamped to [0, highest]."""
-    flat = b.node("Cast", [b.node("Reshape", [start, b.ints([1], "one_shape")])], to=7)
+def _clamped_start(b: OnnxBuilder, start: str, highest: int, count: int = 1) -> str:
+    """`start` (int32/int64, `count` elements) as an int64 [count] clamped to [0, highest]."""
+    flat = b.node("Cast", [b.node("Reshape", [start, b.ints([count], "starts_shape")])], to=7)
     return b.node("Min", [b.node("Max", [flat, b.ints([0], "zero")]), b.ints([highest], "highest")])
 
 
@@ -83,12 +84,15 @@ def lower_unfused_attention(graph: Graph) -> Graph:
 def _rope_tables(node: Node, graph: Graph) -> tuple[np.ndarray, np.ndarray] | None:
     """GroupQueryAttention's cos and sin caches [positions, head_dim / 2] for cache_attention `node` when it
     computes the node exactly, else None. It needs: the "heads" layout, head_dim a multiple of 16, full rotary
-    from constant rotate-half tables (both halves equal) covering the cache, and the caches as partition
-    inputs updated into partition outputs (it appends in place: CompiledPartition.overwrites_inputs)."""
+    from constant rotate-half tables (both halves equal) covering the cache, the caches as partition
+    inputs updated into partition outputs (it appends in place: CompiledPartition.overwrites_inputs), and with
+    several sequences one row each (ORT refuses a batch of several rows per sequence after a past)."""
     k_cache, v_cache = node.inputs[3:5]
     hd = int(node.attrs["head_dim"])
     tables = [t for t in node.inputs[6:8] if t]
+    sequences = graph.specs[k_cache].shape[0]
     if node.attrs.get("layout", "heads") != "heads" or hd % GQA_HEAD_MULTIPLE or len(tables) != 2 \
+            or (sequences > 1 and graph.specs[node.inputs[0]].shape[0] != sequences) \
             or any(t not in graph.constants for t in tables) or graph.specs[tables[0]].shape[1] != hd \
             or graph.specs[tables[0]].shape[0] < graph.specs[k_cache].shape[2] \
             or k_cache not in graph.inputs or v_cache not in graph.inputs \
@@ -114,16 +118,18 @@ def _cache_attention(b: OnnxBuilder, node: Node) -> None:
     assert tables is not None, "lower_unfused_attention lowers the cache attentions GroupQueryAttention cannot run"
     q, k, v, k_cache, v_cache, start = node.inputs[:6]
     hd = int(node.attrs["head_dim"])
-    _, kv, cells, _ = g.specs[k_cache].shape
+    sequences, kv, cells, _ = g.specs[k_cache].shape
     rows, width = g.specs[q].shape
-    seqlens, total = _once(b, f"lengths {start} {cells} {rows}", lambda: _lengths(b, start, cells, rows))
+    steps = rows // sequences  # rows per sequence
+    seqlens, total = _once(b, f"lengths {start} {cells} {steps} {sequences}",
+                           lambda: _lengths(b, start, cells, steps, sequences))
     cos = _once(b, f"cos {node.inputs[6]} {cells}", lambda: b.const(tables[0][:cells], "rope_cos"))
     sin = _once(b, f"sin {node.inputs[7]} {cells}", lambda: b.const(tables[1][:cells], "rope_sin"))
     packed = _packed_qkv(g, b.producers, q, k, v)
     if packed is not None:  # query, key and value side by side in one tensor: GroupQueryAttention's packed form
-        batch = [b.node("Reshape", [packed, b.ints([1, rows, g.specs[packed].shape[1]], "bsd")]), "", ""]
+        batch = [b.node("Reshape", [packed, b.ints([sequences, steps, g.specs[packed].shape[1]], "bsd")]), "", ""]
     else:
-        batch = [b.node("Reshape", [x, b.ints([1, rows, g.specs[x].shape[1]], "bsd")]) for x in (q, k, v)]
+        batch = [b.node("Reshape", [x, b.ints([sequences, steps, g.specs[x].shape[1]], "bsd")]) for x in (q, k, v)]
     scale = node.attrs.get("scale")
     options: dict[str, Any] = {}
     if node.attrs.get("window"):  # ORT's window counts the query itself: the last `window` positions
@@ -145,11 +151,13 @@ def _once(b: OnnxBuilder, key: str, make: Any) -> Any:
     return b.shared[key]
 
 
-def _lengths(b: OnnxBuilder, start: str, cells: int, rows: int) -> tuple[str, str]:
-    """GroupQueryAttention's seqlens_k (int32 [1]: start + T - 1) and total_sequence_length (int32 scalar)."""
-    total = b.node("Add", [_clamped_start(b, start, cells - rows), b.ints([rows], "rows")])
+def _lengths(b: OnnxBuilder, start: str, cells: int, rows: int, sequences: int = 1) -> tuple[str, str]:
+    """GroupQueryAttention's seqlens_k (int32 [B]: each sequence's start + T - 1) and total_sequence_length
+    (int32 scalar: the longest sequence's start + T)."""
+    total = b.node("Add", [_clamped_start(b, start, cells - rows, sequences), b.ints([rows], "rows")])
     seqlens = b.node("Cast", [b.node("Sub", [total, b.ints([1], "one")])], to=6)
-    scalar = b.node("Cast", [b.node("Reshape", [total, b.ints([], "scalar")])], to=6)
+    longest = b.node("ReduceMax", [total], keepdims=0)
+    scalar = b.node("Cast", [longest], to=6)
     return seqlens, scalar
 
 
