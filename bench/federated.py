@@ -6,7 +6,9 @@ round's global weights against FedAvg computed directly in numpy from the same s
         [--server-lr 2]
         [--out bench/results/federated.json]
     PYTHONPATH=$PWD .venv/bin/python bench/federated.py --compression    # int8 / top-k accuracy cost, in numpy
-    PYTHONPATH=$PWD .venv/bin/python bench/federated.py --scale 1000     # streaming aggregation, MiniLM-sized
+    PYTHONPATH=$PWD .venv/bin/python bench/federated.py --scale 1000     # the job's running sum, MiniLM-sized
+    PYTHONPATH=$PWD .venv/bin/python bench/federated.py --large-round 16 # MiniLM-sized updates in parts through
+        # a fleet server at the real 16 MiB cap, collected page by page in a process of its own [--page 4]
     PYTHONPATH=$PWD .venv/bin/python bench/federated.py --round-scale 1000   # one round of N devices, server
         # process over PostgreSQL, stream uploads, collector, close [--upload-threads 8]
 
@@ -78,42 +80,182 @@ def compression_cost(args: argparse.Namespace) -> dict[str, object]:
     return {"load_average": os.getloadavg()[0], "schemes": results}
 
 
-def scale(args: argparse.Namespace) -> dict[str, object]:
-    """Aggregation time per update and peak memory for `--scale` updates shaped like all-MiniLM-L6-v2's
-    weights (22.7 M float32 parameters, 87 MiB an update): one update is drawn once and offered under
-    each device id, so the timing is the aggregation's alone (validation, then the running float64 sum)."""
-    import resource
-
-    from edgerun.fleet.federated.fedavg import StreamingFedAvg
-
-    shapes = {"embeddings": (30522, 384), "position": (512, 384)}
+def minilm_shapes() -> dict[str, tuple[int, ...]]:
+    """Weights shaped like all-MiniLM-L6-v2's largest (22.5 M float32 parameters, 86 MiB an update)."""
+    shapes: dict[str, tuple[int, ...]] = {"embeddings": (30522, 384), "position": (512, 384)}
     shapes.update({f"layer{i}.{w}": s for i in range(6) for w, s in
                    (("qkv", (384, 1152)), ("out", (384, 384)), ("up", (384, 1536)), ("down", (1536, 384)))})
+    return shapes
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def scale(args: argparse.Namespace) -> dict[str, object]:
+    """Aggregation time per update and peak memory for `--scale` MiniLM-sized updates taken by the job as the
+    collector hands them over (`FederatedJob.receive_many`, pages of 100): validation, the running float64
+    sum, and the sum's checkpoint written once a page (running_sum.py), on a SQLite fleet database. One
+    update is drawn once and offered under each device id, so the timing is the job's alone."""
+    import shutil
+    import tempfile
+
+    from edgerun.fleet import database
+    from edgerun.fleet.federated.rounds import FederatedJob, JobConfig, Offer
+    from edgerun.fleet.targeting import DeviceProfile
+
+    n, page = args.scale, 100
     rng = np.random.default_rng(0)
-    reference = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
-    update = {n: (0.01 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+    shapes = minilm_shapes()
+    reference = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    update = {k: (0.01 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
     params = sum(a.size for a in update.values())
-    before, load_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, os.getloadavg()[0]
-    agg = StreamingFedAvg(1, reference, norm_bound=1e6)
-    times, peaks = [], []
-    for i in range(args.scale):
+    base = Path(tempfile.mkdtemp(prefix="edgerun-fl-scale-"))
+    try:
+        engine = database.create_engine(database.sqlite_url(base))
+        database.upgrade(engine)
+        job = FederatedJob.start(engine, JobConfig("scale", rounds=1, per_round=n, quorum=n, deadline_s=1e9,
+                                                   norm_bound=1e6), reference, base / "updates")
+        devices = job.open_round([DeviceProfile(f"d{i:05d}") for i in range(n)], now=0.0)
+        before, load_before = peak_rss_mib(), os.getloadavg()[0]
+        per_update: list[float] = []
+        peaks: list[dict[str, object]] = []
+        for lo in range(0, n, page):
+            t = time.perf_counter()
+            verdicts = job.receive_many((Offer(d, 1, update, 100) for d in devices[lo:lo + page]), now=1.0)
+            per_update.append((time.perf_counter() - t) / len(verdicts))
+            assert verdicts == ["accepted"] * len(verdicts), set(verdicts)
+            if lo + page in (page, n // 2, n) or lo + page >= n:
+                peaks.append({"updates": min(lo + page, n), "peak_rss_mib": peak_rss_mib()})
         t = time.perf_counter()
-        agg.offer(f"d{i}", update, 100)
-        times.append(time.perf_counter() - t)
-        if (i + 1) in (10, args.scale // 10, args.scale // 2):  # flat: the peak after 10 updates is the last one's
-            peaks.append({"updates": i + 1, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        result = job.close_round(evaluate=lambda w: 1.0)
+        close_s = time.perf_counter() - t
+        assert result.participants == n
+        worst = max(float(np.max(np.abs(job.global_weights()[k] - update[k]))) for k in shapes)
+        engine.dispose()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    per_update.sort()
+    out = {"updates": n, "parameters": params, "update_mib": params * 4 / 2**20, "page": page,
+           "median_ms_per_update": 1000 * per_update[len(per_update) // 2], "close_s": close_s,
+           "max_abs_diff_vs_mean": worst, "peak_rss_mib": peak_rss_mib(),
+           "peak_rss_mib_after": [*peaks, {"updates": "close", "peak_rss_mib": peak_rss_mib()}],
+           "rss_before_aggregating_mib": before, "load_average_before": load_before,
+           "load_average": os.getloadavg()[0]}
+    print(json.dumps(out, indent=1))
+    return out
+
+
+def collect_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The collector of --large-round in a process of its own: its peak RSS is the collector's alone."""
+    from edgerun.fleet import database
+    from edgerun.fleet.federated.collector import StreamRecords, collect
+    from edgerun.fleet.federated.rounds import FederatedJob
+
+    engine = database.create_engine(spec["db"])
+    job = FederatedJob(engine, spec["job"], spec["updates"])
+    peaks: list[dict[str, object]] = [{"updates": 0, "peak_rss_mib": peak_rss_mib()}]
+    cpu, wall = time.process_time(), time.perf_counter()
+    verdicts = collect(job, StreamRecords(spec["url"], spec["admin"], spec["job"], page_records=spec["page"]), 1.0,
+                       on_page=lambda v: peaks.append({"updates": sum(v.values()), "peak_rss_mib": peak_rss_mib()}))
+    collect_cpu, collect_wall = time.process_time() - cpu, time.perf_counter() - wall
     t = time.perf_counter()
-    agg.average()
-    average_s = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times.sort()
-    result = {"updates": args.scale, "parameters": params, "update_mib": params * 4 / 2**20,
-              "median_ms_per_update": 1000 * times[len(times) // 2], "average_s": average_s,
-              "peak_rss_mib": peak / 1024, "peak_rss_mib_after": [*peaks, {"updates": args.scale, "peak_rss_mib": peak / 1024}],
-              "rss_before_aggregating_mib": before / 1024, "load_average_before": load_before,
-              "load_average": os.getloadavg()[0]}
-    print(json.dumps(result, indent=1))
-    return result
+    result = job.close_round(evaluate=lambda w: 1.0)
+    close_s = time.perf_counter() - t
+    peaks.append({"updates": "close", "peak_rss_mib": peak_rss_mib()})
+    weights = job.global_weights()
+    engine.dispose()
+    return {"verdicts": dict(verdicts), "participants": result.participants, "collect_wall_s": collect_wall,
+            "collect_cpu_s": collect_cpu, "close_s": close_s, "peak_rss_mib_after": peaks,
+            "weights_file": spec["weights_out"], "_weights": weights}
+
+
+def large_round(args: argparse.Namespace) -> dict[str, object]:
+    """A round of `--large-round` MiniLM-sized updates (86 MiB of float32, about 115 MiB of JSON each, past
+    the tunnel's 16 MiB batch) through the real path at the real cap: a fleet server process on loopback
+    (SQLite), each device enrolled as an agent, its update in its own collective storage under the round's
+    record id, uploaded by the stream tunnel's Uploader in 8 MiB parts; then the collector in a process of
+    its own reads the records in pages of `--page` and adds each update to the round's running sum as it
+    reads it; its peak RSS after each page shows the memory does not grow with the count."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fleet_sim
+
+    from edgerun.fleet import database
+    from edgerun.fleet.federated.compression import pack_update
+    from edgerun.fleet.federated.rounds import FederatedJob, JobConfig
+    from edgerun.fleet.federated.training_task import encode_arrays, record_id
+    from edgerun.fleet.local_server import start_server
+    from edgerun.fleet.signing import KeyDir
+    from edgerun.fleet.targeting import DeviceProfile
+    from edgerun.stream.storage import CollectiveStore
+    from edgerun.stream.uploader import Uploader
+
+    n, name = args.large_round, "large"
+    shapes = minilm_shapes()
+    rng = np.random.default_rng(0)
+    reference = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    update = {k: (0.01 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+    base = Path(tempfile.mkdtemp(prefix="edgerun-fl-large-"))
+    keys = KeyDir(base / "keys")
+    keys.init()
+    server = start_server(base / "server", keys)
+    try:
+        db_url = database.sqlite_url(server.data)
+        engine = database.create_engine(db_url)
+        FederatedJob.start(engine, JobConfig(name, rounds=1, per_round=n, quorum=n, deadline_s=1e9, norm_bound=1e6),
+                           reference, base / "updates").open_round([DeviceProfile(f"phone-{i:03d}") for i in range(n)], 0.0)
+        engine.dispose()
+        upload_wall = upload_cpu = server_cpu = 0.0
+        json_bytes = parts = 0
+        for i in range(n):  # device i sends (i + 1) x the update: the mean is known exactly
+            device = f"phone-{i:03d}"
+            agent = server.agent(device, base / device)
+            agent.step()
+            store = CollectiveStore(base / device / "outputs.db", flush_threshold=1)
+            store.put(name, {"job": name, "round": 1, "samples": 100,
+                             "update": encode_arrays(pack_update({k: a * np.float32(i + 1) for k, a in update.items()}))},
+                      record_id=record_id(name, 1))
+            uploader = Uploader(store, server.url + "/v1/stream", device, agent.token, timeout_s=120.0)
+            cpu0, server0, wall0 = time.process_time(), fleet_sim.tree_cpu_s(server.proc.pid), time.perf_counter()
+            assert uploader.upload_all(timeout_s=600.0) == 1
+            upload_wall += time.perf_counter() - wall0
+            upload_cpu += time.process_time() - cpu0
+            server_cpu += fleet_sim.tree_cpu_s(server.proc.pid) - server0
+            json_bytes += int(uploader.bytes_sent)
+            parts += uploader.parts_sent
+            uploader.close()
+            store.close()
+            agent.close()
+            shutil.rmtree(base / device, ignore_errors=True)
+            print(f"device {i + 1}/{n} uploaded ({uploader.parts_sent} parts)", flush=True)
+        load_after_upload = os.getloadavg()[0]
+        spec = {"db": db_url, "job": name, "updates": str(base / "updates"), "url": server.url,
+                "admin": server.admin_token, "page": args.page, "weights_out": str(base / "weights.npz")}
+        child = subprocess.run([sys.executable, __file__, "--collect-child", json.dumps(spec)], capture_output=True,
+                               text=True, env={**os.environ})
+        assert child.returncode == 0, child.stderr[-3000:]
+        collected = json.loads(child.stdout.strip().splitlines()[-1])
+        with np.load(base / "weights.npz") as archive:
+            mean = (n + 1) / 2
+            worst = max(float(np.max(np.abs(archive[k] - update[k] * np.float32(mean)))) for k in shapes)
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    assert collected["verdicts"] == {"accepted": n} and collected["participants"] == n, collected
+    out = {"devices": n, "db": "sqlite", "parameters": sum(a.size for a in update.values()),
+           "part_bytes": 8 * 1024 * 1024, "parts_sent": parts, "compressed_bytes_sent": json_bytes,
+           "upload_wall_s_per_update": upload_wall / n, "device_cpu_s_per_update": upload_cpu / n,
+           "server_cpu_s_per_update": server_cpu / n, "load_average_after_upload": load_after_upload,
+           "max_abs_diff_vs_mean": worst, **{k: v for k, v in collected.items() if k != "weights_file"},
+           "collect_cpu_s_per_update": collected["collect_cpu_s"] / n, "load_average": os.getloadavg()[0]}
+    print(json.dumps(out, indent=1))
+    return out
 
 
 def round_scale(args: argparse.Namespace) -> dict[str, object]:
@@ -121,8 +263,8 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
     process on loopback over PostgreSQL, the devices enrolled straight into its database (fleet_sim's
     preload), each storing its packed update (the digits MLP's size) in its own collective storage under the
     record id `federated:<job>:<round>` and uploading it with the stream tunnel's Uploader to /v1/stream, then
-    the collector (collector.py) reading the records and handing each to the job, then the close (stream the
-    accepted updates from their files, aggregate, store the new version). CPU from /proc (the server's and
+    the collector (collector.py) reading the records a page at a time and handing each to the job, which adds
+    it to the round's running sum, then the close (average, store the new version). CPU from /proc (the server's and
     PostgreSQL's process trees) and this process's clock (the collector); statements from pg_stat_statements."""
     import shutil
     import tempfile
@@ -259,12 +401,23 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=0, help="aggregate this many MiniLM-sized updates")
     parser.add_argument("--round-scale", type=int, default=0, help="one server round of this many devices")
     parser.add_argument("--upload-threads", type=int, default=8, help="devices uploading at once (--round-scale)")
+    parser.add_argument("--large-round", type=int, default=0,
+                        help="one server round of this many MiniLM-sized updates, uploaded in parts")
+    parser.add_argument("--page", type=int, default=4, help="records a collector page holds (--large-round)")
+    parser.add_argument("--collect-child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if args.collect_child:
+        spec = json.loads(args.collect_child)
+        child = collect_child(spec)
+        np.savez(spec["weights_out"], **child.pop("_weights"))
+        print(json.dumps(child))
+        return
     result = (compression_cost(args) if args.compression else scale(args) if args.scale
-              else round_scale(args) if args.round_scale else full_run(args))
+              else round_scale(args) if args.round_scale else large_round(args) if args.large_round
+              else full_run(args))
     kind = ("_compression" if args.compression else "_scale" if args.scale
-            else "_round_scale" if args.round_scale else "")
+            else "_round_scale" if args.round_scale else "_large_round" if args.large_round else "")
     out = Path(args.out or f"bench/results/federated{kind}.json")
     result = {"command": "bench/federated.py " + " ".join(sys.argv[1:]).replace(f"--out {args.out}", "").strip(),
               "machine": platform.platform(), "cpus": os.cpu_count(), **result}

@@ -60,6 +60,7 @@ from edgerun.fleet.stream_mount import stream_router
 from edgerun.fleet.targeting import DeviceProfile
 from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
 from edgerun.stream.cloud import MAX_BATCH_BYTES
+from edgerun.stream.large_records import MAX_PART_BODY
 
 log = logging.getLogger("edgerun.fleet.server")
 PUSH_FALLBACK_POLL_S = 5.0  # with PostgreSQL NOTIFY the poll only catches a notification lost in a reconnect
@@ -337,6 +338,8 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             return BodyRule(limit, lambda s: device_from_headers(s, device_id))
         if path == "/v1/stream/batches":
             return BodyRule(MAX_BATCH_BYTES, lambda s: device_from_headers(s, None))
+        if path.startswith("/v1/stream/large/parts/"):
+            return BodyRule(MAX_PART_BODY, lambda s: device_from_headers(s, None))
         return BodyRule(SMALL_BODY)
 
     async def admin_from_headers(scope: Scope) -> tuple[int, str] | None:

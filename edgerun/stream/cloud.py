@@ -5,7 +5,7 @@ NOTHING, so a batch the device resends after a crash is stored once (at-least-on
 storage = exactly-once storage). Record ids are the device's own: they are unique per device, so a device
 that learns another's record id cannot make that device's record a "duplicate". A batch's JSON nesting is
 bounded before it is parsed (`json_limits.py`). Works on the fleet server's engine: SQLite by default,
-PostgreSQL by URL.
+PostgreSQL by URL. A record too large for a batch comes in parts (`large_records.py`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from starlette.concurrency import run_in_threadpool
 
 from edgerun.json_limits import TooDeepError, loads_bounded
+from edgerun.stream import large_records
+from edgerun.stream.wire import MAX_BATCH_BYTES
 
-MAX_BATCH_BYTES = 16 * 1024 * 1024  # decompressed; a zstd bomb must not exhaust the server's memory
 MAX_RECORDS_PER_BATCH = 10_000
 MAX_BATCH_DEPTH = 64  # a batch, its records and their payloads, together
+PAGE_BYTES = 8 * 1024 * 1024  # a page of records in key order stops after the record that passes this
 
 metadata = sa.MetaData()
 
@@ -53,6 +55,8 @@ stream_batches = sa.Table(
     sa.Column("stored", sa.Integer, nullable=False),
     sa.Column("duplicates", sa.Integer, nullable=False),
 )
+
+stream_uploads, stream_parts, stream_refusals = large_records.table_definitions(metadata)
 
 VerifyDevice = Callable[[str, str], bool]
 
@@ -92,20 +96,25 @@ def _insert_ignoring_duplicates(dialect: str) -> Any:
     raise NotImplementedError(f"stream storage supports sqlite and postgresql, not {dialect}")
 
 
-def _decompress_bounded(body: bytes) -> bytes:
-    """The zstd body decompressed, at most MAX_BATCH_BYTES of it. Read as a stream: a one-shot decompress
+def _decompress_bounded(body: bytes, limit: int = MAX_BATCH_BYTES) -> bytes:
+    """The zstd body decompressed, at most `limit` bytes of it. Read as a stream: a one-shot decompress
     allocates whatever size the frame header declares (a 100-byte body declaring 1.7 EB raised
     MemoryError, found by fuzz/targets.py::stream_batch), whatever `max_output_size` says."""
     out = bytearray()
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
-            while chunk := reader.read(min(1 << 20, MAX_BATCH_BYTES + 1 - len(out))):
+            while chunk := reader.read(min(1 << 20, limit + 1 - len(out))):
                 out += chunk
-                if len(out) > MAX_BATCH_BYTES:
-                    raise HTTPException(413, "batch too large")
+                if len(out) > limit:
+                    raise HTTPException(413, "body too large once decompressed")
     except zstandard.ZstdError as exc:
         raise HTTPException(400, f"bad zstd body: {exc}") from exc
     return bytes(out)
+
+
+def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """A part's bytes: the body as sent, or decompressed (at most `limit`) when it says zstd."""
+    return _decompress_bounded(body, limit) if (content_encoding or "").lower() == "zstd" else body
 
 
 def decode_batch(body: bytes, content_encoding: str | None) -> dict[str, Any]:
@@ -199,21 +208,43 @@ def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
         # The database work is blocking; run it off the event loop as a sync endpoint would be.
         return await run_in_threadpool(store_batch, engine, batch["device_id"], batch["records"], len(body))
 
+    large = large_records.LargeRecords(engine, stream_records, stream_uploads, stream_parts, stream_refusals)
+    large_records.add_routes(router, large, authenticate, authorize_read, decode_body)
+
     @router.get("/records")
     def list_records(request: Request, task_id: str | None = None, device_id: str | None = None,
-                     limit: int = 1000) -> list[dict[str, Any]]:
+                     limit: int = 1000, after_device: str | None = None,
+                     after_record: str | None = None) -> list[dict[str, Any]]:
+        """Records in the order they arrived; or, given `after_device` ("" to begin), a page in key order
+        (device_id, record_id) after that key: at most `limit` records and about PAGE_BYTES of payload, so a
+        reader walks any number of records in bounded memory, the last record's key naming the next page.
+        Key order is stable: a record committed late still lands in the walk's unread part or is found by
+        the next walk, never skipped because of its arrival time."""
         authorize_read(request, device_id)
-        query = sa.select(stream_records).order_by(stream_records.c.received_ms, stream_records.c.record_id)
+        paged = after_device is not None
+        key = (stream_records.c.device_id, stream_records.c.record_id)
+        query = sa.select(stream_records).order_by(*key) if paged else \
+            sa.select(stream_records).order_by(stream_records.c.received_ms, stream_records.c.record_id)
+        if paged:
+            query = query.where(sa.tuple_(*key) > sa.tuple_(sa.literal(after_device), sa.literal(after_record or "")))
         if task_id is not None:
             query = query.where(stream_records.c.task_id == task_id)
         if device_id is not None:
             query = query.where(stream_records.c.device_id == device_id)
+        out: list[dict[str, Any]] = []
+        size = 0
         with engine.connect() as conn:
-            rows = conn.execute(query.limit(max(1, min(limit, 100_000)))).mappings().all()
-        return [{**row, "payload": json.loads(row["payload"])} for row in rows]
+            rows = conn.execution_options(yield_per=64).execute(query.limit(max(1, min(limit, 100_000)))).mappings()
+            for row in rows:
+                out.append({**row, "payload": json.loads(row["payload"])})
+                size += len(row["payload"])
+                if paged and size > PAGE_BYTES:
+                    rows.close()
+                    break
+        return out
 
     @router.get("/stats")
-    def stats(request: Request) -> dict[str, int]:
+    def stats(request: Request) -> dict[str, Any]:
         if verify_device is not None and not (verify_admin is not None and verify_admin(_bearer(request))):
             raise HTTPException(403, "admin token required")
         with engine.connect() as conn:
@@ -222,6 +253,6 @@ def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
                 sa.func.count(), sa.func.coalesce(sa.func.sum(stream_batches.c.duplicates), 0),
                 sa.func.coalesce(sa.func.sum(stream_batches.c.compressed_bytes), 0))).one()
         return {"records": int(records), "batches": int(batches[0]), "duplicates_received": int(batches[1]),
-                "compressed_bytes": int(batches[2])}
+                "compressed_bytes": int(batches[2]), "refused": large.refused()}
 
     return router

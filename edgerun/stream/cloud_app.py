@@ -22,6 +22,7 @@ from edgerun.errors import EdgerunError
 from edgerun.secret_files import read_secret_file, secret_from
 from edgerun.stream.body_limit import BodyLimit, BodyRule, Scope, bearer
 from edgerun.stream.cloud import MAX_BATCH_BYTES, build_router
+from edgerun.stream.large_records import MAX_PART_BODY
 
 SMALL_BODY = 64 * 1024
 ADMIN_TOKEN_ENV = "EDGERUN_STREAM_ADMIN_TOKEN"
@@ -71,6 +72,8 @@ def create_app(db_url: str, device_tokens: dict[str, str] | None = None, admin_t
     def body_rule(scope: Scope) -> BodyRule:
         if scope["path"] == "/v1/stream/batches":
             return BodyRule(MAX_BATCH_BYTES, upload_caller)
+        if scope["path"].startswith("/v1/stream/large/parts/"):
+            return BodyRule(MAX_PART_BODY, upload_caller)
         return BodyRule(SMALL_BODY)
 
     app.add_middleware(BodyLimit, rule_for=body_rule)

@@ -25,6 +25,7 @@ from edgerun.stream.storage import DROP_OLDEST, CollectiveStore
 from edgerun.stream.trie import TriggerTrie
 from edgerun.stream.trigger_spec import CAPTURE_PAGE, CAPTURE_SPAN, TriggerMatch, parse_triggers
 from edgerun.stream.uploader import Backoff, Uploader
+from edgerun.stream.wire import MAX_BATCH_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ class DevicePipeline:
     def __init__(self, state_dir: str | Path, upload_url: str | None = None, device_id: str = "device",
                  token: str | Callable[[], str] | None = None, *, flush_threshold: int = 32, max_pending: int = 50_000,
                  drop_policy: str = DROP_OLDEST, batch_records: int = 200, backoff: Backoff | None = None,
-                 pump_batch: int = 1000, max_concurrent_runs: int = 1, realtime: bool = False) -> None:
+                 pump_batch: int = 1000, max_concurrent_runs: int = 1, realtime: bool = False,
+                 max_batch_bytes: int = MAX_BATCH_BYTES, part_bytes: int = 8 * 1024 * 1024) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.device_id = device_id
@@ -46,7 +48,8 @@ class DevicePipeline:
         self.store = CollectiveStore(self.state_dir / OUTPUTS_FILE, flush_threshold=flush_threshold,
                                      max_pending=max_pending, drop_policy=drop_policy)
         self.uploader = (Uploader(self.store, upload_url, device_id, token, batch_records=batch_records,
-                                  backoff=backoff) if upload_url else None)
+                                  backoff=backoff, max_batch_bytes=max_batch_bytes, part_bytes=part_bytes)
+                         if upload_url else None)
         self.trie = TriggerTrie()
         self._handlers: dict[str, OnMatch] = {}
         self._tasks_lock = threading.Lock()  # the trie and the handlers: see the module docstring

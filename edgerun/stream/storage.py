@@ -158,12 +158,25 @@ class CollectiveStore:
         params.append(limit)
         return [self._record(row) for row in self._db.execute(query, params)]
 
-    def pending_batch(self, limit: int) -> list[StoredRecord]:
-        """The oldest records not yet uploaded."""
+    def pending_batch(self, limit: int, max_bytes: int | None = None) -> list[StoredRecord]:
+        """The oldest records not yet uploaded: at most `limit`, and with `max_bytes` no more payload text than
+        that (always at least one record), so a device holding large outputs reads one at a time."""
         self.flush()
-        rows = self._db.execute("SELECT seq, record_id, task_id, created_ms, payload FROM outputs "
-                                "WHERE state = 0 ORDER BY seq LIMIT ?", (limit,))
-        return [self._record(row) for row in rows]
+        if max_bytes is None:
+            rows = list(self._db.execute("SELECT seq, record_id, task_id, created_ms, payload FROM outputs "
+                                         "WHERE state = 0 ORDER BY seq LIMIT ?", (limit,)))
+            return [self._record(row) for row in rows]
+        sizes = self._db.execute("SELECT seq, length(payload) FROM outputs WHERE state = 0 ORDER BY seq LIMIT ?",
+                                 (limit,)).fetchall()
+        seqs: list[int] = []
+        total = 0
+        for seq, size in sizes:
+            if seqs and total + size > max_bytes:
+                break
+            seqs.append(seq)
+            total += size
+        return [self._record(row) for seq in seqs for row in self._db.execute(
+            "SELECT seq, record_id, task_id, created_ms, payload FROM outputs WHERE seq = ?", (seq,))]
 
     @staticmethod
     def _record(row: tuple[int, str, str, int, str]) -> StoredRecord:

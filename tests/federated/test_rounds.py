@@ -142,3 +142,32 @@ def test_a_job_with_noise_reports_its_privacy_spent(tmp_path: Path) -> None:
         assert np.sqrt(sum(float(np.sum(m * m)) for m in moved.values())) > 1.0
     privacy = job.status()["privacy"]
     assert privacy["rounds"] == 2 and privacy["epsilon"] == gaussian_epsilon(1.1, 2, 1e-5)
+
+
+def test_two_collectors_at_once_leave_every_update_in_the_running_sum_once(tmp_path: Path) -> None:
+    """A collector whose updates another process recorded around (a second collector, or one started again
+    while the first was still at it) fails in one line, records nothing and leaves no file; the sum the
+    other committed stays whole, and the loser's updates are taken when offered again."""
+    from edgerun.fleet.federated.rounds import Offer
+
+    job, url = make_job(tmp_path, quorum=2)
+    a, b = job.open_round(PHONES, now=0.0)[:2]
+    other = FederatedJob(database.create_engine(url), "digits", tmp_path / "updates")
+
+    def offers():  # type: ignore[no-untyped-def]
+        yield Offer(a, 1, pack_update(delta(1, a)), 30)
+        assert other.receive(b, 1, pack_update(delta(1, b)), 10, now=2.0) == "accepted"  # commits meanwhile
+
+    with pytest.raises(FleetError, match="changed while these updates were taken"):
+        job.receive_many(offers(), now=1.0)
+    round_dir = tmp_path / "updates" / "digits" / "1"
+    assert len(list(round_dir.glob("sum-*"))) == 1  # the loser's file is gone, the winner's intact
+    assert job.receive(a, 1, pack_update(delta(1, a)), 30, now=3.0) == "accepted"
+    assert job.receive(b, 1, pack_update(delta(1, b)), 10, now=3.0) == "duplicate"
+    assert len(list(round_dir.glob("sum-*"))) == 1
+    result = job.close_round(evaluate=lambda w: 1.0)
+    assert (result.participants, result.samples, result.duplicates) == (2, 40, 1)
+    expect = fedavg(INITIAL, [(a, delta(1, a), 30), (b, delta(1, b), 10)])
+    for name in INITIAL:
+        np.testing.assert_allclose(job.global_weights()[name], expect[name], rtol=1e-6, atol=1e-7)
+    assert not round_dir.exists()

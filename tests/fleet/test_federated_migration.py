@@ -33,11 +33,11 @@ def _to(engine: sa.Engine, revision: str, down: bool = False) -> None:
         (command.downgrade if down else command.upgrade)(cfg, revision)
 
 
-def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, name: str = "fed_migration") -> str:
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'fleet.db'}"
     pg: LocalPostgres = request.getfixturevalue("postgres")
-    return pg.create_database("fed_migration")
+    return pg.create_database(name)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -71,5 +71,37 @@ def test_migration_0006_creates_the_federated_tables_and_drops_them(backend: str
 
         _to(engine, "0005", down=True)
         assert not FED_TABLES & set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_migration_0007_gives_open_rounds_a_running_sum_checkpoint(backend: str, tmp_path: Path,
+                                                                   request: pytest.FixtureRequest) -> None:
+    engine = create_engine(_url(backend, tmp_path, request, "fed_running_sum"))
+    try:
+        _to(engine, "0006")
+        with engine.begin() as conn:  # a job with a round open before the upgrade
+            conn.execute(sa.text("INSERT INTO fed_jobs (name, config, status, round, version) VALUES "
+                                 "('digits', :config, 'running', 1, 1)"),
+                         {"config": '{"name": "digits", "rounds": 1, "per_round": 1, "quorum": 1}'})
+            conn.execute(db.weights.insert().values(job="digits", version=1, data=db.to_npz(
+                {"w": np.zeros((2, 2), np.float32)})))
+            conn.execute(sa.text("INSERT INTO fed_rounds (job, round, sampled, opened_at, deadline_at, duplicates) "
+                                 "VALUES ('digits', 1, '[\"phone-1\"]', 0, 60, 0)"))
+        upgrade(engine)
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(db.rounds.c.sum_checkpoint)).scalar_one() is None
+        job = FederatedJob(engine, "digits", tmp_path / "updates")
+        update = {"w": np.full((2, 2), 0.25, np.float32)}
+        assert job.receive("phone-1", 1, pack_update(update), 10, now=1.0) == "accepted"
+        with engine.connect() as conn:
+            checkpoint = conn.execute(sa.select(db.rounds.c.sum_checkpoint)).scalar_one()
+        assert (tmp_path / "updates" / "digits" / "1" / checkpoint).exists()
+        assert job.close_round(evaluate=lambda w: 1.0).participants == 1
+        np.testing.assert_array_equal(job.global_weights()["w"], update["w"])
+
+        _to(engine, "0006", down=True)
+        assert "sum_checkpoint" not in {c["name"] for c in sa.inspect(engine).get_columns("fed_rounds")}
     finally:
         engine.dispose()

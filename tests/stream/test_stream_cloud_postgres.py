@@ -64,3 +64,48 @@ def test_a_table_keyed_by_record_id_alone_is_rebuilt_per_device(engine: sa.Engin
         {"stored": 1, "duplicates": 0}
     assert store_batch(engine, "d1", [{"record_id": "r1", "task_id": "t", "created_ms": 1, "payload": {}}], 1) == \
         {"stored": 0, "duplicates": 1}
+
+
+def test_a_record_in_parts_and_key_order_pages_on_postgresql(engine: sa.Engine) -> None:
+    """The large-record routes (parts kept once, a bad part refused and counted with an upsert, the whole
+    checked and stored once) and the key-order pages, on PostgreSQL's dialect."""
+    import hashlib
+    import json
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from edgerun.stream.cloud import build_router
+
+    app = FastAPI()
+    app.include_router(build_router(engine), prefix="/v1/stream")
+    client = TestClient(app)
+    data = json.dumps({"update": "x" * 5000}).encode()
+    key = {"device_id": "dev-parts", "record_id": "big-1"}
+    start = {**key, "task_id": "parts", "created_ms": 1, "bytes": len(data),
+             "sha256": hashlib.sha256(data).hexdigest(), "part_bytes": 2000}
+    assert client.post("/v1/stream/large", json=start).json() == {"state": "open", "have": []}
+    for _ in range(2):  # a bad part twice: the refusal count is an upsert
+        bad = client.put("/v1/stream/large/parts/0", params=key, content=b"y" * 2000,
+                         headers={"X-Part-Sha256": hashlib.sha256(data[:2000]).hexdigest()})
+        assert bad.status_code == 422
+    for index in (0, 1, 2, 1):  # part 1 resent: kept once
+        part = data[index * 2000:(index + 1) * 2000]
+        put = client.put(f"/v1/stream/large/parts/{index}", params=key, content=part,
+                         headers={"X-Part-Sha256": hashlib.sha256(part).hexdigest()})
+        assert put.status_code == 200
+    assert client.post("/v1/stream/large", json=start).json()["have"] == [0, 1, 2]
+    assert client.post("/v1/stream/large/complete", json=key).json() == {"stored": 1, "duplicates": 0}
+    assert client.post("/v1/stream/large/complete", json=key).json() == {"stored": 0, "duplicates": 1}
+    assert client.post("/v1/stream/large", json=start).json()["state"] == "stored"
+    assert client.get("/v1/stream/large/payload", params=key).content == data
+    assert client.get("/v1/stream/stats").json()["refused"]["part_checksum"] == 2
+
+    store_batch(engine, "dev-parts", [{"record_id": f"small-{i}", "task_id": "parts", "created_ms": i,
+                                       "payload": {"i": i}} for i in range(5)], 1)
+    walked, after = [], ("", "")
+    while page := client.get("/v1/stream/records", params={"task_id": "parts", "after_device": after[0],
+                                                           "after_record": after[1], "limit": 2}).json():
+        walked += [r["record_id"] for r in page]
+        after = (page[-1]["device_id"], page[-1]["record_id"])
+    assert walked == ["big-1", *(f"small-{i}" for i in range(5))]

@@ -9,7 +9,8 @@ opens each round, invites the sampled devices, collects their updates and closes
    round and the seed, with `run_once` set to the round's record id. Each sampled device's standalone
    `edgerun fleet agent` installs it at its next check-in, runs it once on its data folder and its stream
    tunnel uploads the packed update to /v1/stream under that record id (stream/agent_hooks.py).
-2. The records are read from /v1/stream and offered to the job once each (collector.py).
+2. The records are read from /v1/stream a page at a time and offered to the job once each, each accepted
+   update added to the round's running sum as it is read (collector.py).
 3. At quorum or past the deadline the round closes (aggregate, evaluate on the held-out set, publish or
    roll back). A rolled-back round leaves the global weights at the last good version, so the next
    round's invitation carries those. After the last round, the final weights go out as a plain release
@@ -22,7 +23,7 @@ invitation already published for the open round is found among the server's rele
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ class RoundDriver:
     `records()` the job's stream records (collector.fetch_records), `evaluate(weights)` the held-out metric."""
 
     def __init__(self, job: FederatedJob, publisher: FleetPublisher, admin: AdminClient,
-                 devices: Callable[[float], Sequence[DeviceProfile]], records: Callable[[], list[dict[str, Any]]],
+                 devices: Callable[[float], Sequence[DeviceProfile]], records: Callable[[], Iterable[dict[str, Any]]],
                  evaluate: Callable[[dict[str, np.ndarray]], float]) -> None:
         self.job, self.publisher, self.admin = job, publisher, admin
         self.devices, self.records, self.evaluate = devices, records, evaluate

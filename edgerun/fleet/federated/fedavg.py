@@ -70,6 +70,25 @@ class StreamingFedAvg:
     def applied(self) -> int:
         return len(self.devices)
 
+    def checkpoint(self) -> dict[str, np.ndarray]:
+        """The running sum as arrays (np.savez writes them): what `restore` needs to go on from here."""
+        return {**{f"sum/{name}": total for name, total in self.sums.items()},
+                "total_weight": np.asarray(self.total_weight, np.float64),
+                "total_samples": np.asarray(self.total_samples, np.int64),
+                "applied": np.asarray(len(self.devices), np.int64)}
+
+    def restore(self, arrays: Mapping[str, np.ndarray], devices: Iterable[str]) -> None:
+        """Go on from a `checkpoint()` that holds the updates of `devices` (the ones recorded as applied)."""
+        devices = set(devices)
+        if int(arrays["applied"]) != len(devices):
+            raise FleetError(f"round {self.round}'s running sum holds {int(arrays['applied'])} updates, "
+                             f"{len(devices)} are recorded as applied")
+        sums = {name: np.asarray(arrays[f"sum/{name}"], np.float64) for name in self.reference}
+        if any(sums[name].shape != a.shape for name, a in self.reference.items()):
+            raise FleetError(f"round {self.round}'s running sum does not have the model's shapes")
+        self.sums, self.devices = sums, devices
+        self.total_weight, self.total_samples = float(arrays["total_weight"]), int(arrays["total_samples"])
+
     def average(self) -> dict[str, np.ndarray]:
         """The weighted mean delta (float32 per the reference's dtype); noise added when configured."""
         if not self.devices:

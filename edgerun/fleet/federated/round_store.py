@@ -4,8 +4,9 @@ of every version, so a server restart between rounds (or inside one) loses nothi
 The tables are the job's own (`fed_*`) in the fleet database (SQLite or PostgreSQL), created by the fleet's
 Alembic migration 0006 like every other table: `database.upgrade`, which the server runs at start.
 An update's row is keyed by (job, round, device): a second copy of an update cannot be inserted, so it is
-applied at most once whatever crashes in between. Accepted updates themselves are files beside the
-database (one packed .npz each), streamed one at a time into the aggregate when the round closes.
+applied at most once whatever crashes in between. Accepted updates are added to the round's running sum
+as they arrive and not kept; the sum is a file beside the database that the round's row names
+(running_sum.py; the column came with migration 0007).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ rounds = sa.Table(
     sa.Column("opened_at", sa.Float, nullable=False),
     sa.Column("deadline_at", sa.Float, nullable=False),
     sa.Column("duplicates", sa.Integer, nullable=False, default=0),  # copies of updates already recorded
+    # the file of the open round's running sum (running_sum.py); None: nothing added yet
+    sa.Column("sum_checkpoint", sa.String(64), nullable=True),
     sa.Column("outcome", sa.String(16), nullable=True),         # None while open; published | rolled_back | empty
     sa.Column("summary", sa.JSON, nullable=True),
 )

@@ -20,8 +20,9 @@ fleet's signed, staged releases: `publisher.py`).
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,10 @@ import sqlalchemy as sa
 from edgerun.fleet import schema
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.federated import round_store as db
+from edgerun.fleet.federated import running_sum
 from edgerun.fleet.federated.compression import unpack_update
 from edgerun.fleet.federated.fedavg import StreamingFedAvg
 from edgerun.fleet.federated.privacy import gaussian_epsilon
-from edgerun.fleet.federated.update import validate_update
 from edgerun.fleet.targeting import DeviceProfile, matches, validate_targeting
 
 
@@ -68,6 +69,19 @@ class JobConfig:
         if not self.deadline_s > 0:
             raise FleetError(f"the round deadline must be > 0 seconds, got {self.deadline_s}")
         validate_targeting(self.targeting)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One device's update for `round`: its packed arrays (compression.py; None when the record carrying it
+    could not be read: refused as "malformed") and sample count; `record_id` names the stream record it
+    came in (collector.py), recorded with its verdict so the record is handed over once."""
+
+    device: str
+    round: int
+    packed: Mapping[str, np.ndarray] | None
+    samples: object
+    record_id: str | None = None
 
 
 @dataclass
@@ -103,6 +117,8 @@ class FederatedJob:
         # A version's weights never change once written, so each process keeps the latest it read:
         # receiving an update then reads no weights from the database.
         self._cached: tuple[int, dict[str, np.ndarray]] | None = None
+        # The open round's running sum as this process last committed or read it: ((round, checkpoint), sum).
+        self._sum: tuple[tuple[int, str | None], StreamingFedAvg] | None = None
         db.require_tables(engine)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -203,50 +219,117 @@ class FederatedJob:
             raise FleetError(f"federated job {self.name!r} has no open round")
         return job, row
 
-    def receive(self, device: str, round_number: int, packed: Mapping[str, np.ndarray], samples: int,
+    def receive(self, device: str, round_number: int, packed: Mapping[str, np.ndarray], samples: object,
                 now: float) -> str:
         """Take one device's update: "accepted", "duplicate", "not_sampled", "round_closed", or the reason
         validation refused it (update.py). Each (round, device) is recorded once; a copy is a duplicate."""
-        config = self.config
-        with self.engine.begin() as conn:
-            job = self._job(conn)
-            current = conn.execute(sa.select(db.rounds).where(
-                (db.rounds.c.job == self.name) & (db.rounds.c.round == round_number))).first()
-            if current is None or round_number != job.round or current.outcome is not None \
-                    or now > current.deadline_at:
-                return "round_closed"
-            if device not in current.sampled:
-                return "not_sampled"
-            seen = conn.execute(sa.select(db.updates.c.verdict).where(
-                (db.updates.c.job == self.name) & (db.updates.c.round == round_number)
-                & (db.updates.c.device == device))).first()
-            if seen is not None:
-                conn.execute(db.rounds.update().where((db.rounds.c.job == self.name) & (db.rounds.c.round == round_number))
-                             .values(duplicates=db.rounds.c.duplicates + 1))
-                return "duplicate"
-            reference = self._weights(job.version)
-            try:
-                delta = unpack_update(packed, reference)
-                verdict = validate_update(delta, samples, reference, config.norm_bound) or "accepted"
-            except FleetError:
-                delta, verdict = {}, "malformed"
-            if verdict == "accepted":
-                path = self._update_path(round_number, device)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                partial = path.with_suffix(".part")
-                partial.write_bytes(db.to_npz(delta))
-                partial.replace(path)  # the file is whole before its row commits
-            try:
-                with conn.begin_nested():  # a savepoint: the transaction stays usable if the insert clashes
-                    conn.execute(db.updates.insert().values(job=self.name, round=round_number, device=device,
-                                                            samples=int(samples) if verdict == "accepted" else 0,
-                                                            verdict=verdict, received_at=now))
-            except sa.exc.IntegrityError:
-                return "duplicate"  # the same update, stored by another server process a moment ago
+        [verdict] = self.receive_many([Offer(device, round_number, packed, samples)], now)
         return verdict
 
-    def _update_path(self, round_number: int, device: str) -> Path:
-        return self.updates_dir / str(round_number) / f"{device}.npz"
+    def receive_many(self, offers: Iterable[Offer], now: float) -> list[str]:
+        """Take updates one at a time from `offers` (an iterator may make each only when asked: a collector
+        reading a large update), adding each accepted one to the round's running sum at once; then record
+        them all and the new sum together (running_sum.py). Memory: the sum and one update, whatever the
+        count. Returns each offer's verdict, as `receive`'s."""
+        with self.engine.connect() as conn:
+            job = self._job(conn)
+            current = conn.execute(sa.select(db.rounds).where(
+                (db.rounds.c.job == self.name) & (db.rounds.c.round == job.round))).first()
+            seen = {r.device: r.verdict for r in conn.execute(sa.select(db.updates.c.device, db.updates.c.verdict)
+                    .where((db.updates.c.job == self.name) & (db.updates.c.round == job.round)))}
+        aggregate = self._aggregate(job, current, seen) if current is not None and current.outcome is None else None
+        self._sum = None  # changed below: this process's copy is the database's again only once committed
+        verdicts: list[str] = []
+        rows: list[dict[str, Any]] = []
+        records: list[dict[str, Any]] = []
+        duplicates = 0
+        for offer in offers:
+            if offer.packed is None:  # its record could not be read: nothing to hold the device to
+                verdict = "malformed"
+            elif aggregate is None or current is None or offer.round != job.round or now > current.deadline_at:
+                verdict = "round_closed"
+            elif offer.device not in current.sampled:
+                verdict = "not_sampled"
+            elif offer.device in seen:
+                verdict = "duplicate"
+                duplicates += 1
+            else:
+                verdict = self._offer(aggregate, offer)
+                seen[offer.device] = verdict
+                rows.append({"job": self.name, "round": offer.round, "device": offer.device, "verdict": verdict,
+                             "samples": int(offer.samples) if verdict == "accepted" else 0,  # type: ignore[call-overload]
+                             "received_at": now})
+            if offer.record_id is not None:
+                records.append({"job": self.name, "device": offer.device, "record_id": offer.record_id,
+                                "verdict": verdict})
+            verdicts.append(verdict)
+        checkpoint = current.sum_checkpoint if current is not None else None
+        if rows or records or duplicates:
+            checkpoint = self._commit(job, checkpoint, aggregate, rows, records, duplicates)
+        if aggregate is not None:
+            self._sum = ((job.round, checkpoint), aggregate)
+        return verdicts
+
+    def _aggregate(self, job: sa.Row[Any], current: sa.Row[Any], seen: Mapping[str, str]) -> StreamingFedAvg:
+        """The open round's running sum, from this process's copy when it is the database's checkpoint."""
+        key = (job.round, current.sum_checkpoint)
+        if self._sum is not None and self._sum[0] == key:
+            return self._sum[1]
+        config = JobConfig(**job.config)
+        aggregate = StreamingFedAvg(job.round, self._weights(job.version), norm_bound=config.norm_bound,
+                                    clip=config.clip, noise_multiplier=config.noise_multiplier, seed=config.seed)
+        self._sum = None
+        running_sum.load(aggregate, self._round_dir(job.round), current.sum_checkpoint,
+                         [d for d, v in seen.items() if v == "accepted"])
+        self._sum = (key, aggregate)
+        return aggregate
+
+    def _offer(self, aggregate: StreamingFedAvg, offer: Offer) -> str:
+        assert offer.packed is not None
+        try:
+            delta = unpack_update(offer.packed, aggregate.reference)
+        except FleetError:
+            return "malformed"
+        verdict = aggregate.offer(offer.device, delta, offer.samples)  # validated, clipped, added
+        return "accepted" if verdict == "applied" else verdict
+
+    def _commit(self, job: sa.Row[Any], checkpoint: str | None, aggregate: StreamingFedAvg | None,
+                rows: list[dict[str, Any]], records: list[dict[str, Any]], duplicates: int) -> str | None:
+        """Record the updates taken and, when one was accepted, the sum holding them, in one transaction that
+        swaps the round's checkpoint from `checkpoint` (what the sum was read as) to the new file; returns
+        the round's checkpoint now."""
+        added = aggregate is not None and any(r["verdict"] == "accepted" for r in rows)
+        round_dir = self._round_dir(job.round)
+        new = running_sum.write(aggregate, round_dir) if added and aggregate is not None else checkpoint
+        try:
+            with self.engine.begin() as conn:
+                if added or duplicates:
+                    same = (db.rounds.c.sum_checkpoint.is_(None) if checkpoint is None
+                            else db.rounds.c.sum_checkpoint == checkpoint)
+                    moved = conn.execute(db.rounds.update().where(
+                        (db.rounds.c.job == self.name) & (db.rounds.c.round == job.round) & same
+                        & db.rounds.c.outcome.is_(None))
+                        .values(sum_checkpoint=new, duplicates=db.rounds.c.duplicates + duplicates))
+                    if moved.rowcount != 1:
+                        raise FleetError(f"round {job.round} of {self.name!r} changed while these updates were "
+                                         "taken (closed, or another collector); they are taken again next time")
+                if rows:
+                    conn.execute(db.updates.insert(), rows)
+                if records:
+                    conn.execute(db.records.insert(), records)
+        except (FleetError, sa.exc.IntegrityError) as error:
+            if new != checkpoint:
+                (round_dir / str(new)).unlink(missing_ok=True)
+            if isinstance(error, FleetError):
+                raise
+            raise FleetError(f"another process recorded some of these updates to {self.name!r} first; they are "
+                             "taken again next time") from None
+        if new is not None and new != checkpoint:
+            running_sum.prune(round_dir, new)
+        return new
+
+    def _round_dir(self, round_number: int) -> Path:
+        return self.updates_dir / str(round_number)
 
     def ready(self, now: float) -> bool:
         """Whether the open round may close: quorum reached or deadline passed."""
@@ -266,15 +349,10 @@ class FederatedJob:
         with self.engine.connect() as conn:
             job, current = self._open(conn)
             rows = conn.execute(sa.select(db.updates).where(
-                (db.updates.c.job == self.name) & (db.updates.c.round == job.round))
-                .order_by(db.updates.c.device)).all()
+                (db.updates.c.job == self.name) & (db.updates.c.round == job.round))).all()
         base = self._weights(job.version)
-        agg = StreamingFedAvg(job.round, base, norm_bound=config.norm_bound, clip=config.clip,
-                              noise_multiplier=config.noise_multiplier, seed=config.seed)
+        agg = self._aggregate(job, current, {r.device: r.verdict for r in rows})
         refused = Counter(r.verdict for r in rows if r.verdict != "accepted")
-        for r in rows:
-            if r.verdict == "accepted":
-                agg.offer(r.device, db.from_npz(self._update_path(job.round, r.device).read_bytes()), r.samples)
         responded = {r.device for r in rows}
         stragglers = len([d for d in current.sampled if d not in responded])
         metric = None
@@ -305,7 +383,7 @@ class FederatedJob:
             conn.execute(db.jobs.update().where(db.jobs.c.name == self.name).values(
                 round=job.round + 1, version=version, best_metric=best,
                 status="done" if done else job.status))
-        for r in rows:
-            self._update_path(job.round, r.device).unlink(missing_ok=True)
+        self._sum = None
+        shutil.rmtree(self._round_dir(job.round), ignore_errors=True)
         return result
 
