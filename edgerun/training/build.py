@@ -28,6 +28,8 @@ from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
 from edgerun.passes.autodiff import activations_kept, append_gradients, recompute_cheap
 from edgerun.passes.pipeline import optimize
+from edgerun.passes.raster_merge_pass import RasterMergePass
+from edgerun.passes.transposed_matmul import swap_transposed_products
 from edgerun.program import Program
 from edgerun.training.losses import LOSSES, emit_loss, target_spec
 from edgerun.training.optimizers import Optimizer, optimizer_to_json
@@ -74,8 +76,15 @@ def choose_trainable(graph: Graph, trainable: TrainableSpec) -> list[str]:
 
 def _optimized(graph: Graph) -> Graph:
     """The default pipeline, verifying the result once rather than after every pass (the backward graph is
-    large: per-pass verification was a third of building a MobileNetV2's training program)."""
-    optimized = on_functional(graph, lambda functional: optimize(functional, verify_each=False)[0])
+    large: per-pass verification was a third of building a MobileNetV2's training program); then each
+    weight gradient that comes out transposed is computed in the weight's layout (passes/transposed_matmul.py)."""
+    def run(functional: Graph) -> Graph:
+        functional = optimize(functional, verify_each=False)[0]
+        if swap_transposed_products(functional):
+            functional = RasterMergePass().call(functional).graph
+        return functional
+
+    optimized = on_functional(graph, run)
     verify(optimized)
     return optimized
 
@@ -94,6 +103,10 @@ def _without_unused_inputs(graph: Graph) -> Graph:
     graph.inputs = [i for i in graph.inputs if i in read]
     graph.prune_specs()
     return graph
+
+
+def as_float32(b: Builder, value: str) -> str:
+    return value if b.dtype(value) is DType.float32 else b.emit("cast", [value], dtype="float32")
 
 
 def _backward_nodes(graph: Graph, gradients: dict[str, str]) -> int:
@@ -173,17 +186,25 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
     grads = append_gradients(train, loss_value, chosen)
     if recompute:
         recompute_cheap(train, len(train.nodes) - _backward_nodes(train, grads))
-    squares = [tb.emit("cast", [tb.emit("reduce_sum", [tb.binary("mul", grads[w], grads[w])])], dtype="float32")
-               if train.specs[w].dtype is not DType.float32
-               else tb.emit("reduce_sum", [tb.binary("mul", grads[w], grads[w])]) for w in chosen]
-    total = squares[0]
-    for s in squares[1:]:
-        total = tb.binary("add", total, s)
     loss32 = loss_value if train.specs[loss_value].dtype is DType.float32 else tb.emit("cast", [loss_value], dtype="float32")
     loss32 = tb.emit("reshape", [loss32], shape=[]) if train.specs[loss32].shape != () else loss32
-    finite = tb.binary("lt", tb.binary("add", total, tb.binary("mul", loss32, loss32)),
-                       tb.const(np.float32(np.inf)))
-    if clip_norm is not None:  # torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), at most 1
+    # Whether the step applies: the loss and every gradient finite. A sum is not finite when any term is not
+    # (inf - inf is NaN), and x - x is 0 exactly when x is finite: one read of each gradient, where a sum of
+    # squares (needed only to clip) reads it, writes the squares and reads them again.
+    if clip_norm is None:
+        sums = [as_float32(tb, tb.emit("reduce_sum", [grads[w]])) for w in chosen]
+        total = loss32
+        for s in sums:
+            total = tb.binary("add", total, s)
+        finite = tb.binary("eq", tb.binary("sub", total, total), tb.const(np.float32(0.0)))
+    else:
+        squares = [as_float32(tb, tb.emit("reduce_sum", [tb.binary("mul", grads[w], grads[w])])) for w in chosen]
+        total = squares[0]
+        for s in squares[1:]:
+            total = tb.binary("add", total, s)
+        finite = tb.binary("lt", tb.binary("add", total, tb.binary("mul", loss32, loss32)),
+                           tb.const(np.float32(np.inf)))
+        # torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), at most 1
         coef = tb.binary("minimum", tb.binary("div", tb.const(np.float32(clip_norm)),
                                               tb.binary("add", tb.unary("sqrt", total), tb.const(np.float32(1e-6)))),
                          tb.const(np.float32(1.0)))
@@ -195,10 +216,10 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
         dtype = train.specs[w].dtype
         rate = lr if dtype is DType.float32 else tb.emit("cast", [lr], dtype=dtype.value)
         at = next_step if dtype is DType.float32 else tb.emit("cast", [next_step], dtype=dtype.value)
-        new_w, new_slots = optimizer.emit(tb, w, grads[w], slots[w], rate, at)
-        train.state_updates[w] = tb.emit("where", [finite, new_w, w])
+        new_w, new_slots = optimizer.emit(tb, w, grads[w], slots[w], rate, at, finite)
+        train.state_updates[w] = new_w  # the old value itself when the step does not apply (optimizers.py)
         for slot, value in new_slots.items():
-            train.state_updates[slots[w][slot]] = tb.emit("where", [finite, value, slots[w][slot]])
+            train.state_updates[slots[w][slot]] = value
     train.state_updates[step] = tb.emit("where", [finite, next_step, step])
     train.outputs = [loss_value, finite]
 

@@ -30,6 +30,7 @@ import onnxruntime as ort  # the optional extra: the registry turns its absence 
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput, node_work
 from edgerun.backends.onnxruntime.onnx_control_flow import CONTROL_FLOW, emit_node
+from edgerun.backends.onnxruntime.onnx_in_place import may_overwrite
 from edgerun.backends.onnxruntime.onnx_llm_ops import LLM_COMPOSITES, lower_unfused_attention
 from edgerun.backends.onnxruntime.onnx_ops import (
     COMPOSITES,
@@ -118,6 +119,9 @@ class OnnxRuntimeBackend(Backend):
         pooled = work >= SMALL_PARTITION_FLOPS or (
             self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
         threads = self.threads if pooled else 1
+        # Outputs that may also be written over an input (a weight's update over the weight: onnx_in_place.py);
+        # unlike `overwrites`, the runner stages nothing for them when the runtime hands two buffers.
+        in_place_outputs = may_overwrite(model.graph, set(subgraph.inputs) - set(overwrites.values()))
         runner, shared_by = self._session_for(model, subgraph, external, in_place, overwrites,
                                               (threads, self.spin))
         session = runner.session
@@ -127,8 +131,8 @@ class OnnxRuntimeBackend(Backend):
         for name in released:  # ORT holds its packed copy: keep no reference to the program's array here
             runner.external.pop(name, None)
             release_initializer(session, name)
-        return CompiledPartition(self.name, subgraph, runner.run,
-                                 released_constants=released_constants, overwrites_inputs=overwrites,
+        return CompiledPartition(self.name, subgraph, runner.run, released_constants=released_constants,
+                                 overwrites_inputs={**in_place_outputs, **overwrites},
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "fused_attentions": emitted.fused_attentions,
                                        "constants_read_in_place": len(in_place),

@@ -20,6 +20,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.ops.conv_transpose_ops import transpose_geometry
+from edgerun.ir.region import regions_of
 
 OPSET = 20  # 20: Gelu
 
@@ -282,7 +283,37 @@ def _arg(b: OnnxBuilder, node: Node) -> None:
 
 @_op("matmul", FLOATS)
 def _matmul(b: OnnxBuilder, node: Node) -> None:
+    a, c = node.inputs
+    if b.graph.specs[a].rank == 2 and b.graph.specs[c].rank == 2 and b.graph.specs[a].dtype in (DType.float32, DType.float64):
+        # An operand transposed in this partition (a training step's weight, read as [in, out] by the
+        # forward; a cotangent read as [out, batch] by a weight's gradient): Gemm reads its source with
+        # transA/transB instead of a Transpose copying it on every call. Constants never get here
+        # transposed: the passes fold their transposes.
+        ta, tc = _transposed_source(b, a), _transposed_source(b, c)
+        if ta is not None or tc is not None:
+            b.node("Gemm", [ta or a, tc or c], list(node.outputs), transA=int(ta is not None),
+                   transB=int(tc is not None))
+            return
     b.node("MatMul", _inputs(node), list(node.outputs))
+
+
+def _transposed_source(b: OnnxBuilder, value: str) -> str | None:
+    """For a [p, q] value that a one-region raster makes as the transpose of its source (of p*q elements,
+    read as [q, p]): that source, as [q, p]; else None."""
+    node = b.producers.get(value)
+    if node is None or node.op != "raster" or node.attrs.get("fill") is not None or len(node.inputs) != 1:
+        return None
+    regions = regions_of(node.attrs)
+    p, q = b.graph.specs[value].shape
+    src = node.inputs[0]
+    if len(regions) != 1 or regions[0].src != 0 or regions[0].numel != p * q or b.graph.specs[src].numel != p * q:
+        return None
+    if p * q > 1 << 22:
+        return None
+    dst_index, src_index = regions[0].index_grids()
+    if not np.array_equal(src_index, (dst_index % q) * p + dst_index // q):
+        return None
+    return src if b.graph.specs[src].shape == (q, p) else b.node("Reshape", [src, b.ints([q, p])])
 
 
 @_op("conv2d", F32)
