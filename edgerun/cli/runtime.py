@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from edgerun.ir.symbolic import evaluate
     from edgerun.program import Program
-    from edgerun.runtime import load
+    from edgerun.runtime import LoadedProgram, load
     from edgerun.runtime.specializing import SpecializingProgram
 
     program = Program.read(args.file)
@@ -113,6 +113,8 @@ def _info(args: argparse.Namespace) -> int:
     largest = {name: high for name, (_, high) in graph.symbols.items()}
     if isinstance(m, SpecializingProgram):  # a template: show the plan for the largest shape its bounds allow
         m = m.specialization(**{n: tuple(evaluate(d, largest) for d in graph.specs[n].shape) for n in graph.inputs})
+    if not isinstance(m, LoadedProgram):
+        raise EdgerunError(f"{args.file} runs in stages (data-dependent ops): each stage has a plan of its own")
     plan = m.plan
     info: dict[str, Any] = {
         "symbols": {name: list(bounds) for name, bounds in graph.symbols.items()},

@@ -321,6 +321,8 @@ def load_program(source: Program, backends: Sequence[str] | str | None) -> Loade
     from edgerun.search import load  # edgerun.load: "auto" is resolved by the search, then the runtime loads
 
     loaded = load(source, backends=backends)
+    if not isinstance(loaded, LoadedProgram):  # a template: the step builder fixes every shape
+        raise EdgerunError("an LLM program has fixed shapes; this one has symbolic dimensions")
     release_constants(loaded)
     return loaded
 

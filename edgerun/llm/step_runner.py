@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.runtime import LoadedProgram
+from edgerun.runtime import LoadedProgram, RunnableProgram
 
 
 class StepRunner:
@@ -85,7 +85,7 @@ class StepRunner:
             logits = self._run(self.prefill, ids[begin:begin + self.chunk], self.chunk)
         return logits
 
-    def _run(self, method: LoadedProgram, ids: list[int], length: int) -> np.ndarray:
+    def _run(self, method: RunnableProgram, ids: list[int], length: int) -> np.ndarray:
         start = min(self.position, self.context - length)  # update_slice must not clamp: see the module doc
         ids = self.tokens[start:] + ids
         self.tokens = self.tokens[:start]

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgerun.errors import EdgerunError
 from edgerun.heap import return_freed_memory
 from edgerun.runtime.loaded_program import LoadedProgram
+from edgerun.runtime.methods import RunnableProgram
 
 
-def releasable_constants(loaded: LoadedProgram) -> set[str]:
+def releasable_constants(loaded: RunnableProgram) -> set[str]:
     """Constants that every compiled partition of every method reading them has released."""
     released: dict[str, bool] = {}
     for method in _methods(loaded):
@@ -30,7 +32,7 @@ def releasable_constants(loaded: LoadedProgram) -> set[str]:
     return {name for name, ok in released.items() if ok}
 
 
-def release_constants(loaded: LoadedProgram) -> int:
+def release_constants(loaded: RunnableProgram) -> int:
     """Release what `releasable_constants` finds, in the loaded methods and their Program; returns the bytes
     the program's arrays held (freed unless the caller keeps other references to them)."""
     names = releasable_constants(loaded)
@@ -55,5 +57,10 @@ def placeholder(array: np.ndarray) -> np.ndarray:
     return np.broadcast_to(np.zeros((), array.dtype), array.shape)
 
 
-def _methods(loaded: LoadedProgram) -> list[LoadedProgram]:
-    return [loaded.method(n) for n in loaded.methods]
+def _methods(loaded: RunnableProgram) -> list[LoadedProgram]:
+    methods = [loaded.method(n) for n in loaded.methods]
+    templates = [n for n, m in zip(loaded.methods, methods) if not isinstance(m, LoadedProgram)]
+    if templates:  # its partitions are a specialisation's, and the next shape's may read any constant
+        raise EdgerunError(f"constants are released from programs of fixed shapes; method(s) {templates} are "
+                           "templates (symbolic dimensions)")
+    return [m for m in methods if isinstance(m, LoadedProgram)]

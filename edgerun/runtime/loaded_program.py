@@ -1,4 +1,4 @@
-"""LoadedProgram: a program made runnable, called like a function on numpy arrays."""
+"""LoadedProgram: a program made runnable at one set of shapes: one arena, one instruction list."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from edgerun.oracle import bind_inputs
 from edgerun.runtime.executor import Executor
 from edgerun.runtime.instructions import EventSink, Instruction
 from edgerun.runtime.memory_plan import ArenaPlan
-from edgerun.runtime.methods import MethodAccess
+from edgerun.runtime.methods import RunnableProgram
 from edgerun.runtime.partition import Partition
 from edgerun.runtime.state import StateBinding
 
@@ -45,15 +45,13 @@ class LoadedParts:
     state: StateBinding | None = None  # the method's link to the program's state buffers (runtime/state.py)
 
 
-class LoadedProgram(MethodAccess):
-    """Call with positional arrays (`m(x, y)`) or by input name (`m(x=..., y=...)`).
+class LoadedProgram(RunnableProgram):
+    """A RunnableProgram (runtime/methods.py) at one set of shapes.
 
-    Returns a single numpy array when the program has one output, else a tuple in output order. Returned
-    arrays are fresh copies (the arena is reused by the next call). Inputs are checked against the program's
-    specs; a dtype that converts safely (same kind, e.g. float64 to float32) is converted. Calls are
-    serialised by a lock: one arena, one call at a time; load twice to run in parallel.
-    A program with several methods or with state: see MethodAccess (runtime/methods.py); calling the loaded
-    program runs its default method, and the methods of one load share one lock.
+    Returned arrays are fresh copies (the arena is reused by the next call). Inputs are checked against the
+    program's specs; a dtype that converts safely (same kind, e.g. float64 to float32) is converted. Calls
+    are serialised by a lock: one arena, one call at a time; load twice to run in parallel. The methods of
+    one load share one lock.
     """
 
     def __init__(self, parts: LoadedParts) -> None:
@@ -61,9 +59,6 @@ class LoadedProgram(MethodAccess):
         self.graph = parts.graph
         self.program = parts.program
         self.plan = parts.plan
-        # What chose the placement, when the load-time search did (edgerun.search.AutoPlan; shown by
-        # `edgerun plan`). The runtime never reads it.
-        self.search: object = None
         self._executor = Executor(parts.instructions)
         self._input_views = [parts.views[n] for n in self.graph.inputs]
         self._output_views = [parts.views[n] for n in self.graph.outputs]
@@ -83,16 +78,8 @@ class LoadedProgram(MethodAccess):
 
     # -- description -------------------------------------------------------------------------------------
     @property
-    def input_names(self) -> list[str]:
-        return list(self.graph.inputs)
-
-    @property
     def output_names(self) -> list[str]:
         return list(self.parts.output_names)
-
-    @property
-    def input_specs(self) -> dict[str, TensorSpec]:
-        return {n: self.graph.specs[n] for n in self.graph.inputs}
 
     @property
     def output_specs(self) -> dict[str, TensorSpec]:
@@ -125,15 +112,6 @@ class LoadedProgram(MethodAccess):
                 f"arena {self.plan.arena_bytes} B>")
 
     # -- running -----------------------------------------------------------------------------------------
-    def __call__(self, *arrays: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run the default method on inputs by position or by name. A program with one output returns that
-        array, one with several a tuple of them, as calling a torch module does (`logits = model(x)`);
-        `run` always returns a list."""
-        if arrays and named:
-            raise EdgerunError("pass inputs either by position or by name, not both")
-        outs = self.run(named if named else arrays)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
     def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
             sink: EventSink | None = None) -> list[np.ndarray]:
         """Outputs as a list, in output order; `sink` receives one event per instruction."""

@@ -40,7 +40,7 @@ from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
 from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, TensorLifetime, plan_memory
 from edgerun.runtime.method_state import MethodState
-from edgerun.runtime.methods import has_methods_or_state, load_methods
+from edgerun.runtime.methods import RunnableProgram, has_methods_or_state, load_methods
 from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.placement import FALLBACK, assign_backends, claimed_by, lower_unclaimed, resolve_backends
 from edgerun.runtime.placer import Placer
@@ -54,7 +54,7 @@ def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *, placer: Placer | None = None,
          placement: Mapping[str, str] | None = None, algorithms: Mapping[str, str] | None = None,
          verify_weights: bool = True, alias_reshapes: bool = True, arena_limit: int | None = None,
-         state: StateStore | None = None) -> LoadedProgram:
+         state: StateStore | None = None) -> RunnableProgram:
     """Make a program runnable on the given backends.
 
     `source`: a program file path, a Program, or a Graph. `backends`: names or instances in order of

@@ -1,5 +1,7 @@
-"""Multi-method programs at run time: one loaded program per method, sharing the program's state.
+"""What `edgerun.load` returns (RunnableProgram), and multi-method programs: one per method, sharing state.
 
+Every loaded program is a RunnableProgram: a LoadedProgram (one plan: one arena, one instruction list) or a
+SpecializingProgram (a template, holding one LoadedProgram per concrete shape: runtime/specializing.py).
 `edgerun.load` on a program with several methods (or with state) loads each method's graph as its own
 LoadedProgram (its own placement, arena and instructions; the weights are the same memory-mapped arrays)
 and binds every one to a single StateStore. The default method's LoadedProgram is what load returns:
@@ -14,7 +16,8 @@ and binds every one to a single StateStore. The default method's LoadedProgram i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,30 +27,65 @@ from edgerun.runtime.state import StateStore
 
 if TYPE_CHECKING:
     from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
     from edgerun.program import Program
-    from edgerun.runtime.loaded_program import LoadedProgram
+    from edgerun.runtime.instructions import EventSink
 
 DEFAULT_METHOD = "forward"  # program_parts.DEFAULT_METHOD; the runtime does not import the codec
 
 
-class MethodAccess:
-    """What a loaded program offers beyond one call: its methods and its state.
+class RunnableProgram(ABC):
+    """A loaded program: called like a function on numpy arrays, with its methods and its state.
 
-    Every method of one load has the same table and store, so `model.decode.prefill` is `model.prefill`.
-    A program with one method and no state has a table of itself and an empty state.
+    Call with positional arrays (`m(x, y)`) or by input name (`m(x=..., y=...)`): a program with one output
+    returns that array, one with several a tuple of them, as calling a torch module does; `run` always
+    returns a list. Every method of one load has the same table and store, so `model.decode.prefill` is
+    `model.prefill`. A program with one method and no state has a table of itself and an empty state.
     """
 
-    _method_table: dict[str, LoadedProgram] | None = None
+    graph: Graph  # the default method's graph (a template's: with its symbols)
+    program: Program | None = None
+    # What chose the placement, when the load-time search did (edgerun.search.AutoPlan; shown by
+    # `edgerun plan`). The runtime never reads it.
+    search: object = None
+    _method_table: dict[str, RunnableProgram] | None = None
     _state_store: StateStore | None = None
     method_name: str = DEFAULT_METHOD
-    program: Program | None = None
+
+    @abstractmethod
+    def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+            sink: EventSink | None = None) -> list[np.ndarray]:
+        """Outputs as a list, in output order; `sink` receives one event per instruction."""
+
+    def __call__(self, *arrays: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run the default method on inputs by position or by name."""
+        if arrays and named:
+            raise EdgerunError("pass inputs either by position or by name, not both")
+        outs = self.run(named if named else arrays)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    @property
+    def input_specs(self) -> dict[str, TensorSpec]:
+        return {n: self.graph.specs[n] for n in self.graph.inputs}
+
+    @property
+    @abstractmethod
+    def output_names(self) -> list[str]: ...
+
+    @property
+    @abstractmethod
+    def output_specs(self) -> dict[str, TensorSpec]: ...
 
     @property
     def methods(self) -> list[str]:
         """Method names, the default first."""
         return list(self._method_table) if self._method_table else [self.method_name]
 
-    def method(self, name: str) -> LoadedProgram:
+    def method(self, name: str) -> RunnableProgram:
         """The loaded program of method `name`."""
         table: dict[str, Any] = {self.method_name: self}
         table.update(self._method_table or {})
@@ -56,7 +94,8 @@ class MethodAccess:
         except KeyError:
             raise EdgerunError(f"the program has no method {name!r}; its methods are {list(table)}") from None
 
-    def join_methods(self, name: str, table: dict[str, LoadedProgram], store: StateStore, program: Program) -> None:
+    def join_methods(self, name: str, table: dict[str, RunnableProgram], store: StateStore,
+                     program: Program) -> None:
         """Become method `name` of `program`'s load: one table of its methods, one store of its state."""
         self._method_table, self._state_store, self.method_name, self.program = table, store, name, program
 
@@ -94,7 +133,7 @@ def has_methods_or_state(program: Program) -> bool:
     return len(program.methods) > 1 or bool(program.state) or program.default_method != DEFAULT_METHOD
 
 
-def load_methods(program: Program, load_one: Callable[..., LoadedProgram]) -> LoadedProgram:
+def load_methods(program: Program, load_one: Callable[..., RunnableProgram]) -> RunnableProgram:
     """Load every method with `load_one(graph, state=store)` against one new StateStore; returns the default.
 
     The store is reset once all are loaded: a load-time search may have run a method to time it.

@@ -1,5 +1,9 @@
 """SpecializingProgram: a template program (symbolic dimensions) run by specialising it per concrete shape.
 
+It is a RunnableProgram (runtime/methods.py) that holds loaded programs, one per shape, rather than being
+one: what belongs to a single plan (`plan`, `parts`, `instructions`) is a specialisation's
+(`model.specialization(...)`).
+
 This is MNN's resize: the first call at a new shape binds the symbols from the input shapes (bounds and
 consistency checked, ir/specialize.py), substitutes them, runs the export pipeline (`passes.optimize`:
 decomposition, folding, raster merging) on the now static graph and loads it through the normal load path
@@ -30,7 +34,7 @@ from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.passes.pipeline import METADATA_KEY, optimize, records_to_json
 from edgerun.program import Program
 from edgerun.runtime.instructions import EventSink
-from edgerun.runtime.loaded_program import LoadedProgram
+from edgerun.runtime.methods import RunnableProgram
 from edgerun.runtime.staged import StagedRun
 
 if TYPE_CHECKING:
@@ -69,24 +73,22 @@ def specialize_program(template: Program, bindings: Mapping[str, int]) -> Progra
     return Program(graph, metadata)
 
 
-class SpecializingProgram(LoadedProgram):
-    """What `edgerun.load` returns for a template: called like any LoadedProgram (`m(x)`, `m.run(...)`).
+class SpecializingProgram(RunnableProgram):
+    """What `edgerun.load` returns for a template: called like any loaded program (`m(x)`, `m.run(...)`).
 
     `input_specs` shows the symbols (`float32[batch,seq,32]`), `symbols` their bounds. Per-shape details
     (plan, arena, instructions) belong to one specialisation: `specialization(x=...)` returns it.
     """
 
-    def __init__(self, template: Program, load_concrete: Callable[[Program], LoadedProgram],
+    def __init__(self, template: Program, load_concrete: Callable[[Program], RunnableProgram],
                  cache_size: int = DEFAULT_CACHE_SIZE) -> None:
-        # LoadedProgram.__init__ is not called: a template has no single arena or instruction list.
         if cache_size < 1:
             raise EdgerunError(f"cache_size must be at least 1, got {cache_size}")
         self.program = template
         self._template = template
         self.graph: Graph = template.graph
-        self.search = None
         self._load_concrete = load_concrete
-        self._cache: OrderedDict[CacheKey, LoadedProgram] = OrderedDict()
+        self._cache: OrderedDict[CacheKey, RunnableProgram] = OrderedDict()
         self._values = template if isinstance(template, ValueSpecializer) else None
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
@@ -96,20 +98,18 @@ class SpecializingProgram(LoadedProgram):
         self._stages = StagedRun(template, self._load_stage) if self._values is None and has_data_dependent(
             template.graph) else None
 
-    def _load_stage(self, stage: Program) -> LoadedProgram:
+    def _load_stage(self, stage: Program) -> RunnableProgram:
         if stage.graph.symbols:
             return SpecializingProgram(stage, self._load_concrete, self._cache_size)
         return self._load_concrete(stage)
 
     def __getattr__(self, name: str) -> Any:
-        # Attributes LoadedProgram sets per load (parts, plan, ...) exist per specialisation only.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        table = self.__dict__.get("_method_table")
-        if table and name in table:  # another method of a multi-method program (runtime/methods.py)
-            return table[name]
-        raise EdgerunError(f"{name!r} belongs to one shape of this template program (symbols "
-                           f"{sorted(self.graph.symbols)}): use model.specialization(...) with inputs of that shape")
+        try:
+            return super().__getattr__(name)  # another method of a multi-method program
+        except AttributeError:
+            raise AttributeError(f"this template program (symbols {sorted(self.graph.symbols)}) has no attribute "
+                                 f"{name!r}: what belongs to one shape (plan, parts, instructions) is "
+                                 "model.specialization(...)'s, for inputs of that shape") from None
 
     # -- description -------------------------------------------------------------------------------------
     @property
@@ -158,7 +158,7 @@ class SpecializingProgram(LoadedProgram):
         return self._specialization(key, program).run({n: named[n] for n in program.graph.inputs}, sink)
 
     def specialization(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
-                       **shapes: tuple[int, ...]) -> LoadedProgram:
+                       **shapes: tuple[int, ...]) -> RunnableProgram:
         """The loaded program for these inputs' shapes (arrays), or for shapes given by name
         (`specialization(x=(2, 16, 32))`), loading it on first use. A template with value-deciding inputs
         needs the arrays (their values pick the specialisation)."""
@@ -171,7 +171,7 @@ class SpecializingProgram(LoadedProgram):
         bindings = self._bindings(shapes, as_shapes=True) if inputs is None else self._bindings(inputs, False)
         return self._specialization(((), bindings), self._template)
 
-    def _specialization(self, key: CacheKey, template: Program) -> LoadedProgram:
+    def _specialization(self, key: CacheKey, template: Program) -> RunnableProgram:
         with self._cache_lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -180,7 +180,7 @@ class SpecializingProgram(LoadedProgram):
         # Loaded outside the lock: a slow first call at one shape does not hold up calls at cached ones.
         bindings = dict(key[1])
         if has_data_dependent(template.graph):  # a value's program with nonzero, ...: staged, per shape inside
-            loaded: LoadedProgram = SpecializingProgram(template, self._load_concrete, self._cache_size)
+            loaded: RunnableProgram = SpecializingProgram(template, self._load_concrete, self._cache_size)
         else:
             concrete = specialize_program(template, bindings) if template.graph.symbols else template
             loaded = self._load_concrete(concrete)

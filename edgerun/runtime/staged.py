@@ -18,13 +18,13 @@ from edgerun.ir.staging import split_at_data_dependent
 from edgerun.oracle.data_dependent_kernels import DATA_DEPENDENT_KERNELS
 from edgerun.program import Program
 from edgerun.runtime.instructions import EventSink
-from edgerun.runtime.loaded_program import LoadedProgram
+from edgerun.runtime.methods import RunnableProgram
 
 
 class StagedRun:
     """The stages of one template, each loaded by `load_stage` (a static load, or a SpecializingProgram)."""
 
-    def __init__(self, template: Program, load_stage: Callable[[Program], LoadedProgram]) -> None:
+    def __init__(self, template: Program, load_stage: Callable[[Program], RunnableProgram]) -> None:
         stages = split_at_data_dependent(template.graph)
         self._constants = dict(template.graph.constants)
         self._node = stages.node

@@ -27,7 +27,7 @@ from edgerun.backends.registry import auto_candidates, get_backend
 from edgerun.errors import BackendUnavailableError, EdgerunError
 from edgerun.ir.graph import Graph
 from edgerun.program import Program
-from edgerun.runtime import LoadedProgram
+from edgerun.runtime import LoadedProgram, RunnableProgram
 from edgerun.runtime import load as runtime_load
 from edgerun.runtime.loader import load_prepared
 from edgerun.runtime.placer import CandidateLoad, Placed
@@ -177,7 +177,7 @@ class AutoPlacer:
 def load(source: str | os.PathLike[str] | Program | Graph,
          backends: Sequence[str | Backend] | str | None = None, *, placement: Mapping[str, str] | None = None,
          tune: bool = False, verify_weights: bool = True, alias_reshapes: bool = True,
-         arena_limit: int | None = None, state: StateStore | None = None) -> LoadedProgram:
+         arena_limit: int | None = None, state: StateStore | None = None) -> RunnableProgram:
     """`edgerun.load`: the runtime's load, with `backends="auto"` (or "auto:a,b") placed by the search.
 
     "auto" searches over the installed backends that join it (backends/registry.py); "auto:a,b" over

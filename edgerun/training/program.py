@@ -11,7 +11,7 @@ import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.program import Program
-from edgerun.runtime.loaded_program import LoadedProgram
+from edgerun.runtime.methods import RunnableProgram
 from edgerun.search import load
 from edgerun.training.build import TrainableSpec, TrainingLayout, build_training_program
 from edgerun.training.checkpoint import read_weights, write_weights
@@ -27,7 +27,7 @@ class TrainingProgram:
         self.program = program  # the training program as built (its state: the initial values)
         self.layout = layout
         self.optimizer = optimizer
-        self.loaded: LoadedProgram = load(program, backends)
+        self.loaded: RunnableProgram = load(program, backends)
         self.skipped_steps = 0  # steps left out because the loss or a gradient was not finite
 
     @classmethod
