@@ -2,8 +2,9 @@
 
 conv2d's input cotangent is the transposed convolution of the output's cotangent with the same weight (whose
 [out, in/groups, kh, kw] layout is conv_transpose2d's [in, out/groups, kh, kw] read the other way); its weight
-cotangent is one more convolution, of the input (batch and channels swapped, groups kept apart) by the
-output's cotangent, with stride and dilation exchanged. A pooling window's taps are written as rasters from
+cotangent, at stride 1 with one group, is one matrix product of the input's windows (im2col, a raster) and the
+output's cotangent, else one more convolution, of the input (batch and channels swapped, groups kept apart)
+by the output's cotangent, with stride and dilation exchanged. A pooling window's taps are written as rasters from
 the input (one region per tap), so its cotangent is those regions transposed (ops/raster_gradient.py): max
 pooling sends each window's cotangent to the first tap holding the max (torch's choice), average pooling to
 every tap divided by the window's count.
@@ -22,6 +23,9 @@ from edgerun.ir.region import Region
 from edgerun.ir.registry import register_gradient
 
 Grads = list[str | None]
+# The weight cotangent's im2col windows (kh*kw*ci x n*ho*wo) are materialised up to this many elements (16 MB
+# in float32); above it, the convolution that reads the input in place.
+MAX_IM2COL_ELEMENTS = 1 << 22
 
 
 @register_gradient("conv2d")
@@ -40,7 +44,9 @@ def _conv2d(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
         end_w = (wo - 1) * sw + (kw - 1) * dw + 1 - pl - wd
         out[0] = b.emit("conv_transpose2d", [g, w], stride=[sh, sw], dilation=[dh, dw],
                         padding=[pt, pl, end_h, end_w], groups=groups)
-    if needs[1]:
+    if needs[1] and groups == 1 and (sh, sw) == (1, 1) and kh * kw * ci * n * ho * wo <= MAX_IM2COL_ELEMENTS:
+        out[1] = _conv_weight_gradient_gemm(b, node, g)
+    elif needs[1]:
         xs = reshape_to(b, x, [n, groups, ci, h, wd])
         xs = reshape_to(b, b.emit("transpose", [xs], perm=[2, 1, 0, 3, 4]), [ci, groups * n, h, wd])
         gs = b.emit("transpose", [g], perm=[1, 0, 2, 3])  # [groups * co, n, ho, wo]
@@ -52,6 +58,39 @@ def _conv2d(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     if len(node.inputs) > 2 and node.inputs[2] and needs[2]:
         out[2] = b.emit("reduce_sum", [g], axes=[0, 2, 3])
     return out
+
+
+def _conv_weight_gradient_gemm(b: Builder, node: Node, g: str) -> str:
+    """conv2d's weight cotangent (stride 1, one group) as one matrix product: the input's windows laid out
+    as col [(tap, ci), (ho, wo, n)] (im2col, zero where a tap reads padding) times the output's cotangent as
+    [(ho, wo, n), co]. At a device's training sizes the planes are small and a direct convolution with batch
+    and channels swapped spends its time on layout (a digits CNN's [32, 32, 4, 4] layer on ONNX Runtime, one
+    thread, its profiler: 485 us for that convolution, 184 us for this GEMM). The batch is innermost so that a tap's
+    window is rows of (columns x batch) elements, long runs for the layout copies."""
+    x = node.inputs[0]
+    _, (pt, pl, _, _), (dh, dw), _ = conv_geometry(node.attrs)
+    n, ci, h, wd = b.shape(x)
+    co, _, kh, kw = b.shape(node.inputs[1])
+    _, _, ho, wo = b.shape(g)
+    plane, taps = ho * wo, kh * kw
+    xt = b.emit("raster", [x], shape=[ci, h, wd, n], fill=None,  # x as [ci, h, w, n]
+                regions=[Region(0, 0, (ci * h * wd, h * wd, 1), 0, (1, h * wd * n, n), (n, ci, h * wd)).to_list()])
+    regions = []
+    for ki in range(kh):
+        for kj in range(kw):
+            rows = [o for o in range(ho) if 0 <= o + ki * dh - pt < h]
+            cols = [o for o in range(wo) if 0 <= o + kj * dw - pl < wd]
+            if rows and cols:
+                ih, iw = rows[0] + ki * dh - pt, cols[0] + kj * dw - pl
+                regions.append(Region(0, (ih * wd + iw) * n, (h * wd * n, wd * n, 1),
+                                      (ki * kw + kj) * ci * plane * n + (rows[0] * wo + cols[0]) * n,
+                                      (plane * n, wo * n, 1), (ci, len(rows), len(cols) * n)).to_list())
+    col = b.emit("raster", [xt], shape=[taps * ci, plane * n], fill=0.0, regions=regions)
+    gt = b.emit("raster", [g], shape=[plane * n, co], fill=None,  # g [n, co, (ho, wo)] as [(ho, wo, n), co]
+                regions=[Region(0, 0, (co * plane, plane, 1), 0, (co, 1, n * co), (n, co, plane)).to_list()])
+    gw = b.emit("matmul", [col, gt])  # [(tap, ci), co]
+    return b.emit("raster", [gw], shape=[co, ci, kh, kw], fill=None,  # back to [co, ci, kh, kw]
+                  regions=[Region(0, 0, (1, co, ci * co), 0, (ci * taps, taps, 1), (co, ci, taps)).to_list()])
 
 
 def _tap_regions(node: Node, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
