@@ -67,7 +67,11 @@ class ReferenceBackend(Backend):
                 raise UnsupportedOpError(node.op, module_path=node.meta.get("module_path"),
                                          detail="no reference kernel (composite ops must be decomposed first)")
         binder = functools.partial(bind_node, algorithms=dict(algorithms)) if algorithms else bind_node
-        return CompiledPartition(self.name, subgraph, functools.partial(run_partition, subgraph), binder)
+        # update_slice's kernel writes only the new rows when handed its first input's array as its output
+        # (a KV cache's step): declared, so a state it updates is planned in place.
+        overwrites = {n.outputs[0]: n.inputs[0] for n in subgraph.nodes if n.op == "update_slice"}
+        return CompiledPartition(self.name, subgraph, functools.partial(run_partition, subgraph), binder,
+                                 overwrites_inputs=overwrites)
 
 
 def create_backend() -> ReferenceBackend:

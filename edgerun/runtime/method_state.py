@@ -64,8 +64,7 @@ class MethodState:
              partitions: Sequence[Partition], compiled: Sequence[CompiledPartition]) -> None:
         if self.signature is None:
             return
-        overwrites = overwriting_steps(steps, lambda step: _on_reference(step, partitions),
-                                       lambda k: compiled[k].overwrites_inputs)
+        overwrites = overwriting_steps(steps, lambda k: compiled[k].overwrites_inputs)
         self._plan = plan_state(self.graph, self.signature, lifetimes, arena_aliases, overwrites)
         for k, original in self._narrowed.items():  # its update was not placed in place: full regions again
             if not any(v in self._plan.views for v in original.writes):
@@ -83,7 +82,7 @@ class MethodState:
 
 
 def _on_reference(step: Step, partitions: Sequence[Partition]) -> bool:
-    # Its bound rasters write only their regions' bytes, and its update_slice writes over its input.
+    # Its bound rasters write only their regions' bytes.
     return partitions[step.partition].backend == FALLBACK
 
 

@@ -110,25 +110,20 @@ class StatePlan:
     in_place: tuple[str, ...]  # states whose update the kernels write straight into the state's buffer
 
 
-# Ops whose reference kernel may write its output over its first input's buffer (the rest of the output is
-# then already in place): an update of a state made by one of them reads the old state in the same step.
-WRITES_OVER_FIRST_INPUT = frozenset({"update_slice"})
-
-
-def overwriting_steps(steps: list[Step], binds_kernel: Callable[[Step], bool],
-                      overwrites_of: Callable[[int], Mapping[str, str]] = lambda _: {}) -> dict[str, tuple[str, ...]]:
+def overwriting_steps(steps: list[Step], overwrites_of: Callable[[int], Mapping[str, str]],
+                      ) -> dict[str, tuple[str, ...]]:
     """Value -> the inputs of the step making it, first the one whose buffer it may be written over: each
-    value made by a WRITES_OVER_FIRST_INPUT node bound to the reference's kernel (`binds_kernel`), and each
-    output a whole-partition step declares it computes over one of its inputs (`overwrites_of(partition)`,
-    CompiledPartition.overwrites_inputs). plan_state may put such a value in that input's state buffer."""
+    output its partition declares it computes over one of the step's inputs (`overwrites_of(partition)`,
+    CompiledPartition.overwrites_inputs: a delegate's whole-partition step, or a bound node such as the
+    reference's update_slice). An update of a state made so reads the old state in the same step, and
+    plan_state may put it in that state's buffer."""
     found: dict[str, tuple[str, ...]] = {}
     for step in steps:
-        if step.node is None:
-            for value, read in overwrites_of(step.partition).items():
-                if value in step.writes and read in step.reads:
-                    found[value] = (read, *(r for r in step.reads if r != read))
-        elif step.node.op in WRITES_OVER_FIRST_INPUT and binds_kernel(step):
-            found[step.node.outputs[0]] = tuple(step.node.inputs)
+        for value, read in overwrites_of(step.partition).items():
+            if value in step.writes and read in step.reads:
+                others = list(step.reads)
+                others.remove(read)
+                found[value] = (read, *others)
     return found
 
 
