@@ -81,8 +81,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="the most new tokens one request may ask for (default: the context)")
     p.add_argument("--max-pending-tokens", type=int, default=None,
                    help="new tokens all admitted requests may reserve together; past it 503 (default: no bound)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="requests decoding together in one model call (continuous batching; default 8, or as "
+                        "many as --kv-cache-mb holds; 1: one request at a time)")
+    p.add_argument("--kv-cache-mb", type=int, default=1024,
+                   help="memory for the KV caches: one per batch slot at --context, and one for prompts "
+                        "(default 1024)")
     p.add_argument("--max-queue", type=int, default=d.max_queue,
-                   help=f"requests waiting behind the running one; past it 429 (default {d.max_queue})")
+                   help=f"requests waiting for a batch slot; past it 429 (default {d.max_queue})")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help=f"request body limit, checked before the body is read (default {d.max_body_bytes})")
     p.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars,
@@ -102,7 +108,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"address space of a template worker (default {d.template_memory_bytes >> 20})")
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace, **options: Any) -> Any:
     import edgerun.llm
 
     backends = args.backends
@@ -112,10 +118,12 @@ def _load(args: argparse.Namespace) -> Any:
 
     start = time.perf_counter()
     with Progress(f"loading {args.model}"):
-        model = edgerun.llm.load(args.model, dequantize=args.dequantize, context=args.context, backends=backends)
+        model = edgerun.llm.load(args.model, dequantize=args.dequantize, context=args.context, backends=backends,
+                                 **options)
     packed = any(n.op == "matmul_int4" for n in model.runner.decode.graph.nodes)
+    batch = f"; batch size {model.slots}, KV cache {model.kv_cache_bytes >> 20} MB" if "slots" in options else ""
     print(f"[loaded {model.name} in {time.perf_counter() - start:.1f} s; weights "
-          f"{'packed (int4 matmuls)' if packed else 'float32'}; context {model.context}]", file=sys.stderr)
+          f"{'packed (int4 matmuls)' if packed else 'float32'}; context {model.context}{batch}]", file=sys.stderr)
     return model
 
 
@@ -197,5 +205,9 @@ def _serve(args: argparse.Namespace) -> int:
         if not (args.embedding_program and args.embedding_tokenizer):
             raise EdgerunError("--embedding-program and --embedding-tokenizer go together")
         embedder = Embedder.load(args.embedding_program, args.embedding_tokenizer, args.embedding_name)
-    serve(_load(args), host=args.host, port=args.port, config=config, embedder=embedder)
+    if not 1 <= args.batch_size <= 64 or args.kv_cache_mb < 1:
+        raise EdgerunError(f"--batch-size must be 1 to 64 and --kv-cache-mb >= 1, got {args.batch_size} and "
+                           f"{args.kv_cache_mb}")
+    model = _load(args, slots=args.batch_size, kv_cache_bytes=args.kv_cache_mb << 20)
+    serve(model, host=args.host, port=args.port, config=config, embedder=embedder)
     return 0

@@ -86,6 +86,12 @@ class LanguageModel:
         return self.info.name
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Memory the KV caches take: the single-sequence cache and the batched decode's slots."""
+        state = self.program.program.state if self.program.program is not None else {}
+        return sum(int(v.size) * v.dtype.itemsize for v in state.values())
+
+    @property
     def slots(self) -> int:
         """Sequences the batched decode runs in one call (`load(..., slots=B)`); 1: no batched decode."""
         names = slot_cache_names(self.config)[:1]
@@ -190,13 +196,15 @@ class LanguageModel:
 
 def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, context: int | None = None,
          chunk: int = DEFAULT_CHUNK, backends: Sequence[str] | str | None = None,
-         int8_decode: bool = True, int8_prefill: bool = True, slots: int = 1) -> LanguageModel:
+         int8_decode: bool = True, int8_prefill: bool = True, slots: int = 1,
+         kv_cache_bytes: int | None = None) -> LanguageModel:
     """Load a GGUF file, a Hugging Face model folder, or a program file written by `edgerun llm export`.
 
     Packed GGUF weights (Q4_0, Q4_1, Q8_0) run packed unless `dequantize`; `int8_decode` and `int8_prefill`
     (see build_program) apply to them. An exported file runs as it was exported (its context, chunk and
     weights). `backends="auto"` lets the search place each method. `slots` > 1 adds the batched decode over
-    that many sequences (build_program).
+    that many sequences (build_program); with `kv_cache_bytes` as few as fit that bound beside the
+    single-sequence cache (an error if not even that fits).
     """
     path = os.fspath(path_or_gguf)
     from edgerun.llm.program_file import is_program_file, load_program_file
@@ -209,9 +217,27 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
         return load_program_file(path, backends=backends, dequantize=dequantize, context=context)
     checkpoint = load_checkpoint(path)
     info, tokenizer = model_info(checkpoint, context, chunk), checkpoint_tokenizer(checkpoint)
+    if kv_cache_bytes is not None:
+        slots = fitting_slots(info, slots, kv_cache_bytes)
     program = build_program(checkpoint, info, dequantize, int8_decode, int8_prefill, slots)
     del checkpoint  # freed before the program loads: ONNX Runtime's sessions then reuse its memory
     return LanguageModel(info, tokenizer, load_program(program, backends))
+
+
+def sequence_cache_bytes(info: ModelInfo) -> int:
+    """The KV cache of one sequence at the model's context: every layer's keys and values, float32."""
+    return sum(4 * int(np.prod(spec.shape)) for spec in cache_specs(info.config, info.context, "heads").values())
+
+
+def fitting_slots(info: ModelInfo, slots: int, kv_cache_bytes: int) -> int:
+    """At most `slots` batched-decode slots, as many as fit `kv_cache_bytes` with the single-sequence cache
+    (1: no batched decode, the single cache alone)."""
+    per = sequence_cache_bytes(info)
+    if per > kv_cache_bytes:
+        raise EdgerunError(f"one sequence's KV cache at context {info.context} takes {per >> 20} MB, over the "
+                           f"KV-cache bound of {kv_cache_bytes >> 20} MB: raise the bound or lower the context")
+    fit = kv_cache_bytes // per - 1
+    return max(1, min(slots, fit if fit >= 2 else 1))
 
 
 def stop_token_ids(info: ModelInfo, tokenizer: Tokenizer | None, render: Callable[..., str] = render_chat,

@@ -7,9 +7,10 @@ when an encoder program is served beside the model, GET /health and GET /metrics
 What guards it (edgerun/llm/serving/): the API key and the body size are checked before a route reads the
 body; prompt text, stop strings and grammars are bounded before they are tokenised or compiled; the chat
 template is rendered in a worker process with a time and a memory bound; tokenising and grammar compilation
-run off the event loop. Generation runs on the engine's thread a model step at a time (serving/engine.py):
-requests queue first come first served, a client that leaves stops its request within one step, and past
-the queue or token bounds a request is refused with 429 or 503. Every error is OpenAI's error JSON
+run off the event loop. Generation runs on the engine's thread (serving/engine.py) with continuous batching:
+requests join the running batch as slots free up, first come first served, and leave it when they end; a
+client that leaves stops its request within one step, and past the queue or token bounds a request is
+refused with 429 or 503. Every error is OpenAI's error JSON
 (`{"error": {"message", "type", "param", "code"}}`) and the server keeps serving.
 """
 

@@ -92,6 +92,12 @@ def test_slot_misuse_is_refused(tmp_path: Path) -> None:
         batch.step({1: 5})
     with pytest.raises(EdgerunError, match="slots must be an integer from 1 to 64"):
         edgerun.llm.load(tmp_path, slots=0)
+    per_sequence = 2 * 3 * 2 * 16 * 16 * 4  # k and v, 3 layers, 2 kv heads, 16 positions, head_dim 16, float32
+    assert model.kv_cache_bytes == 3 * per_sequence
+    fitted = edgerun.llm.load(tmp_path, context=16, chunk=8, slots=8, kv_cache_bytes=3 * per_sequence + 5)
+    assert fitted.slots == 2 and fitted.kv_cache_bytes == 3 * per_sequence  # the prompt cache and 2 slots
+    with pytest.raises(EdgerunError, match="over the KV-cache bound"):
+        edgerun.llm.load(tmp_path, context=16, chunk=8, slots=8, kv_cache_bytes=per_sequence - 1)
 
 
 def test_smollm2_batch_of_eight_gives_each_prompts_tokens(gguf_path: str) -> None:

@@ -59,3 +59,10 @@ def test_an_embedding_program_without_its_tokenizer_is_a_clear_error(tiny_chat_d
                            "--embedding-program", "minilm.edgerun"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith("--embedding-program and --embedding-tokenizer go together")
+
+
+def test_a_batch_size_out_of_range_is_a_clear_error(tiny_chat_dir: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "edgerun", "llm", "serve", str(tiny_chat_dir), "--batch-size", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("--batch-size must be 1 to 64 and --kv-cache-mb >= 1, got 0 and 1024")

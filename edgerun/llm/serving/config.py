@@ -17,7 +17,7 @@ class ServerConfig:
     max_prompt_chars: int = 200_000  # prompt or message text past this is refused before tokenisation
     max_stop: int = 16  # stop strings per request
     max_stop_chars: int = 256  # characters per stop string
-    max_queue: int = 64  # requests waiting behind the running one; past it 429
+    max_queue: int = 64  # requests waiting for a batch slot; past it 429
     max_pending_tokens: int | None = None  # new tokens reserved by all admitted requests; past it 503
     prefix_cache_bytes: int = 256 << 20  # KV rows of earlier prompts kept for reuse (0: no prefix cache)
     template_timeout_s: float = 2.0  # a chat template's rendering is stopped after this
