@@ -20,7 +20,9 @@ upstream connections of a load balancer in front of the servers are shared (each
 id, token and schedule, so the pool never decides which device speaks).
 
     .venv/bin/python bench/fleet_sim.py --devices 10000 --db sqlite --db postgres
-Prints a table and writes bench/results/fleet_sim.json.
+Prints a table and writes bench/results/fleet_sim.json. With `--server-tree DIR` (repeatable) the server runs
+from each of those checkouts in turn, `--rounds` times, alternating: code before and after a change measured
+in one run, under the same load (the devices, the client and this table always come from this checkout).
 """
 
 from __future__ import annotations
@@ -147,9 +149,11 @@ class Simulator:
         await asyncio.gather(*(one(d) for d in self.devices))
         return time.perf_counter() - start
 
-    def preload(self, db_url: str) -> float:
+    def preload(self, db_url: str, table_devices: int = 0) -> float:
         """Enrol every device straight into the database (what `register_all` leaves there, without its HTTP
-        round trips): large fleets, where enrolment is not what is measured, start in seconds, not hours."""
+        round trips): large fleets, where enrolment is not what is measured, start in seconds, not hours.
+        `table_devices` above the simulated devices adds enrolled devices that never check in (the server's
+        per-device costs against a table of that size, from a fleet this machine can drive)."""
         import secrets
 
         import psycopg
@@ -158,9 +162,10 @@ class Simulator:
 
         start, now = time.perf_counter(), time.time()
         columns = "id, token_hash, profile, registered_at, last_seen, device_groups, bucket"
+        silent = [SimDevice(f"idle-{i:07d}") for i in range(max(0, table_devices - len(self.devices)))]
         with (psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://")) as conn,
               conn.cursor().copy(f"COPY devices ({columns}) FROM STDIN") as copy):
-            for d in self.devices:
+            for d in self.devices + silent:
                 d.token = secrets.token_urlsafe(32)
                 profile = {"device_id": d.device_id, "app_version": "2.0", "os": "android", "device_groups": [],
                            "user_groups": [], "tasks": {}}
@@ -254,7 +259,8 @@ class Simulator:
 
 
 def start_server(base: Path, keys: KeyDir, workers: int, db_url: str, name: str = "data",
-                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
+                 extra: tuple[str, ...] = (), tree: Path = REPO) -> tuple[subprocess.Popen[bytes], str]:
+    """`edgerun fleet serve` from the checkout `tree` (this one unless comparing, see `--server-tree`)."""
     import socket
 
     with socket.socket() as s:
@@ -265,8 +271,8 @@ def start_server(base: Path, keys: KeyDir, workers: int, db_url: str, name: str 
            # every simulated device is on loopback, and the throughput runs check in back to back: the limits
            # would measure themselves, not the server
            "--rate-per-token", "0", "--rate-per-address", "0", *extra] + (["--db", db_url] if db_url else [])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "EDGERUN_FLEET_TOKEN": "admin", "EDGERUN_ENROLL_TOKEN": "enroll"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env,  # tokens from the environment: never argv
+    env = {**os.environ, "PYTHONPATH": str(tree), "EDGERUN_FLEET_TOKEN": "admin", "EDGERUN_ENROLL_TOKEN": "enroll"}
+    proc = subprocess.Popen(cmd, cwd=tree, env=env,  # tokens from the environment: never argv
                             stdout=subprocess.DEVNULL, stderr=open(base / f"{name}.log", "wb"))  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     import httpx
@@ -317,15 +323,15 @@ class Servers:
             p.wait(30)
 
 
-def start_servers(base: Path, keys: KeyDir, workers: int, db_url: str, replicas: int) -> Servers:
+def start_servers(base: Path, keys: KeyDir, workers: int, db_url: str, replicas: int, tree: Path = REPO) -> Servers:
     if replicas <= 1:
-        proc, url = start_server(base, keys, workers, db_url)
+        proc, url = start_server(base, keys, workers, db_url, tree=tree)
         return Servers([proc], [url], url)
     if not db_url:
         raise SystemExit("--replicas needs --db postgres")
     from edgerun.fleet.load_balancer import LocalNginx
 
-    started = [start_server(base, keys, workers, db_url, f"replica-{i}", ("--store", str(base / "blobs")))
+    started = [start_server(base, keys, workers, db_url, f"replica-{i}", ("--store", str(base / "blobs")), tree)
                for i in range(replicas)]
     nginx = LocalNginx([u for _, u in started]).start()
     return Servers([p for p, _ in started], [u for _, u in started], nginx.url, nginx)
@@ -409,19 +415,20 @@ async def wait_until(cond: Any, timeout_s: float, progress: Any = None, poll_s: 
     return time.perf_counter() - start
 
 
-async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run_scenario(db: str, args: argparse.Namespace, tree: Path = REPO) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix=f"fleet-sim-{db}-"))
     keys = KeyDir(base / "keys")
     keys.init()
+    load_at_start = os.getloadavg()[0]
     pg = LocalPostgres().start(STAT_STATEMENTS) if db == "postgres" else None
-    servers = start_servers(base, keys, args.workers, pg.url if pg else "", args.replicas)
+    servers = start_servers(base, keys, args.workers, pg.url if pg else "", args.replicas, tree)
     url = servers.url
     admin = AdminClient(url, "admin")
     try:
         sim = Simulator(url, Root(keys.root_chain()[-1]), args.devices, args.connections)
         if args.preload and pg is not None:
-            register_s = sim.preload(pg.url)
-            log(f"[{db}] preloaded {args.devices} devices into the database in {register_s:.1f}s")
+            register_s = sim.preload(pg.url, args.table_devices)
+            log(f"[{db}] preloaded {max(args.devices, args.table_devices)} devices into the database in {register_s:.1f}s")
         else:
             register_s = await sim.register_all("enroll")
             log(f"[{db}] registered {args.devices} devices in {register_s:.1f}s")
@@ -459,7 +466,9 @@ async def run_scenario(db: str, args: argparse.Namespace) -> dict[str, Any]:
             f"statements per check-in {per_checkin})")
 
         row = {
-            "db": db, "devices": args.devices, "server_workers": args.workers, "replicas": args.replicas,
+            "server_tree": str(tree), "load_average_start": load_at_start,
+            "db": db, "devices": args.devices, "table_devices": max(args.devices, args.table_devices),
+            "server_workers": args.workers, "replicas": args.replicas,
             "checkins_per_replica": spread, "nginx_cpu_s": nginx_cpu, "connections": args.connections,
             "register_per_s": None if args.preload else args.devices / register_s, "checkin_interval_s_sustained": args.checkin_interval,
             "offered_checkins_per_s": args.devices / args.checkin_interval,
@@ -571,6 +580,8 @@ def main() -> int:
                    help="servers as separate hosts would run them, behind nginx (PostgreSQL only)")
     p.add_argument("--preload", action="store_true",
                    help="PostgreSQL: write the devices' enrolments straight into the database (large fleets)")
+    p.add_argument("--table-devices", type=int, default=0,
+                   help="with --preload: enrol this many devices in all, those beyond --devices never checking in")
     p.add_argument("--connections", type=int, default=64, help="keep-alive connections shared by the devices")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of the fleet-load measurement")
     p.add_argument("--checkin-interval", type=float, default=60.0,
@@ -583,6 +594,9 @@ def main() -> int:
     p.add_argument("--first-step", action="store_true",
                    help="only: a release's first step reaching its devices, polling alone against push")
     p.add_argument("--poll-interval", type=float, default=60.0, help="with --first-step: the polling interval")
+    p.add_argument("--server-tree", action="append", type=Path,
+                   help="a checkout whose edgerun serves (repeatable: each in turn, to compare; default: this one)")
+    p.add_argument("--rounds", type=int, default=1, help="with --server-tree: how many times each is measured")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet_sim.json"))
     args = p.parse_args()
     args.min_reports = args.min_reports or max(5, args.devices // 200)
@@ -599,8 +613,10 @@ def main() -> int:
                                    "load_average": [r["load_average"] for r in rows], "results": rows}, indent=1))
         print(f"wrote {out}")
         return 0
-    results = [asyncio.run(run_scenario(db, args)) for db in dbs]
-    cols = [("db", "{}"), ("devices", "{}"), ("replicas", "{}"), ("server_workers", "{}"), ("register_per_s", "{:.0f}"),
+    trees = [t.resolve() for t in args.server_tree] if args.server_tree else [REPO]
+    results = [asyncio.run(run_scenario(db, args, tree)) for _ in range(args.rounds) for db in dbs for tree in trees]
+    cols = [*([("server_tree", "{}")] if len(trees) > 1 else []), ("load_average_start", "{:.1f}"), ("db", "{}"), ("devices", "{}"),
+            ("table_devices", "{}"), ("replicas", "{}"), ("server_workers", "{}"), ("register_per_s", "{:.0f}"),
             ("offered_checkins_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
             ("checkins_per_server_cpu_s", "{:.0f}"), ("statements_per_checkin", "{:.2f}"), ("load_average", "{:.1f}"),
             ("checkin_latency_ms_p50", "{:.1f}"), ("checkin_latency_ms_p99", "{:.1f}"),

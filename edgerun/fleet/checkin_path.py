@@ -18,11 +18,13 @@ from starlette.exceptions import HTTPException
 
 from edgerun.stream.body_limit import bearer
 
-# (device id from the path, bearer token or None, body) -> (HTTP status, JSON body, extra headers)
+# (device id from the path, bearer token or None, body, identity the body limit found for the token, if any)
+# -> (HTTP status, JSON body, extra headers)
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
-Answerer = Callable[[str, str | None, bytes], Awaitable[Answer]]
+Answerer = Callable[[str, str | None, bytes, Any], Awaitable[Answer]]
 
 PREFIX, SUFFIX = "/v1/devices/", "/checkin"
+IDENTITY = "edgerun.identity"  # scope key: the device identity the body limit looked up for the bearer token
 
 
 def error(status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
@@ -45,7 +47,7 @@ class CheckinPath:
         except HTTPException as exc:  # the body limit's 413, raised while reading
             status, payload, headers = error(exc.status_code, str(exc.detail))
         else:
-            status, payload, headers = await self.answer(device_id, bearer(scope), body)
+            status, payload, headers = await self.answer(device_id, bearer(scope), body, scope.get(IDENTITY))
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode()), *headers]})

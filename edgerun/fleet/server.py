@@ -77,7 +77,7 @@ class ServerConfig:
     store: str = ""
     admin_token: str = ""
     enroll_token: str = ""
-    cache_ttl_s: float = 0.2
+    cache_ttl_s: float = 0.0         # release-table re-read; 0: 0.2 s on SQLite, 5 s with NOTIFY (PostgreSQL)
     s3_endpoint_url: str = ""     # for an s3:// store; empty fields fall back to the AWS_* environment
     s3_region: str = ""
     s3_access_key_id: str = ""
@@ -185,10 +185,14 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     keys = KeyDir(cfg.keys_dir)
     store: BlobStore = open_store(cfg.store, cfg.data_dir, S3Options(
         cfg.s3_endpoint_url, cfg.s3_region, cfg.s3_access_key_id))
-    service = FleetService(engine, keys.key("assignment"), cfg.cache_ttl_s, cfg.timestamp_ttl_s,
+    postgres = engine.dialect.name == "postgresql"
+    # With PostgreSQL every release change is announced to every replica at its commit (NOTIFY, which drops the
+    # cache at once), so the periodic re-read only catches a notification lost in a reconnect.
+    release_ttl_s = cfg.cache_ttl_s or (PUSH_FALLBACK_POLL_S if postgres else 0.2)
+    service = FleetService(engine, keys.key("assignment"), release_ttl_s, cfg.timestamp_ttl_s,
                            online_key_loader=lambda: keys.key("assignment"), clock=clock,
                            identity_cache_size=cfg.identity_cache_size, seen_resolution_s=cfg.seen_resolution_s,
-                           identity_ttl_s=NOTIFIED_IDENTITY_TTL_S if engine.dialect.name == "postgresql" else IDENTITY_TTL_S)
+                           identity_ttl_s=NOTIFIED_IDENTITY_TTL_S if postgres else IDENTITY_TTL_S)
     service.add_roots(keys.root_chain())
     simulator = SimulationWorker(engine, store, on_change=service.invalidate)
     group_commit = ReportGroupCommit(service)
@@ -204,7 +208,6 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     stop = threading.Event()
     draining = threading.Event()  # set by SIGTERM: readiness fails, push streams end, in-flight requests finish
     # With PostgreSQL, NOTIFY tells every replica of a change at once and the poll is only a fallback.
-    postgres = engine.dialect.name == "postgresql"
     watch = ReleaseWatch(service, cfg.push_poll_s or (PUSH_FALLBACK_POLL_S if postgres else CHECK_S),
                          checks=metrics.push_checks, nudges=metrics.push_nudges)
     listener = Listener(engine, watch.kick, service.forget) if postgres else None
@@ -257,8 +260,10 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         step_monitor.stop()
         service.flush_seen()
 
-    app = FastAPI(title="edgerun fleet release server", version="1",
-                  on_startup=[on_startup], on_shutdown=[on_shutdown])
+    # FastAPI's own OpenTelemetry hooks are off: they look the providers up on every request (a tenth of a
+    # check-in's CPU in the app), and this server's metrics are Prometheus (metrics.py).
+    app = FastAPI(title="edgerun fleet release server", version="1", on_startup=[on_startup],
+                  on_shutdown=[on_shutdown], telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.service, app.state.engine, app.state.store = service, engine, store
     app.state.release_watch = watch
     app.state.metrics, app.state.begin_drain = metrics, begin_drain
@@ -361,6 +366,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             return 503, DATABASE_UNAVAILABLE
         if owner is None or (device_id is not None and owner.device_id != device_id):
             return 403, "this token does not belong to that device"
+        scope[checkin_path.IDENTITY] = owner  # the check-in's answer needs no second look-up
         return None
 
     # Innermost of these: after the rate limit and the body limit, before FastAPI's router (defined below).
@@ -417,12 +423,16 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             raise HTTPException(exc.status, str(exc)) from exc
         return {"token": token, "device_id": identity.device_id, "device_groups": list(identity.device_groups)}
 
-    async def answer_checkin(device_id: str, token: str | None, raw: bytes) -> checkin_path.Answer:
+    up_to_date, updated = metrics.checkins.labels("up-to-date"), metrics.checkins.labels("update")
+
+    async def answer_checkin(device_id: str, token: str | None, raw: bytes,
+                             owner: DeviceIdentity | None = None) -> checkin_path.Answer:
         """Answered by hand (no model round trips), on the event loop, from cached tokens, root and releases; a
         token not held yet (`identity_of`), the periodic re-read of the root and releases (`service.current`) and
         an out-of-date device, which needs a serial and a delivery record from the database, go to worker threads. Served by `checkin_path.CheckinPath` ahead of FastAPI's router, and by the route below."""
         try:
-            owner = await identity_of(token) if token else None
+            if owner is None and token:  # `owner`: the body limit's look-up of the same token
+                owner = await identity_of(token)
             if owner is None or owner.device_id != device_id:
                 return checkin_path.error(403, "this token does not belong to that device")
             try:
@@ -439,13 +449,14 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
             root, table = await service.current()
             root_version = root.version
             if not service.needs_update(profile, table):
-                metrics.checkins.labels("up-to-date").inc()
-                return 200, json.dumps({"status": "up-to-date", "root_version": root_version,
-                                        "timestamp": service.timestamp(device_id, body.serial, root)}).encode(), []
+                up_to_date.inc()
+                # The signed timestamp as JSON is kept with it (`timestamp_json`): one encoding per signature.
+                return 200, (b'{"status": "up-to-date", "root_version": %d, "timestamp": %s}'
+                             % (root_version, service.timestamp_json(device_id, body.serial, root))), []
             assignment = await run_in_threadpool(service.assignment, profile)
         except sa.exc.DBAPIError:
             return checkin_path.error(503, DATABASE_UNAVAILABLE, [(b"retry-after", b"1")])
-        metrics.checkins.labels("update").inc()
+        updated.inc()
         return 200, json.dumps({"status": "update", "root_version": root_version, "assignment": assignment}).encode(), []
 
     @app.post("/v1/devices/{device_id}/checkin", response_model=CheckinAnswer,

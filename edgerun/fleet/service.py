@@ -124,9 +124,9 @@ class FleetService:
         # device id -> (profile JSON text, last-seen time) this process last wrote for it (see `flush_seen`)
         self._written: LRUCache[str, tuple[str, float]] = LRUCache(identity_cache_size)
         self.seen_resolution = seen_resolution_s
-        # device id -> (serial, root version, key id, envelope) of the last timestamp signed for it, reused
-        # for half its lifetime (see `timestamp`)
-        self._timestamps: TTLCache[str, tuple[int, int, str, dict[str, Any]]] = TTLCache(
+        # device id -> (serial, root version, key id, envelope, envelope as JSON) of the last timestamp signed
+        # for it, reused for half its lifetime (see `timestamp`)
+        self._timestamps: TTLCache[str, tuple[int, int, str, dict[str, Any], bytes]] = TTLCache(
             identity_cache_size, timestamp_ttl_s / 2, timer=clock)
         self._serial = 0
 
@@ -459,17 +459,26 @@ class FleetService:
         nothing (0, an agent from before the field) always gets a fresh one. The freeze-attack bound is the
         same: a reused timestamp still expires `timestamp_ttl_s` after it was signed. `root`: the current one
         (`current`'s, on the event loop)."""
+        return self._timestamp(device_id, seen_serial, root)[3]
+
+    def timestamp_json(self, device_id: str, seen_serial: int = 0, root: Root | None = None) -> bytes:
+        """`timestamp` as the JSON an answer carries, encoded once per signature (the hot path reuses it)."""
+        return self._timestamp(device_id, seen_serial, root)[4]
+
+    def _timestamp(self, device_id: str, seen_serial: int,
+                   root: Root | None) -> tuple[int, int, str, dict[str, Any], bytes]:
         root, key = root or self.root(), self.online_key
         with self._lock:
             cached = self._timestamps.get(device_id)
         if (cached is not None and seen_serial > 0 and cached[0] >= seen_serial and cached[1] == root.version
                 and cached[2] == key.keyid):
-            return cached[3]
+            return cached
         serial = self._next_serial()
         envelope = sign_timestamp(device_id, serial, root.version, key, self.timestamp_ttl_s)
+        signed = (serial, root.version, key.keyid, envelope, json.dumps(envelope).encode())
         with self._lock:
-            self._timestamps[device_id] = (serial, root.version, key.keyid, envelope)
-        return envelope
+            self._timestamps[device_id] = signed
+        return signed
 
     def assignment(self, profile: DeviceProfile) -> dict[str, Any]:
         """The signed assignment. Each release version in it is recorded as delivered to this device first:
