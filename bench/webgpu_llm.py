@@ -8,10 +8,11 @@ fusion, and host ms per token with and without capture-replay.
     python bench/webgpu_llm.py --positions 1,128,511 [--rounds 2] [--context 512]  # device ms against the position
 
 Rows:
-- dense, unfused    the LLM package's decode program (the KV cache as state, appended with update_slice), one
-                   dispatch per atomic op / raster
+- dense, unfused    the LLM package's decode program (the KV cache as state, appended by each layer's
+                   cache_attention), one dispatch per atomic op / raster, cache_attention one kernel after a
+                   copy of its caches
 - dense, fused      the webgpu backend as it loads by default (fusion, identity rasters free, composites whole,
-                   the KV appends in place in the down projection's dispatch)
+                   the KV appends in place inside each layer's cache_attention kernel)
 - int4 + argmax     Q4 projections as matmul_int4 and the GPU argmax, merged dispatches up to lavapipe's 32
                    storage buffers (the Python path)
 - browser plan      the same with the browser plan's cap of 10 bindings
@@ -28,8 +29,8 @@ host ms is the calling thread's CPU time per call (`time.thread_time`: lavapipe 
 of its own, so this is the host's share: uploads, command recording, read-back), wall ms the whole call.
 
 --positions: device ms of the dense fused decode step and of its 30 attention kernels at each position of
-a fixed context (positions alternated `--rounds` times): the attention kernel reads the cache cells in use
-(1 + the last cell its mask keeps), so its time follows the position, not the context.
+a fixed context (positions alternated `--rounds` times): the attention kernel reads the cache cells before
+its position only, so its time follows the position, not the context.
 
 Prints tables of medians and writes bench/results/webgpu_llm.json.
 """
@@ -175,7 +176,7 @@ def attention_by_position(source: Program, positions: list[int], rounds: int) ->
     g = runner.graph
     inputs = [np.zeros(g.specs[v].shape, g.specs[v].dtype.np) for v in g.inputs]
     start = g.inputs.index("start")
-    attention = [k.label == "attention:workgroup" for k in runner.kernels]
+    attention = [k.label == "cache_attention:workgroup" for k in runner.kernels]
     step: dict[int, list[float]] = {p: [] for p in positions}
     attn: dict[int, list[float]] = {p: [] for p in positions}
     runner.kernel_seconds(inputs)  # warm-up: the first pass pays for lavapipe's pipeline set-up

@@ -7,12 +7,11 @@ runtime, and its one partition's dispatch list — shader, bound ranges, workgro
 Everything lives in two device buffers: the arena (inputs, intermediates, outputs, and the KV cache, held
 across calls with `PartitionRunner.hold`) and the weights (the constants blob, as the backend stores it).
 
-The cache is the program's state, as `edgerun.llm` runs it: each layer's new key and value rows are written
-at the run-time position `start` by the `update_slice` of its cache_attention's decomposition (webgpu runs
-the op as that decomposition, its attention as one fused dispatch), which the backend runs in place in the cache's range,
-inside the layer's softmax and output-projection dispatches (backends/webgpu/update.py), so the plan needs
-no dispatch of its own. A token is three 4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read
-of the next token.
+The cache is the program's state, as `edgerun.llm` runs it: each layer's `cache_attention` is one dispatch
+(backends/webgpu/attention.py), and its new key and value rows are written at the run-time position `start`
+in place in the cache's range by two small parts riding in the output projection's dispatch, so the appends
+need no dispatch of their own. A token is three
+4-byte writes (token, start, last), the recorded dispatches, and a 4-byte read of the next token.
 
 The prefill plan is the same step at a chunk of tokens (`step_program(chunk=...)`), captured the same way:
 a prompt runs in ceil(L / chunk) replays instead of L. It has an arena of its own (its cache ranges differ
@@ -132,9 +131,9 @@ def build_plan(source: Program, config: Architecture, context: int, align: int =
     runner.set_fusion(True, max_bindings=WEB_MAX_BINDINGS)
     caches = [v for v in sub.inputs if v.startswith(("k_cache_", "v_cache_"))]
     runner.hold(caches, align=align)  # the cache lives in the arena from token to token
-    appends = [n for n in sub.nodes if n.op == "update_slice"]
-    if len(appends) != len(caches) or any(runner.value_range(n.outputs[0]) != runner.value_range(n.inputs[0])
-                                          for n in appends):
+    appends = [(n.inputs[j], n.outputs[j - 2]) for n in sub.nodes if n.op == "cache_attention" for j in (3, 4)]
+    if len(appends) != len(caches) or any(runner.value_range(updated) != runner.value_range(cache)
+                                          for cache, updated in appends):
         raise EdgerunError("the decode program's KV-cache appends do not all run in place on webgpu; the "
                            "browser plan keeps the cache in the arena and needs them to")
     weights, const_range = pack_constants(sub, runner.constants, runner.align)
@@ -220,15 +219,10 @@ def _dispatch(kernel: Kernel, runner: PartitionRunner, const_range: dict[str, tu
 
 def dispatch_sections(kernels: list[Kernel]) -> list[str]:
     """Each dispatch's place in the step, the way zerotvm counts dispatches per token: "preamble" (before the
-    first layer: embedding, RoPE tables, masks), "layer i" (from the first dispatch reading one of layer i's
-    weights to the next layer's; a KV append of its own counts in its cache's layer, wherever the program
-    emits it), "tail" (from the final norm on: logits, argmax)."""
+    first layer: the embedding), "layer i" (from the first dispatch reading one of layer i's weights to the
+    next layer's), "tail" (from the final norm on: logits, argmax)."""
     sections, current = [], "preamble"
     for kernel in kernels:
-        cache = kernel.values[0] if kernel.label == "update_slice" else ""
-        if cache.startswith(("k_cache_", "v_cache_")):  # an append of its own (unfused): its layer's
-            sections.append(f"layer {int(cache.rsplit('_', 1)[1])}")
-            continue
         for v in kernel.values:
             if v.startswith("layers."):
                 current = f"layer {int(v.split('.')[1])}"

@@ -621,90 +621,107 @@ def test_kv_append_read_after_stays_out_of_place() -> None:
     assert_matches_reference(graph, feeds, compiled(*feeds), rtol=1e-5, atol=1e-5)
 
 
-def attention_graph(probs_out: bool = False, mask_new: bool = True,
-                    cache_first: bool = True) -> tuple[Graph, list[np.ndarray]]:
-    """The LLM step's attention against a cache (program_builder's form): masked scores against the cache and
-    the new rows, softmax over their concat, the probability slices times the values, added. 2 kv heads,
-    6 query rows, head dim 16, a cache of 100 (more than a workgroup), 2 new rows, value dim 80.
-    `mask_new=False`: the new rows' scores unmasked; `cache_first=False`: the add takes the new rows' product
-    first."""
-    b_, r, h, c, t, d = 2, 6, 16, 100, 2, 80
-    keep = np.zeros((1, 1, c), bool)
-    keep[..., :37] = True  # the cache's used length
-    inputs = [f32(b_, r, h), f32(b_, h, c), f32(b_, h, t), f32(b_, c, d), f32(b_, t, d), keep]
+def cache_attention_graph(layout: str = "heads", window: int = 0, softcap: float = 0.0, rotary: int = 16,
+                          read_after: bool = False, **attrs: Any) -> tuple[Graph, list[np.ndarray]]:
+    """One `cache_attention` (6 query heads over 2 kv heads, head dim 80: more dims than a workgroup has
+    threads; 3 new rows; a cache of 100 cells: more than one tile of keys) at start 37, with rotary tables
+    turning the first `rotary` dims (0: none). `read_after`: the key cache is read again after the op."""
+    t, c, heads, kv, hd = 3, 100, 6, 2, 80
+    q, k, v = f32(t, heads * hd), f32(t, kv * hd), f32(t, kv * hd)
+    k_cache, v_cache = (f32(1, kv, c, hd), f32(1, kv, c, hd)) if layout == "heads" else (f32(kv, hd, c), f32(kv, c, hd))
+    angles = np.arange(128, dtype=np.float32)[:, None] * RNG.uniform(0.01, 0.5, max(rotary // 2, 1)).astype(np.float32)
+    tables = [np.concatenate([f(angles)] * 2, axis=1).astype(np.float32) for f in (np.cos, np.sin)] if rotary else []
 
     def body(b: Builder, n: list[str]) -> list[str]:
-        q, k_cache, k_new, v_cache, v_new, mask = n
-        neg_inf = b.const(np.float32(-np.inf))
-        causal = b.const(np.tile(np.tril(np.ones((t, t), bool)), (r // t, 1)))
-        s_cache = b.emit("where", [mask, b.emit("matmul", [q, k_cache]), neg_inf])
-        s_new = b.emit("matmul", [q, k_new])
-        if mask_new:
-            s_new = b.emit("where", [causal, s_new, neg_inf])
-        probs = b.emit("softmax", [b.emit("concat", [s_cache, s_new], axis=2)], axis=2)
-        p_cache = b.emit("slice", [probs], starts=[0], ends=[c], axes=[2])
-        p_new = b.emit("slice", [probs], starts=[c], ends=[c + t], axes=[2])
-        products = [b.emit("matmul", [p_cache, v_cache]), b.emit("matmul", [p_new, v_new])]
-        out = b.binary("add", *(products if cache_first else products[::-1]))
-        return [out, probs] if probs_out else [out]
-    graph, feeds = build(inputs, body)
-    return decomposed(graph, keep=WebGpuBackend().keeps_whole), feeds
+        ins = [*n[:6], *(b.const(x) for x in tables)]
+        outs = b.emit_multi("cache_attention", ins, head_dim=hd, layout=layout, window=window, softcap=softcap,
+                            scale=0.11, **attrs)
+        return [*outs, b.emit("reduce_sum", [n[3]], axes=[0])] if read_after else outs
+    return build([q, k, v, k_cache, v_cache, np.array([37], np.int64)], body)
 
 
-@pytest.mark.parametrize(("mask_new", "cache_first"), [(True, True), (False, False)])
-def test_attention_is_one_workgroup_dispatch(mask_new: bool, cache_first: bool) -> None:
-    # Scores, masks, softmax over the concat and the weighted sum of values: one dispatch (a workgroup per
-    # query row), the unfused kernels' outputs within f32 tolerance (only the softmax's sum runs in another
-    # order), and the reference's.
-    graph, feeds = attention_graph(mask_new=mask_new, cache_first=cache_first)
+@pytest.mark.parametrize(("layout", "window", "softcap", "rotary"),
+                         [("heads", 0, 0.0, 80), ("heads", 20, 0.0, 32), ("keys_transposed", 0, 5.0, 80),
+                          ("keys_transposed", 39, 2.0, 0)])
+def test_cache_attention_is_one_dispatch_appending_in_place(layout: str, window: int, softcap: float,
+                                                            rotary: int) -> None:
+    # The op claimed whole: one workgroup kernel computes the rotary, scores, window, soft-cap, softmax and
+    # values; the rotated keys and the values are appended into the caches' own ranges by two parts that
+    # float into the next dispatch (here nothing follows: they share one). Output within f32 tolerance of
+    # the reference (the sums run in another order), both caches bit for bit; replayed at other starts: the
+    # cache filled to its end, a start past it (the rows written at the end, as update_slice clamps them,
+    # after the attention read the old cells) and a negative one.
+    graph, feeds = cache_attention_graph(layout, window, softcap, rotary)
     compiled = WebGpuBackend().compile(graph)
-    assert [k.label for k in compiled.info["runner"].kernels] == ["attention:workgroup"]
-    got = compiled(*feeds)
-    np.testing.assert_allclose(got[0], UNFUSED.compile(graph)(*feeds)[0], rtol=1e-5, atol=1e-6)
-    assert_matches_reference(decomposed(graph), feeds, got, rtol=1e-4, atol=1e-5)  # numpy's BLAS order
-    # Within the binding cap only: under it, the three dispatches of before.
     runner = compiled.info["runner"]
-    runner.set_fusion(True, max_bindings=len(runner.kernels[0].values) - 1)
-    assert len(runner.kernels) == 3 and "attention:workgroup" not in [k.label for k in runner.kernels]
-    np.testing.assert_allclose(compiled(*feeds)[0], got[0], rtol=1e-5, atol=1e-6)
+    assert [k.label for k in runner.kernels] == ["cache_attention:workgroup",
+                                                 "cache_attention:append & cache_attention:append"]
+    assert runner.value_range(graph.outputs[1]) == runner.value_range(graph.inputs[3])  # in place
+    assert runner.value_range(graph.outputs[2]) == runner.value_range(graph.inputs[4])
+    for start in (37, 0, 1, 97, 99, -2):
+        feeds[5] = np.array([start], np.int64)
+        got, want = compiled(*feeds), interpret(graph, feeds)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+        assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2]), start
+    assert runner.stats.replays == 5
 
 
-def test_attention_whose_probabilities_are_read_elsewhere_stays_three_dispatches() -> None:
-    graph, feeds = attention_graph(probs_out=True)
+def test_cache_attention_reads_only_the_cells_it_may_see() -> None:
+    # Cells at or past `start` and keys outside the window are never read: NaN there leaves the output bit for
+    # bit the output with zeros there, where the decomposition (0 x NaN in the value product) gives NaN.
+    graph, feeds = cache_attention_graph(window=20)
     compiled = WebGpuBackend().compile(graph)
-    assert "attention:workgroup" not in [k.label for k in compiled.info["runner"].kernels]
-    assert_matches_reference(decomposed(graph), feeds, compiled(*feeds), rtol=1e-4, atol=1e-5)
+    clean, poisoned = list(feeds), list(feeds)
+    for target, fill in ((clean, 0.0), (poisoned, np.nan)):
+        target[3], target[4] = target[3].copy(), target[4].copy()
+        for cache in target[3:5]:
+            cache[:, :, 37:] = fill  # the cells from start on
+            cache[:, :, :37 - 19] = fill  # before the first row's window (position 37 sees 18 .. 37)
+    got = compiled(*clean)
+    np.testing.assert_allclose(got[0], interpret(graph, clean)[0], rtol=1e-4, atol=1e-5)
+    assert np.array_equal(compiled(*poisoned)[0].view(np.uint32), got[0].view(np.uint32))
+    assert np.isnan(interpret(graph, poisoned)[0]).all()
 
 
-def test_attention_reads_only_the_cache_cells_in_use() -> None:
-    # Each row's workgroup reads its mask on the device and stops at 1 + the last kept cell (at least 1): the
-    # cells after it score -inf and weigh exactly 0, so skipping them leaves the outputs unchanged. Shown by
-    # poisoning them: NaN keys and values past that length leave the output bit for bit the output with zeros
-    # there, where the unfused kernels (0 x NaN in the value product) give NaN. The length is a run-time value:
-    # one compiled kernel, replayed with used lengths 37, 0, 1, 99, 100 and masks that are no prefix, matches
-    # the unfused kernels each time.
-    graph, feeds = attention_graph()
-    compiled, unfused = WebGpuBackend().compile(graph), UNFUSED.compile(graph)
+def test_cache_attention_with_a_cache_read_after_copies_the_caches() -> None:
+    # A cache read after the op is not updated in place: both caches are copied to the updated values'
+    # ranges first, the appends write there, and the reader sees the old cache.
+    graph, feeds = cache_attention_graph(read_after=True)
+    compiled = WebGpuBackend().compile(graph)
     runner = compiled.info["runner"]
-    assert [k.label for k in runner.kernels] == ["attention:workgroup"]
-    c = feeds[1].shape[2]
-    cells = [range(37), range(0), range(1), range(99), range(100), [*range(10), *range(20, 37)], range(50, 61)]
-    for kept in cells:
-        keep = np.zeros((1, 1, c), bool)
-        keep[..., list(kept)] = True
-        used = max(max(kept, default=-1) + 1, 1)
-        clean, poisoned = [*feeds[:5], keep], [*feeds[:5], keep]
-        for target, fill in ((clean, 0.0), (poisoned, np.nan)):
-            target[1], target[3] = target[1].copy(), target[3].copy()  # the cache's keys [.., hd, C], values [.., C, d]
-            target[1][:, :, used:] = fill
-            target[3][:, used:, :] = fill
-        got = compiled(*clean)[0]
-        np.testing.assert_allclose(got, unfused(*clean)[0], rtol=1e-5, atol=1e-6)
-        bad = compiled(*poisoned)[0]
-        assert np.array_equal(bad.view(np.uint32), got.view(np.uint32)), list(kept)[-1:]
-        if used < c:
-            assert np.isnan(unfused(*poisoned)[0]).all()
-    assert runner.stats.replays == 2 * len(cells) - 1 and not runner.stats.fallbacks
+    assert [k.label for k in runner.kernels][:2] == ["cache_attention:copy", "cache_attention:workgroup"]
+    assert runner.value_range(graph.outputs[1]) != runner.value_range(graph.inputs[3])
+    for got, want in zip(compiled(*feeds), interpret(graph, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def batched_cache_attention_graph() -> tuple[Graph, list[np.ndarray]]:
+    """A batched decode's cache_attention: 2 sequences, one row each, at their own starts."""
+    kv, c, hd = 2, 40, 16
+    feeds = [f32(2, 4 * hd), f32(2, kv * hd), f32(2, kv * hd), f32(2, kv, c, hd), f32(2, kv, c, hd),
+             np.array([5, 17], np.int64)]
+    return build(feeds, lambda b, n: b.emit_multi("cache_attention", n, head_dim=hd, layout="heads"))
+
+
+@pytest.mark.parametrize("case", ["unknown attribute", "two sequences"])
+def test_cache_attention_with_what_the_kernel_does_not_know_runs_its_decomposition(case: str) -> None:
+    # What the kernel was not written for (an attribute it does not read; a batched decode's per-sequence
+    # starts) is not claimed: the runtime places the op's decomposition on webgpu instead of computing
+    # something else.
+    from edgerun.runtime import load
+
+    graph, feeds = cache_attention_graph(lengths_per_sequence=True) if case == "unknown attribute" \
+        else batched_cache_attention_graph()
+    node = next(n for n in graph.nodes if n.op == "cache_attention")
+    assert not WebGpuBackend().keeps_whole(node, graph)
+    plain, _ = cache_attention_graph()
+    assert WebGpuBackend().keeps_whole(next(n for n in plain.nodes if n.op == "cache_attention"), plain)
+    program = load(graph, backends=["webgpu"])
+    assert {p.backend for p in program.partitions} == {"webgpu"}
+    assert not any(n.op == "cache_attention" for p in program.partitions for n in p.nodes)
+    want = interpret(graph, feeds)
+    for a, b in zip(program(*feeds), want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_scatter_add_sums_repeated_indices_in_order_and_checks_its_range() -> None:

@@ -1,9 +1,8 @@
-"""The tiny GGUF's step on `webgpu` against the reference, cache in GroupQueryAttention's layout.
+"""The tiny GGUF's step on `webgpu` against the reference, each layer's `cache_attention` one kernel.
 
-In that layout the step reads its keys as a transpose of the cache's reshaped view; the WebGPU lowering
-computed such a transpose inside its one reader's kernel, and the fused attention kernel, which loads its
-operands from memory, then read a buffer nothing had written (SmolLM2 answered "<" tokens for "Paris").
-The unfused lowering (one dispatch per op, the appends out of place) is checked on both cache layouts.
+The LLM package's cache is in GroupQueryAttention's layout ("heads"), the browser plan's in "keys_transposed";
+both run fused (the caches appended in place by the attention kernel) and unfused (one dispatch per op: the
+caches copied to the updated values' ranges, then the kernel appends there).
 """
 
 from __future__ import annotations
@@ -44,16 +43,19 @@ def test_each_step_on_webgpu_gives_the_reference_logits(tmp_path: Path) -> None:
     for program in (gpu.runner.prefill, gpu.runner.decode):
         assert {p.backend for p in program.partitions} == {"webgpu"}
     kernels = [k.label for k in gpu.runner.decode.parts.compiled[0].info["runner"].kernels]
-    assert any(label.startswith("attention") for label in kernels), kernels  # the fused attention kernel is in use
+    # each layer's attention one dispatch, its caches appended in place: q and k|v, attention, o, gate|up, down
+    assert kernels.count("cache_attention:workgroup") == 2 and "cache_attention:copy" not in kernels, kernels
+    assert len(kernels) == 1 + 2 * 5 + 3, kernels
     for steps in ([IDS], [[7], [9], [11]]):
         for ids in steps:
             want, got = cpu.runner.forward(ids), gpu.runner.forward(ids)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
-@pytest.mark.parametrize("layout", ["heads", "keys_transposed"])
-def test_unfused_step_on_webgpu_gives_the_reference_logits_in_both_cache_layouts(tmp_path: Path,
-                                                                                 layout: CacheLayout) -> None:
+@pytest.mark.parametrize(("layout", "fuse"), [("heads", False), ("keys_transposed", True),
+                                             ("keys_transposed", False)])
+def test_step_on_webgpu_gives_the_reference_logits_in_both_cache_layouts(tmp_path: Path, layout: CacheLayout,
+                                                                         fuse: bool) -> None:
     # Prefill (a chunk, then a short one padded) and decode steps reading the cache the earlier steps wrote.
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path)
@@ -66,10 +68,11 @@ def test_unfused_step_on_webgpu_gives_the_reference_logits_in_both_cache_layouts
     state = {n: np.zeros(s.shape, np.float32) for n, s in cache_specs(info.config, 16, layout).items()}
     program = Program.from_methods(methods, default_method="prefill", state=state)
     gpu, cpu = (StepRunner(load(program, backends=b), chunk=4, context=16)
-                for b in ([WebGpuBackend(fuse=False)], ["reference"]))
-    kernels = gpu.decode.parts.compiled[0].info["runner"].kernels
+                for b in ([WebGpuBackend(fuse=fuse)], ["reference"]))
+    kernels = [k.label for k in gpu.decode.parts.compiled[0].info["runner"].kernels]
     assert {p.backend for p in gpu.decode.partitions} == {"webgpu"}
-    assert not any(k.label.startswith("attention") for k in kernels)  # one dispatch per op
+    assert kernels.count("cache_attention:workgroup") == 2
+    assert kernels.count("cache_attention:copy") == (0 if fuse else 2)  # unfused: no in-place update
     for ids in ([3, 17, 99, 5, 64, 1], [7], [9], [11, 12]):
         want, got = cpu.forward(ids), gpu.forward(ids)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))

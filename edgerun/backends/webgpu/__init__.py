@@ -16,6 +16,7 @@ elsewhere. Integer div/mod/pow are not claimed (the reference raises on division
 from __future__ import annotations
 
 from edgerun.backends.base import Backend, CompiledPartition, OpSupport, Throughput
+from edgerun.backends.webgpu.attention import bindings, claimable
 from edgerun.backends.webgpu.device import GpuDevice, get_device
 from edgerun.backends.webgpu.int8 import dequantize_claimable, requantize_claimable
 from edgerun.backends.webgpu.runner import INT4_ACCUMULATE, PartitionRunner
@@ -86,9 +87,10 @@ def _last_axis_norm(node: Node, graph: Graph) -> bool:
         graph.specs[v].shape == x.shape[-1:] for v in node.inputs[1:] if v)
 
 
-# Composites run whole, one dispatch each (the decoder's RMSNorm, attention's softmax, the encoders'
-# LayerNorm) instead of the 2-4 dispatches of their decomposition.
+# Composites run whole, one dispatch each (the decoder's RMSNorm, softmax, the encoders' LayerNorm, a decoder
+# layer's attention against its KV cache: attention.py) instead of the 2-20 dispatches of their decomposition.
 COMPOSITES: dict[str, OpSupport] = {
+    "cache_attention": OpSupport(frozenset({DType.float32, DType.int32, DType.int64}), check=claimable),
     "softmax": OpSupport(_F),
     "rms_norm": OpSupport(_F, check=_last_axis_norm),
     "layer_norm": OpSupport(_F, check=_last_axis_norm),
@@ -127,6 +129,11 @@ class WebGpuBackend(Backend):
             return False
         return self.gpu.has_f16 or all(graph.specs[v].dtype is not DType.float16
                                        for v in (*node.inputs, *node.outputs) if v)
+
+    def keeps_whole(self, node: Node, graph: Graph) -> bool:
+        if node.op == "cache_attention" and bindings(node) > self.gpu.limits.max_storage_buffers:
+            return False  # the adapter cannot bind the kernel's buffers: its decomposition runs instead
+        return super().keeps_whole(node, graph)
 
     def compile(self, subgraph: Graph) -> CompiledPartition:
         for node in subgraph.nodes:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgerun.backends.webgpu.argmax import is_wide_arg, wide_arg_kernel
-from edgerun.backends.webgpu.attention import attention_bindings, attention_kernel, find_attention
+from edgerun.backends.webgpu.attention import Append, append_parts, cache_attention_kernels
 from edgerun.backends.webgpu.inline import InlineWriter, inline_values, replace_inline_loads
 from edgerun.backends.webgpu.int8 import int8_kernels, is_int8_node
 from edgerun.backends.webgpu.prologue import MATMULS, fold_norm, foldable_norms
@@ -59,7 +59,7 @@ class Group:
 def _sibling(node: Node, group: Group, graph: Graph) -> bool:
     """A matmul of the anchor's kind and output shape whose inputs the group does not compute (checked by
     the caller): one thread computes both dot products, so a decoder's gate + up + SiLU + mul is one
-    dispatch, and so is attention's p_cache @ v_cache + p_new @ v_new."""
+    dispatch."""
     a = group.anchor
     out = graph.specs[node.outputs[0]]
     return (node.op == a.op and node.op in MATMULS and node.attrs == a.attrs and out.dtype is DType.float32
@@ -105,13 +105,9 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     outputs = {alias.get(v, v) for v in graph.outputs}
     inline = inline_values(graph, alias, outputs) if fuse else {}
     folded = foldable_norms(graph, alias, outputs) if fuse and fold_norms else {}
-    # attention (scores, softmax, values) as one workgroup kernel, placed where its final add is
-    attention = {m.add.name: m for m in find_attention(graph, alias, outputs, max_bindings)} if fuse else {}
-    in_attention = {n.name for m in attention.values() for n in m.nodes if n is not m.add}
-    # The attention kernel loads its operands from memory: one computed where it is read (an inline raster,
-    # a folded norm) would never be stored (the LLM step's keys in the heads cache layout, a transpose of
-    # the cache's reshaped view, read garbage), so those are computed by a dispatch of their own.
-    bound = {v for m in attention.values() for v in attention_bindings(m, alias)}
+    # cache_attention (attention.py) loads its operands from memory: one computed where it is read (an inline
+    # raster, a folded norm) would never be stored, so those are computed by a dispatch of their own.
+    bound = {u for n in graph.nodes if n.op == "cache_attention" for v in n.inputs if v for u in (v, alias.get(v, v))}
     inline = {v: n for v, n in inline.items() if v not in bound}
     folded = {v: n for v, n in folded.items() if v not in bound}
     groups: list[Group | Node] = []
@@ -120,16 +116,18 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     def made_before(v: str, at: int) -> bool:
         return made_by.get(alias.get(v, v), -1) < at
 
-    floating: list[Node] = []  # in-place updates (update.py), placed in a dispatch below
+    # In-place updates (update.py) and cache_attention's appends: (the range written, the values read, the
+    # kernel part), each placed in a dispatch below.
+    floating: list[tuple[str, set[str], Parts]] = []
     for node in graph.nodes:
         if node.op == "update_slice" and node.outputs[0] in alias:
-            floating.append(node)
+            reads = {alias.get(v, v) for v in node.inputs[1:3]}
+            floating.append((alias[node.outputs[0]], reads, _update_parts(node, graph, alias)))
             continue
-        if node.name in in_attention:
-            continue
-        if node.name in attention:
+        if node.op == "cache_attention":
             groups.append(node)
-            made_by[node.outputs[0]] = len(groups) - 1
+            made_by.update((v, len(groups) - 1) for v in node.outputs)
+            floating += [(a.written, set(a.bound), _append_parts(a, node)) for a in append_parts(node, graph, alias)]
             continue
         if node.outputs[0] in alias or node.outputs[0] in inline or node.outputs[0] in folded:
             continue
@@ -145,8 +143,8 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     built: list[Parts | list[Kernel]] = []
     for g in groups:
         if isinstance(g, Node):
-            if g.name in attention:
-                node_kernels = [attention_kernel(attention[g.name], graph, alias)]
+            if g.op == "cache_attention":
+                node_kernels = cache_attention_kernels(g, graph, alias)
             elif is_int8_node(g, graph):
                 node_kernels = int8_kernels(g, graph)
             else:
@@ -156,7 +154,7 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
             built.append(node_kernels)
         else:
             built.append(group_parts(g, graph, readers, outputs, alias, inline, folded, int4_half))
-    updates = [(_last_dependency(u, built, alias), _update_parts(u, graph, alias)) for u in floating]
+    updates = [(_last_dependency(root, reads, built), parts) for root, reads, parts in floating]
     kernels: list[Kernel] = []
     pending: list[Parts] = []
 
@@ -209,15 +207,14 @@ def lower(graph: Graph, fuse: bool = True, max_bindings: int = 8, int4_half: boo
     return kernels
 
 
-def _last_dependency(update: Node, built: list[Parts | list[Kernel]], alias: dict[str, str]) -> int:
-    """The index of the last dispatch item an in-place update must follow: the last that binds the value it
-    writes (its cache's readers) or stores its rows or start."""
-    root = alias[update.outputs[0]]
-    inputs = {alias.get(v, v) for v in update.inputs[1:3]}
+def _last_dependency(root: str, inputs: set[str], built: list[Parts | list[Kernel]]) -> int:
+    """The index of the last dispatch item an in-place update must follow: the last that binds the range it
+    writes, `root` (its cache's readers), or stores what it reads, `inputs` (its rows, start)."""
     last = -1
     for i, item in enumerate(built):
         touched = {v for k in item for v in k.values} if isinstance(item, list) else {*item.bound, *item.stored}
-        written = touched if isinstance(item, list) else set(item.stored)
+        written = ({v for k in item for v in k.values[len(k.values) - k.n_outputs:]} if isinstance(item, list)
+                   else set(item.stored))  # a kernel writes its last n_outputs values
         if root in touched or written & inputs:
             last = i
     return last
@@ -361,6 +358,12 @@ def _update_parts(node: Node, graph: Graph, alias: dict[str, str]) -> Parts:
     bound = [alias.get(v, v) for v in node.inputs[1:3]]
     return Parts(bound, [alias[node.outputs[0]]], lines, "", in_types, out_types, threads, [node.name],
                  "update_slice", status=False)
+
+
+def _append_parts(append: Append, node: Node) -> Parts:
+    """A cache_attention append (attention.py) as a kernel part."""
+    return Parts(append.bound, [append.written], append.lines, "", append.in_types, ["f32"], append.threads,
+                 [node.name], "cache_attention:append", status=False)
 
 
 def _body(node: Node, graph: Graph, folded: dict[str, Node], int4_half: bool) -> Body:

@@ -7,10 +7,10 @@ element, writing it at `start`. It is sound when nothing reads the cache after t
 runs earlier, checked in graph order, through identity-raster aliases) and nothing in the partition reads
 its output (a state update, written back after the call). Such an append floats: the lowering puts it in
 the first dispatch after the last one it must follow (the cache's last reader, the producers of its rows
-and start), beside whatever runs there (horizontal fusion: it binds no buffer of its own), so on SmolLM2
-each layer's k append rides with the softmax and its v append with the output projection, and the KV
-append costs no dispatch wherever the program emits it (the LLM step's cache_attention decomposition writes
-each right after its layer's attention).
+and start), beside whatever runs there (horizontal fusion: it binds no buffer of its own), so an append
+costs no dispatch wherever a program emits it. The LLM step's appends are inside `cache_attention`,
+which the backend claims whole (attention.py): its updated caches share their inputs' ranges by the same
+rule, and its kernel writes the rows.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from edgerun.ir.graph import Graph, Node
 
 
 def in_place_updates(graph: Graph, alias: dict[str, str]) -> dict[str, str]:
-    """update_slice output -> the device value it writes into (its input's alias root), for each update
-    whose input is not a constant, not a partition output, and not read by any node after it, and whose
-    output no node reads."""
+    """Updated value -> the device value it writes into (its input's alias root), for each update_slice
+    output and each cache_attention's updated caches (attention.py) whose input is not a constant, not a
+    partition output, and not read by any node after it, and which no node reads."""
     outputs = {alias.get(v, v) for v in graph.outputs}
     last_read: dict[str, int] = {}
     for k, node in enumerate(graph.nodes):
@@ -33,14 +33,19 @@ def in_place_updates(graph: Graph, alias: dict[str, str]) -> dict[str, str]:
                 last_read[alias.get(v, v)] = k
     found: dict[str, str] = {}
     for k, node in enumerate(graph.nodes):
-        if node.op != "update_slice":
+        if node.op == "update_slice":
+            pairs, others = [(node.inputs[0], node.outputs[0])], node.inputs[1:]
+        elif node.op == "cache_attention":
+            pairs, others = list(zip(node.inputs[3:5], node.outputs[1:3])), [*node.inputs[:3], *node.inputs[5:]]
+        else:
             continue
-        root = alias.get(node.inputs[0], node.inputs[0])
-        if root in graph.constants or root in outputs or last_read[root] != k or node.outputs[0] in last_read:
-            continue
-        if alias.get(node.inputs[1], node.inputs[1]) == root:  # rows read from the cache itself
-            continue
-        found[node.outputs[0]] = root
+        for source, updated in pairs:
+            root = alias.get(source, source)
+            if root in graph.constants or root in outputs or last_read[root] != k or updated in last_read:
+                continue
+            if any(alias.get(v, v) == root for v in others if v):  # rows read from the cache itself
+                continue
+            found[updated] = root
     return found
 
 
