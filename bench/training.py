@@ -19,9 +19,10 @@ cannot export or run is reported with the reason (the kernel its runtime lacks).
 (torch.set_num_threads, EDGERUN_ORT_THREADS, the BLAS variables).
 --digits: the digits CNN (32, 64, 128 wide) trained from scratch on the device for 20 epochs (Adam 2e-3, a
 cosine schedule given as the learning-rate input), held-out accuracy per epoch.
---memory mlp,digits,din,minilm2,minilm2-frozen: recompute versus keep (passes/autodiff.py's recompute_cheap): the forward
-activation bytes backward holds and train_step's planned arena with it on and off, and whether the
-gradients are equal bit for bit.
+--memory mlp,digits,din,minilm2,minilm2-frozen: recompute versus keep versus a memory budget (passes/autodiff.py's
+recompute_cheap and recompute_to_budget, the budget half of recompute_cheap's kept bytes): the forward
+activation bytes backward holds, train_step's planned arena, the ms per step on ONNX Runtime (interleaved in
+one process) and whether the gradients are equal bit for bit.
 --mnn: MNN's own training path (MNN.nn, MNN.optim; the MLP rebuilt in its layer API, as MNN cannot train an
 imported model from Python), in its own process; reported as training only if the loss and the weights move.
 --gradients: the gradient of every parameter of the zoo's MLP, DIN, the digits CNN, MobileNetV2 (32x32
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -316,10 +318,12 @@ def gradients() -> dict[str, Any]:
     return results
 
 
-def memory(models: list[str]) -> dict[str, Any]:
-    """Recompute versus keep: the activation bytes backward holds and the planned arenas (the reference's
-    plan, where edgerun places every value) of train_step with recompute_cheap on and off, the gradients
-    compared."""
+def memory(models: list[str], threads: int) -> dict[str, Any]:
+    """Recompute versus keep versus a memory budget: the activation bytes backward holds and the planned
+    arenas (the reference's plan, where edgerun places every value) of train_step with recompute off, with
+    recompute_cheap, and with activation_budget at half of recompute_cheap's kept bytes (recompute_to_budget);
+    the gradients compared; and the ms per train step of each on ONNX Runtime, the three interleaved step by
+    step in one process (so load shifts all three alike)."""
     import torch
 
     import edgerun.training as T
@@ -336,33 +340,48 @@ def memory(models: list[str]) -> dict[str, Any]:
         module, inputs, targets, loss = _model(name)
         return module, inputs, targets, torch_bce() if loss == "bce" else loss
 
+    os.environ.setdefault("EDGERUN_ORT_THREADS", str(threads))
     results: dict[str, Any] = {}
-    print("## Recompute versus keep (train_step, planned on the reference)")
-    print("| model | kept for backward: keep all | with recompute | train_step arena: keep all | with recompute | "
-          "arena saved | gradients equal |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"## Recompute versus keep versus a budget (train_step; arenas planned on the reference, ms on ONNX "
+          f"Runtime at {threads} threads, load average {os.getloadavg()[0]:.2f} at the start)")
+    print("| model | variant | kept for backward B | train_step arena B | ms per step (ORT) | gradients equal to keep-all |")
+    print("|---|---|---:|---:|---:|---|")
     for name in models:
         module, inputs, targets, loss = case(name)
-        row: dict[str, Any] = {}
-        grads = []
         # minilm2-frozen: the embedding tables frozen (their gradient, 47 MB for the word table, is otherwise
         # the arena's peak, whatever backward keeps)
         train = (lambda n: "embeddings" not in n) if name == "minilm2-frozen" else None
-        for recompute in (False, True):
-            model = T.from_torch(module, inputs, loss=loss, example_targets=None if isinstance(loss, str) else targets,
-                                 trainable_params=train, optimizer=T.SGD(0.01), backends=["reference"],
-                                 recompute=recompute)
+        batch = [*(i.numpy() for i in inputs), targets.numpy()]
+        row: dict[str, Any] = {}
+        grads, timed = [], []
+        for variant in ("keep", "recompute", "budget"):
+            budget = row["recompute"]["kept_bytes"] // 2 if variant == "budget" else None
+            common = dict(loss=loss, example_targets=None if isinstance(loss, str) else targets,
+                          trainable_params=train, optimizer=T.SGD(0.01), recompute=variant != "keep",
+                          activation_budget=budget)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a budget below the floor: the floor is the result
+                model = T.from_torch(module, inputs, backends=["reference"], **common)
             kept = model.program.metadata["training"]["activation_bytes"]["kept_for_backward"]
             arena = model.loaded.method("train_step").arena_bytes
-            row["recompute" if recompute else "keep"] = {"kept_bytes": kept, "train_step_arena_bytes": arena}
-            grads.append(model.gradients(*(i.numpy() for i in inputs), targets.numpy()))
-        equal = all(np.array_equal(grads[0][k], grads[1][k]) for k in grads[0])
-        row["gradients_equal"] = equal
+            row[variant] = {"kept_bytes": kept, "train_step_arena_bytes": arena, "budget_bytes": budget}
+            grads.append(model.gradients(*batch))
+            timed.append(T.TrainingProgram(model.program, model.layout, model.optimizer, ["onnxruntime"]))
+        times: list[list[float]] = [[] for _ in timed]
+        for step in range(25):
+            for k, model in enumerate(timed):
+                t0 = time.perf_counter()
+                model.train_step(*batch)
+                if step >= 5:
+                    times[k].append(time.perf_counter() - t0)
+        for k, variant in enumerate(("keep", "recompute", "budget")):
+            row[variant]["ms_per_step"] = 1000 * statistics.median(times[k])
+            row[variant]["gradients_equal"] = all(np.array_equal(grads[0][n], grads[k][n]) for n in grads[0])
+            v = row[variant]
+            label = f"budget {v['budget_bytes']:,} B" if variant == "budget" else variant
+            print(f"| {name} | {label} | {v['kept_bytes']:,} | {v['train_step_arena_bytes']:,} | {v['ms_per_step']:.2f} | "
+                  f"{'bit for bit' if v['gradients_equal'] else 'NO'} |")
         results[name] = row
-        keep, again = row["keep"], row["recompute"]
-        saved = 1 - again["train_step_arena_bytes"] / keep["train_step_arena_bytes"]
-        print(f"| {name} | {keep['kept_bytes']:,} | {again['kept_bytes']:,} | {keep['train_step_arena_bytes']:,} | "
-              f"{again['train_step_arena_bytes']:,} | {saved:.1%} | {'bit for bit' if equal else 'NO'} |")
     return results
 
 
@@ -454,7 +473,7 @@ def main() -> None:
     if args.gradients:
         sections[f"{stem}_gradients.json"] = lambda: {"gradients": gradients()}
     if args.memory:
-        sections[f"{stem}_memory.json"] = lambda: {"memory": memory(args.memory.split(","))}
+        sections[f"{stem}_memory.json"] = lambda: {"memory": memory(args.memory.split(","), args.threads)}
     if args.mnn:
         sections[f"{stem}_mnn.json"] = lambda: {"mnn": mnn()}
     if args.digits:

@@ -18,6 +18,8 @@ again just before backward's first read of it instead of being held from the for
 output from its input, which the relu rule keeps; the intermediates of a GELU from its input). Elementwise
 inputs are never larger than the output, so this never keeps more bytes across the forward/backward
 boundary; the copies are marked (meta "recomputed") so common-subexpression elimination leaves them apart.
+`recompute_to_budget` goes further for a memory budget: it recomputes more activations (matmul and conv
+outputs too), the most bytes freed per unit of work first, until the kept ones fit.
 Because the result is one ordinary graph, every backend runs it and every pass (decomposition, folding,
 raster merging, dead code) and the memory planner treat it like any other.
 """
@@ -32,7 +34,7 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.builder import Builder
 from edgerun.ir.decompose import decompose, restore_output_names
 from edgerun.ir.graph import Graph, Node
-from edgerun.ir.registry import NoGradientError, get_op, gradient_rule, no_gradient_reason
+from edgerun.ir.registry import NoGradientError, OpKind, get_op, gradient_rule, no_gradient_reason
 
 
 def _is_float(graph: Graph, value: str) -> bool:
@@ -171,13 +173,21 @@ def recompute_cheap(graph: Graph, forward_nodes: int) -> list[str]:
                 not i or i in free or i in recomputable or i in read for i in node.inputs):
             recomputable.add(node.outputs[0])
     dropped = sorted(v for v in read if v in recomputable)
-    if not dropped:
-        return []
+    if dropped:
+        _compute_again(graph, forward_nodes, recomputable)
+    return dropped
+
+
+def _compute_again(graph: Graph, forward_nodes: int, values: set[str]) -> None:
+    """Give backward its own copy of each forward value in `values` (and of the values in `values` it is
+    made from), each copy right before backward's first read of it."""
+    forward, backward = graph.nodes[:forward_nodes], graph.nodes[forward_nodes:]
+    producer = {o: n for n in forward for o in n.outputs}
     copies: dict[str, str] = {}
     emitted: list[Node] = []
 
     def copy_of(value: str) -> str:
-        if value not in recomputable:
+        if value not in values:
             return value
         if value not in copies:
             node = producer[value]
@@ -196,7 +206,62 @@ def recompute_cheap(graph: Graph, forward_nodes: int) -> list[str]:
         emitted.clear()
         rebuilt.append(node)
     graph.nodes = forward + rebuilt
-    return dropped
+
+
+def _work(graph: Graph, node: Node) -> int:
+    """Multiply-adds (matmul, conv2d) or elements touched (anything else): what computing `node` again costs."""
+    out = graph.specs[node.outputs[0]]
+    if node.op == "matmul":
+        return out.numel * graph.specs[node.inputs[0]].shape[-1]
+    if node.op == "conv2d":
+        _, ci, kh, kw = graph.specs[node.inputs[1]].shape
+        return out.numel * ci * kh * kw
+    return out.numel + sum(graph.specs[i].numel for i in node.inputs if i)
+
+
+def _pure(node: Node) -> bool:
+    """Computed from its inputs alone, the same way every time: safe to compute a second time."""
+    kind = get_op(node.op).kind
+    return kind not in (OpKind.CONTROL_FLOW, OpKind.DATA_DEPENDENT) and len(node.outputs) == 1
+
+
+def recompute_to_budget(graph: Graph, forward_nodes: int, budget: int) -> tuple[list[str], int]:
+    """Checkpointing to a memory budget: after recompute_cheap, while the forward activations backward
+    keeps take more than `budget` bytes, recompute the one that frees the most bytes per unit of work
+    (matmul and conv multiply-adds, elements elsewhere), its inputs kept instead where they are not kept
+    already (a matmul's output from its kept input: the input's bytes added, the output's freed). Stops when
+    the kept bytes fit or no recompute frees any. Returns (the activations no longer kept, the bytes kept)."""
+    dropped = recompute_cheap(graph, forward_nodes)
+    forward, backward = graph.nodes[:forward_nodes], graph.nodes[forward_nodes:]
+    producer = {o: n for n in forward for o in n.outputs}
+    free = set(graph.inputs) | set(graph.constants) | set(graph.state_inputs) | set(graph.outputs)
+    kept = {i for n in backward for i in n.inputs if i in producer and i not in free}
+    size = lambda v: graph.specs[v].numel * graph.specs[v].dtype.itemsize  # noqa: E731
+    total = sum(size(v) for v in kept)
+    again: set[str] = set()
+    while total > budget:
+        best: tuple[float, str, set[str]] | None = None
+        for value in sorted(kept):
+            node = producer[value]
+            if not _pure(node):
+                continue
+            needed = {i for i in node.inputs if i and i not in free and i not in kept and i not in again}
+            saved = size(value) - sum(size(i) for i in needed)
+            if saved <= 0:
+                continue
+            score = _work(graph, node) / saved
+            if best is None or score < best[0]:
+                best = (score, value, needed)
+        if best is None:
+            break
+        _, value, needed = best
+        kept.remove(value)
+        kept |= needed
+        again.add(value)
+        total = sum(size(v) for v in kept)
+    if again:
+        _compute_again(graph, forward_nodes, again)
+    return sorted({*dropped, *again}), total
 
 
 def gradient_graph(graph: Graph, loss: str, wrt: Sequence[str]) -> Graph:

@@ -14,6 +14,7 @@ arithmetic, all ordinary IR. A step whose loss or gradients are not finite leave
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
-from edgerun.passes.autodiff import activations_kept, append_gradients, recompute_cheap
+from edgerun.passes.autodiff import activations_kept, append_gradients, recompute_cheap, recompute_to_budget
 from edgerun.passes.pipeline import optimize
 from edgerun.passes.raster_merge_pass import RasterMergePass
 from edgerun.passes.transposed_matmul import swap_transposed_products
@@ -119,14 +120,21 @@ def _backward_nodes(graph: Graph, gradients: dict[str, str]) -> int:
 
 
 def build_training_program(program: Program, loss: str, trainable: TrainableSpec, optimizer: Optimizer,
-                           clip_norm: float | None = None, recompute: bool = True) -> tuple[Program, TrainingLayout]:
+                           clip_norm: float | None = None, recompute: bool = True,
+                           activation_budget: int | None = None) -> tuple[Program, TrainingLayout]:
     """The training program of `program`'s default method (see the module docstring); `recompute`: compute
-    cheap elementwise activations again in backward instead of keeping them (autodiff.recompute_cheap)."""
+    cheap elementwise activations again in backward instead of keeping them (autodiff.recompute_cheap);
+    `activation_budget`: bytes of forward activations backward may keep, more of them recomputed to fit
+    (autodiff.recompute_to_budget)."""
     source = program.graph
     if source.symbols:
         raise EdgerunError("training needs a program at fixed shapes: export it at the batch size it trains with")
     if clip_norm is not None and not clip_norm > 0:
         raise EdgerunError(f"clip_norm must be positive, got {clip_norm}")
+    if activation_budget is not None and (not recompute or isinstance(activation_budget, bool)
+                                          or not isinstance(activation_budget, int) or activation_budget < 0):
+        raise EdgerunError(f"activation_budget must be a number of bytes >= 0, with recompute on; got "
+                           f"{activation_budget!r} (recompute={recompute})")
     graph = source.copy()
     chosen = choose_trainable(graph, trainable)
     state = dict(program.state)
@@ -164,7 +172,12 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
     forward_nodes = len(gradients.nodes) - _backward_nodes(gradients, found)
     gradients.outputs = [loss_value, *(found[w] for w in chosen)]
     kept_all, produced = activations_kept(gradients, forward_nodes)
-    if recompute:
+    if activation_budget is not None:
+        _, fitted = recompute_to_budget(gradients, forward_nodes, activation_budget)
+        if fitted > activation_budget:
+            warnings.warn(f"activation_budget {activation_budget:,} B is below what backward must keep: recomputing "
+                          f"every activation that frees memory still keeps {fitted:,} B", RuntimeWarning, stacklevel=3)
+    elif recompute:
         recompute_cheap(gradients, forward_nodes)
 
     train = graph
@@ -184,7 +197,9 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
             state[name] = np.zeros(state[w].shape, state[w].dtype)
             slots[w][slot] = name
     grads = append_gradients(train, loss_value, chosen)
-    if recompute:
+    if activation_budget is not None:
+        recompute_to_budget(train, len(train.nodes) - _backward_nodes(train, grads), activation_budget)
+    elif recompute:
         recompute_cheap(train, len(train.nodes) - _backward_nodes(train, grads))
     loss32 = loss_value if train.specs[loss_value].dtype is DType.float32 else tb.emit("cast", [loss_value], dtype="float32")
     loss32 = tb.emit("reshape", [loss32], shape=[]) if train.specs[loss32].shape != () else loss32
@@ -230,7 +245,8 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
     kept, _ = activations_kept(gradients, forward_nodes)
     metadata["training"] = {"loss": loss, "trainable": list(chosen), "optimizer": optimizer_to_json(optimizer),
                             "activation_bytes": {"kept_for_backward": kept, "forward": produced,
-                                                 "kept_without_recompute": kept_all}}
+                                                 "kept_without_recompute": kept_all,
+                                                 "budget": activation_budget}}
     built = Program.from_methods(methods, default_method="forward", state=state, metadata=metadata)
     layout = TrainingLayout(tuple(forward.inputs), tuple(evaluate.inputs), tuple(chosen), tuple(optimizer.slots()))
     return built, layout

@@ -119,7 +119,7 @@ class TrainingProgram:
 def trainable(program: Program | str | os.PathLike[str], loss: str = "cross_entropy",
               trainable: TrainableSpec = None, optimizer: Optimizer | None = None, *,
               clip_norm: float | None = None, backends: Sequence[str] | str | None = None,
-              recompute: bool = True) -> TrainingProgram:
+              recompute: bool = True, activation_budget: int | None = None) -> TrainingProgram:
     """A training program from an inference program (a Program or a program file).
 
     `loss`: "cross_entropy" (the first output holds [batch, classes] scores; targets are int64 classes),
@@ -129,9 +129,13 @@ def trainable(program: Program | str | os.PathLike[str], loss: str = "cross_entr
     `optimizer`: SGD or Adam (default SGD(0.01)). `clip_norm`: clip the gradients' global norm to this.
     `recompute`: compute cheap elementwise activations again in backward rather than keep them
     (passes/autodiff.py, recompute_cheap); False keeps every activation backward reads.
+    `activation_budget`: at most this many bytes of forward activations kept for backward; more of them
+    (matmul and convolution outputs included) are computed again in backward to fit, cheapest per byte
+    first (recompute_to_budget). A budget below what must be kept is a RuntimeWarning naming that floor.
     """
     if not isinstance(program, Program):
         program = Program.read(program)
     optimizer = optimizer if optimizer is not None else SGD()
-    built, layout = build_training_program(program, loss, trainable, optimizer, clip_norm, recompute)
+    built, layout = build_training_program(program, loss, trainable, optimizer, clip_norm, recompute,
+                                           activation_budget)
     return TrainingProgram(built, layout, optimizer, backends)

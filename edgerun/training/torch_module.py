@@ -78,12 +78,13 @@ def export_for_training(module: Any, example_inputs: tuple[Any, ...], loss: str 
 def from_torch(module: Any, example_inputs: Sequence[Any], loss: str | Callable[..., Any] = "cross_entropy",
                trainable_params: TrainableSpec = None, optimizer: Optimizer | None = None, *,
                example_targets: Any = None, clip_norm: float | None = None,
-               backends: Sequence[str] | str | None = None, recompute: bool = True) -> TrainingProgram:
+               backends: Sequence[str] | str | None = None, recompute: bool = True,
+               activation_budget: int | None = None) -> TrainingProgram:
     """A training program of `module` at the shapes of `example_inputs`. `loss`: "cross_entropy", "mse",
     or a function (outputs, targets) -> scalar tensor, exported with the module (give `example_targets`).
     `trainable_params`: parameter names (module.named_parameters()) or a filter over them; default every
     parameter that requires a gradient and that the exported graph reads (the others are named in a warning).
-    `recompute` as in `trainable`."""
+    `recompute` and `activation_budget` as in `trainable`."""
     program, loss_name = export_for_training(module, tuple(example_inputs), loss, example_targets)
     if trainable_params is None:
         names = [n for n, p in module.named_parameters() if p.requires_grad]
@@ -93,4 +94,4 @@ def from_torch(module: Any, example_inputs: Sequence[Any], loss: str | Callable[
                           "graph (unused by its outputs, or folded at export) and do not train", stacklevel=2)
         trainable_params = [n for n in names if n in program.graph.constants]
     return trainable(program, loss_name, trainable_params, optimizer, clip_norm=clip_norm, backends=backends,
-                     recompute=recompute)
+                     recompute=recompute, activation_budget=activation_budget)
