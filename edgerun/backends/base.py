@@ -36,7 +36,8 @@ from edgerun.oracle.conv_algorithms import Work
 # handed other arrays on a later call (of the same shapes and dtypes).
 PartitionRun = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 # Binds one node to fixed arrays (value name -> array, constants included) and returns a call with no
-# arguments that computes the node's outputs into those arrays.
+# arguments that computes the node's outputs into those arrays. A bound raster with no fill writes only the
+# bytes its regions cover (the runtime narrows a KV cache's write to its new rows on that: runtime/state.py).
 NodeBinder = Callable[[Node, Mapping[str, np.ndarray]], Callable[[], None]]
 
 

@@ -136,10 +136,10 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     method_state.graph = graph  # lowered where composites landed on backends that do not keep them
     compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
     steps = build_schedule(partitions, compiled)
-    method_state.narrow(steps, partitions)
+    method_state.narrow(steps)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())
     lifetimes = value_lifetimes(steps, graph, skip=const_aliases)
-    method_state.plan(steps, lifetimes, arena_aliases, partitions, compiled)
+    method_state.plan(steps, lifetimes, arena_aliases, compiled)
     plan, arena, views = plan_arena(graph, lifetimes, arena_aliases, const_aliases, arena_limit)
     graph, binding = method_state.bind(views, steps, compiled)
     instructions = build_instructions(steps, elided, partitions, compiled, views,

@@ -25,8 +25,6 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph
 from edgerun.ir.state import StateSignature, from_functional, has_state, to_functional
 from edgerun.runtime.memory_plan import TensorLifetime
-from edgerun.runtime.partition import Partition
-from edgerun.runtime.placement import FALLBACK
 from edgerun.runtime.schedule import Step
 from edgerun.runtime.state import (
     StateBinding,
@@ -55,13 +53,12 @@ class MethodState:
         self._narrowed: dict[int, Step] = {}
         self._plan: StatePlan | None = None
 
-    def narrow(self, steps: list[Step], partitions: Sequence[Partition]) -> None:
+    def narrow(self, steps: list[Step]) -> None:
         if self.signature is not None:
-            self._narrowed = narrow_state_rasters(steps, self.graph, self.signature,
-                                                  lambda step: _on_reference(step, partitions))
+            self._narrowed = narrow_state_rasters(steps, self.graph, self.signature)
 
     def plan(self, steps: list[Step], lifetimes: dict[str, TensorLifetime], arena_aliases: dict[str, str],
-             partitions: Sequence[Partition], compiled: Sequence[CompiledPartition]) -> None:
+             compiled: Sequence[CompiledPartition]) -> None:
         if self.signature is None:
             return
         overwrites = overwriting_steps(steps, lambda k: compiled[k].overwrites_inputs)
@@ -79,10 +76,5 @@ class MethodState:
         resident = keep_resident(self.graph, self.signature, self._plan, steps, compiled, self.store)
         binding = StateBinding(self.store, self._plan, views, resident)
         return from_functional(self.graph, self.signature), binding
-
-
-def _on_reference(step: Step, partitions: Sequence[Partition]) -> bool:
-    # Its bound rasters write only their regions' bytes.
-    return partitions[step.partition].backend == FALLBACK
 
 

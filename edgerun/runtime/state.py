@@ -239,15 +239,14 @@ def state_views(store: StateStore, plan: StatePlan) -> dict[str, np.ndarray]:
     return {value: store.buffers[state].reshape(shape) for value, (state, shape) in plan.views.items()}
 
 
-def narrow_state_rasters(steps: list[Step], graph: Graph, signature: StateSignature,
-                         binds_only_regions: Callable[[Step], bool]) -> dict[int, Step]:
+def narrow_state_rasters(steps: list[Step], graph: Graph, signature: StateSignature) -> dict[int, Step]:
     """Let a raster that writes a few rows of a state (a KV cache's new entries) update it in place.
 
     A raster whose output is a state's update and whose regions copy the old state to the same places
     (torch's slice_scatter: before, new rows, after) needs only the new rows written when its output is
-    the state's buffer. When the old state has no other reader, no fill is set, the step's backend writes
-    only the regions' bytes (`binds_only_regions`), and no later region writes over an earlier new one,
-    the step is replaced (in `steps`, in place) by one that no longer reads the state; the state's read
+    the state's buffer. When the old state has no other reader, no fill is set, the step is a bound node
+    (a bound raster writes only its regions' bytes: base.NodeBinder), and no later region writes over an
+    earlier new one, the step is replaced (in `steps`, in place) by one that no longer reads the state; the state's read
     then ends before its update, so plan_state puts the update in the state's buffer. Returns the
     replaced steps by index: the caller puts back any whose update plan_state did not place in place.
     """
@@ -265,8 +264,7 @@ def narrow_state_rasters(steps: list[Step], graph: Graph, signature: StateSignat
         k = users[0]
         step = steps[k]
         node = step.node
-        if node is None or node.op != "raster" or value not in node.outputs or node.attrs.get("fill") is not None \
-                or not binds_only_regions(step):
+        if node is None or node.op != "raster" or value not in node.outputs or node.attrs.get("fill") is not None:
             continue
         narrowed = _without_state_regions(node, state)
         if narrowed is not None and not is_noop_raster(narrowed, graph):
