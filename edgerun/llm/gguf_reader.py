@@ -1,10 +1,10 @@
 """Read a GGUF file (llama.cpp's model format) with the `gguf` package: metadata and tensors.
 
-Tensors come back as float32 arrays (F32, F16, BF16) or PackedWeight (Q4_0, Q4_1, Q8_0: codes and per-32
-scales, never dequantized here). The K-quants and Q5 formats common in downloaded GGUFs (Q4_K, Q5_K, Q6_K,
-Q5_0, Q5_1) are dequantized to float32 at load with gguf's own dequantizer: they run, but are not kept
-packed (their super-block layout is not the quantized IR's group-wise int4/int8). Any other tensor type, a
-file that is not GGUF, or a truncated one is an EdgerunError naming the file and what is wrong.
+Tensors come back as float32 arrays (F32, F16, BF16) or PackedWeight, never dequantized here: Q4_0, Q4_1
+and Q8_0 as codes with per-32 scales, and the formats common in downloaded GGUFs in those group-wise forms
+(quant_blocks.py: Q4_K as q4_1; Q5_0, Q5_1 and Q5_K as q5_1, codes 0..31; Q6_K as q6_k, int8 codes with a
+scale per 16). BF16 is widened to float32 with gguf's own converter. Any other tensor type, a file that is
+not GGUF, or a truncated one is an EdgerunError naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -13,21 +13,32 @@ import functools
 import gc
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from edgerun.errors import EdgerunError
-from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks, unpack_q4_k
+from edgerun.llm.quant_blocks import (
+    PackedWeight,
+    unpack_blocks,
+    unpack_q4_k,
+    unpack_q5,
+    unpack_q5_k,
+    unpack_q6_k,
+)
 
 GGUF_MAGIC = b"GGUF"
 Tensor = np.ndarray | PackedWeight
 
-# gguf's type names -> our packed schemes ("q4_k": read into the q4_1 form, quant_blocks.unpack_q4_k)
-_PACKED = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k"}
+# gguf's type names -> the function reading its blocks into a PackedWeight
+_PACKED: dict[str, Callable[[np.ndarray, tuple[int, int]], PackedWeight]] = {
+    **{t: functools.partial(unpack_blocks, t.lower()) for t in ("Q4_0", "Q4_1", "Q8_0")},
+    **{t: functools.partial(unpack_q5, t.lower()) for t in ("Q5_0", "Q5_1")},
+    "Q4_K": unpack_q4_k, "Q5_K": unpack_q5_k, "Q6_K": unpack_q6_k}
 _FLOAT = {"F32", "F16"}
-_DEQUANTIZED_AT_LOAD = {"BF16", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
+_DEQUANTIZED_AT_LOAD = {"BF16"}
 SUPPORTED_TYPES = sorted(_FLOAT | set(_PACKED) | _DEQUANTIZED_AT_LOAD)
 _COLLECT_AFTER_PARTS = 10_000  # parsed field parts above which the reader collects garbage after freeing them
 
@@ -137,14 +148,12 @@ def _tensor(type_name: str, data: np.ndarray, shape: tuple[int, ...]) -> Tensor:
 
         values = gguf.quants.dequantize(np.asarray(data), gguf.GGMLQuantizationType[type_name])
         return np.asarray(values, np.float32).reshape(shape)
-    scheme = _PACKED.get(type_name)
-    if scheme is None:
+    unpack = _PACKED.get(type_name)
+    if unpack is None:
         raise EdgerunError(f"tensor type {type_name} is not supported (supported: {', '.join(SUPPORTED_TYPES)})")
     if len(shape) != 2:
         raise EdgerunError(f"quantized tensors must be matrices, got shape {shape}")
-    if scheme == "q4_k":
-        return unpack_q4_k(np.asarray(data), (shape[0], shape[1]))
-    return unpack_blocks(scheme, np.asarray(data), (shape[0], shape[1]))
+    return unpack(np.asarray(data), (shape[0], shape[1]))
 
 
 def file_digest(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:

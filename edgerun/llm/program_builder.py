@@ -47,7 +47,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.llm.architecture import Architecture
-from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_operands, int8_as_two_int4
+from edgerun.llm.quant_blocks import GROUP, Int4Operands, PackedWeight, int4_operands, wide_as_two_int4
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 Weight = np.ndarray | PackedWeight
@@ -145,15 +145,16 @@ class _StepBuilder:
         return self.g.add_constant(data, name=name)
 
     def int4_matmul(self, x: str, ops: Int4Operands, name: str) -> str:
-        n, groups, _ = ops.packed.shape
+        n, groups, half = ops.packed.shape
+        group = 2 * half  # 32, or 16 for Q6_K
         ins = [x, self.constant(ops.packed, name + ".codes"), self.constant(ops.scales, name + ".scales")]
         if ops.zeros is not None:
             ins.append(self.constant(ops.zeros, name + ".zeros"))
-        y = self.b.emit("matmul_int4", ins, k=groups * GROUP, n=n, group_size=GROUP, **self.int4_attrs)
+        y = self.b.emit("matmul_int4", ins, k=groups * group, n=n, group_size=group, **self.int4_attrs)
         if ops.offsets is None:
             return y
         b = self.b  # + (x summed per group) @ offsets.T
-        sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, GROUP])], axes=[2])
+        sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, group])], axes=[2])
         if ops.offsets_t is None:
             ops.offsets_t = np.ascontiguousarray(ops.offsets.T)
         offsets_t = self.g.add_constant(ops.offsets_t, name=name + ".offsets.T")
@@ -185,7 +186,7 @@ class _StepBuilder:
         arrays, not two copies); `w` may be a function making the weight then."""
         if name not in self.shared:
             weight = w() if callable(w) else w
-            self.shared[name] = [int4_operands(weight)] if weight.bits == 4 else list(int8_as_two_int4(weight))
+            self.shared[name] = [int4_operands(weight)] if weight.bits == 4 else list(wide_as_two_int4(weight))
         return self.shared[name]
 
     def packed_linear(self, x: str, name: str, w: PackedWeight | Callable[[], PackedWeight]) -> str:
@@ -209,7 +210,7 @@ class _StepBuilder:
     def embed(self, tokens: str) -> str:
         """The embedding rows of `tokens`; a Q8_0 table stays packed and only the gathered rows are scaled.
 
-        The rows are gathered from the head's operands (`int8_as_two_int4`: the codes' high and low nibbles,
+        The rows are gathered from the head's operands (`wide_as_two_int4`: the codes' high and low nibbles,
         two per byte), not from a second int8 copy of the table: with a tied head that copy was 28 MB of
         SmolLM2's weights. Per byte, the odd element's nibble is `floor(byte / 16)` and the even one's
         `byte - 16 * odd` (no `mod`: ONNX Runtime does not claim it in float); code + 128 = 16 * high + low,

@@ -14,6 +14,15 @@ Q4_K is read into the q4_1 form: its 256-value super-blocks hold eight sub-block
 and a 6-bit minimum each, under a float16 `d` and `dmin`, and `d*sc*q - dmin*m` is exactly `scale * code +
 min` with scale = d*sc and min = -(dmin*m), both exact in float32 (11 + 6 significant bits), so the q4_1
 kernels run it and gguf's own dequantizer's bits come out (tests/llm/test_gguf.py).
+
+The 5- and 6-bit formats are kept as integer codes, one a byte, never as float32:
+- Q5_0, Q5_1 and Q5_K are read into the "q5_1" form, codes 0..31 with a scale and minimum per 32: Q5_0's
+  d*(q - 16) is scale d, minimum -16*d; Q5_1's d*q + m as it is; Q5_K's super-blocks like Q4_K's (a 6-bit
+  scale and minimum per 32 under `d` and `dmin`) with a fifth bit per code. All exact in float32 as above.
+- Q6_K is read into the "q6_k" form: int8 codes q - 32 (-32..31) with one scale per 16 values, d times the
+  sub-block's int8 scale (11 + 8 significant bits, exact), so d*sc*(q - 32) is scale * code with one
+  exact product.
+Both run as two int4 matmuls over the codes' high and low nibbles (`wide_as_two_int4`), as Q8_0 does.
 """
 
 from __future__ import annotations
@@ -24,35 +33,46 @@ import numpy as np
 
 from edgerun.errors import EdgerunError
 
-GROUP = 32  # values per block (per scale) in every format we read
+GROUP = 32  # values per block (per scale) in every format we read but Q6_K
+Q6_K_GROUP = 16  # values per Q6_K scale
 
 # scheme -> bytes per 32-value block
-BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
-SUPER_BLOCK = 256  # values per Q4_K super-block
+BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q5_0": 22, "q5_1": 24}
+SUPER_BLOCK = 256  # values per K-quant super-block
 Q4_K_BYTES = 144  # float16 d and dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of codes
+Q5_K_BYTES = 176  # Q4_K's, then 32 bytes of fifth bits
+Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of high two bits, 16 int8 scales, float16 d
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A row-major [rows, cols] matrix quantized in groups of 32 along each row (rows = output features)."""
 
-    scheme: str  # "q4_0" | "q4_1" | "q8_0": the packed form (a Q4_K tensor is read into "q4_1")
+    scheme: str  # "q4_0" | "q4_1" | "q8_0" | "q5_1" | "q6_k": the packed form (Q4_K is read into "q4_1";
+    # Q5_0, Q5_1, Q5_K into "q5_1")
     shape: tuple[int, int]
-    data: np.ndarray  # q4: uint8 [rows, cols//2], byte k = element 2k (low nibble) | element 2k+1 (high)
-    scales: np.ndarray  # float32 [rows, cols//32]
-    mins: np.ndarray | None  # float32 [rows, cols//32]; None for q8_0
+    data: np.ndarray  # q4: uint8 [rows, cols//2], byte k = element 2k (low nibble) | element 2k+1 (high);
+    # q8_0, q6_k: int8 [rows, cols]; q5_1: uint8 [rows, cols], 0..31
+    scales: np.ndarray  # float32 [rows, cols//group]
+    mins: np.ndarray | None  # float32 [rows, cols//group]; None for q8_0 and q6_k
 
     @property
     def bits(self) -> int:
-        return 8 if self.scheme == "q8_0" else 4
+        return {"q8_0": 8, "q6_k": 6, "q5_1": 5}.get(self.scheme, 4)
+
+    @property
+    def group(self) -> int:
+        """Values per scale along a row."""
+        return Q6_K_GROUP if self.scheme == "q6_k" else GROUP
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes + self.scales.nbytes + (self.mins.nbytes if self.mins is not None else 0))
 
     def codes(self) -> np.ndarray:
-        """The integer codes, one per element: uint8 0..15 for 4-bit schemes, int8 for q8_0."""
-        if self.bits == 8:
+        """The integer codes, one per element: uint8 0..15 for 4-bit schemes, 0..31 for q5_1, int8 for q8_0
+        and q6_k."""
+        if self.bits > 4:
             return self.data
         rows, cols = self.shape
         out = np.empty((rows, cols), np.uint8)
@@ -62,7 +82,7 @@ class PackedWeight:
 
     def dequantize(self) -> np.ndarray:
         rows, cols = self.shape
-        codes = self.codes().reshape(rows, cols // GROUP, GROUP).astype(np.float32)
+        codes = self.codes().reshape(rows, cols // self.group, self.group).astype(np.float32)
         values = codes * self.scales[:, :, None]
         if self.mins is not None:
             values += self.mins[:, :, None]
@@ -141,6 +161,70 @@ def unpack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
     return PackedWeight("q4_1", shape, two_per_byte(ordered), scales.astype(np.float32), mins.astype(np.float32))
 
 
+def _super_blocks(name: str, raw: np.ndarray, shape: tuple[int, int], nbytes: int) -> np.ndarray:
+    """`raw` as [rows, super-blocks, nbytes] after checking its size."""
+    rows, cols = shape
+    if cols % SUPER_BLOCK:
+        raise EdgerunError(f"{name} row length {cols} is not a multiple of {SUPER_BLOCK}")
+    supers = cols // SUPER_BLOCK
+    if raw.dtype != np.uint8 or raw.size != rows * supers * nbytes:
+        raise EdgerunError(f"{name} tensor of shape {shape} needs {rows * supers * nbytes} bytes, got {raw.size}")
+    return np.ascontiguousarray(raw).reshape(rows, supers, nbytes)
+
+
+def unpack_q5(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
+    """Q5_0 or Q5_1 blocks (float16 d[, m], 32 fifth bits, 16 bytes of low nibbles) in the q5_1 form."""
+    rows, cols = shape
+    name = scheme.upper()
+    if cols % GROUP:
+        raise EdgerunError(f"{name} row length {cols} is not a multiple of {GROUP}")
+    groups, per_block = cols // GROUP, BLOCK_BYTES[scheme]
+    if raw.dtype != np.uint8 or raw.size != rows * groups * per_block:
+        raise EdgerunError(f"{name} tensor of shape {shape} needs {rows * groups * per_block} bytes, got {raw.size}")
+    blocks = np.ascontiguousarray(raw).reshape(rows, groups, per_block)
+    scales = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    if scheme == "q5_1":
+        mins = blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    else:
+        mins = (np.float32(-16) * scales).astype(np.float32)
+    at = 4 if scheme == "q5_1" else 2
+    high = blocks[:, :, at:at + 4].copy().view(np.uint32)  # bit j: element j's fifth bit
+    fifth = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [rows, groups, 32]
+    qs = blocks[:, :, at + 4:]  # low nibbles hold elements 0..15, high nibbles 16..31
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
+    codes = (low | (fifth << 4)).reshape(rows, cols)
+    return PackedWeight("q5_1", shape, codes, scales, mins)
+
+
+def unpack_q5_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
+    """Q5_K super-blocks in the q5_1 form: Q4_K's scales and minimums, the fifth bits from 32 bytes where
+    bit j of byte i is the fifth bit of element 32 j + i."""
+    rows, cols = shape
+    blocks = _super_blocks("Q5_K", raw, shape, Q5_K_BYTES)
+    as_q4 = unpack_q4_k(np.concatenate([blocks[:, :, :16], blocks[:, :, 48:]], axis=2), shape)
+    low = np.empty((rows, cols), np.uint8)
+    low[:, 0::2], low[:, 1::2] = as_q4.data & 0x0F, as_q4.data >> 4
+    qh = blocks[:, :, 16:48].reshape(rows, -1, 1, 32)  # [rows, supers, 1, 32]
+    fifth = ((qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1).reshape(rows, cols)
+    return PackedWeight("q5_1", shape, (low | (fifth << 4)).astype(np.uint8), as_q4.scales, as_q4.mins)
+
+
+def unpack_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
+    """Q6_K super-blocks in the q6_k form: int8 codes q - 32, scale d * sc per 16 values."""
+    rows, cols = shape
+    blocks = _super_blocks("Q6_K", raw, shape, Q6_K_BYTES)
+    supers = cols // SUPER_BLOCK
+    # Each half of 128 values: 64 bytes of low nibbles (elements 0..63 low, 64..127 high) and 32 bytes of high
+    # two bits (element i's at bits 2 * (i // 32) of byte i % 32).
+    ql = blocks[:, :, :128].reshape(rows, supers, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    qh = blocks[:, :, 128:192].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    q = ((ql & 0x0F).reshape(rows, cols) | ((qh & 0x03).reshape(rows, cols) << 4)).astype(np.int8) - np.int8(32)
+    d = blocks[:, :, 208:210].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    sc = blocks[:, :, 192:208].copy().view(np.int8).astype(np.float32)  # [rows, supers, 16]
+    scales = (d * sc).reshape(rows, cols // Q6_K_GROUP).astype(np.float32)
+    return PackedWeight("q6_k", shape, q.astype(np.int8), scales, None)
+
+
 @dataclass
 class Int4Operands:
     """matmul_int4's weight operands, plus what the int4 form cannot hold.
@@ -174,18 +258,27 @@ def int4_operands(w: PackedWeight) -> Int4Operands:
     return Int4Operands(packed, w.scales, None, (w.mins + np.float32(8) * w.scales).astype(np.float32))
 
 
-def int8_as_two_int4(w: PackedWeight) -> tuple[Int4Operands, Int4Operands]:
-    """A Q8_0 weight as the sum of two int4 matmuls over its high and low nibbles, the same bytes in all.
+def wide_as_two_int4(w: PackedWeight) -> tuple[Int4Operands, Int4Operands]:
+    """A weight of 5- to 8-bit codes as the sum of two int4 matmuls over their high and low nibbles.
 
-    code + 128 = 16 * high + low with high, low in 0..15, so scale * code = (16 * scale) * (high - 8) +
-    scale * (low - 0): exact in the integers, one extra float32 rounding in the sum.
+    q8_0, q6_k (int8 codes): code + 128 = 16 * high + low with high, low in 0..15, so scale * code =
+    (16 * scale) * (high - 8) + scale * (low - 0). q5_1 (codes 0..31): scale * code + min = (16 * scale) *
+    (high - 0) + scale * (low - 0) + min, the minimum as the low half's offset (Q5_0's min = -16 * scale as the
+    high half's zero point 1 instead: no offset term). Exact in the integers, one extra float32 rounding in
+    the sum. The groups are the weight's (16 for q6_k).
     """
-    if w.scheme != "q8_0":
-        raise EdgerunError(f"{w.scheme} is not q8_0")
+    if w.bits == 4:
+        raise EdgerunError(f"{w.scheme} is a 4-bit scheme")
     rows, cols = w.shape
-    groups = cols // GROUP
-    biased = (w.data.astype(np.int16) + 128).astype(np.uint8)  # [rows, cols] in 0..255
+    groups, group = cols // w.group, w.group
+    codes = w.codes()
+    biased = (codes.astype(np.int16) + 128).astype(np.uint8) if codes.dtype == np.int8 else codes
     high, low = biased >> 4, biased & 0x0F
-    pack = lambda v: two_per_byte(v).reshape(rows, groups, GROUP // 2)  # noqa: E731
-    return (Int4Operands(pack(high), (w.scales * np.float32(16)).astype(np.float32), None),
-            Int4Operands(pack(low), w.scales, np.zeros((rows, groups), np.uint8)))
+    pack = lambda v: two_per_byte(v).reshape(rows, groups, group // 2)  # noqa: E731
+    zeros = np.zeros((rows, groups), np.uint8)
+    high_scales = (w.scales * np.float32(16)).astype(np.float32)
+    if w.mins is None:
+        return Int4Operands(pack(high), high_scales, None), Int4Operands(pack(low), w.scales, zeros)
+    if np.array_equal(w.mins, np.float32(-16) * w.scales):  # Q5_0: scale * (code - 16), the high nibble's zero 1
+        return Int4Operands(pack(high), high_scales, zeros + 1), Int4Operands(pack(low), w.scales, zeros)
+    return Int4Operands(pack(high), high_scales, zeros), Int4Operands(pack(low), w.scales, zeros, w.mins)

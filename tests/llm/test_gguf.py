@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import gguf
@@ -12,7 +13,15 @@ from edgerun.errors import EdgerunError
 from edgerun.llm.architecture import from_gguf_metadata
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.gguf_reader import read_gguf
-from edgerun.llm.quant_blocks import PackedWeight, unpack_blocks, unpack_q4_k
+from edgerun.llm.quant_blocks import (
+    PackedWeight,
+    unpack_blocks,
+    unpack_q4_k,
+    unpack_q5,
+    unpack_q5_k,
+    unpack_q6_k,
+    wide_as_two_int4,
+)
 
 from .test_tiny_gguf import q4_k_blocks
 
@@ -126,15 +135,59 @@ def test_q4_k_is_read_packed_into_the_q4_1_form_with_gguf_dequantizers_bits(tmp_
         unpack_q4_k(raw, (6, 512))
 
 
-@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_0"])
-def test_k_quants_load_dequantized(tmp_path: Path, qtype: str) -> None:
+# where each format keeps its float16 fields in a block: byte offsets (gguf cannot quantize to these types,
+# so the tests write random blocks with finite float16s there)
+HALF_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator, d: float | None = None) -> np.ndarray:
+    """`qtype` blocks of a [rows, cols] matrix: every byte random but the float16 fields (random in [-2, 2],
+    or `d`)."""
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for at in HALF_FIELDS[qtype]:
+        half = rng.uniform(-2, 2, (rows, cols // block)) if d is None else np.full((rows, cols // block), d)
+        raw[:, :, at:at + 2] = half.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+_PACKED_READERS = {"Q6_K": unpack_q6_k, "Q5_K": unpack_q5_k, "Q5_0": functools.partial(unpack_q5, "q5_0"),
+                   "Q5_1": functools.partial(unpack_q5, "q5_1")}
+
+
+@pytest.mark.parametrize(("qtype", "scheme"), [("Q6_K", "q6_k"), ("Q5_K", "q5_1"), ("Q5_0", "q5_1"),
+                                               ("Q5_1", "q5_1")])
+def test_5_and_6_bit_formats_load_packed_with_gguf_dequantizers_bits(tmp_path: Path, qtype: str, scheme: str) -> None:
+    # Kept as integer codes (one a byte) with float32 scales, never float32 values; dequantized, bit for bit
+    # gguf's own dequantizer, every code value and sign of scale included.
     kind = gguf.GGMLQuantizationType[qtype]
-    block, size = gguf.GGML_QUANT_SIZES[kind]
-    rng = np.random.default_rng(1)
-    raw = rng.integers(0, 256, (4, size * 256 // block), dtype=np.uint8)
-    raw[:, :] &= 0x3B  # keeps every float16 scale finite (exponent bits never all set)
+    raw = random_blocks(qtype, 6, 512, np.random.default_rng(1))
     path = tmp_path / f"{qtype}.gguf"
     _write_gguf(path, tensors={"token_embd.weight": raw}, raw_type=kind)
-    values = read_gguf(path).tensors["token_embd.weight"]
-    assert isinstance(values, np.ndarray) and values.shape == (4, 256) and np.isfinite(values).all()
-    assert np.array_equal(values, gguf.quants.dequantize(raw, kind).reshape(4, 256))
+    w = read_gguf(path).tensors["token_embd.weight"]
+    assert isinstance(w, PackedWeight) and w.scheme == scheme and w.shape == (6, 512)
+    assert w.data.dtype in (np.int8, np.uint8) and w.data.shape == (6, 512)
+    assert w.nbytes <= 6 * 512 * 1.5  # against 4 bytes a value in float32
+    codes = w.codes().astype(int)
+    assert (codes.min(), codes.max()) == ((-32, 31) if qtype == "Q6_K" else (0, 31))
+    assert np.array_equal(w.dequantize(), gguf.quants.dequantize(raw, kind).reshape(6, 512))
+    with pytest.raises(EdgerunError, match=rf"{qtype} tensor of shape \(6, 512\) needs"):
+        _PACKED_READERS[qtype](raw[:, :-1], (6, 512))
+
+
+def test_wide_codes_split_into_two_int4_matmuls_equal_the_dequantized_weight() -> None:
+    # The two int4 operand sets a 5- to 8-bit weight runs as (the codes' high and low nibbles) dequantize to
+    # the weight exactly, groups of 16 for Q6_K.
+    rng = np.random.default_rng(2)
+    for qtype, unpack in _PACKED_READERS.items():
+        w = unpack(random_blocks(qtype, 4, 256, rng), (4, 256))
+        total = np.zeros((4, 256), np.float64)
+        for ops in wide_as_two_int4(w):
+            group = ops.packed.shape[2] * 2
+            codes = np.stack([ops.packed & 0x0F, ops.packed >> 4], axis=-1).reshape(4, -1, group).astype(np.float64)
+            zeros = 8 if ops.zeros is None else ops.zeros[..., None]
+            part = (codes - zeros) * ops.scales[..., None]
+            if ops.offsets is not None:
+                part = part + ops.offsets[..., None]
+            total += part.reshape(4, 256)
+        assert np.array_equal(total, w.dequantize().astype(np.float64)), qtype

@@ -149,6 +149,45 @@ def test_q4_k_weights_run_packed_and_match_the_float_path_and_transformers(tmp_p
     np.testing.assert_allclose(ours, want, atol=1e-4)
 
 
+@pytest.mark.parametrize("backends", [["reference"], None])
+def test_5_and_6_bit_weights_run_packed_and_match_the_float_path(tmp_path: Path, backends: list[str] | None) -> None:
+    # Q4_K_M files carry Q6_K (ffn_down, attn_v) and often Q5_0 or Q5_K tensors: read as integer codes, they
+    # run as two int4 matmuls each (Q6_K in groups of 16), on the reference kernels and on the default
+    # backends, and give the float path's logits.
+    from .test_gguf import random_blocks
+
+    dim, hidden = 256, 512
+    rng = np.random.default_rng(7)
+    path = tmp_path / "tiny-q56.gguf"
+    w = _llama_writer(path, dim, hidden)
+    w.add_tensor("token_embd.weight", (rng.standard_normal((VOCAB, dim)) * 0.2).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    hd = dim // HEADS
+    kinds = {"attn_q": "Q5_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q5_0", "ffn_gate": "Q5_1",
+             "ffn_up": "Q5_1", "ffn_down": "Q6_K"}
+    scale = {"Q5_K": 0.0005, "Q6_K": 0.0005, "Q5_0": 0.002, "Q5_1": 0.002}
+    for i in range(LAYERS):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(dim, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(dim, np.float32))
+        for name, rows, cols in (("attn_q", HEADS * hd, dim), ("attn_k", KV_HEADS * hd, dim),
+                                 ("attn_v", KV_HEADS * hd, dim), ("attn_output", dim, HEADS * hd),
+                                 ("ffn_gate", hidden, dim), ("ffn_up", hidden, dim), ("ffn_down", dim, hidden)):
+            kind = kinds[name]
+            w.add_tensor(f"blk.{i}.{name}.weight", random_blocks(kind, rows, cols, rng, d=scale[kind]),
+                         raw_dtype=gguf.GGMLQuantizationType[kind])
+    _finish(w)
+    model = edgerun.llm.load(path, context=32, chunk=8, int8_prefill=False, backends=backends)
+    dense = edgerun.llm.load(path, dequantize=True, context=32, chunk=8, backends=backends)
+    counts = model.runner.prefill.graph.op_counts()
+    assert counts["matmul_int4"] == LAYERS * 7 * 2 and "matmul" in counts  # each projection two int4 matmuls
+    assert all(w.dtype != np.float32 or w.ndim < 2 for w in model.runner.prefill.graph.constants.values()
+               if w.size > VOCAB * dim)  # no projection kept as float32
+    ids = [3, 17, 99, 5, 64, 1, 2, 120, 7, 8, 44]
+    ours = model.next_logits(ids)
+    assert np.ptp(ours) > 0.5
+    np.testing.assert_allclose(ours, dense.next_logits(ids), atol=2e-4)
+
+
 def test_llama_3_rope_factors_in_a_gguf_equal_the_configs_llama3_scaling(tmp_path: Path) -> None:
     """Llama 3.1's RoPE scaling as llama.cpp's converter stores it (a factor per frequency, rope_freqs.weight)
     gives the model that the Hugging Face config's `rope_type: llama3` gives (architecture.py), on the same
