@@ -149,11 +149,11 @@ def test_q4_k_weights_run_packed_and_match_the_float_path_and_transformers(tmp_p
     np.testing.assert_allclose(ours, want, atol=1e-4)
 
 
-@pytest.mark.parametrize("backends", [["reference"], None])
-def test_5_and_6_bit_weights_run_packed_and_match_the_float_path(tmp_path: Path, backends: list[str] | None) -> None:
+@pytest.mark.parametrize("backends", [["reference"], ["onnxruntime"]])
+def test_5_and_6_bit_weights_run_packed_and_match_the_float_path(tmp_path: Path, backends: list[str]) -> None:
     # Q4_K_M files carry Q6_K (ffn_down, attn_v) and often Q5_0 or Q5_K tensors: read as integer codes, they
-    # run as two int4 matmuls each (Q6_K in groups of 16), on the reference kernels and on the default
-    # backends, and give the float path's logits.
+    # run as two int4 matmuls each (Q6_K in groups of 16), on the reference kernels and on ONNX Runtime
+    # (MatMulNBits, block_size 16 for Q6_K), and give the float path's logits.
     from .test_gguf import random_blocks
 
     dim, hidden = 256, 512
@@ -180,6 +180,7 @@ def test_5_and_6_bit_weights_run_packed_and_match_the_float_path(tmp_path: Path,
     dense = edgerun.llm.load(path, dequantize=True, context=32, chunk=8, backends=backends)
     counts = model.runner.prefill.graph.op_counts()
     assert counts["matmul_int4"] == LAYERS * 7 * 2 and "matmul" in counts  # each projection two int4 matmuls
+    assert {p.backend for p in model.runner.prefill.partitions} == set(backends)
     assert all(w.dtype != np.float32 or w.ndim < 2 for w in model.runner.prefill.graph.constants.values()
                if w.size > VOCAB * dim)  # no projection kept as float32
     ids = [3, 17, 99, 5, 64, 1, 2, 120, 7, 8, 44]
