@@ -3,14 +3,18 @@ at 1, 4, 8 and 16 clients, each client the `openai` package streaming a completi
 (its own text, so no client reuses another's cached prefix) to 128 new tokens at temperature 0.
 
 Servers, each in its own process on the same GGUF (SmolLM2-135M-Instruct Q4_1) and the same context:
-- edgerun: `edgerun llm serve` (the engine runs one sequence at a time; see docs/llm.md "The server").
+- edgerun: `edgerun llm serve --batch-size N` (continuous batching over N cache slots; docs/llm.md "The
+  server"), N = the number of clients unless `--batch-size` fixes it: one process per concurrency, as for
+  llama-server, whose slots are fixed at start too. With `--sequential` also `--batch-size 1` (one request
+  at a time) at each concurrency, right after the batched server: the ratio batching gives on the same
+  machine and load.
 - llama-server: llama.cpp's server with `--parallel N --cont-batching`, measured when `--llama-server BIN`
   names a build of it (from the vendored llama.cpp in the llama-cpp-python source distribution:
   `cmake -B build vendor/llama.cpp -DLLAMA_CURL=OFF && cmake --build build --target llama-server`).
   Without it its rows say "not measured".
 
     PYTHONPATH=$PWD .venv/bin/python bench/llm_serve.py [--clients 1,4,8,16] [--threads 2]
-        [--prompt-tokens 128] [--new-tokens 128] [--llama-server BIN]
+        [--prompt-tokens 128] [--new-tokens 128] [--batch-size N] [--llama-server BIN]
 
 Writes bench/results/llm_serve.json. On a shared machine read the ratios, with the load average printed.
 """
@@ -35,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from llm import TEXT, gguf_path  # noqa: E402  (the same prompt text and model file as bench/llm.py)
 
 CONTEXT = 1024
+SEQUENTIAL = "edgerun --batch-size 1"
 
 
 def free_port() -> int:
@@ -48,9 +53,11 @@ def start_server(kind: str, args: argparse.Namespace, clients: int) -> tuple[sub
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads),
            "MKL_NUM_THREADS": str(args.threads), "EDGERUN_ORT_THREADS": str(args.threads),
            "PYTHONPATH": str(ROOT)}
-    if kind == "edgerun":
+    if kind.startswith("edgerun"):
         cmd = [sys.executable, "-m", "edgerun", "llm", "serve", args.gguf, "--port", str(port), "--context",
-               str(CONTEXT), "--max-queue", "64"]
+               str(CONTEXT), "--max-queue", "64",
+               "--batch-size", "1" if kind == SEQUENTIAL else str(args.batch_size or clients),
+               "--kv-cache-mb", "4096"]
         model = os.path.basename(args.gguf)
     else:
         cmd = [args.llama_server, "-m", args.gguf, "--port", str(port), "-c", str(CONTEXT * clients),
@@ -119,22 +126,11 @@ def one_round(url: str, model: str, texts: list[str], new_tokens: int) -> dict[s
 
 def run_server(kind: str, args: argparse.Namespace, counts: list[int], texts: list[str]) -> list[dict[str, Any]]:
     rows = []
-    if kind == "edgerun":  # one process serves every concurrency (its queue is the only thing they change)
-        proc, url, model = start_server(kind, args, max(counts))
-        try:
-            one_round(url, model, texts[:1], 8)  # warm: the first request pays one-time costs
-            for n in counts:
-                print(f"  edgerun, {n} clients ...", file=sys.stderr, flush=True)
-                rows.append(one_round(url, model, texts[:n], args.new_tokens))
-        finally:
-            proc.terminate()
-            proc.wait(60)
-        return rows
-    for n in counts:  # llama-server's slots are fixed at start: one process per concurrency
-        print(f"  llama-server, {n} clients ...", file=sys.stderr, flush=True)
+    for n in counts:  # the slots are fixed at start: one process per concurrency
+        print(f"  {kind}, {n} clients ...", file=sys.stderr, flush=True)
         proc, url, model = start_server(kind, args, n)
         try:
-            one_round(url, model, texts[:1], 8)
+            one_round(url, model, texts[:1], 8)  # warm: the first request pays one-time costs
             rows.append(one_round(url, model, texts[:n], args.new_tokens))
         finally:
             proc.terminate()
@@ -148,6 +144,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="edgerun's --batch-size at every concurrency (default: the number of clients)")
+    parser.add_argument("--sequential", action="store_true", help="also edgerun with --batch-size 1")
     parser.add_argument("--llama-server", default=None, help="a llama-server binary to measure beside edgerun")
     parser.add_argument("--gguf", default=None)
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "llm_serve.json"))
@@ -156,22 +155,30 @@ def main() -> None:
     counts = [int(c) for c in args.clients.split(",")]
     texts = prompts(args, max(counts))
     load_before = os.getloadavg()
-    servers: dict[str, Any] = {"edgerun": run_server("edgerun", args, counts, texts)}
+    # Each concurrency's servers one after the other, so a load that drifts during the run falls on both.
+    kinds = ["edgerun", *([SEQUENTIAL] if args.sequential else [])]
+    servers: dict[str, Any] = {kind: [] for kind in kinds}
+    for n in counts:
+        for kind in kinds:
+            servers[kind] += run_server(kind, args, [n], texts)
     servers["llama-server"] = run_server("llama-server", args, counts, texts) if args.llama_server else \
         "not measured (no --llama-server)"
     load_after = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct Q4_1, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, streamed, "
           f"{args.threads} threads; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'server':<13} {'clients':>7} {'tok/s':>8} {'x 1 client':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}")
+    print(f"{'server':<24} {'clients':>7} {'tok/s':>8} {'x 1 client':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}")
     for name, rows in servers.items():
         if isinstance(rows, str):
-            print(f"{name:<13} {rows}")
+            print(f"{name:<24} {rows}")
             continue
         single = rows[0]["tok_s"] if rows and rows[0]["clients"] == 1 else None
         for r in rows:
             scale = f"{r['tok_s'] / single:>10.2f}" if single else f"{'':>10}"
-            print(f"{name:<13} {r['clients']:>7} {r['tok_s']:>8.1f} {scale} {r['ttft_p50_ms']:>12.0f} "
+            print(f"{name:<24} {r['clients']:>7} {r['tok_s']:>8.1f} {scale} {r['ttft_p50_ms']:>12.0f} "
                   f"{r['ttft_p99_ms']:>12.0f}")
+    if isinstance(servers.get(SEQUENTIAL), list):
+        for ours, alone in zip(servers["edgerun"], servers[SEQUENTIAL]):
+            print(f"{ours['clients']} clients: batched / one at a time tok/s {ours['tok_s'] / alone['tok_s']:.2f}x")
     if isinstance(servers["llama-server"], list):
         for ours, theirs in zip(servers["edgerun"], servers["llama-server"]):
             print(f"{ours['clients']} clients: edgerun / llama-server tok/s {ours['tok_s'] / theirs['tok_s']:.2f}x")
@@ -179,6 +186,7 @@ def main() -> None:
     Path(args.output).write_text(json.dumps({
         "machine": platform.platform(), "python": platform.python_version(), "threads": args.threads,
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "context": CONTEXT,
+        "edgerun_batch_size": args.batch_size or "the number of clients",
         "load_average_before": load_before, "load_average_after": load_after, "command": " ".join(sys.argv),
         "rows": [{"server": name, **r} for name, rows in servers.items() if isinstance(rows, list) for r in rows],
         "not_measured": {name: rows for name, rows in servers.items() if isinstance(rows, str)}}, indent=2) + "\n")
