@@ -6,6 +6,12 @@ storage = exactly-once storage). Record ids are the device's own: they are uniqu
 that learns another's record id cannot make that device's record a "duplicate". A batch's JSON nesting is
 bounded before it is parsed (`json_limits.py`). Works on the fleet server's engine: SQLite by default,
 PostgreSQL by URL. A record too large for a batch comes in parts (`large_records.py`).
+
+The store keeps a record until its reader removes it (`POST /records/delete`, admin only): a federated job's
+collector removes each page of records once the updates they carried are committed to the job
+(fleet/federated/collector.py), so the records and the parts of large ones do not pile up over a long job.
+A record resent after its removal (a device that never saw its batch's answer) is stored again; its reader
+knows its key and removes it without taking it twice.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 import zstandard
 from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, Field
 from sqlalchemy.dialects import postgresql, sqlite
 from starlette.concurrency import run_in_threadpool
 
@@ -29,6 +36,7 @@ from edgerun.stream.wire import MAX_BATCH_BYTES
 MAX_RECORDS_PER_BATCH = 10_000
 MAX_BATCH_DEPTH = 64  # a batch, its records and their payloads, together
 PAGE_BYTES = 8 * 1024 * 1024  # a page of records in key order stops after the record that passes this
+MAX_DELETE_KEYS = 200  # records removed by one request: 200 of the longest keys fit the 64 KiB body limit
 
 metadata = sa.MetaData()
 
@@ -168,6 +176,25 @@ def store_batch(engine: sa.Engine, device_id: str, records: list[Any], compresse
     return result
 
 
+class RecordKeys(BaseModel):
+    """Records named by their keys, [device_id, record_id] each."""
+
+    keys: list[tuple[str, str]] = Field(max_length=MAX_DELETE_KEYS)
+
+
+def delete_records(engine: sa.Engine, keys: list[tuple[str, str]]) -> dict[str, int]:
+    """Remove these records with every part and open upload under their keys, in one transaction; a key the
+    store does not hold is skipped. Returns how many records and parts went."""
+    if not keys:
+        return {"records": 0, "parts": 0}
+    with engine.begin() as conn:
+        gone = {}
+        for name, table in (("records", stream_records), ("parts", stream_parts), ("uploads", stream_uploads)):
+            gone[name] = conn.execute(table.delete().where(
+                sa.tuple_(table.c.device_id, table.c.record_id).in_(keys))).rowcount
+    return {"records": gone["records"], "parts": gone["parts"]}
+
+
 def _bearer(request: Request) -> str:
     auth = request.headers.get("authorization", "")
     if not auth.lower().startswith("bearer "):
@@ -176,8 +203,8 @@ def _bearer(request: Request) -> str:
 
 
 def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
-                 verify_admin: Callable[[str], bool] | None = None) -> APIRouter:
-    """The /v1/stream routes on `engine`.
+                 verify_admin: Callable[[str], bool] | None = None, page_bytes: int = PAGE_BYTES) -> APIRouter:
+    """The /v1/stream routes on `engine`; a page of records in key order holds about `page_bytes` of payload.
 
     `verify_device(device_id, token)` checks a device's bearer token (the fleet passes its own device
     tokens). With it, uploads need the device's token, and reads need either an admin token
@@ -190,6 +217,10 @@ def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
     def authenticate(request: Request, device_id: str) -> None:
         if verify_device is not None and not verify_device(device_id, _bearer(request)):
             raise HTTPException(403, "this token does not belong to that device")
+
+    def authorize_admin(request: Request) -> None:
+        if verify_device is not None and not (verify_admin is not None and verify_admin(_bearer(request))):
+            raise HTTPException(403, "admin token required")
 
     def authorize_read(request: Request, device_id: str | None) -> None:
         if verify_device is None:
@@ -216,7 +247,7 @@ def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
                      limit: int = 1000, after_device: str | None = None,
                      after_record: str | None = None) -> list[dict[str, Any]]:
         """Records in the order they arrived; or, given `after_device` ("" to begin), a page in key order
-        (device_id, record_id) after that key: at most `limit` records and about PAGE_BYTES of payload, so a
+        (device_id, record_id) after that key: at most `limit` records and about `page_bytes` of payload, so a
         reader walks any number of records in bounded memory, the last record's key naming the next page.
         Key order is stable: a record committed late still lands in the walk's unread part or is found by
         the next walk, never skipped because of its arrival time."""
@@ -238,15 +269,20 @@ def build_router(engine: sa.Engine, verify_device: VerifyDevice | None = None,
             for row in rows:
                 out.append({**row, "payload": json.loads(row["payload"])})
                 size += len(row["payload"])
-                if paged and size > PAGE_BYTES:
+                if paged and size > page_bytes:
                     rows.close()
                     break
         return out
 
+    @router.post("/records/delete")
+    def remove_records(body: RecordKeys, request: Request) -> dict[str, int]:
+        """Remove records their reader has taken for good, with the parts of those uploaded in parts."""
+        authorize_admin(request)
+        return delete_records(engine, body.keys)
+
     @router.get("/stats")
     def stats(request: Request) -> dict[str, Any]:
-        if verify_device is not None and not (verify_admin is not None and verify_admin(_bearer(request))):
-            raise HTTPException(403, "admin token required")
+        authorize_admin(request)
         with engine.connect() as conn:
             records = conn.execute(sa.select(sa.func.count()).select_from(stream_records)).scalar_one()
             batches = conn.execute(sa.select(

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from edgerun.fleet import database
 from edgerun.fleet.federated.collector import StreamRecords, collect
@@ -29,6 +30,7 @@ from edgerun.fleet.local_server import FleetServer, start_server
 from edgerun.fleet.signing import KeyDir
 from edgerun.fleet.targeting import DeviceProfile
 from edgerun.stream.agent_hooks import StreamHooks
+from edgerun.stream.cloud import stream_parts, stream_records
 from edgerun.stream.storage import CollectiveStore
 from edgerun.stream.uploader import Backoff, Uploader, payload_bytes
 
@@ -272,3 +274,85 @@ def test_a_server_restarted_mid_upload_and_between_rounds(server: FleetServer, t
                                tmp_path / "updates")
     assert stops == [1]
     assert job.status()["status"] == "done"
+
+
+def _held(engine: sa.Engine, job_name: str, devices: list[str]) -> tuple[int, int, int]:
+    """The job's records in the fleet database: rows, payload bytes, and the bytes of its devices' parts."""
+    with engine.connect() as conn:
+        rows, payload = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(
+            sa.func.length(stream_records.c.payload)), 0)).where(stream_records.c.task_id == job_name)).one()
+        parts = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(stream_parts.c.data)), 0))
+                             .where(stream_parts.c.device_id.in_(devices))).scalar_one()
+    return int(rows), int(payload), int(parts)
+
+
+def test_collected_records_leave_the_store_once_recorded_and_a_tick_reads_only_new_ones(
+        server: FleetServer, tmp_path: Path) -> None:
+    """Each page's records and the parts of its large updates leave the fleet database once the job has
+    recorded them; the server stopped between that commit and the removal leaves them for the next tick,
+    which removes them without offering them again; each later tick reads only the records new since."""
+    job_name = "prune"
+    initial = {name: np.zeros(shape, np.float32) for name, shape in SHAPES.items()}
+    engine = database.create_engine(database.sqlite_url(server.data))
+    job = FederatedJob.start(engine, JobConfig(job_name, rounds=2, per_round=3, quorum=3, deadline_s=600),
+                             initial, tmp_path / "updates")
+    devices = [f"p-{i}" for i in range(3)]
+    agents = {d: server.agent(d, tmp_path / d) for d in devices}
+    for agent in agents.values():
+        agent.step()
+
+    def upload(device: str, round_number: int, delta: dict[str, np.ndarray]) -> None:
+        hooks = StreamHooks.for_agent(agents[device], backoff=Backoff(0.01, 0.05), max_batch_bytes=CAP,
+                                      part_bytes=PART)
+        hooks.pipeline.store_output(job_name, {"job": job_name, "round": round_number, "samples": 10,
+                                               "update": encode_arrays(pack_update(delta))},
+                                    record_id=record_id(job_name, round_number))
+        assert hooks.pipeline.flush() == 1
+        hooks.close()
+
+    stops: list[int] = []
+
+    def stop(verdicts: object) -> None:  # p-0's page is committed; the server goes before the removal
+        if not stops:
+            stops.append(1)
+            server.proc.terminate()
+            server.proc.wait(30)
+
+    expect = dict(initial)
+    for round_number in (1, 2):
+        assert job.open_round([DeviceProfile(d) for d in devices], now=float(round_number)) == devices
+        deltas = {d: _delta(100 * round_number + i) for i, d in enumerate(devices)}
+        upload("p-0", round_number, deltas["p-0"])
+        upload("p-1", round_number, deltas["p-1"])
+        assert _held(engine, job_name, devices)[2] > 2 * CAP  # both updates came in parts
+
+        records = StreamRecords(server.url, server.admin_token, job_name, page_records=1)
+        if round_number == 1:
+            with pytest.raises(httpx.ConnectError):
+                collect(job, records, now=float(round_number), on_page=stop)
+            assert _held(engine, job_name, devices)[0] == 2  # recorded, not removed
+            _restart(server)
+            records = StreamRecords(server.url, server.admin_token, job_name, page_records=1)
+            assert collect(job, records, now=float(round_number)) == {"accepted": 1}  # p-1 only: p-0 was taken
+        else:
+            assert collect(job, records, now=float(round_number)) == {"accepted": 2}
+        assert records.read == 2 and records.removed["records"] == 2 and records.removed["parts"] > 0
+        assert _held(engine, job_name, devices) == (0, 0, 0)
+
+        upload("p-2", round_number, deltas["p-2"])
+        records = StreamRecords(server.url, server.admin_token, job_name)
+        assert collect(job, records, now=float(round_number)) == {"accepted": 1}
+        assert records.read == 1  # the new record only
+        records = StreamRecords(server.url, server.admin_token, job_name)
+        assert collect(job, records, now=float(round_number)) == {} and records.read == 0
+        assert _held(engine, job_name, devices) == (0, 0, 0)
+
+        result = job.close_round(evaluate=lambda w: 1.0)
+        assert (result.participants, result.duplicates, result.refused) == (3, 0, {})
+        expect = {n: (expect[n].astype(np.float64) + np.mean([deltas[d][n] for d in devices], axis=0,
+                                                             dtype=np.float64)).astype(np.float32)
+                  for n in SHAPES}
+        for name in SHAPES:
+            np.testing.assert_allclose(job.global_weights()[name], expect[name], rtol=1e-6, atol=1e-8)
+    assert job.status()["status"] == "done" and stops == [1]
+    engine.dispose()

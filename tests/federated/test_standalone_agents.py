@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from edgerun.fleet import database
 from edgerun.fleet.agent import Agent
@@ -26,6 +27,7 @@ from edgerun.fleet.federated.digits_data import digits_model, digits_split, dire
 from edgerun.fleet.federated.fedavg import fedavg
 from edgerun.fleet.federated.local import local_update
 from edgerun.fleet.federated.publisher import WEIGHTS_NAME, FleetPublisher, release_version
+from edgerun.fleet.federated.round_store import records as fed_records
 from edgerun.fleet.federated.rounds import FederatedJob, JobConfig, fleet_devices
 from edgerun.fleet.federated.training_task import SAMPLES_FILE, record_id, write_training_task
 from edgerun.fleet.local_server import start_server, token_file
@@ -90,11 +92,15 @@ def test_run_drives_rounds_among_standalone_agents_equal_to_a_direct_numpy_fedav
                 np.testing.assert_allclose(got[name], array, rtol=1e-5, atol=1e-6)
         assert any(not np.allclose(expect[1][name], initial[name]) for name in initial)
 
-        # each device uploaded one record per round, under the round's id: nothing ran twice
+        # each device uploaded one record per round, under the round's id: nothing ran twice; the job
+        # recorded each, and the collector removed them from the stream store
         admin = server.admin()
-        records = fetch_records(server.url, server.admin_token, JOB)
-        assert sorted((r["device_id"], r["record_id"]) for r in records) == sorted(
-            (f"phone-{i}", record_id(JOB, r)) for i in range(DEVICES) for r in (1, 2))
+        with engine.connect() as conn:
+            taken = conn.execute(sa.select(fed_records.c.device, fed_records.c.record_id, fed_records.c.verdict)
+                                 .where(fed_records.c.job == JOB)).all()
+        assert sorted(tuple(r) for r in taken) == sorted(
+            (f"phone-{i}", record_id(JOB, r), "accepted") for i in range(DEVICES) for r in (1, 2))
+        assert list(fetch_records(server.url, server.admin_token, JOB)) == []
         # the invitations went to the sampled devices; the final weights to the job's targeting
         versions = {r["version"] for r in admin.releases() if r["task"] == JOB}
         assert versions == {release_version(1), release_version(2), release_version(3)}

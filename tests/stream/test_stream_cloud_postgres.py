@@ -68,7 +68,7 @@ def test_a_table_keyed_by_record_id_alone_is_rebuilt_per_device(engine: sa.Engin
 
 def test_a_record_in_parts_and_key_order_pages_on_postgresql(engine: sa.Engine) -> None:
     """The large-record routes (parts kept once, a bad part refused and counted with an upsert, the whole
-    checked and stored once) and the key-order pages, on PostgreSQL's dialect."""
+    checked and stored once), the key-order pages and removal by key, on PostgreSQL's dialect."""
     import hashlib
     import json
 
@@ -109,3 +109,8 @@ def test_a_record_in_parts_and_key_order_pages_on_postgresql(engine: sa.Engine) 
         walked += [r["record_id"] for r in page]
         after = (page[-1]["device_id"], page[-1]["record_id"])
     assert walked == ["big-1", *(f"small-{i}" for i in range(5))]
+    # removing records by key (a reader done with them) takes the large one's parts in the same transaction
+    keys = {"keys": [["dev-parts", "big-1"], ["dev-parts", "small-0"], ["dev-parts", "absent"]]}
+    assert client.post("/v1/stream/records/delete", json=keys).json() == {"records": 2, "parts": 3}
+    assert [r["record_id"] for r in client.get("/v1/stream/records", params={"task_id": "parts"}).json()] == [
+        f"small-{i}" for i in range(1, 5)]

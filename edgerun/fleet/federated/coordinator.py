@@ -10,7 +10,8 @@ opens each round, invites the sampled devices, collects their updates and closes
    `edgerun fleet agent` installs it at its next check-in, runs it once on its data folder and its stream
    tunnel uploads the packed update to /v1/stream under that record id (stream/agent_hooks.py).
 2. The records are read from /v1/stream a page at a time and offered to the job once each, each accepted
-   update added to the round's running sum as it is read (collector.py).
+   update added to the round's running sum as it is read, and each page removed from the store once the
+   job has recorded it (collector.py).
 3. At quorum or past the deadline the round closes (aggregate, evaluate on the held-out set, publish or
    roll back). A rolled-back round leaves the global weights at the last good version, so the next
    round's invitation carries those. After the last round, the final weights go out as a plain release
