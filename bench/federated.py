@@ -279,6 +279,7 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
     from concurrent.futures import ThreadPoolExecutor
 
     import psycopg
+    import sqlalchemy as sa
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import fleet_sim
@@ -290,6 +291,7 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
     from edgerun.fleet.federated.training_task import encode_arrays, record_id
     from edgerun.fleet.local_postgres import LocalPostgres
     from edgerun.fleet.signing import KeyDir, Root
+    from edgerun.stream.cloud import stream_records
     from edgerun.stream.storage import CollectiveStore
     from edgerun.stream.uploader import Uploader
 
@@ -372,6 +374,10 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
         assert uploads["value"] == n, uploads["value"]
         collected = phase("collect", lambda: collect(job, fetch_records(url, "admin", name), time.time()))
         assert collected["value"] == Counter({"accepted": n}), collected["value"]
+        with engine.connect() as conn:  # the collector removed every record it recorded
+            left = conn.execute(sa.select(sa.func.count()).select_from(stream_records)
+                                .where(stream_records.c.task_id == name)).scalar_one()
+        assert left == 0, f"{left} records left in the stream store"
         closed = phase("close", lambda: job.close_round(evaluate=lambda w: 1.0))
         result = closed["value"]
         expected = {k: np.mean([deltas[d][k] for d in deltas], axis=0, dtype=np.float64) for k in initial}
@@ -387,7 +393,7 @@ def round_scale(args: argparse.Namespace) -> dict[str, object]:
     phases = {"upload": uploads, "collect": collected, "close": closed}
     out = {"devices": n, "db": "postgresql", "server_workers": 1, "upload_threads": args.upload_threads,
            "update_parameters": sum(a.size for a in initial.values()), "update_base64_bytes": update_bytes,
-           "applied": result.participants, "max_abs_diff_vs_direct_fedavg": worst,
+           "applied": result.participants, "max_abs_diff_vs_direct_fedavg": worst, "stream_records_left": left,
            "phases": {label: {k: v for k, v in row.items() if k not in ("value", "statements")}
                       for label, row in phases.items()},
            "statements_by_kind": {label: row["statements"] for label, row in phases.items()},
