@@ -43,8 +43,12 @@ def test_every_target_has_a_ci_run() -> None:
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_a_bounded_fuzzing_run_finds_nothing(target: str, tmp_path: Path) -> None:
     runs = CI_RUNS[target]
-    r = subprocess.run([sys.executable, "-m", "fuzz.run", target, "--work", str(tmp_path), f"-runs={runs}",
-                        "-seed=1", "-timeout=20", "-rss_limit_mb=2048"], capture_output=True, text=True, cwd=REPO,
+    fuzz = [sys.executable, "-m", "fuzz.run", target, "--work", str(tmp_path), f"-runs={runs}", "-seed=1",
+            "-timeout=20", "-rss_limit_mb=2048"]
+    # libFuzzer's RSS limit reads the process's peak RSS (ru_maxrss), and Linux carries the parent's peak across
+    # exec: launched straight from a pytest worker that once held 2 GB, the fuzzer starts "over the limit". A shell
+    # that forks it (the `; exit` keeps sh from exec'ing in place) gives it a peak of its own.
+    r = subprocess.run(["/bin/sh", "-c", '"$0" "$@"; exit $?', *fuzz], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     crashes = sorted(p.name for p in tmp_path.glob("crash-*")) + sorted(p.name for p in tmp_path.glob("timeout-*"))
     assert r.returncode == 0 and not crashes, f"{target}: {crashes}\n{r.stderr[-3000:]}"
