@@ -153,12 +153,16 @@ class _StepBuilder:
         y = self.b.emit("matmul_int4", ins, k=groups * group, n=n, group_size=group, **self.int4_attrs)
         if ops.offsets is None:
             return y
-        b = self.b  # + (x summed per group) @ offsets.T
-        sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[self.rows(x), groups, group])], axes=[2])
-        if ops.offsets_t is None:
-            ops.offsets_t = np.ascontiguousarray(ops.offsets.T)
-        offsets_t = self.g.add_constant(ops.offsets_t, name=name + ".offsets.T")
-        return b.binary("add", y, b.emit("matmul", [sums, offsets_t]))
+        b = self.b  # + (x summed per group) @ offsets.T, as one [N, K/32] @ [K/32, 1] product per row (why: below)
+        rows = self.rows(x)
+        sums = b.emit("reduce_sum", [b.emit("reshape", [x], shape=[rows, groups, group])], axes=[2], keepdims=True)
+        offsets = self.g.add_constant(ops.offsets, name=name + ".offsets")
+        # A batched decode's row must equal the single decode's bit for bit (int8 activations turn any
+        # last-bit difference into different roundings, docs/llm.md), so each row is a product of its own:
+        # ONNX Runtime's float MatMul [rows, K/32] @ [K/32, N] takes a one-row kernel for one row and SGEMM for
+        # several, which round differently.
+        term = b.emit("matmul", [offsets, sums])  # [rows, N, 1]
+        return b.binary("add", y, b.emit("reshape", [term], shape=[rows, n]))
 
     def projections(self, x: str, names: list[str]) -> list[str]:
         """x @ w.T for each weight; packed weights of one scheme run as one stacked matmul, then split

@@ -237,7 +237,6 @@ class Int4Operands:
     scales: np.ndarray  # float32 [N, K/32]
     zeros: np.ndarray | None  # uint8 [N, K/32]; None means 8
     offsets: np.ndarray | None = None  # float32 [N, K/32]
-    offsets_t: np.ndarray | None = None  # offsets.T, contiguous, made once by the program builder
 
 
 def int4_operands(w: PackedWeight) -> Int4Operands:

@@ -4,8 +4,8 @@ each decoded one token per call in its own cache slot, give the tokens and logit
 
 Tiny random models of two families on ONNX Runtime (families.py: gemma2's attention is GroupQueryAttention
 over the batch, with its window and soft-caps; qwen3's head size runs the decomposition there) and SmolLM2 Q4_1 with real
-weights. Float activations: with int8 activations (`int8_decode`) ONNX Runtime's rows differ from the
-single-sequence decode's in their last bits, which the per-group int8 rounding magnifies (docs/llm.md).
+weights, with float and with int8 activations (`int8_decode`, the default: the per-group int8 rounding turns
+any last-bit difference between a batch row and the single decode into different logits, docs/llm.md).
 """
 
 from __future__ import annotations
@@ -100,9 +100,10 @@ def test_slot_misuse_is_refused(tmp_path: Path) -> None:
         edgerun.llm.load(tmp_path, context=16, chunk=8, slots=8, kv_cache_bytes=per_sequence - 1)
 
 
-def test_smollm2_batch_of_eight_gives_each_prompts_tokens(gguf_path: str) -> None:
+@pytest.mark.parametrize("int8_decode", [True, False])
+def test_smollm2_batch_of_eight_gives_each_prompts_tokens(gguf_path: str, int8_decode: bool) -> None:
     """SmolLM2 Q4_1 (real weights, packed 4-bit matmuls on ONNX Runtime), 8 prompts in 8 slots."""
-    model = edgerun.llm.load(gguf_path, context=128, chunk=32, slots=8, int8_decode=False,
+    model = edgerun.llm.load(gguf_path, context=128, chunk=32, slots=8, int8_decode=int8_decode,
                              backends=["onnxruntime", "reference"])
     texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,", "Water boils at",
              "The quick brown fox", "In 1969, the first", "My favourite colour is"]

@@ -6,7 +6,7 @@ constant right-hand side for MLAS's SGEMM. The program's array of such a constan
 session, so a compiled partition can say so
 (`CompiledPartition.released_constants`) and the runtime can drop the host's copy once no other partition
 or method reads it (runtime/constant_release.py). For SmolLM2 that is the layers' 4-bit codes, about 50 MB
-of the 111 MB of constants, and the Q4_1 offset terms' float matrices (`offsets.T`), 13 MB.
+of the 111 MB of constants.
 
 Whether a kernel prepacks depends on the machine (MLAS has a packed kernel for this CPU, block size and
 accuracy level, or not) and on ORT's version, so it is measured, not assumed: a one-node probe session
@@ -74,12 +74,14 @@ def input_slots(model: Any, names: set[str]) -> dict[str, list[tuple[Any, int]]]
 
 def read_in_place(model: Any, external: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The shared constants `model` should read from the program's arrays at run time rather than have each
-    session prepack: a float MatMul's right-hand side with few rows (SmolLM2's Q4_1 offset matrices, [18 or
-    48, N]). A prepacked copy per session costs its size in every method's session (26 MB for SmolLM2's two)
+    session prepack: a float MatMul's right-hand side with few rows (such as [18 or 48, N]). A prepacked copy
+    per session costs its size in every method's session (13 MB a session for SmolLM2-sized ones)
     and buys little: MLAS multiplies one row by an unpacked B directly, and for more rows packs B per call,
-    a pass over B that is 1/M of the multiply's work. Larger contraction lengths (a transformer's weights)
-    stay initializers: ORT's fusions and packing matter there. Moves the chosen ones from the model's
-    initializers to its inputs (the caller binds them) and returns them."""
+    a pass over B that is 1/M of the multiply's work. The two kernels round differently, so a row's result
+    then depends on how many rows run with it (which is why the LLM's Q4_1 offset term is not of this form:
+    a batched decode's row must equal the single decode's, docs/llm.md). Larger contraction lengths (a
+    transformer's weights) stay initializers: ORT's fusions and packing matter there. Moves the chosen ones
+    from the model's initializers to its inputs (the caller binds them) and returns them."""
     from onnx import TensorProto, helper
 
     uses = input_slots(model, set(external))
