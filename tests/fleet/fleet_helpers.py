@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from edgerun.fleet.local_postgres import LocalPostgres
@@ -14,9 +17,23 @@ from edgerun.fleet.local_server import FleetServer, free_port, start_server, tok
 from edgerun.fleet.package import pack_task
 
 REPO = Path(__file__).resolve().parents[2]
-__all__ = ["BACKENDS", "REPO", "Clock", "FleetServer", "database_url", "free_port", "make_task", "start_server", "token_file"]
+__all__ = ["BACKENDS", "REPO", "Clock", "FleetServer", "database_url", "free_port", "leads_step_monitor", "make_task",
+           "start_server", "token_file", "wait_until"]
 BACKENDS = ("sqlite", "postgresql")
 _databases = itertools.count()
+
+
+def wait_until(condition: Callable[[], object], limit_s: float = 60.0) -> None:
+    """Polls `condition` until it holds; a test waiting on a real server process gives up after `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.2)
+
+
+def leads_step_monitor(url: str) -> bool:
+    """Whether the replica at `url` holds the step monitor's lease (its /metrics gauge)."""
+    return "edgerun_fleet_step_monitor_leader 1.0" in httpx.get(url + "/metrics", timeout=5).text
 
 
 class Clock:

@@ -4,13 +4,11 @@ counts: reports kept by agents during the outage count once, the step monitor le
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import make_task
+from fleet_helpers import leads_step_monitor, make_task, wait_until
 
 from edgerun.fleet.local_postgres import LocalPostgres, postgres_bin_dir
 from edgerun.fleet.local_server import start_server
@@ -18,18 +16,6 @@ from edgerun.fleet.signing import KeyDir
 
 pytestmark = [pytest.mark.xdist_group("fleet-replicas"),
               pytest.mark.skipif(postgres_bin_dir() is None, reason="PostgreSQL binaries not installed")]
-
-
-def wait_for(condition: Callable[[], object], limit_s: float = 60.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.2)
-
-
-def leading(url: str) -> bool:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    return "edgerun_fleet_step_monitor_leader 1.0" in text
 
 
 def test_the_server_survives_a_database_restart(tmp_path: Path) -> None:
@@ -50,7 +36,7 @@ def test_the_server_survives_a_database_restart(tmp_path: Path) -> None:
                 assert a.run_task("pgr").outcome == "success"
             for a in agents[:2]:
                 assert a.flush_reports() == 1
-            wait_for(lambda: leading(server.url))
+            wait_until(lambda: leads_step_monitor(server.url))
 
             pg.shut_down()
             ready = httpx.get(server.url + "/v1/ready", timeout=10)
@@ -69,7 +55,7 @@ def test_the_server_survives_a_database_restart(tmp_path: Path) -> None:
             assert answer.status_code == 503
 
             pg.start_again()
-            wait_for(lambda: httpx.get(server.url + "/v1/ready", timeout=10).status_code == 200)
+            wait_until(lambda: httpx.get(server.url + "/v1/ready", timeout=10).status_code == 200)
             batch = agents[3].state.pending_reports()
             for a in agents[2:]:
                 assert a.flush_reports() == 1
@@ -80,7 +66,7 @@ def test_the_server_survives_a_database_restart(tmp_path: Path) -> None:
             state = admin.release(rel["id"])
             assert (state["stage"], state["total_success"], state["total_failure"]) == ("completed", 4, 0)
             # The step monitor's leadership ended with its connection; it takes it again.
-            wait_for(lambda: leading(server.url))
+            wait_until(lambda: leads_step_monitor(server.url))
             late = server.agent("pgr-late", tmp_path / "pgr-late")
             late.check_in()
             assert late.profile().tasks["pgr"] == 2

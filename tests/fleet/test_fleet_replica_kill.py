@@ -5,13 +5,11 @@ reports the killed replica acknowledged are kept, and resending them through the
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import make_task, start_server
+from fleet_helpers import leads_step_monitor, make_task, start_server, wait_until
 
 from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.signing import KeyDir
@@ -21,26 +19,15 @@ pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("fleet-replicas")]
 DEVICES = 12
 
 
-def wait_for(condition: Callable[[], object], limit_s: float = 60.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.2)
-
-
-def leading(url: str) -> bool:
-    return "edgerun_fleet_step_monitor_leader 1.0" in httpx.get(url + "/metrics", timeout=5).text
-
-
 def test_kill_9_of_the_leading_replica_mid_rollout_loses_no_count(postgres: LocalPostgres, tmp_path: Path) -> None:
     keys = KeyDir(tmp_path / "keys")
     keys.init()
     url = postgres.create_database("killed")
     a = start_server(tmp_path / "a", keys, db_url=url)
-    wait_for(lambda: leading(a.url))  # the first replica leads the step monitor
+    wait_until(lambda: leads_step_monitor(a.url))  # the first replica leads the step monitor
     b = start_server(tmp_path / "b", keys, "--store", str(a.data / "blobs"), db_url=url)
     try:
-        assert not leading(b.url)
+        assert not leads_step_monitor(b.url)
         tokens = {f"k9-{i}": f"{'t' * 40}{i}" for i in range(DEVICES)}
         for device_id, token in tokens.items():
             assert httpx.post(a.url + "/v1/devices/register", json={
@@ -65,11 +52,11 @@ def test_kill_9_of_the_leading_replica_mid_rollout_loses_no_count(postgres: Loca
 
         a.proc.send_signal(signal.SIGKILL)  # mid-rollout: half the runs reported, through the leader
         a.proc.wait(30)
-        wait_for(lambda: leading(b.url))    # its advisory lock went with its connection: b takes the lead
+        wait_until(lambda: leads_step_monitor(b.url))    # its advisory lock went with its connection: b takes the lead
         assert [report(b.url, d) for d in first] == [0] * len(first)  # resent after a lost answer: not again
         assert [report(b.url, d) for d in rest] == [1] * len(rest)
         admin_b = b.admin()
-        wait_for(lambda: admin_b.release(release["id"])["stage"] == "completed")
+        wait_until(lambda: admin_b.release(release["id"])["stage"] == "completed")
         state = admin_b.release(release["id"])
         assert (state["total_success"], state["total_failure"]) == (DEVICES, 0)
     finally:
