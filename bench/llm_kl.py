@@ -75,23 +75,15 @@ def text_ids(gguf: str, tokens: int) -> list[int]:
 def work_edgerun(args: argparse.Namespace, ids: list[int], out: np.ndarray) -> None:
     """Per-position logits of the step program at --window tokens with every row's logits (all_logits)."""
     from edgerun.llm.checkpoint import load_checkpoint
-    from edgerun.llm.model import model_info
-    from edgerun.llm.program_builder import PROJECTIONS, cache_specs, step_graph
-    from edgerun.llm.quant_blocks import PackedWeight
+    from edgerun.llm.model import model_info, step_weights
+    from edgerun.llm.program_builder import cache_specs, step_graph
     from edgerun.program import Program
     from edgerun.search import load
 
     checkpoint = load_checkpoint(args.gguf)
     info = model_info(checkpoint, args.window, args.window)
     dequantize = args.worker == "edgerun-f32"
-    weights: dict[str, Any] = {}
-    for n, w in checkpoint.weights.items():  # as model.build_program lays them out
-        if isinstance(w, PackedWeight) and not dequantize:
-            weights[n] = w
-        elif n.rsplit(".", 1)[-1] in PROJECTIONS:
-            weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
-        else:
-            weights[n] = checkpoint.float_weight(n)
+    weights = step_weights(checkpoint, dequantize)
     graph = step_graph(info.config, weights, chunk=args.window, context=args.window, all_logits=True,
                        int8_activations=args.worker == "edgerun", shared={}, layout="heads")
     state = {n: np.zeros(s.shape, np.float32) for n, s in cache_specs(info.config, args.window, "heads").items()}

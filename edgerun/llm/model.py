@@ -291,6 +291,21 @@ def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer | None:
     return None
 
 
+def step_weights(checkpoint: Checkpoint, dequantize: bool = False) -> dict[str, Weight]:
+    """The checkpoint's weights as `step_graph` takes them: packed blocks as they are (float32 if
+    `dequantize`), the projections transposed to [in, out], everything else float32."""
+    weights: dict[str, Weight] = {}
+    for n, w in checkpoint.weights.items():
+        if isinstance(w, PackedWeight) and not dequantize:
+            weights[n] = w
+        elif n.rsplit(".", 1)[-1] in PROJECTIONS:
+            # Dequantize straight into the [in, out] layout the projections use; no [out, in] copy is kept.
+            weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
+        else:
+            weights[n] = checkpoint.float_weight(n)
+    return weights
+
+
 def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = False,
                   int8_decode: bool = True, int8_prefill: bool = True, slots: int = 1) -> Program:
     """The model as one program: methods `prefill` (the default) and `decode`, one set of weight arrays
@@ -308,15 +323,7 @@ def build_program(checkpoint: Checkpoint, info: ModelInfo, dequantize: bool = Fa
     `slots` > 1: also `decode_batch` (one token for each of `slots` sequences, the decode method's weights and
     int8 setting) and `commit_slot`, with the slot caches as more state (program_builder.py).
     """
-    weights: dict[str, Weight] = {}
-    for n, w in checkpoint.weights.items():
-        if isinstance(w, PackedWeight) and not dequantize:
-            weights[n] = w
-        elif n.rsplit(".", 1)[-1] in PROJECTIONS:
-            # Dequantize straight into the [in, out] layout the projections use; no [out, in] copy is kept.
-            weights[n + ".T"] = np.ascontiguousarray(checkpoint.float_weight(n).T)
-        else:
-            weights[n] = checkpoint.float_weight(n)
+    weights = step_weights(checkpoint, dequantize)
     shared: dict[str, Any] = {}  # the packed operands, made once for both methods
     methods = {
         "prefill": step_graph(info.config, weights, chunk=info.chunk, context=info.context,
