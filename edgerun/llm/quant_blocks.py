@@ -138,12 +138,8 @@ def unpack_blocks(scheme: str, raw: np.ndarray, shape: tuple[int, int]) -> Packe
 def unpack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
     """Q4_K super-blocks `raw` (uint8 [rows, bytes per row]) of a [rows, cols] matrix in the q4_1 form."""
     rows, cols = shape
-    if cols % SUPER_BLOCK:
-        raise EdgerunError(f"Q4_K row length {cols} is not a multiple of {SUPER_BLOCK}")
-    supers = cols // SUPER_BLOCK
-    if raw.dtype != np.uint8 or raw.size != rows * supers * Q4_K_BYTES:
-        raise EdgerunError(f"Q4_K tensor of shape {shape} needs {rows * supers * Q4_K_BYTES} bytes, got {raw.size}")
-    blocks = np.ascontiguousarray(raw).reshape(rows, supers, Q4_K_BYTES)
+    blocks = _super_blocks("Q4_K", raw, shape, Q4_K_BYTES)
+    supers = blocks.shape[1]
     d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32)  # [rows, supers, 1]
     dmin = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32)
     # The eight 6-bit scales and minimums (llama.cpp's get_scale_min_k4): sub-blocks 0-3 in the low six bits
