@@ -5,6 +5,7 @@ the float32 path and transformers loading the same file."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -46,6 +47,25 @@ def _finish(w: gguf.GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _write_packed_llama(path: Path, dim: int, hidden: int, rng: np.random.Generator,
+                        projection: Callable[[str, int, int], tuple[np.ndarray, gguf.GGMLQuantizationType]]) -> None:
+    """A tiny Llama GGUF whose seven projections per layer are `projection(name, rows, cols)`'s raw blocks and
+    type; the embedding and norms float32."""
+    w = _llama_writer(path, dim, hidden)
+    w.add_tensor("token_embd.weight", (rng.standard_normal((VOCAB, dim)) * 0.2).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    hd = dim // HEADS
+    for i in range(LAYERS):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(dim, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(dim, np.float32))
+        for name, rows, cols in (("attn_q", HEADS * hd, dim), ("attn_k", KV_HEADS * hd, dim),
+                                 ("attn_v", KV_HEADS * hd, dim), ("attn_output", dim, HEADS * hd),
+                                 ("ffn_gate", hidden, dim), ("ffn_up", hidden, dim), ("ffn_down", dim, hidden)):
+            raw, raw_dtype = projection(name, rows, cols)
+            w.add_tensor(f"blk.{i}.{name}.weight", raw, raw_dtype=raw_dtype)
+    _finish(w)
 
 
 def write_tiny_gguf(path: Path, extra: dict[str, np.ndarray] | None = None) -> None:
@@ -117,19 +137,8 @@ def test_q4_k_weights_run_packed_and_match_the_float_path_and_transformers(tmp_p
     dim, hidden = 256, 512  # Q4_K rows are whole 256-value super-blocks
     rng = np.random.default_rng(5)
     path = tmp_path / "tiny-q4k.gguf"
-    w = _llama_writer(path, dim, hidden)
-    q4_k = gguf.GGMLQuantizationType.Q4_K
-    w.add_tensor("token_embd.weight", (rng.standard_normal((VOCAB, dim)) * 0.2).astype(np.float32))
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    hd = dim // HEADS
-    for i in range(LAYERS):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(dim, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(dim, np.float32))
-        for name, rows, cols in (("attn_q", HEADS * hd, dim), ("attn_k", KV_HEADS * hd, dim),
-                                 ("attn_v", KV_HEADS * hd, dim), ("attn_output", dim, HEADS * hd),
-                                 ("ffn_gate", hidden, dim), ("ffn_up", hidden, dim), ("ffn_down", dim, hidden)):
-            w.add_tensor(f"blk.{i}.{name}.weight", q4_k_blocks(rows, cols, rng, d=0.0005), raw_dtype=q4_k)
-    _finish(w)
+    _write_packed_llama(path, dim, hidden, rng, lambda name, rows, cols: (
+        q4_k_blocks(rows, cols, rng, d=0.0005), gguf.GGMLQuantizationType.Q4_K))
     model = edgerun.llm.load(path, context=32, chunk=8, int8_prefill=False)  # float prefill: exact up to rounding
     dense = edgerun.llm.load(path, dequantize=True, context=32, chunk=8)
     assert model.runner.prefill.graph.op_counts()["matmul_int4"] == LAYERS * 4  # q+k+v, o, gate+up, down
@@ -159,23 +168,11 @@ def test_5_and_6_bit_weights_run_packed_and_match_the_float_path(tmp_path: Path,
     dim, hidden = 256, 512
     rng = np.random.default_rng(7)
     path = tmp_path / "tiny-q56.gguf"
-    w = _llama_writer(path, dim, hidden)
-    w.add_tensor("token_embd.weight", (rng.standard_normal((VOCAB, dim)) * 0.2).astype(np.float32))
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    hd = dim // HEADS
     kinds = {"attn_q": "Q5_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q5_0", "ffn_gate": "Q5_1",
              "ffn_up": "Q5_1", "ffn_down": "Q6_K"}
     scale = {"Q5_K": 0.0005, "Q6_K": 0.0005, "Q5_0": 0.002, "Q5_1": 0.002}
-    for i in range(LAYERS):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(dim, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(dim, np.float32))
-        for name, rows, cols in (("attn_q", HEADS * hd, dim), ("attn_k", KV_HEADS * hd, dim),
-                                 ("attn_v", KV_HEADS * hd, dim), ("attn_output", dim, HEADS * hd),
-                                 ("ffn_gate", hidden, dim), ("ffn_up", hidden, dim), ("ffn_down", dim, hidden)):
-            kind = kinds[name]
-            w.add_tensor(f"blk.{i}.{name}.weight", random_blocks(kind, rows, cols, rng, d=scale[kind]),
-                         raw_dtype=gguf.GGMLQuantizationType[kind])
-    _finish(w)
+    _write_packed_llama(path, dim, hidden, rng, lambda name, rows, cols: (
+        random_blocks(kinds[name], rows, cols, rng, d=scale[kinds[name]]), gguf.GGMLQuantizationType[kinds[name]]))
     model = edgerun.llm.load(path, context=32, chunk=8, int8_prefill=False, backends=backends)
     dense = edgerun.llm.load(path, dequantize=True, context=32, chunk=8, backends=backends)
     counts = model.runner.prefill.graph.op_counts()
