@@ -200,7 +200,7 @@ def load(path_or_gguf: str | os.PathLike[str], dequantize: bool = False, *, cont
          kv_cache_bytes: int | None = None) -> LanguageModel:
     """Load a GGUF file, a Hugging Face model folder, or a program file written by `edgerun llm export`.
 
-    Packed GGUF weights (Q4_0, Q4_1, Q8_0) run packed unless `dequantize`; `int8_decode` and `int8_prefill`
+    GGUF Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K weights run packed unless `dequantize`; `int8_decode` and `int8_prefill`
     (see build_program) apply to them. An exported file runs as it was exported (its context, chunk and
     weights). `backends="auto"` lets the search place each method. `slots` > 1 adds the batched decode over
     that many sequences (build_program); with `kv_cache_bytes` as few as fit that bound beside the
