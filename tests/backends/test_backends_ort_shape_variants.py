@@ -109,6 +109,26 @@ def test_the_generic_session_computes_what_each_lengths_own_session_does() -> No
             np.testing.assert_array_equal(a, b)
 
 
+def test_lengths_tuned_to_spin_differently_share_one_session_that_spins() -> None:
+    """The search tunes pool-thread spinning per method (an LLM's decode spins, its prefill not): the two must
+    still share one session (one prepacked copy of the weights), and it spins, as the faster setting did."""
+    loaded = edgerun.load(two_lengths(weight(16)), backends=["onnxruntime"])
+    chunk_graph, step_graph = only_partition(loaded, "chunk").graph, only_partition(loaded, "step").graph
+    backend = create_backend(threads=1, spin=False)
+    chunk = backend.compile(chunk_graph)
+    backend.spin = True  # what apply_settings({"spin": True}) does on the copy the search loads with
+    one = backend.compile(step_graph)
+    session = one.run.__self__.session
+    assert chunk.run.__self__.session is session and one.info["session_shared_by"] == 2
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    rng = np.random.default_rng(3)
+    for compiled, T in ((chunk, 4), (one, 1)):
+        inputs = [rng.standard_normal((T, 8)).astype(np.float32) if name == "x" else np.asarray([9], np.int64)
+                  for name in compiled.graph.inputs]
+        for a, b in zip(compiled(*inputs), create_backend(threads=1).compile(compiled.graph)(*inputs)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_methods_over_different_weights_keep_sessions_of_their_own() -> None:
     loaded = edgerun.load(two_lengths(weight(12), weight(13)), backends=["onnxruntime"])
     chunk, one = only_partition(loaded, "chunk"), only_partition(loaded, "step")

@@ -148,7 +148,9 @@ class OnnxRuntimeBackend(Backend):
         one's graph at other sizes (an LLM's decode step and its prefill chunk) joins that one's session,
         remade generic over both (onnx_shape_variants.py): one prepacked copy of the weights, not one each."""
         threads, spin = settings
-        variant, arrays = describe(model, {**external, **in_place}, settings)
+        # Spinning is not part of the form: the search tunes it per method (an LLM's decode spins, its prefill
+        # not), and two sessions would prepack two copies of the weights. A shared session spins if any does.
+        variant, arrays = describe(model, {**external, **in_place}, (threads,), spin=spin)
         group = self._shape_variants.find(variant, arrays) if arrays else None
         if group is not None:
             same = next((v for v in group if v.dims == variant.dims), None)
@@ -164,7 +166,7 @@ class OnnxRuntimeBackend(Backend):
                     member.release()
                 return_freed_memory()  # else fragments of it stay resident beside the new session (21 MB)
                 try:
-                    session = make_session(generic, external, threads, spin)
+                    session = make_session(generic, external, threads, any(v.spin for v in [*group, variant]))
                 except Exception:
                     for member, v in zip(members, group):  # each back on a session of its own graph
                         member.rebuild({name: a for name, a in zip(v.array_names, arrays)}, settings)

@@ -94,14 +94,17 @@ class Variant:
     arrays: list[_ArrayRef]  # the weight arrays in the order `form` meets them
     array_names: list[str]  # their names in this variant's model
     member: Any = None  # weakref to whatever uses the session (the backend's runner)
+    spin: bool = False  # whether its session's pool threads spin (variants may differ; a shared one spins if any)
 
     def alive(self) -> bool:
         return self.member is not None and self.member() is not None
 
 
-def describe(model: Any, arrays: Mapping[str, np.ndarray], settings: tuple[Any, ...]) -> tuple[Variant, list[np.ndarray]]:
+def describe(model: Any, arrays: Mapping[str, np.ndarray], settings: tuple[Any, ...],
+             spin: bool = False) -> tuple[Variant, list[np.ndarray]]:
     """`model` (whose weights are `arrays`, by initializer or input name) as a Variant, and its weight arrays
-    in the Variant's order. `settings` (threads, spinning, ...) are part of the form: a session has one."""
+    in the Variant's order. `settings` (threads, ...) are part of the form: a session has one. `spin` is not:
+    a session shared by variants tuned differently spins."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
@@ -150,7 +153,7 @@ def describe(model: Any, arrays: Mapping[str, np.ndarray], settings: tuple[Any, 
         nodes.append((node.op_type, node.domain, tuple(ins), attrs, len(node.output)))
     outputs = tuple((canon.get(v.name, ("?", v.name)), v.type.tensor_type.elem_type) for v in graph.output)
     form = (tuple(settings), tuple(nodes), outputs, len(graph.input))
-    return Variant(form, params, dims, [_ArrayRef.of(a) for a in found], names), found
+    return Variant(form, params, dims, [_ArrayRef.of(a) for a in found], names, spin=spin), found
 
 
 def matches(variant: Variant, other: Variant, other_arrays: Sequence[np.ndarray]) -> bool:
