@@ -96,6 +96,8 @@ class ServerConfig:
 
 
 DATABASE_UNAVAILABLE = "the database is unavailable; retry shortly"
+STATEMENT_TIMED_OUT = "a database statement ran past the server's time limit (--db-statement-timeout-ms); retry shortly"
+QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout
 
 # Body limits per route, enforced while the body is read (edgerun.stream.body_limit), after the caller's
 # token is checked from the headers alone.
@@ -295,9 +297,14 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
     @app.exception_handler(sa.exc.DBAPIError)
     async def database_unavailable(_request: Request, exc: sa.exc.DBAPIError) -> Response:
         # The database restarting or unreachable: a clean, retryable answer (the balancer may try another
-        # replica; agents keep their reports and retry), never a traceback.
-        log.warning("database error", extra={"error": type(exc.orig).__name__ if exc.orig else type(exc).__name__})
-        return JSONResponse({"detail": DATABASE_UNAVAILABLE}, status_code=503, headers={"Retry-After": "1"})
+        # replica; agents keep their reports and retry), never a traceback. A statement PostgreSQL cancelled
+        # at the statement timeout (a lock held too long, an overloaded database) is answered the same way,
+        # and says so: its connection goes back to the pool and the process keeps serving.
+        timed_out = getattr(exc.orig, "sqlstate", None) == QUERY_CANCELED
+        log.warning("database statement timed out" if timed_out else "database error",
+                    extra={"error": type(exc.orig).__name__ if exc.orig else type(exc).__name__})
+        return JSONResponse({"detail": STATEMENT_TIMED_OUT if timed_out else DATABASE_UNAVAILABLE}, status_code=503,
+                            headers={"Retry-After": "1"})
 
     @app.exception_handler(FleetError)
     async def fleet_error(_request: Request, exc: FleetError) -> Response:
