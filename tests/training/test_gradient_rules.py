@@ -201,3 +201,29 @@ def test_integer_paths_carry_no_gradient_and_bad_requests_are_refused() -> None:
     li = bi.emit("reduce_sum", [bi.emit("cast", [xi], dtype="float32")])
     with pytest.raises(Exception, match="not a float tensor"):
         append_gradients(gi, li, [xi])
+
+
+@pytest.mark.parametrize("kernel,shape", [([2, 2], (2, 3, 8, 6)), ([2, 3], (2, 2, 4, 9)), ([4, 4], (1, 2, 8, 4))])
+def test_max_pool_over_tiling_windows_sends_ties_to_the_first_tap_as_torch_does(kernel: list[int],
+                                                                               shape: tuple[int, ...]) -> None:
+    # Zeros and ones: most windows hold their max more than once (a max pool after a ReLU sees such windows).
+    import torch
+
+    from edgerun.backends.onnxruntime import create_backend
+    from edgerun.passes.pipeline import optimize
+
+    x = R.integers(0, 2, shape).astype(np.float32)
+    g = Graph()
+    b = Builder(g)
+    xi = g.add_input("x", TensorSpec(shape, DType.float32))
+    y = b.emit("max_pool2d", [xi], kernel=kernel)
+    weights = R.standard_normal(b.shape(y)).astype(np.float32)
+    g.outputs = [b.emit("reduce_sum", [b.binary("mul", y, b.const(weights))])]
+    grad_graph = gradient_graph(g, g.outputs[0], ["x"])
+    ops = {n.op for n in grad_graph.nodes}
+    assert "resize" in ops and "reduce_min" not in ops  # the tiled rule, not one window per tap
+    xt = torch.tensor(x, requires_grad=True)
+    (torch.nn.functional.max_pool2d(xt, kernel) * torch.tensor(weights)).sum().backward()
+    want = xt.grad.numpy()
+    np.testing.assert_array_equal(interpret(grad_graph, [x])[1], want)
+    np.testing.assert_array_equal(create_backend(threads=1).compile(optimize(grad_graph)[0])(x)[1], want)

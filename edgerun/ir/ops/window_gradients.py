@@ -7,7 +7,8 @@ output's cotangent, else one more convolution, of the input (batch and channels 
 by the output's cotangent, with stride and dilation exchanged. A pooling window's taps are written as rasters from
 the input (one region per tap), so its cotangent is those regions transposed (ops/raster_gradient.py): max
 pooling sends each window's cotangent to the first tap holding the max (torch's choice), average pooling to
-every tap divided by the window's count.
+every tap divided by the window's count. A max pool whose windows tile the input is differentiated at the
+input's shape instead, without one stacked copy per tap (_max_pool_tiled).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from edgerun.ir.builder import Builder
+from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Node
-from edgerun.ir.ops._grad import reshape_to
+from edgerun.ir.ops._grad import as_float, reshape_to
 from edgerun.ir.ops.atomic import conv_geometry, pool_geometry
 from edgerun.ir.ops.raster_gradient import transpose_regions
 from edgerun.ir.region import Region
@@ -121,6 +123,9 @@ def _max_pool(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     g = grads[0]
     if g is None or not needs[0]:
         return [None]
+    tiled = _max_pool_tiled(b, node, g)
+    if tiled is not None:
+        return [tiled]
     x, y = node.inputs[0], node.outputs[0]
     (kh, kw) = pool_geometry(node.attrs)[0]
     taps = kh * kw
@@ -134,6 +139,39 @@ def _max_pool(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
                    keepdims=True)
     chosen = b.emit("where", [b.binary("eq", index, first), g, b.scalar(0.0, g)])
     return [transpose_regions(b, chosen, regions, 0, b.shape(x))]
+
+
+def _max_pool_tiled(b: Builder, node: Node, g: str) -> str | None:
+    """The max pool's input cotangent when its windows tile the input (stride = kernel, no padding or
+    dilation, no rows or columns left over), at x's shape without a stacked window per tap: each input
+    element's window values (y, and the window's tie-break sum) and cotangent are a nearest resize away.
+    A tap holding the max gets code 2^(taps - 1 - tap), so the window's first such tap (torch's choice) is
+    the one whose code is over half the window's sum of codes: the sum's highest set bit. Those sums stay
+    exact integers in float32 up to 16 taps (the mean's rounding is far under the margin of 1/2).
+    On ONNX Runtime, for a digits CNN's [32, 32, 8, 8] pool at one thread, this was 215 us where the
+    stacked windows' slices, concat and where took 650 us. The cotangent is masked by a product, not a
+    `where` (ONNX Runtime's is slow): a non-finite cotangent spreads NaN over its window's other taps, which the
+    train step's finiteness guard skips as it skips any non-finite gradient. None when the windows do not tile
+    the input."""
+    x, y = node.inputs[0], node.outputs[0]
+    (kh, kw), stride, pads, dilation, _ = pool_geometry(node.attrs)
+    n, c, h, w = b.shape(x)
+    ho, wo = b.shape(y)[2:]
+    taps = kh * kw
+    if (stride != (kh, kw) or any(pads) or dilation != (1, 1) or (h, w) != (ho * kh, wo * kw) or taps > 16
+            or b.dtype(g) not in (DType.float32, DType.float64)):
+        return None
+
+    def spread(v: str) -> str:  # [n, c, ho, wo] -> [n, c, h, w], each window's value on its every tap
+        return b.emit("resize", [v], mode="nearest", coordinate_transformation_mode="asymmetric",
+                      nearest_mode="floor", scales=[1.0, 1.0, float(kh), float(kw)], shape=[n, c, h, w])
+
+    codes = np.tile(2.0 ** (taps - 1 - np.arange(taps)).reshape(kh, kw), (ho, wo))
+    code = b.binary("mul", as_float(b, b.binary("eq", x, spread(y)), g), b.const(codes, b.dtype(g)))
+    mean = b.emit("avg_pool2d", [code], kernel=[kh, kw], stride=[kh, kw])
+    half_sum = b.binary("mul", mean, b.scalar(taps / 2, g))
+    first = b.binary("gt", code, spread(half_sum))
+    return b.binary("mul", as_float(b, first, g), spread(g))
 
 
 @register_gradient("avg_pool2d")
