@@ -39,6 +39,7 @@ Q6_K_GROUP = 16  # values per Q6_K scale
 # scheme -> bytes per 32-value block
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q5_0": 22, "q5_1": 24}
 SUPER_BLOCK = 256  # values per K-quant super-block
+ROWS_AT_ONCE = 4096  # rows converted at a time (bounds the temporaries of a large matrix's conversion)
 Q4_K_BYTES = 144  # float16 d and dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of codes
 Q5_K_BYTES = 176  # Q4_K's, then 32 bytes of fifth bits
 Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of high two bits, 16 int8 scales, float16 d
@@ -267,13 +268,17 @@ def wide_as_two_int4(w: PackedWeight) -> tuple[Int4Operands, Int4Operands]:
     rows, cols = w.shape
     groups, group = cols // w.group, w.group
     codes = w.codes()
-    biased = (codes.astype(np.int16) + 128).astype(np.uint8) if codes.dtype == np.int8 else codes
-    high, low = biased >> 4, biased & 0x0F
-    pack = lambda v: two_per_byte(v).reshape(rows, groups, group // 2)  # noqa: E731
+    high, low = (np.empty((rows, groups, group // 2), np.uint8) for _ in range(2))
+    # In slices of rows: whole-matrix temporaries of a 262,144-row embedding were 700 MB at the load's peak.
+    for lo in range(0, rows, ROWS_AT_ONCE):
+        part = codes[lo:lo + ROWS_AT_ONCE]
+        biased = part.view(np.uint8) ^ np.uint8(0x80) if part.dtype == np.int8 else part  # code + 128
+        high[lo:lo + ROWS_AT_ONCE] = two_per_byte(biased >> 4).reshape(-1, groups, group // 2)
+        low[lo:lo + ROWS_AT_ONCE] = two_per_byte(biased & 0x0F).reshape(-1, groups, group // 2)
     zeros = np.zeros((rows, groups), np.uint8)
     high_scales = (w.scales * np.float32(16)).astype(np.float32)
     if w.mins is None:
-        return Int4Operands(pack(high), high_scales, None), Int4Operands(pack(low), w.scales, zeros)
+        return Int4Operands(high, high_scales, None), Int4Operands(low, w.scales, zeros)
     if np.array_equal(w.mins, np.float32(-16) * w.scales):  # Q5_0: scale * (code - 16), the high nibble's zero 1
-        return Int4Operands(pack(high), high_scales, zeros + 1), Int4Operands(pack(low), w.scales, zeros)
-    return Int4Operands(pack(high), high_scales, zeros), Int4Operands(pack(low), w.scales, zeros, w.mins)
+        return Int4Operands(high, high_scales, zeros + 1), Int4Operands(low, w.scales, zeros)
+    return Int4Operands(high, high_scales, zeros), Int4Operands(low, w.scales, zeros, w.mins)

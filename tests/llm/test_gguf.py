@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edgerun.errors import EdgerunError
+from edgerun.llm import quant_blocks
 from edgerun.llm.architecture import from_gguf_metadata
 from edgerun.llm.checkpoint import load_checkpoint
 from edgerun.llm.gguf_reader import read_gguf
@@ -137,7 +138,7 @@ def test_q4_k_is_read_packed_into_the_q4_1_form_with_gguf_dequantizers_bits(tmp_
 
 # where each format keeps its float16 fields in a block: byte offsets (gguf cannot quantize to these types,
 # so the tests write random blocks with finite float16s there)
-HALF_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+HALF_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator, d: float | None = None) -> np.ndarray:
@@ -175,11 +176,13 @@ def test_5_and_6_bit_formats_load_packed_with_gguf_dequantizers_bits(tmp_path: P
         _PACKED_READERS[qtype](raw[:, :-1], (6, 512))
 
 
-def test_wide_codes_split_into_two_int4_matmuls_equal_the_dequantized_weight() -> None:
+def test_wide_codes_split_into_two_int4_matmuls_equal_the_dequantized_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     # The two int4 operand sets a 5- to 8-bit weight runs as (the codes' high and low nibbles) dequantize to
-    # the weight exactly, groups of 16 for Q6_K.
+    # the weight exactly, groups of 16 for Q6_K; converted 3 rows at a time here (a partial last slice).
+    monkeypatch.setattr(quant_blocks, "ROWS_AT_ONCE", 3)
     rng = np.random.default_rng(2)
-    for qtype, unpack in _PACKED_READERS.items():
+    readers = {**_PACKED_READERS, "Q8_0": functools.partial(unpack_blocks, "q8_0")}
+    for qtype, unpack in readers.items():
         w = unpack(random_blocks(qtype, 4, 256, rng), (4, 256))
         total = np.zeros((4, 256), np.float64)
         for ops in wide_as_two_int4(w):
