@@ -138,6 +138,12 @@ class CompiledPartition:
     kernels do); the runtime enters `np.errstate` only around the node calls it binds (`bind_node`), so a
     program made of delegates alone runs without it.
 
+    `release` is the third step of the contract (compile, run, release): it frees what compile made (a
+    session, a converted model in the backend's memory) at once, rather than whenever the last reference to
+    the partition goes; the partition is not run after it. The runtime calls it from
+    `LoadedProgram.release` (the load-time search does, for every candidate that lost). A backend with
+    nothing of its own to free leaves the default, which does nothing.
+
     Beyond that, a partition may declare three capabilities, each general (any backend may declare it) and
     each with one runtime path: a state it keeps in its own memory (`keep_state`: runtime/state.py), outputs
     it writes over the input arrays they update (`overwrites_inputs`: runtime/state.py), and constants it
@@ -165,6 +171,7 @@ class CompiledPartition:
     # state this input reads is then planned into the state's buffer, as the reference's update_slice is:
     # no copy after the call.
     overwrites_inputs: Mapping[str, str] = field(default_factory=dict)
+    release: Callable[[], None] = field(default=lambda: None)  # frees what compile made (see above)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run standalone: allocate the outputs and return them (the runtime passes arena views instead)."""

@@ -61,6 +61,8 @@ class Program:
     default_method: str = DEFAULT_METHOD
     # Constants released to a backend after loading (release_constants): their arrays are placeholders.
     released: set[str] = field(default_factory=set, repr=False)
+    # The memory map of the file the weights are views of (Program.read with mmap=True).
+    _mapping: mmap_module.mmap | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -148,7 +150,11 @@ class Program:
                                          f"the header alone is {HEADER_SIZE}")
             buffer: Buffer = mmap_module.mmap(f.fileno(), 0, access=mmap_module.ACCESS_READ) if mmap \
                 else f.read()
-        return cls._from_decoded(decode_program(buffer, verify_weights), os.fspath(path), mmapped=mmap)
+        program = cls._from_decoded(decode_program(buffer, verify_weights), os.fspath(path), mmapped=mmap)
+        if isinstance(buffer, mmap_module.mmap):
+            program._mapping = buffer
+            program.drop_resident_weights()  # hashing the weights touched every page
+        return program
 
     @classmethod
     def _from_decoded(cls, decoded: DecodedProgram, path: str | None, mmapped: bool) -> Program:
@@ -161,6 +167,15 @@ class Program:
             if e.name in constants:  # the rest hold states' initial values
                 program._digests[e.name] = (constants[e.name], e.sha256)
         return program
+
+    def drop_resident_weights(self) -> None:
+        """Give back the pages of the mapped file that this process has touched (madvise MADV_DONTNEED on
+        the read-only map), so that weights a backend holds in its own form (prepacked, converted) are not
+        resident twice. Nothing changes for readers: a page touched again is mapped again from the file
+        (the page cache). A program not read from a mapped file has nothing to give back."""
+        advice = getattr(mmap_module, "MADV_DONTNEED", None)
+        if self._mapping is not None and not self._mapping.closed and advice is not None:
+            self._mapping.madvise(advice)
 
     # -- inspection --------------------------------------------------------------------------------------
     def weight_digests(self) -> dict[str, str]:

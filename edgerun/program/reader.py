@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +100,27 @@ def header_checksum(buffer: Buffer, header: Header) -> bytes:
     return digest.digest()
 
 
+# A mapped file's pages are given back after every this many bytes hashed.
+DROP_EVERY_BYTES = 16 << 20
+
+
+def _page_dropper(buffer: Buffer, base: int) -> Callable[[int], None] | None:
+    """For a mapped file: a callback that gives back the pages hashed so far (madvise MADV_DONTNEED on the
+    read-only map; a page touched again is mapped again from the file), so that verifying the weights does
+    not make them all resident at once. None for bytes."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if not isinstance(buffer, mmap.mmap) or advice is None:
+        return None
+    done = [0]
+
+    def hashed(end: int) -> None:
+        end = (base + end) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end - done[0] >= DROP_EVERY_BYTES:
+            buffer.madvise(advice, done[0], end - done[0])
+            done[0] = end
+    return hashed
+
+
 def decode_program(buffer: Buffer, verify_weights: bool = True) -> DecodedProgram:
     header = Header.unpack(buffer[:HEADER_SIZE])
     check_header(header, len(buffer))
@@ -113,7 +135,7 @@ def decode_program(buffer: Buffer, verify_weights: bool = True) -> DecodedProgra
                                                       allow_unknown=header.minor > FORMAT_MINOR)
     region = memoryview(buffer)[header.data_offset:]
     if verify_weights:
-        verify_data_region(region, entries)
+        verify_data_region(region, entries, _page_dropper(buffer, header.data_offset))
     arrays = {}
     for e in entries:
         if e.dtype is DType.string:  # length-prefixed UTF-8, decoded into Python str (string_segment.py)

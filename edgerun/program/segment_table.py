@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,16 +92,21 @@ def decode_segment_table(obj: object, data_length: int, allow_unknown: bool = Fa
     return entries
 
 
-def verify_data_region(region: memoryview, entries: list[SegmentEntry]) -> None:
+def verify_data_region(region: memoryview, entries: list[SegmentEntry],
+                       hashed: Callable[[int], None] | None = None) -> None:
     """Hash every segment against the table, and check that padding is zero and bool bytes are 0 or 1.
 
     Checking the padding means every byte of the file is covered by some check, so any bit flip is caught.
+    `hashed(end)` is told after each segment, in file order, that the bytes before `end` were read (a
+    mapped file's reader gives their pages back as it goes).
     """
     verified: dict[tuple[int, int], str] = {}
-    for e in entries:
+    for e in sorted(entries, key=lambda e: e.offset):
         key = (e.offset, e.nbytes)
         if key not in verified:
             verified[key] = hashlib.sha256(region[e.offset:e.offset + e.nbytes]).hexdigest()
+            if hashed is not None:
+                hashed(e.offset + e.nbytes)
         if verified[key] != e.sha256:
             raise ProgramFormatError(f"checksum mismatch in weight segment {e.name[:80]!r}: the file is corrupted")
         if e.dtype is DType.bool and e.nbytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,18 @@ class LoadedProgram(RunnableProgram):
                 f"{len(self.instructions)} instructions on {', '.join(backends) or 'nothing'}, "
                 f"arena {self.plan.arena_bytes} B>")
 
+    def release_own(self) -> None:
+        """Each partition's `release` (ONNX Runtime's session, MNN's interpreter), then the arena and the
+        instructions bound to it; a call after this raises EdgerunError."""
+        for compiled in self.parts.compiled:
+            compiled.release()
+        self.parts = dataclasses.replace(self.parts, instructions=[], views={}, arena=np.empty(0, np.uint8))
+        self._executor = Executor([])
+        self._input_views = self._output_views = []
+        self._input_slots = ()
+        self._direct = None
+        self.run = _released  # type: ignore[method-assign]
+
     # -- running -----------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
             sink: EventSink | None = None) -> list[np.ndarray]:
@@ -178,6 +191,10 @@ class LoadedProgram(RunnableProgram):
             return self.parts.views[name]
         except KeyError:
             raise EdgerunError(f"value {name!r} has no array in this loaded program") from None
+
+
+def _released(*args: object, **kwargs: object) -> list[np.ndarray]:
+    raise EdgerunError("this program was released (RunnableProgram.release): load it again to run it")
 
 
 def _direct_partition(parts: LoadedParts) -> PartitionRun | None:

@@ -5,7 +5,9 @@ The sequence, each step in its own module:
    keeps whole, verify the graph;
 2. place each node on a backend (placement.py, or a placer: placer.py), lower the composites placed where
    they are not kept, and cut the graph into partitions (partition.py);
-3. compile each partition on its backend, falling back to reference with a warning if that fails;
+3. compile each partition on its backend, falling back to reference with a warning if that fails, then
+   give back the program file's pages the backends touched (weights they keep in their own form, prepacked
+   or converted, are then resident once; a page read again comes back from the file);
 4. schedule: one step per node of arena-bound partitions, one per delegate partition (schedule.py);
 5. elide no-op rasters (reshapes) by aliasing their output to their input's bytes;
 6. plan the arena from value lifetimes (memory_plan.py) and prove the plan safe (plan_verifier.py);
@@ -116,6 +118,8 @@ def load_placed(program: Program | None, original: Graph, placer: Placer, *,
     if placed.loaded is not None and not placement and alias_reshapes:
         loaded = placed.loaded  # the measured winner is already loaded: no second build
     else:
+        if placed.loaded is not None:  # measured, but built differently here: freed before the build
+            placed.loaded.release()
         loaded = load_prepared(program, original, graph, placed.backends,
                                placement={**placed.placement, **(placement or {})}, algorithms=placed.algorithms,
                                alias_reshapes=alias_reshapes, arena_limit=arena_limit, state=state)
@@ -134,7 +138,11 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     registry = resolve_backends(backends, placement)
     graph, partitions = place_and_partition(method_state.graph, registry, backends, placement)
     method_state.graph = graph  # lowered where composites landed on backends that do not keep them
+    if program is not None:  # pages an earlier load touched (a candidate the search measured)
+        program.drop_resident_weights()
     compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
+    if program is not None:  # the backends have read what they keep in their own form
+        program.drop_resident_weights()
     steps = build_schedule(partitions, compiled)
     method_state.narrow(steps)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())

@@ -94,6 +94,17 @@ class RunnableProgram(ABC):
         except KeyError:
             raise EdgerunError(f"the program has no method {name!r}; its methods are {list(table)}") from None
 
+    def release(self) -> None:
+        """Free what the load made, every method's (backend sessions, converted models, arenas), now rather
+        than when the last reference goes: the compile / run / release contract's last step
+        (CompiledPartition.release). The program does not run after it: a call raises EdgerunError."""
+        for program in {id(p): p for p in [self, *(self._method_table or {}).values()]}.values():
+            program.release_own()
+
+    @abstractmethod
+    def release_own(self) -> None:
+        """`release` for this method alone."""
+
     def join_methods(self, name: str, table: dict[str, RunnableProgram], store: StateStore,
                      program: Program) -> None:
         """Become method `name` of `program`'s load: one table of its methods, one store of its state."""

@@ -92,6 +92,7 @@ class SpecializingProgram(RunnableProgram):
         self._values = template if isinstance(template, ValueSpecializer) else None
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
+        self._released = False
         self._bound_shapes: dict[tuple[tuple[int, ...], ...], Bindings] = {}  # input shapes -> their binding
         self.specializations_made = 0  # loads done, evictions included (first-call cost is paid this often)
         # A template holding data-dependent ops (nonzero, ...) runs in stages, each stage a template of its own.
@@ -171,7 +172,17 @@ class SpecializingProgram(RunnableProgram):
         bindings = self._bindings(shapes, as_shapes=True) if inputs is None else self._bindings(inputs, False)
         return self._specialization(((), bindings), self._template)
 
+    def release_own(self) -> None:
+        """Release every loaded specialisation; a call after this raises EdgerunError."""
+        with self._cache_lock:
+            loaded, self._released = list(self._cache.values()), True
+            self._cache.clear()
+        for program in loaded:
+            program.release()
+
     def _specialization(self, key: CacheKey, template: Program) -> RunnableProgram:
+        if self._released:
+            raise EdgerunError("this program was released (RunnableProgram.release): load it again to run it")
         with self._cache_lock:
             cached = self._cache.get(key)
             if cached is not None:

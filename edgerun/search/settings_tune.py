@@ -27,7 +27,7 @@ import numpy as np
 from edgerun.backends.base import Backend
 from edgerun.search.calibrate import SETTING_GAIN
 from edgerun.search.timing import Clock, steady_seconds, warm_up_seconds
-from edgerun.search.tune import Trial, read_tuned, update_tuned
+from edgerun.search.tune import Trial, discard, read_tuned, update_tuned
 
 Settings = dict[str, dict[str, Any]]  # backend name -> {setting: value}
 
@@ -75,10 +75,11 @@ def tune_settings(placement: Mapping[str, str], loaded: Trial, inputs: list[np.n
             busy = {"current": loaded.busy_after_call_s, "changed": other.busy_after_call_s}
             times = steady_seconds(runs, busy, {k: warm_up_seconds(r, clock=clock) for k, r in runs.items()},
                                    deadline, clock=clock)
+            del runs
             if times["current"] >= SETTING_GAIN * times["changed"]:
                 settings.setdefault(name, {})[setting] = values[1]
-                loaded = other
-            del other, runs
+                loaded, other = other, loaded
+            discard(other)  # the one that lost
     if finished:
         update_tuned(program_key, settings=settings)
     return settings, loaded

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from edgerun.heap import return_freed_memory
 from edgerun.ir.graph import Graph
 from edgerun.runtime.loader import load_prepared
 from edgerun.search.cost_model import CostTable
@@ -92,6 +93,15 @@ class Trial(Protocol):
     def busy_after_call_s(self) -> float: ...
 
     def run(self, inputs: list[np.ndarray], sink: Sink | None = None) -> object: ...
+
+    def release(self) -> None: ...
+
+
+def discard(trial: Trial) -> None:
+    """A candidate that lost: its sessions and converted models freed now (RunnableProgram.release), and
+    the freed heap given back, so the next candidate builds in that memory rather than beside it."""
+    trial.release()
+    return_freed_memory()
 
 
 CandidateLoader = Callable[[Mapping[str, str]], Trial]
@@ -320,10 +330,12 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
             p.net = next_net(p) or p.net
         if not math.isfinite(first):
             abandoned.append((candidate, f"warm-up call abandoned after {limit * 1e3:.1f} ms"))
-            del loaded
+            discard(loaded)
             continue
         warm.append((first, candidate, loaded))
         cut = margins.contender_factor * min(w[0] for w in warm)
+        for culled in [w[2] for w in warm if w[0] > cut and w[2] is not None]:
+            discard(culled)
         warm = [w if w[0] <= cut else (w[0], w[1], None) for w in warm]
     # Pass 2: the contenders timed as they will run; one culled after its warm-up keeps its warm-up time.
     kept = {c.label: loaded for _, c, loaded in warm if loaded is not None}
@@ -348,6 +360,9 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     if complete:
         update_tuned(program_hash, placement=winner.placement, **report)
     chosen = kept.get(winner.label)
+    for label, trial in kept.items():
+        if label != winner.label:
+            discard(trial)
     if chosen is not None and steady:
         # The rounds may have ended on another contender whose threads still spin; the winner runs until
         # they are done, so the caller's first calls are not slowed by the measurement.

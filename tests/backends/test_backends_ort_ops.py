@@ -361,3 +361,36 @@ def test_sessions_use_large_constants_in_place_and_copy_those_constant_folding_r
     y, y2 = session.run(None, {"x": x})
     np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y2, x @ w2, rtol=1e-5, atol=1e-5)
+
+
+def test_sessions_copy_in_conv_weights_alone_and_share_every_other_large_constant() -> None:
+    """ORT's NCHWc layout transformer reads a Conv weight's bytes from the graph: that one is copied in, and
+    the MatMul weight beside it stays shared (copying every initializer after a failed attempt kept every
+    weight resident twice). The session computes what numpy does."""
+    from onnx import TensorProto, helper
+
+    from edgerun.backends.onnxruntime import _external_placeholder, _initializer_read, make_session
+    from edgerun.backends.onnxruntime.onnx_prepacked import shared_initializers
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    m = rng.standard_normal((32, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Reshape", ["c", "shape"], ["r"]), helper.make_node("MatMul", ["r", "m"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])],
+        [_external_placeholder("w", w), _external_placeholder("m", m),
+         helper.make_tensor("shape", TensorProto.INT64, [2], [16, 32])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    session = make_session(model, {"w": w, "m": m}, threads=1)
+    assert shared_initializers(session) == {"m"}
+    x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
+    import torch
+
+    conv = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], conv.reshape(16, 32) @ m, rtol=1e-4, atol=1e-4)
+    message = ("tensorprotoutils.cc:2201 GetExtDataFromTensorProto External initializer: w_2 offset: 0 size to "
+               "read: 589824 given file_length: 0 are out of bounds or can not be read in full.")
+    assert _initializer_read(message) == "w_2" and _initializer_read("some other failure") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -79,3 +80,46 @@ def test_fast_load_skips_weight_hashing_but_still_checks_the_graph(saved) -> Non
     saved.write_bytes(bytes(raw))
     with pytest.raises(ProgramFormatError, match="checksum"):
         Program.read(saved, verify_weights=False)
+
+
+def _resident_kib(start: int) -> int:
+    """Rss of the mapping that starts at address `start` (Linux's /proc/self/smaps)."""
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            if "-" in line.split()[0] and ":" not in line.split()[0]:
+                inside = int(line.split("-")[0], 16) == start
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1])
+    raise AssertionError("mapping not found")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED") or not os.path.exists("/proc/self/smaps"),
+                    reason="Linux's madvise and smaps")
+def test_verified_and_touched_weights_give_their_pages_back_and_still_read_the_same(tmp_path) -> None:
+    """Verifying the weights touches every page; a read gives them back as it hashes (the program's mapped
+    weights are not resident twice beside a backend's copies), and `drop_resident_weights` again after
+    they are touched. The values read afterwards are the file's."""
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(6)]  # 24 MiB
+    graph = Graph()
+    x = graph.add_input("x", TensorSpec((1024,), DType.float32))
+    graph.outputs = [x]
+    for k, w in enumerate(weights):
+        graph.add_constant(w, name=f"w{k}")
+    path = tmp_path / "big.edgr"
+    Program(graph).save(path)
+    program = Program.read(path)
+    start = np.frombuffer(_root_buffer(program.graph.constants["w0"]), np.uint8).ctypes.data
+    assert _resident_kib(start) < 4 * 1024  # not the 24 MiB the hash read
+    assert sum(float(program.graph.constants[f"w{k}"].sum()) for k in range(6)) == pytest.approx(
+        sum(float(w.sum()) for w in weights), rel=1e-6)
+    assert _resident_kib(start) > 20 * 1024  # touched again: mapped again from the file
+    program.drop_resident_weights()
+    assert _resident_kib(start) < 1024
+    for k, w in enumerate(weights):
+        np.testing.assert_array_equal(program.graph.constants[f"w{k}"], w)

@@ -49,6 +49,11 @@ class FakeTrial:
         self.clock, self.call_s, self.instructions = clock, call_s, instructions
         self.busy_after_call_s = busy_after_call_s
         self.calls = 0
+        self.released = False
+
+    def release(self) -> None:
+        assert not self.released, "released twice"
+        self.released = True
 
     def run(self, inputs: object, sink: Callable[[object], None] | None = None) -> list[np.ndarray]:
         self.calls += 1
@@ -73,6 +78,7 @@ class FakeEngines:
         self.build_s, self.first_call_s = build_s or {}, first_call_s or {}
         self.instructions = instructions
         self.loaded: list[tuple[str, ...]] = []
+        self.trials: list[FakeTrial] = []  # every candidate built, in order
 
     def call_seconds(self, placement: Mapping[str, str]) -> float:
         used = tuple(sorted(set(placement.values())))
@@ -86,7 +92,9 @@ class FakeEngines:
         self.clock.advance(sum(self.build_s.get(b, 0.0) for b in used))
         steady = self.call_seconds(placement)
         extra = sum(self.first_call_s.get(b, 0.0) for b in used)
-        return FakeTrial(self.clock, lambda n: steady + (extra if n == 1 else 0.0), self.instructions)
+        trial = FakeTrial(self.clock, lambda n: steady + (extra if n == 1 else 0.0), self.instructions)
+        self.trials.append(trial)
+        return trial
 
 
 def chain(nodes: int = 6) -> Graph:

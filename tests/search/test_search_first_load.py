@@ -101,6 +101,19 @@ def test_a_bounded_first_load_abandons_a_candidate_whose_warm_up_already_lost() 
     assert cached_placement(chain(), "abandon") == placement
 
 
+@pytest.mark.parametrize("reference_s", [2e-3, 1.5e-4, 5e-5])  # abandoned, measured and lost, measured and won
+def test_every_candidate_but_the_winner_is_released_before_the_search_returns(reference_s: float) -> None:
+    """Candidates that lose hold no memory past the search (the abandoned, those culled after their warm-up,
+    and the contenders that lost the steady rounds): each is released once, and the winner handed back is not."""
+    engines = FakeEngines(FakeClock(), {ORT: 1e-4, REF: reference_s}, instructions=6)
+    placement, report, loaded = _tune({ORT: 1.0, REF: 1.1}, engines, f"release-{reference_s}", budget_s=2.0,
+                                      margins=replace(MARGINS, abandon_floor_s=0.0))
+    assert len(engines.trials) == 2 and loaded in engines.trials
+    assert [t.released for t in engines.trials] == [t is not loaded for t in engines.trials]
+    assert set(placement.values()) == ({REF} if reference_s < 1e-4 else {ORT})
+    assert ("skipped" in by_label(report)["all reference"]) == (reference_s == 2e-3)  # abandoned, or measured
+
+
 @pytest.mark.parametrize("floor_s", [MARGINS.abandon_floor_s, 0.0])
 def test_a_fresh_sessions_slow_first_call_is_not_abandoned_below_the_floor(floor_s: float) -> None:
     clock = FakeClock()

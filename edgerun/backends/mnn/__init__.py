@@ -281,7 +281,7 @@ class MnnBackend(Backend):
         threads = self.partition_threads(subgraph)
         with converted_file("mnn", key, lambda target: convert_model(model, external, target), ".mnn") as path:
             runner = SessionRunner(path, subgraph, threads)
-        return CompiledPartition(self.name, subgraph, runner.run,
+        return CompiledPartition(self.name, subgraph, runner.run, release=runner.close,
                                  info={"threads": threads, "mnn_bytes": runner.model_bytes})
 
     def partition_threads(self, subgraph: Graph) -> int:
@@ -378,12 +378,21 @@ class SessionRunner:
         for (tensor, host, view), array in zip(self._feeds, inputs):
             np.copyto(view, array, casting="unsafe")
             tensor.copyFrom(host)
+        if self.interpreter is None:
+            raise EdgerunError("this MNN partition was released (LoadedProgram.release)")
         code = self.interpreter.runSession(self.session)
         if code != 0:  # MNN leaves the outputs as they were: never hand those back as a result
             raise EdgerunError(f"MNN's runSession failed with error code {code} ({_MNN_ERRORS.get(code, 'unknown')})")
         for (tensor, host, view), array in zip(self._fetches, outputs):
             tensor.copyToHostTensor(host)
             np.copyto(array, view, casting="unsafe")
+
+
+    def close(self) -> None:
+        """Free the session and the interpreter's model now (CompiledPartition.release); a run after this
+        raises."""
+        self.interpreter = self.session = None
+        self.inputs, self.outputs, self._feeds, self._fetches = [], [], [], []
 
 
 class IndexBounds:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +52,7 @@ from edgerun.backends.onnxruntime.onnx_prepacked import (
 from edgerun.backends.onnxruntime.onnx_quant_ops import MS_DOMAIN, QUANT_SUPPORTED
 from edgerun.backends.onnxruntime.onnx_shape_variants import ShapeVariants, describe, generic_model
 from edgerun.backends.onnxruntime.onnx_tidy import drop_noop_reshapes, fold_expand_reshapes
-from edgerun.errors import UnsupportedOpError
+from edgerun.errors import EdgerunError, UnsupportedOpError
 from edgerun.heap import return_freed_memory
 from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
@@ -132,7 +133,7 @@ class OnnxRuntimeBackend(Backend):
             runner.external.pop(name, None)
             release_initializer(session, name)
         return CompiledPartition(self.name, subgraph, runner.run, released_constants=released_constants,
-                                 overwrites_inputs={**in_place_outputs, **overwrites},
+                                 overwrites_inputs={**in_place_outputs, **overwrites}, release=runner.close,
                                  info={"onnx_nodes": len(model.graph.node), "threads": threads,
                                        "fused_attentions": emitted.fused_attentions,
                                        "constants_read_in_place": len(in_place),
@@ -305,18 +306,35 @@ def _placeholder_folder() -> str:
 def make_session(model: Any, external: dict[str, np.ndarray], threads: int,
                  spin: bool = False) -> ort.InferenceSession:
     """A session using the program's arrays in place: `add_initializer` shares them (no copy; ORT's kernels
-    still prepack their own layouts from them). `add_external_initializers`, the fallback if sharing fails,
-    copies every one into the session (a copy per session: +126 MB peak for SmolLM2's two methods)."""
+    still prepack their own layouts from them). The few whose bytes ORT's graph optimisers read from the
+    graph are copied in (`add_external_initializers`) instead: those `_read_by_optimizers` predicts, and
+    any other one a failed attempt names. Copying them all instead cost ResNet-50 97 MB more at its load
+    peak and left every weight resident twice."""
     values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in external.items()}
-    folded = _folded_initializers(model)
-    shared = set(values) - folded
-    try:
-        session = _session(model, values, threads, spin, shared)
-    except Exception:  # an ORT fusion that needs a shared initializer's bytes in the graph: copy them all
-        shared = set()
-        session = _session(model, values, threads, spin, shared)
+    shared = set(values) - _read_by_optimizers(model)
+    for attempt in range(MAX_SHARING_ATTEMPTS):
+        try:
+            session = _session(model, values, threads, spin, shared)
+            break
+        except Exception as exc:
+            if not shared:  # nothing left to copy in: the model itself fails
+                raise
+            needed = _initializer_read(str(exc))
+            # An optimiser read that one: copy it in and try again; any other failure, copy them all.
+            shared = shared - {needed} if needed in shared and attempt < MAX_SHARING_ATTEMPTS - 2 else set()
     hand_over(session, values, shared)
     return session
+
+
+# A shared initializer that ORT needs the bytes of fails session creation with this, naming it.
+_NEEDS_BYTES = re.compile(r"External initializer: (\S+) offset")
+# Sessions attempted, each sharing fewer initializers, the last copying them all in.
+MAX_SHARING_ATTEMPTS = 8
+
+
+def _initializer_read(message: str) -> str | None:
+    found = _NEEDS_BYTES.search(message)
+    return found.group(1) if found else None
 
 
 def _probe_session(model: Any, external: dict[str, np.ndarray]) -> ort.InferenceSession:
@@ -325,17 +343,20 @@ def _probe_session(model: Any, external: dict[str, np.ndarray]) -> ort.Inference
     return make_session(model, external, 1)
 
 
-def _folded_initializers(model: Any) -> set[str]:
-    """Initializers read by nodes whose inputs are all constant: ORT's constant folding reads their bytes
-    from the graph, so they must be copied in (add_external_initializers), not shared."""
+def _read_by_optimizers(model: Any) -> set[str]:
+    """Initializers whose bytes ORT's graph optimisers read from the graph, so they must be copied in
+    (add_external_initializers), not shared: those read by nodes whose inputs are all constant (constant
+    folding), and Conv weights (the NCHWc layout transformer reorders them into new initializers)."""
     constant = {t.name for t in model.graph.initializer}
-    folded: set[str] = set()
+    read: set[str] = set()
     for node in model.graph.node:  # in topological order: a folded node's outputs are constants too
         ins = [i for i in node.input if i]
         if ins and all(i in constant for i in ins):
-            folded.update(ins)
+            read.update(ins)
             constant.update(node.output)
-    return folded
+        elif node.op_type == "Conv" and node.domain in ("", "ai.onnx") and len(node.input) > 1:
+            read.add(node.input[1])
+    return read & {t.name for t in model.graph.initializer}
 
 
 def _session(model: Any, values: dict[str, Any], threads: int, spin: bool,
@@ -381,6 +402,7 @@ class BoundSession:
                  in_place: Mapping[str, np.ndarray] | None = None, overwrites: Mapping[str, str] | None = None,
                  model: Any = None) -> None:
         self.graph = graph
+        self.closed = False  # released for good (`close`)
         # input -> the output its buffer is updated into (CompiledPartition.overwrites_inputs, reversed)
         self.overwritten = {read: out for out, read in (overwrites or {}).items()}
         self._ready = threading.Event()
@@ -420,6 +442,14 @@ class BoundSession:
         self._call = None
         self._live = None
 
+    def close(self) -> None:
+        """Let go of the session for good (CompiledPartition.release): it is freed once no other runner of
+        its shape variants uses it, and a later compile never joins this runner. A run after this raises."""
+        self.closed = True
+        self.release()
+        self.model = self.external = self.in_place = None  # type: ignore[assignment]
+        self._ready.set()  # a run waiting for a new session wakes, finds none, and raises
+
     def adopt(self, other: BoundSession) -> None:
         """Run on `other`'s session, whose model is this runner's graph at other sizes (or the same)."""
         self._use(other.session, other.model, other.external, other.in_place)
@@ -441,6 +471,8 @@ class BoundSession:
     def _bind(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> _BoundCall:
         live = self._live
         while live is None:  # being replaced: wait for the new session
+            if self.closed:
+                raise EdgerunError("this ONNX Runtime partition was released (LoadedProgram.release)")
             self._ready.wait()
             live = self._live
         session, binding = live

@@ -97,7 +97,8 @@ class Variant:
     spin: bool = False  # whether its session's pool threads spin (variants may differ; a shared one spins if any)
 
     def alive(self) -> bool:
-        return self.member is not None and self.member() is not None
+        member = self.member() if self.member is not None else None
+        return member is not None and not getattr(member, "closed", False)
 
 
 def describe(model: Any, arrays: Mapping[str, np.ndarray], settings: tuple[Any, ...],
