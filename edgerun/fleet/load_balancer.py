@@ -37,9 +37,10 @@ def nginx_config(replicas: list[str], listen: str, *, header_timeout_s: int = 10
     servers = "\n".join(f"        server {r} max_fails=1 fail_timeout=5s;" for r in replicas)
     device_locations = "\n".join(f"        location {route} {{ proxy_pass http://fleet_devices; }}"
                                   for route in DEVICE_ROUTES)
-    return f"""worker_processes 1;
+    return f"""worker_processes auto;
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
+# Per worker; a push stream takes two (the device's, the replica's), within the worker's open-file limit.
 events {{ worker_connections 16384; }}
 http {{
     access_log off;
@@ -70,7 +71,7 @@ http {{
         keepalive 16;
     }}
     server {{
-        listen {listen} backlog=4096;
+        listen {listen} reuseport backlog=4096;   # the kernel spreads connections evenly over the workers
         proxy_http_version 1.1;
         proxy_set_header Connection "";
         proxy_set_header Host $host;

@@ -119,6 +119,17 @@ def _state(release: CachedRelease | None) -> tuple[Any, ...] | None:
     return None if release is None else (release.version, release.stage, release.exposure, release.exposed)
 
 
+def _removes(release: CachedRelease | None) -> bool:
+    """Whether `release` now offers the devices it reached its rollback, and that rollback removes the task
+    (a task's first release rolled back: there is nothing to return to). A stream's profile is the device's
+    last check-in, from before it installed what that check-in delivered, so by that profile a device that
+    took the first release never had the task, and a removal concerns only devices that have it: judged by
+    the profile, it would run the bad version until its fallback poll. Every stream in the range is nudged
+    instead; one that never took the release checks in and is told it is up to date."""
+    return (release is not None and release.stage in rollout.TERMINAL and release.exposed
+            and bool(release.rollback_envelope.get("signed", {}).get("removed")))
+
+
 class ReleaseWatch:
     """Per server process: notices release changes and nudges the open streams they make out of date."""
 
@@ -171,11 +182,18 @@ class ReleaseWatch:
         changed = [i for i in before.keys() | now.keys() if _state(before.get(i)) != _state(now.get(i))]
         if not changed:
             return
-        streams = {s.key: s for i in changed for s in concerned(self.index, before.get(i), now.get(i))}
+        streams: dict[int, OpenStream] = {}
+        unsure: set[int] = set()  # streams a removal concerns, whatever their profile says
+        for i in changed:
+            found = concerned(self.index, before.get(i), now.get(i))
+            streams.update((s.key, s) for s in found)
+            if _removes(now.get(i)):
+                unsure.update(s.key for s in found)
         for stream in streams.values():
             if self.checks is not None:
                 self.checks.inc()
-            if self.service.needs_update(stream.profile, table):  # the table just read: no re-read on the loop
+            # The table just read: no re-read on the loop.
+            if stream.key in unsure or self.service.needs_update(stream.profile, table):
                 if self.nudges is not None:
                     self.nudges.inc()
                 stream.nudged.set()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import FleetServer, make_task, start_server
+from fleet_helpers import FAILING_BODY, FleetServer, make_task, start_server
 
 from edgerun.fleet.local_postgres import LocalPostgres
 from edgerun.fleet.push_channel import OpenStream, StreamIndex, concerned
@@ -84,6 +84,32 @@ def test_a_publish_through_one_replica_nudges_only_the_targeted_streams_on_anoth
     finally:
         b.stop()
         a.stop()
+
+
+def test_the_rollback_of_a_first_release_is_pushed_to_the_devices_that_took_it(tmp_path: Path) -> None:
+    """A task's first release, rolled back, is removed again (nothing to return to). The device took it
+    from the answer to a check-in, so the profile its stream holds (that check-in's) does not show the task;
+    the removal still reaches it through the stream, not at its fallback poll minutes later."""
+    keys = KeyDir(tmp_path / "keys")
+    keys.init()
+    server = start_server(tmp_path, keys)
+    try:
+        agent = server.agent("first-rb", tmp_path / "first-rb")
+        agent.check_in()
+        events = queue.Queue[str]()
+        listen(server, agent.device_id, agent.token, events)
+        assert events.get(timeout=120) == "hello"
+        server.admin().publish(make_task(tmp_path, "firstrb", 1, FAILING_BODY,
+                                         targeting={"kind": "device", "values": ["first-rb"]}),
+                               keys, {"steps": [100], "min_reports": 5, "error_min_reports": 1})
+        assert events.get(timeout=120) == "changed"
+        assert agent.check_in() is True and agent.profile().tasks["firstrb"] == 1
+        assert agent.run_task("firstrb").outcome == "failure"
+        assert agent.flush_reports() == 1  # the breach: rolled back to the task's removal
+        assert events.get(timeout=120) == "changed"
+        assert agent.check_in() is True and "firstrb" not in agent.profile().tasks
+    finally:
+        server.stop()
 
 
 def test_a_gray_step_concerns_exactly_the_open_streams_in_its_bucket_range() -> None:
