@@ -24,6 +24,14 @@ def pytest_configure(config: pytest.Config) -> None:
         install()
 
 
+@pytest.fixture(autouse=True)
+def _no_machine_load_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search retakes a measurement taken while the machine was busy once a load finds it quiet
+    (edgerun/search/machine_load.py); on a shared CI machine that would happen whenever it went quiet
+    mid-suite. Tests that check it inject their own probe."""
+    monkeypatch.setenv("EDGERUN_PROBE_MACHINE_LOAD", "0")
+
+
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     """Debian's headless Chromium driven by selenium, with a fresh profile and no background networking

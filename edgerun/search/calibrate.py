@@ -31,7 +31,9 @@ Times are medians of at least 5 runs, in 3 interleaved rounds: on a shared machi
 best run can be far from it (numpy's BLAS was seen at 1 and at 190 GFLOP/s on the same GEMM minutes apart).
 
 It runs once per machine: profiles are cached as JSON under the device fingerprint, and a backend is
-measured again only when its configuration (e.g. its thread count) differs from the cached one.
+measured again only when its configuration (e.g. its thread count) differs from the cached one, or when
+its profile was measured while other processes kept the machine busy and a load finds it quiet
+(machine_load.py): a calibration taken busy corrects itself, with no cache deleted by hand.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from edgerun.ir.dtypes import DType
 from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.oracle.conv_algorithms import Work
+from edgerun.search import machine_load
 from edgerun.search.fingerprint import (
     cache_dir,
     device_description,
@@ -60,6 +63,7 @@ from edgerun.search.fingerprint import (
     read_json,
     write_json,
 )
+from edgerun.search.machine_load import BusyProbe, worth_retaking
 
 FORMAT = 7  # 2: medians over interleaved rounds; 3: `settings` (was `spin`); 4: compile times; 5: integer rates;
 # 6: memory rate from a chain of adds (a delegate's copies at its boundary are its transfer cost); 7: only for a backend that copies at its boundary
@@ -112,27 +116,36 @@ def calibration_path(fingerprint: str | None = None) -> Path:
     return cache_dir() / "calibration" / f"{fingerprint or device_fingerprint()}.json"
 
 
-def load_profiles(backends: Sequence[Backend], *, recalibrate: bool = False) -> dict[str, BackendProfile]:
-    """Profiles of `backends` on this machine: from the cache, measuring (and caching) the missing ones."""
+def load_profiles(backends: Sequence[Backend], *, recalibrate: bool = False,
+                  measure: Callable[[Backend], BackendProfile] | None = None,
+                  busy: BusyProbe | None = None) -> dict[str, BackendProfile]:
+    """Profiles of `backends` on this machine: from the cache, measuring (and caching) the missing ones,
+    and measuring again those taken while other processes kept the machine busy, once it is quiet
+    (machine_load.py; `busy` probes it, default other_cpu_busy). `measure` is measure_backend unless a test
+    injects another."""
+    busy = busy or machine_load.other_cpu_busy
     path = calibration_path()
     cached = read_json(path) if not recalibrate else None
-    stored: dict[str, Any] = cached.get("profiles", {}) if isinstance(cached, dict) \
-        and cached.get("format") == FORMAT else {}
+    valid = isinstance(cached, dict) and cached.get("format") == FORMAT
+    stored: dict[str, Any] = cached.get("profiles", {}) if valid else {}  # type: ignore[union-attr]
+    busy_when: dict[str, Any] = cached.get("busy", {}) if valid else {}  # type: ignore[union-attr]
     profiles: dict[str, BackendProfile] = {}
     changed = False
     for backend in backends:
         entry = stored.get(backend.name)
-        if isinstance(entry, dict) and entry.get("config") == backend_config(backend):
+        if isinstance(entry, dict) and entry.get("config") == backend_config(backend) \
+                and not worth_retaking(busy_when.get(backend.name), busy):
             try:
                 profiles[backend.name] = BackendProfile(**entry)
                 continue
             except TypeError:
                 pass  # written by another version: measure again
-        profiles[backend.name] = measure_backend(backend)
+        busy_when[backend.name] = busy()
+        profiles[backend.name] = (measure or measure_backend)(backend)
         stored[backend.name] = asdict(profiles[backend.name])
         changed = True
     if changed:
-        write_json(path, {"format": FORMAT, "device": device_description(), "profiles": stored})
+        write_json(path, {"format": FORMAT, "device": device_description(), "profiles": stored, "busy": busy_when})
     return profiles
 
 

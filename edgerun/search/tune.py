@@ -40,8 +40,10 @@ import numpy as np
 from edgerun.heap import return_freed_memory
 from edgerun.ir.graph import Graph
 from edgerun.runtime.loader import load_prepared
+from edgerun.search import machine_load
 from edgerun.search.cost_model import CostTable
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
+from edgerun.search.machine_load import BusyProbe, worth_retaking
 from edgerun.search.placement_search import SearchResult, search_placement
 from edgerun.search.timing import Clock, Sink, steady_seconds, warm_up_seconds
 
@@ -121,10 +123,13 @@ def update_tuned(program_hash: str, **entries: Any) -> None:
     write_json(tuned_path(program_hash), {**read_tuned(program_hash), **entries})
 
 
-def cached_placement(graph: Graph, program_hash: str) -> dict[str, str] | None:
-    """The tuned winner for this program on this machine, if one is cached and still fits the graph."""
-    data = read_tuned(program_hash).get("placement")
-    if not isinstance(data, dict):
+def cached_placement(graph: Graph, program_hash: str, busy: BusyProbe | None = None) -> dict[str, str] | None:
+    """The tuned winner for this program on this machine, if one is cached and still fits the graph, and was
+    not measured while the machine was busy with others if it is quiet now (machine_load.py: then the
+    candidates are measured again). `busy` probes the machine (default: machine_load.other_cpu_busy)."""
+    entry = read_tuned(program_hash)
+    data = entry.get("placement")
+    if not isinstance(data, dict) or worth_retaking(entry.get("busy"), busy or machine_load.other_cpu_busy):
         return None
     placement = {str(k): str(v) for k, v in data.items()}
     return placement if set(placement) == {n.name for n in graph.nodes} else None
@@ -293,15 +298,18 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
                    count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
                    loader: CandidateLoader | None = None,
                    build_estimate: Callable[[Mapping[str, str]], float] | None = None,
-                   margins: Margins = MARGINS, clock: Clock = time.perf_counter,
+                   margins: Margins = MARGINS, clock: Clock = time.perf_counter, busy: BusyProbe | None = None,
                    ) -> tuple[dict[str, str], dict[str, Any], Trial | None]:
     """The measured-fastest candidate placement, a report of every candidate, and the winner loaded (None
     when it came from the cache). Pass 1 loads the candidates (LEAVE_OUT decides which) and times their
     warm-ups, freeing clear losers at once; pass 2 times the contenders left in interleaved rounds. The
-    winner is cached when every candidate was measured or deliberately left out."""
-    cached = cached_placement(graph, program_hash)
+    winner is cached when every candidate was measured or deliberately left out, with how busy other
+    processes kept the machine as the measuring began (`busy`: machine_load.py)."""
+    probe = busy or machine_load.other_cpu_busy
+    cached = cached_placement(graph, program_hash, probe)
     if cached is not None:
         return cached, {"source": "cache"}, None
+    busy_then = probe()
     load = loader or functools.partial(load_candidate, graph)
     start = clock()
     candidates = candidate_placements(graph, table, best, count)
@@ -358,7 +366,7 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
               + [{"label": c.label, "measured_s": None, "modelled_s": c.modelled_s} for c in candidates
                  if c.label not in considered]}
     if complete:
-        update_tuned(program_hash, placement=winner.placement, **report)
+        update_tuned(program_hash, placement=winner.placement, busy=busy_then, **report)
     chosen = kept.get(winner.label)
     for label, trial in kept.items():
         if label != winner.label:
