@@ -28,6 +28,7 @@ from edgerun.ir.state import on_functional
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
 from edgerun.passes.autodiff import activations_kept, append_gradients, recompute_cheap, recompute_to_budget
+from edgerun.passes.conv_over_windows import convolve_over_windows
 from edgerun.passes.pipeline import optimize
 from edgerun.passes.raster_merge_pass import RasterMergePass
 from edgerun.passes.transposed_matmul import swap_transposed_products
@@ -169,6 +170,7 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
     evaluate = graph.copy()
     gradients = graph.copy()
     found = append_gradients(gradients, loss_value, chosen)
+    convolve_over_windows(gradients)  # before what is kept is chosen: the windows become a kept activation
     forward_nodes = len(gradients.nodes) - _backward_nodes(gradients, found)
     gradients.outputs = [loss_value, *(found[w] for w in chosen)]
     kept_all, produced = activations_kept(gradients, forward_nodes)
@@ -197,6 +199,7 @@ def build_training_program(program: Program, loss: str, trainable: TrainableSpec
             state[name] = np.zeros(state[w].shape, state[w].dtype)
             slots[w][slot] = name
     grads = append_gradients(train, loss_value, chosen)
+    convolve_over_windows(train)
     if activation_budget is not None:
         recompute_to_budget(train, len(train.nodes) - _backward_nodes(train, grads), activation_budget)
     elif recompute:

@@ -28,6 +28,8 @@ Grads = list[str | None]
 # The weight cotangent's im2col windows (kh*kw*ci x n*ho*wo) are materialised up to this many elements (16 MB
 # in float32); above it, the convolution that reads the input in place.
 MAX_IM2COL_ELEMENTS = 1 << 22
+# The node meta key naming the conv2d whose input a weight cotangent's im2col windows lay out.
+WINDOWS_OF = "im2col_of"
 
 
 @register_gradient("conv2d")
@@ -90,7 +92,10 @@ def _conv_weight_gradient_gemm(b: Builder, node: Node, g: str) -> str:
                 regions.append(Region(0, (ih * wd + iw) * n, (h * wd * n, wd * n, 1),
                                       (ki * kw + kj) * plane * n + (rows[0] * wo + cols[0]) * n,
                                       (taps * plane * n, wo * n, 1), (ci, len(rows), len(cols) * n)).to_list())
+    meta = b.meta
+    b.meta = {**meta, WINDOWS_OF: node.name}  # passes/conv_over_windows.py computes the forward from them
     col = b.emit("raster", [xt], shape=[ci * taps, plane * n], fill=0.0, regions=regions)
+    b.meta = meta
     gm = b.emit("raster", [g], shape=[co, plane * n], fill=None,  # g [n, co, (ho, wo)] as [co, (ho, wo, n)]
                 regions=[Region(0, 0, (plane, 1, co * plane), 0, (plane * n, n, 1), (co, plane, n)).to_list()])
     gw = b.emit("matmul", [gm, b.emit("transpose", [col], perm=[1, 0])])  # [co, (ci, tap)]
