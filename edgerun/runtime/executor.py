@@ -48,6 +48,3 @@ class Executor:
             instruction.call()
             end = clock()
             sink(InstructionEvent(index, instruction, start, end))
-
-    def __len__(self) -> int:
-        return len(self.instructions)

@@ -37,9 +37,6 @@ class CostTable:
     # it into its producer (ORT folds an activation or bias add into the Conv or MatMul before it).
     fused_saving: np.ndarray
 
-    def uniform_seconds(self, backend: str) -> float:
-        return float(self.seconds[:, self.backends.index(backend)].sum())
-
 
 def node_seconds(node: Node, graph: Graph, profile: BackendProfile, backend: Backend,
                  work: tuple[float, float] | None = None) -> float:

@@ -8,7 +8,8 @@ real programs spinning won by 8-17% (MobileNetV2 5.40 -> 5.00 ms, ShuffleNetV2
 first auto load of a program, when its measuring budget is not spent, also loads the winner once per open
 setting with that setting changed, times both in interleaved rounds (timing.py), and keeps the change only
 if it wins by SETTING_GAIN (spinning costs every other process a core). The choice is cached in the
-program's tuned entry (tune.py's one cache), and applied around the load of the cached winner.
+program's tuned entry (tune.py's one cache), and applied around the load of the cached winner. A first
+load that ran out of time leaves them to the next load, which tunes them starting from the cached winner.
 
 A load builds with its own copies of the backends that carry the chosen settings (`configured`,
 Backend.with_settings): the shared instances are never changed, so loads with other settings, in this

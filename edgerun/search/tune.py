@@ -39,7 +39,6 @@ import numpy as np
 
 from edgerun.heap import return_freed_memory
 from edgerun.ir.graph import Graph
-from edgerun.runtime.loader import load_prepared
 from edgerun.search import machine_load
 from edgerun.search.cost_model import CostTable
 from edgerun.search.fingerprint import cache_dir, device_fingerprint, read_json, write_json
@@ -276,11 +275,6 @@ def safety_net(candidates: Sequence[Candidate], builds: Sequence[float] | None, 
     return close[0] if builds is None else min(close, key=lambda k: builds[k])
 
 
-def load_candidate(graph: Graph, placement: Mapping[str, str]) -> Trial:
-    """The default loader: the graph the search placed (prepared for its candidates), handed to the runtime."""
-    return load_prepared(None, graph, graph, sorted(set(placement.values())), placement=placement)
-
-
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
     """Inputs to time candidates on: zeros for integers (always valid indices), normal noise for floats."""
     rng = np.random.default_rng(0)
@@ -296,7 +290,7 @@ def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
 
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
                    count: int = DEFAULT_CANDIDATES, *, budget_s: float = math.inf,
-                   loader: CandidateLoader | None = None,
+                   loader: CandidateLoader,
                    build_estimate: Callable[[Mapping[str, str]], float] | None = None,
                    margins: Margins = MARGINS, clock: Clock = time.perf_counter, busy: BusyProbe | None = None,
                    ) -> tuple[dict[str, str], dict[str, Any], Trial | None]:
@@ -310,7 +304,6 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
     if cached is not None:
         return cached, {"source": "cache"}, None
     busy_then = probe()
-    load = loader or functools.partial(load_candidate, graph)
     start = clock()
     candidates = candidate_placements(graph, table, best, count)
     builds = [build_estimate(c.placement) if build_estimate is not None else 0.0 for c in candidates]
@@ -328,7 +321,7 @@ def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_h
         if reason is not None:
             left_out.append((candidate, reason))
             continue
-        loaded = load(candidate.placement)
+        loaded = loader(candidate.placement)
         # Bounded loads only: tune=True measures every candidate in full, for the report.
         limit = max(margins.contender_factor * min((w[0] for w in warm), default=math.inf), margins.abandon_floor_s) \
             if math.isfinite(budget_s) else math.inf

@@ -5,6 +5,7 @@ moving the bar (SETTING_GAIN) to where the outcome is certain."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -120,3 +121,29 @@ def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
     assert _spinning(later) is not calibrated and shared.spin is False  # built with it; the shared one untouched
     x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
     np.testing.assert_array_equal(later(x), first(x))
+
+
+def test_settings_a_first_load_had_no_time_for_are_tuned_on_the_next_load_from_the_cached_winner(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgerun.backends.registry import get_backend
+    from edgerun.search import load, load_profiles
+    from edgerun.search.tune import read_tuned
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    shared = get_backend("onnxruntime")
+    if shared.spin_setting is not None:
+        pytest.skip("EDGERUN_ORT_SPIN fixed ORT's spinning for this process")
+    monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # the changed value always wins
+    g = small_conv_net(16, seed=5)
+    first = load(g, backends="auto:onnxruntime", tune=True)
+    calibrated = load_profiles([shared])["onnxruntime"].settings["spin"]
+    (path,) = tuned_path("*").parent.glob("*.json")
+    entry = {k: v for k, v in read_tuned(path.stem).items() if k != "settings"}  # as if time had run out
+    path.write_text(json.dumps(entry))
+    later = load(g, backends="auto:onnxruntime", tune=True)
+    assert later.search.tuning["source"] == "cache" and later.search.settings == {"onnxruntime": {"spin": not calibrated}}
+    assert _spinning(later) is not calibrated and read_tuned(path.stem)["settings"] == later.search.settings
+    third = load(g, backends="auto:onnxruntime", tune=True)
+    assert third.search.settings == later.search.settings and _spinning(third) is not calibrated
+    x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(third(x), first(x))
