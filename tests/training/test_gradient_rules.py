@@ -227,3 +227,13 @@ def test_max_pool_over_tiling_windows_sends_ties_to_the_first_tap_as_torch_does(
     want = xt.grad.numpy()
     np.testing.assert_array_equal(interpret(grad_graph, [x])[1], want)
     np.testing.assert_array_equal(create_backend(threads=1).compile(optimize(grad_graph)[0])(x)[1], want)
+
+
+def test_a_matrix_shared_by_every_batch_gets_its_gradient_from_one_product_over_all_rows() -> None:
+    a, w = R.standard_normal((4, 5, 6)), R.standard_normal((6, 3))
+    g = loss_graph(lambda b, n: b.emit("matmul", n), [a, w])
+    grad_graph = gradient_graph(g, g.outputs[0], ["x1"])
+    products = [n for n in grad_graph.nodes if n.op == "matmul" and "gradient_of" in n.meta]
+    assert [grad_graph.specs[n.outputs[0]].shape for n in products] == [(6, 3)]  # not [4, 6, 3], then a sum
+    assert not any(n.op == "reduce_sum" and "gradient_of" in n.meta for n in grad_graph.nodes)
+    check_gradient(lambda b, n: b.emit("matmul", n), [a, w], wrt=[1])

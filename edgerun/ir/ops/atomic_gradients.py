@@ -203,7 +203,16 @@ def _matmul(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
         return [None, None]
     a, c = node.inputs
     ga = unbroadcast(b, b.emit("matmul", [g, swap_last(b, c)]), b.shape(a)) if needs[0] else None
-    gc = unbroadcast(b, b.emit("matmul", [swap_last(b, a), g]), b.shape(c)) if needs[1] else None
+    gc = None
+    if needs[1] and len(b.shape(c)) == 2 and len(b.shape(a)) > 2:
+        # A matrix shared by every batch (a linear layer over a sequence): one product over all the batch's rows,
+        # [rows, K]^T [rows, N], not one small product per batch summed after (DIN's attention MLP on ONNX
+        # Runtime: 32 products of [128, 20] x [20, 36] and a sum over them).
+        rows = int(np.prod(b.shape(a)[:-1]))
+        gc = b.emit("matmul", [swap_last(b, reshape_to(b, a, [rows, b.shape(a)[-1]])),
+                               reshape_to(b, g, [rows, b.shape(g)[-1]])])
+    elif needs[1]:
+        gc = unbroadcast(b, b.emit("matmul", [swap_last(b, a), g]), b.shape(c))
     return [ga, gc]
 
 
