@@ -7,7 +7,9 @@ torch.onnx.export model), ExecuTorch with XNNPACK and MNN. Each runtime runs alo
 every runtime is measured R times, in a rotated order, and the round with the lowest median counts: on a
 shared machine this keeps one runtime from being charged for another process's burst. Prints a table of
 latency, ratio to the fastest peer (edgerun excluded from "peer"), peak RSS and load time, and writes
-bench/results/peers.json. A runtime that fails on a model shows "failed: reason" instead of a number.
+bench/results/peers.json. With an empty $EDGERUN_CACHE_DIR, edgerun's first round is its first load (the
+search measures candidates) and later rounds load the cached winner: its row also records both peaks
+(`peak_rss_first_load_mb`, `peak_rss_cached_load_mb`). A runtime that fails on a model shows "failed: reason" instead of a number.
 Needs requirements-bench.txt (executorch, MNN).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -112,6 +115,7 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="edgerun-peers-"))
     workdir.mkdir(parents=True, exist_ok=True)
     calibrate_once(env)
+    load_before = list(os.getloadavg())
     results: list[dict[str, Any]] = []
     if args.merge and args.out.exists():
         results = [r for r in json.loads(args.out.read_text())["results"] if r["model"] not in models]
@@ -121,6 +125,7 @@ def main() -> int:
             print(f"{model:14s} {status}", file=sys.stderr, flush=True)
             continue
         best: dict[str, dict[str, Any]] = {}
+        peaks: dict[str, list[float]] = {}  # each round's peak RSS, in order (edgerun's first load tunes)
         for round_ in range(args.rounds):
             shift = round_ % len(args.runtimes)
             for runtime in args.runtimes[shift:] + args.runtimes[:shift]:
@@ -129,15 +134,23 @@ def main() -> int:
                     result: dict[str, Any] = {"runtime": runtime, "model": model, "error": f"export: {made}"}
                 else:
                     result = run_worker(runtime, model, workdir, args, env)
+                if "peak_rss_mb" in result:
+                    peaks.setdefault(runtime, []).append(result["peak_rss_mb"])
                 previous = best.get(runtime)
                 if previous is None or result.get("latency_ms", float("inf")) < previous.get("latency_ms", float("inf")):
                     best[runtime] = result
                 shown = f"{result['latency_ms']:.3f} ms" if "latency_ms" in result else f"failed: {result['error']}"
                 print(f"{model:14s} {runtime:12s} round {round_} {shown}", file=sys.stderr, flush=True)
+        for runtime, seen in peaks.items():  # edgerun: the first load's peak (it tunes) and a cached load's
+            if runtime.startswith("edgerun") and len(seen) > 1 and "latency_ms" in best[runtime]:
+                best[runtime].update(peak_rss_first_load_mb=seen[0], peak_rss_cached_load_mb=max(seen[1:]))
         results += [best[r] for r in args.runtimes]
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"threads": args.threads, "runs": args.runs, "warmup": args.warmup,
-                                        "rounds": args.rounds, "results": results}, indent=1))
+        args.out.write_text(json.dumps({
+            "command": " ".join(["bench/peers.py", *sys.argv[1:]]), "machine": platform.platform(),
+            "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
+            "cache_dir": os.environ.get("EDGERUN_CACHE_DIR", "(default)"), "threads": args.threads,
+            "runs": args.runs, "warmup": args.warmup, "rounds": args.rounds, "results": results}, indent=1))
     print(format_table(results, sorted({r["model"] for r in results})))
     return 0
 
