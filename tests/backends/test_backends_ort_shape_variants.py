@@ -121,6 +121,12 @@ def test_lengths_tuned_to_spin_differently_share_one_session_that_spins() -> Non
     session = one.run.__self__.session
     assert chunk.run.__self__.session is session and one.info["session_shared_by"] == 2
     assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    # The same graph compiled again with the other setting (the search timing a spin change) is not handed
+    # the session it is being compared with: it gets its own, with its own setting.
+    backend.spin = False
+    trial = backend.compile(step_graph).run.__self__.session
+    assert trial is not session
+    assert trial.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     rng = np.random.default_rng(3)
     for compiled, T in ((chunk, 4), (one, 1)):
         inputs = [rng.standard_normal((T, 8)).astype(np.float32) if name == "x" else np.asarray([9], np.int64)

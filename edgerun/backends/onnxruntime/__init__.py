@@ -154,8 +154,8 @@ class OnnxRuntimeBackend(Backend):
         variant, arrays = describe(model, {**external, **in_place}, (threads,), spin=spin)
         group = self._shape_variants.find(variant, arrays) if arrays else None
         if group is not None:
-            same = next((v for v in group if v.dims == variant.dims), None)
-            if same is not None:  # this very graph again: its session as it is
+            same = next((v for v in group if v.dims == variant.dims and v.spin == spin), None)
+            if same is not None:  # this very graph again: its session as it is (a spin trial gets its own)
                 runner = BoundSession.adopting(same.member(), subgraph, overwrites)
                 variant.member = weakref.ref(runner)
                 group.append(variant)
