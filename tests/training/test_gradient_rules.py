@@ -83,6 +83,7 @@ CASES: list[tuple[str, Any, list[np.ndarray]]] = [
                                             count_include_pad=False), [IMG]),
     ("max_pool2d dilated", _one("max_pool2d", kernel=[3, 3], dilation=[2, 1], stride=[1, 1]), [IMG]),
     ("max_pool2d whose windows tile the input", _one("max_pool2d", kernel=[2, 3]), [R.standard_normal((2, 4, 6, 6))]),
+    ("avg_pool2d whose windows tile the input", _one("avg_pool2d", kernel=[3, 2]), [R.standard_normal((2, 4, 6, 6))]),
     ("conv2d stride 1 (weight cotangent as one matmul)", _one("conv2d", padding=[2, 0, 1, 1], dilation=[1, 2]),
      [IMG, R.standard_normal((3, 4, 3, 2)), R.standard_normal(3)]),
     ("transpose", _one("transpose", perm=[2, 0, 3, 1]), [IMG]),

@@ -148,6 +148,19 @@ def _max_pool(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     return [transpose_regions(b, chosen, regions, 0, b.shape(x))]
 
 
+def _tiles(node: Node, x_shape: tuple[int, ...], y_hw: tuple[int, ...]) -> bool:
+    """Whether the pool's windows tile its input: stride = kernel, no padding or dilation, nothing left over."""
+    (kh, kw), stride, pads, dilation, _ = pool_geometry(node.attrs)
+    return (stride == (kh, kw) and not any(pads) and dilation == (1, 1)
+            and tuple(x_shape[2:]) == (y_hw[0] * kh, y_hw[1] * kw))
+
+
+def _spread(b: Builder, v: str, kernel: tuple[int, int], x_shape: tuple[int, ...]) -> str:
+    """[n, c, ho, wo] -> the input's [n, c, h, w], each window's value on its every tap (tiling windows)."""
+    return b.emit("resize", [v], mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+                  scales=[1.0, 1.0, float(kernel[0]), float(kernel[1])], shape=list(x_shape))
+
+
 def _max_pool_tiled(b: Builder, node: Node, g: str) -> str | None:
     """The max pool's input cotangent when its windows tile the input (stride = kernel, no padding or
     dilation, no rows or columns left over), at x's shape without a stacked window per tap: each input
@@ -161,17 +174,15 @@ def _max_pool_tiled(b: Builder, node: Node, g: str) -> str | None:
     train step's finiteness guard skips as it skips any non-finite gradient. None when the windows do not tile
     the input."""
     x, y = node.inputs[0], node.outputs[0]
-    (kh, kw), stride, pads, dilation, _ = pool_geometry(node.attrs)
+    kh, kw = pool_geometry(node.attrs)[0]
     n, c, h, w = b.shape(x)
     ho, wo = b.shape(y)[2:]
     taps = kh * kw
-    if (stride != (kh, kw) or any(pads) or dilation != (1, 1) or (h, w) != (ho * kh, wo * kw) or taps > 16
-            or b.dtype(g) not in (DType.float32, DType.float64)):
+    if not _tiles(node, (n, c, h, w), (ho, wo)) or taps > 16 or b.dtype(g) not in (DType.float32, DType.float64):
         return None
 
-    def spread(v: str) -> str:  # [n, c, ho, wo] -> [n, c, h, w], each window's value on its every tap
-        return b.emit("resize", [v], mode="nearest", coordinate_transformation_mode="asymmetric",
-                      nearest_mode="floor", scales=[1.0, 1.0, float(kh), float(kw)], shape=[n, c, h, w])
+    def spread(v: str) -> str:
+        return _spread(b, v, (kh, kw), (n, c, h, w))
 
     codes = np.tile(2.0 ** (taps - 1 - np.arange(taps)).reshape(kh, kw), (ho, wo))
     code = b.binary("mul", as_float(b, b.binary("eq", x, spread(y)), g), b.const(codes, b.dtype(g)))
@@ -200,5 +211,7 @@ def _avg_pool(b: Builder, node: Node, grads: Grads, needs: list[bool]) -> Grads:
     count = (np.minimum(rows + kh, hi_r) - np.maximum(rows, lo_r))[:, None] * \
         (np.minimum(cols + kw, hi_c) - np.maximum(cols, lo_c))[None, :]
     share = b.binary("mul", g, b.const((1.0 / count).astype(b.dtype(g).np), b.dtype(g)))
+    if _tiles(node, x_shape, y_shape[2:]):  # one nearest resize, not a region per tap
+        return [_spread(b, share, (kh, kw), x_shape)]
     regions = _tap_regions(node, x_shape, y_shape, stacked=False)
     return [transpose_regions(b, share, regions, 0, x_shape, every_write_live=True)]
