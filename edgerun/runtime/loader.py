@@ -5,9 +5,9 @@ The sequence, each step in its own module:
    keeps whole, verify the graph;
 2. place each node on a backend (placement.py, or a placer: placer.py), lower the composites placed where
    they are not kept, and cut the graph into partitions (partition.py);
-3. compile each partition on its backend, falling back to reference with a warning if that fails, then
-   give back the program file's pages the backends touched (weights they keep in their own form, prepacked
-   or converted, are then resident once; a page read again comes back from the file);
+3. compile each partition on its backend, falling back to reference with a warning if that fails, giving
+   back the program file's pages the backends touch as they go (weights they keep in their own form,
+   prepacked or converted, are then resident once; a page read again comes back from the file);
 4. schedule: one step per node of arena-bound partitions, one per delegate partition (schedule.py);
 5. elide no-op rasters (reshapes) by aliasing their output to their input's bytes;
 6. plan the arena from value lifetimes (memory_plan.py) and prove the plan safe (plan_verifier.py);
@@ -19,6 +19,7 @@ after 6.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -140,9 +141,9 @@ def load_prepared(program: Program | None, original: Graph, graph: Graph,
     method_state.graph = graph  # lowered where composites landed on backends that do not keep them
     if program is not None:  # pages an earlier load touched (a candidate the search measured)
         program.drop_resident_weights()
-    compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
-    if program is not None:  # the backends have read what they keep in their own form
-        program.drop_resident_weights()
+    # While the backends read the weights they keep in their own form, the pages are given back as they go.
+    with program.weights_given_back() if program is not None else contextlib.nullcontext():
+        compiled = [compile_partition(p, graph, registry, algorithms or {}) for p in partitions]
     steps = build_schedule(partitions, compiled)
     method_state.narrow(steps)
     arena_aliases, const_aliases, elided = find_aliases(steps, graph) if alias_reshapes else ({}, {}, set())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 
 import numpy as np
 import pytest
@@ -123,3 +124,29 @@ def test_verified_and_touched_weights_give_their_pages_back_and_still_read_the_s
     assert _resident_kib(start) < 1024
     for k, w in enumerate(weights):
         np.testing.assert_array_equal(program.graph.constants[f"w{k}"], w)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED") or not os.path.exists("/proc/self/smaps"),
+                    reason="Linux's madvise and smaps")
+def test_pages_touched_inside_weights_given_back_are_given_back_while_it_runs(tmp_path) -> None:
+    """What a backend reads while it compiles (inside `weights_given_back`) does not stay resident until the
+    end: the helper thread gives it back as it goes."""
+    from edgerun.ir.dtypes import DType
+    from edgerun.ir.graph import Graph
+    from edgerun.ir.tensor_spec import TensorSpec
+
+    graph = Graph()
+    graph.outputs = [graph.add_input("x", TensorSpec((4,), DType.float32))]
+    weight = np.random.default_rng(1).standard_normal((2048, 1024)).astype(np.float32)  # 8 MiB
+    graph.add_constant(weight, name="w")
+    path = tmp_path / "w.edgr"
+    Program(graph).save(path)
+    program = Program.read(path)
+    start = np.frombuffer(_root_buffer(program.graph.constants["w"]), np.uint8).ctypes.data
+    with program.weights_given_back(every_s=0.005):
+        assert float(program.graph.constants["w"].sum()) == pytest.approx(float(weight.sum()), rel=1e-5)
+        deadline = time.monotonic() + 10.0
+        while _resident_kib(start) > 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _resident_kib(start) <= 1024  # given back while the block still runs
+    np.testing.assert_array_equal(program.graph.constants["w"], weight)
