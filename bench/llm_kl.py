@@ -15,7 +15,10 @@ Peers, each in its own process, each writing its per-position logits [tokens, vo
   activations (the default load), on ONNX Runtime;
 - edgerun packed, float activations (`int8_prefill=False`), on ONNX Runtime;
 - llama.cpp: llama-cpp-python (`logits_all=True`) from .venv-bench-llm (scripts/setup-bench-llm.sh), its own
-  dequantization and kernels on the same file and the same token ids.
+  dequantization and kernels on the same file and the same token ids;
+- llama.cpp-f32-kv: the same with a float32 KV cache instead of float16. Its int8 activation roundings land
+  differently (any perturbation moves values across rounding boundaries), so the two llama.cpp rows show
+  how far one int8 path's KL moves from one set of roundings to another, with the same arithmetic.
 KL(P || Q) = sum P (log P - log Q) per position in float64; the table has its mean, median and 99th
 percentile, and how often Q's argmax is P's. Writes bench/results/llm_kl.json.
 """
@@ -36,7 +39,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BENCH_VENV = os.path.join(ROOT, ".venv-bench-llm")
-PEERS = ("edgerun-f32", "edgerun", "edgerun-float-act", "llama.cpp")
+PEERS = ("edgerun-f32", "edgerun", "edgerun-float-act", "llama.cpp", "llama.cpp-f32-kv")
 
 
 def model_path(name: str) -> str:
@@ -100,8 +103,9 @@ def work_edgerun(args: argparse.Namespace, ids: list[int], out: np.ndarray) -> N
 def work_llama_cpp(args: argparse.Namespace, ids: list[int], out: np.ndarray) -> None:
     from llama_cpp import Llama  # the bench venv's: this worker imports nothing of edgerun
 
+    cache = {"type_k": 0, "type_v": 0} if args.worker == "llama.cpp-f32-kv" else {}  # GGML_TYPE_F32
     llm = Llama(args.gguf, n_ctx=args.window, n_batch=args.window, n_threads=args.threads,
-                n_threads_batch=args.threads, logits_all=True, verbose=False)
+                n_threads_batch=args.threads, logits_all=True, verbose=False, **cache)
     for begin in range(0, len(ids), args.window):
         window = ids[begin:begin + args.window]
         llm.reset()
@@ -114,14 +118,14 @@ def worker_main(args: argparse.Namespace) -> None:
         ids = json.load(f)
     out = np.lib.format.open_memmap(args.out, mode="r+")
     start = time.perf_counter()
-    (work_llama_cpp if args.worker == "llama.cpp" else work_edgerun)(args, ids, out)
+    (work_llama_cpp if args.worker.startswith("llama.cpp") else work_edgerun)(args, ids, out)
     out.flush()
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - start}), flush=True)
 
 
 def run_peer(args: argparse.Namespace, peer: str, gguf: str, ids_file: str, out: str) -> dict[str, Any]:
     python = sys.executable
-    if peer == "llama.cpp":
+    if peer.startswith("llama.cpp"):
         python = os.path.join(BENCH_VENV, "bin", "python")
         if not os.path.exists(python) or subprocess.run([python, "-c", "import llama_cpp"]).returncode:
             return {"status": f"not measured: no llama-cpp-python in {BENCH_VENV} (scripts/setup-bench-llm.sh)"}
