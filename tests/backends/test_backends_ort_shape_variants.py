@@ -124,9 +124,13 @@ def test_lengths_tuned_to_spin_differently_share_one_session_that_spins() -> Non
     # The same graph compiled again with the other setting (the search timing a spin change) is not handed
     # the session it is being compared with: it gets its own, with its own setting.
     backend.spin = False
-    trial = backend.compile(step_graph).run.__self__.session
+    trial_step = backend.compile(step_graph)
+    trial = trial_step.run.__self__.session
     assert trial is not session
     assert trial.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # ... and the trial's other length shares the trial's session (one more prepacked copy, not two).
+    trial_chunk = backend.compile(chunk_graph)
+    assert trial_chunk.run.__self__.session is trial_step.run.__self__.session is not session
     rng = np.random.default_rng(3)
     for compiled, T in ((chunk, 4), (one, 1)):
         inputs = [rng.standard_normal((T, 8)).astype(np.float32) if name == "x" else np.asarray([9], np.int64)

@@ -259,7 +259,10 @@ class ShapeVariants:
         for group in self.groups:
             group[:] = [v for v in group if v.alive()]
         self.groups = [g for g in self.groups if g]
-        return next((g for g in self.groups if matches(g[0], variant, arrays)), None)
+        matching = [g for g in self.groups if matches(g[0], variant, arrays)]
+        # A group spinning as this variant does first: the search's trial of a spin change loads every length
+        # again with the other setting, and those should share a session with each other.
+        return next((g for g in matching if all(v.spin == variant.spin for v in g)), next(iter(matching), None))
 
     def add(self, variant: Variant) -> None:
         self.groups.append([variant])
