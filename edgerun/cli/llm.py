@@ -95,6 +95,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"prompt or message text limit (default {d.max_prompt_chars})")
     p.add_argument("--template-timeout", type=float, default=d.template_timeout_s,
                    help=f"seconds a chat template may take to render (default {d.template_timeout_s:g})")
+    p.add_argument("--prefill-chunks", type=int, default=d.prefill_chunks,
+                   help="prefill calls of waiting requests' prompts at most between two decode steps of the "
+                        "running ones: more fills the batch sooner, fewer keeps their tokens coming "
+                        f"(default {d.prefill_chunks})")
     p.add_argument("--prefix-cache-mb", type=int, default=d.prefix_cache_bytes >> 20,
                    help="host memory for the KV rows of earlier prompts, reused by prompts that start the same "
                         f"way (0: off; default {d.prefix_cache_bytes >> 20})")
@@ -196,7 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
                           max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                           max_prompt_chars=args.max_prompt_chars, template_timeout_s=args.template_timeout,
                           template_memory_bytes=args.template_memory_mb << 20,
-                          prefix_cache_bytes=args.prefix_cache_mb << 20)
+                          prefix_cache_bytes=args.prefix_cache_mb << 20, prefill_chunks=args.prefill_chunks)
     config.check()  # a bad option fails before the model loads
     embedder = None
     if args.embedding_program or args.embedding_tokenizer:

@@ -91,7 +91,8 @@ def create_app(model: LanguageModel, config: ServerConfig | None = None, *, embe
     names = (model_id, *config.aliases)
     metrics = ServerMetrics()
     engine = Engine(model, metrics, max_queue=config.max_queue, max_pending_tokens=config.max_pending_tokens,
-                    prefix_cache_bytes=config.prefix_cache_bytes, step_gate=step_gate)
+                    prefix_cache_bytes=config.prefix_cache_bytes, prefill_chunks=config.prefill_chunks,
+                    step_gate=step_gate)
     templates = TemplatePool(workers=config.template_workers, timeout_s=config.template_timeout_s,
                              memory_bytes=config.template_memory_bytes, max_chars=config.max_prompt_chars)
     # Where generation stops (eos, end of turn, ...): model.stop_token_ids's rule, but the chat template it

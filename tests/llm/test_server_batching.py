@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 import edgerun.llm
+from edgerun.errors import EdgerunError
 from tests.llm.server_harness import StepGate, running_server, wait_until
 
 SLOTS = 4
@@ -115,3 +116,41 @@ def test_a_client_that_leaves_frees_its_slot_within_one_step(served: tuple[str, 
     assert leaving.largest_batch == 2 and staying.outcome in ("stop", "length")
     assert answers["stay"] == expected
     assert engine.admitted() == [] and engine.metrics.batch_size._value.get() == 0
+
+
+def test_waiting_prompts_are_prefilled_up_to_the_budget_between_decode_steps(batched: Any, tiny_chat: Any) -> None:
+    """`prefill_chunks=2`: two newcomers' one-chunk prompts, then a decode step of those running, then the next
+    two; every answer still the one the request gets alone."""
+    from edgerun.llm.server import create_app
+    from edgerun.llm.serving.config import ServerConfig
+
+    asks = [("One", 6), ("Two plus two", 5), ("Three", 7), ("Four", 4)]
+    expected = [tiny_chat.generate(prompt, max_new_tokens=n).text for prompt, n in asks]
+    gate = StepGate()
+    app = create_app(batched, ServerConfig(max_queue=16, template_workers=1, prefix_cache_bytes=0, prefill_chunks=2),
+                     step_gate=gate)
+    answers: dict[int, str] = {}
+    with running_server(app) as url:
+        engine = app.state.engine
+
+        def call(i: int) -> None:
+            prompt, n = asks[i]
+            answers[i] = httpx.post(f"{url}/v1/completions", timeout=120, json={
+                "model": tiny_chat.name, "prompt": prompt, "max_tokens": n, "temperature": 0}).json()["choices"][0]["text"]
+
+        gate.hold()
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(asks))]
+        for i, thread in enumerate(threads):
+            thread.start()
+            wait_until(lambda n=i + 1: len(engine.admitted()) == n, "the request was not admitted")
+        jobs = engine.admitted()
+        gate.open()
+        for thread in threads:
+            thread.join(120)
+    assert answers == dict(enumerate(expected))
+    assert all(len(job.request.prompt_ids) <= batched.info.chunk for job in jobs)  # one prefill call each
+    # Steps 1 and 2: the first two prompts; 3: their decode step; 4 and 5: the next two prompts; 6: four decode.
+    assert [job.joined_at for job in jobs] == [1, 2, 4, 5]
+    assert [job.largest_batch for job in jobs] == [4] * 4
+    with pytest.raises(EdgerunError, match="prefill_chunks must be >= 1"):
+        ServerConfig(prefill_chunks=0).check()

@@ -19,6 +19,7 @@ class ServerConfig:
     max_stop_chars: int = 256  # characters per stop string
     max_queue: int = 64  # requests waiting for a batch slot; past it 429
     max_pending_tokens: int | None = None  # new tokens reserved by all admitted requests; past it 503
+    prefill_chunks: int = 4  # prefill calls of newcomers' prompts at most between two decode steps
     prefix_cache_bytes: int = 256 << 20  # KV rows of earlier prompts kept for reuse (0: no prefix cache)
     template_timeout_s: float = 2.0  # a chat template's rendering is stopped after this
     template_memory_bytes: int = 512 << 20  # the address space a template worker may use
@@ -28,7 +29,8 @@ class ServerConfig:
 
     def check(self) -> None:
         for name in ("default_max_tokens", "max_body_bytes", "max_prompt_chars", "max_stop_chars",
-                     "template_memory_bytes", "template_workers", "max_grammar_chars", "max_embedding_inputs"):
+                     "template_memory_bytes", "template_workers", "max_grammar_chars", "max_embedding_inputs",
+                     "prefill_chunks"):
             if getattr(self, name) < 1:
                 raise EdgerunError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_stop", "max_queue", "prefix_cache_bytes"):

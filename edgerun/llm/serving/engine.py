@@ -1,14 +1,17 @@
 """The generation engine: one thread runs the admitted requests together, with continuous batching.
 
 A model loaded with `slots=B` (model.py, `--batch-size`) decodes up to B sequences in one call
-(slot_batch.py). The engine's loop repeats one *iteration*: at most one prefill chunk of the newcomer (the
-request at the head of the queue, once a slot is free for it), then one decode step for every running
-request together. A request joins the running batch when its prompt's last chunk is done (its cache copied
-into its slot) and leaves it at the step it ends (stop, length, cancel): its slot is free for the next
-newcomer at the next iteration. A newcomer's prompt runs in chunks (`prefill`, into the single-sequence
-cache, where StepRunner reuses a shared prefix and the prefix cache restores earlier ones), one chunk per
-iteration, so the running requests keep decoding while it is prefilled. With one slot (a model loaded
-without `slots`) the single-sequence cache is the slot: requests run one after another.
+(slot_batch.py). The engine's loop repeats one *iteration*: up to `prefill_chunks` prefill calls of
+newcomers' prompts (the request at the head of the queue, once a slot is free for it; when its prompt is
+done and a slot is still free, the next one), then one decode step for every running request together. A
+request joins the running batch when its prompt's last chunk is done (its cache copied into its slot) and
+leaves it at the step it ends (stop, length, cancel): its slot is free for the next newcomer. A newcomer's
+prompt runs in chunks (`prefill`, into the single-sequence cache, where StepRunner reuses a shared prefix and
+the prefix cache restores earlier ones), so newcomers are prefilled one after another and the running
+requests keep decoding between the budgets: several prefill calls an iteration fill an empty batch in fewer
+decode steps (each step runs all B slots, so a step with few sequences costs nearly what a full one does),
+at the price of a longer pause between the running requests' tokens. With one slot (a model loaded without
+`slots`) the single-sequence cache is the slot: requests run one after another.
 
 Model calls (a prefill chunk, a decode step) are the engine's steps: before each the gate is called (tests
 pace the engine with it) and each request's cancel flag is looked at, so a request whose client left stops
@@ -20,10 +23,10 @@ Admission is bounded: past `max_queue` waiting requests `submit` raises the 429 
 Fairness (first come first served, bounded): requests start in the order they were admitted. A request at
 the head of the queue starts its prefill as soon as a slot is free; a slot frees whenever a running request
 ends, so within `--max-tokens-limit` decode steps. From then on its first token takes ceil(P / chunk)
-iterations for a P-token prompt (less what the caches restore), each iteration one prefill chunk plus one
-batched decode step, whatever the running requests still have to generate: a long request delays others'
-first tokens only by the one decode step per iteration it shares, never by its whole length, unless all
-B slots are held.
+prefill calls for a P-token prompt (less what the caches restore), up to `prefill_chunks` of them between
+two decode steps, whatever the running requests still have to generate: a long request delays others' first
+tokens only by the one decode step per iteration it shares, never by its whole length, unless all B slots
+are held. A running request waits at most `prefill_chunks` prefill calls between two of its tokens.
 
 The token stream and the end of a request reach the caller through its `emit(kind, value)` callback, called
 on this thread: ("text", piece), then exactly one of ("done", GenerationResult), ("error", exception) or
@@ -174,9 +177,10 @@ class Sequence:
 
 class Engine:
     def __init__(self, model: LanguageModel, metrics: ServerMetrics, *, max_queue: int,
-                 max_pending_tokens: int | None, prefix_cache_bytes: int = 0,
+                 max_pending_tokens: int | None, prefill_chunks: int, prefix_cache_bytes: int = 0,
                  step_gate: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        """`prefix_cache_bytes`: the budget of the prefix cache (0: none). `step_gate` is called on the engine
+        """`prefix_cache_bytes`: the budget of the prefix cache (0: none). `prefill_chunks`: prefill calls at
+        most between two decode steps (module doc). `step_gate` is called on the engine
         thread before every model call (tests pace the engine with it); `clock` times the first token and the
         decode speed. The batch size is the model's `slots`."""
         self.model, self.metrics = model, metrics
@@ -185,6 +189,9 @@ class Engine:
             if model.slots > 1 else SingleSlot(model.runner)
         self.prefix_cache = PrefixCache(model, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.max_queue, self.max_pending_tokens = max_queue, max_pending_tokens
+        if prefill_chunks < 1:
+            raise ValueError(f"prefill_chunks must be >= 1, got {prefill_chunks}")
+        self.prefill_chunks = prefill_chunks
         self.step_gate, self.clock = step_gate, clock
         self.steps = 0  # model calls since start, all requests
         self.finished: collections.deque[Job] = collections.deque(maxlen=256)  # the last few, for inspection
@@ -250,16 +257,24 @@ class Engine:
                     if held:
                         lock.release()
                     return
-                if self._prefilling is None and len(self._running) < self.slots:
-                    self._start_next()
-                self.metrics.queue_depth.set(len(self._waiting))
-            if not held and self._busy():
+            if not held:
                 lock.acquire()
                 held = True
-            if self._prefilling is not None:
-                self._prefill_step(self._prefilling)
+            self._prefill_chunks()
             if self._running:
                 self._decode_step()
+
+    def _prefill_chunks(self) -> None:
+        """Up to `prefill_chunks` prefill calls before the next decode step: the newcomer's, and once it has
+        joined the batch the next waiting request's while a slot is free for it."""
+        for _ in range(self.prefill_chunks):
+            with self._cv:
+                if self._prefilling is None and len(self._running) < self.slots and not self._stopping:
+                    self._start_next()
+                newcomer = self._prefilling
+            if newcomer is None:
+                return
+            self._prefill_step(newcomer)
 
     def _start_next(self) -> None:
         """The first waiting request that is still wanted becomes the newcomer (called under the lock)."""
@@ -270,7 +285,8 @@ class Engine:
                 continue
             job.outcome = "running"
             self._prefilling = Sequence(job, self)
-            return
+            break
+        self.metrics.queue_depth.set(len(self._waiting))
 
     def _stop_all(self) -> None:
         for job in self._waiting:
