@@ -10,7 +10,9 @@ Measures, on SQLite and optionally on PostgreSQL (a throwaway cluster from Debia
   3. time from a bad version's first failure reports to the rollback version running on every device;
   with --first-step instead (issue #18): the time for a release's first gray step to reach every device it
   targets, devices polling every --poll-interval seconds (60) alone, against the same devices also holding
-  the server's push stream open (push-then-pull).
+  the server's push stream open (push-then-pull);
+  with --matrix instead: one configuration of the measurement matrix, every figure from one run, through
+  nginx whatever the replica count (`run_matrix`; writes bench/results/fleet_sim_matrix_<N>k_<R>r.json).
 
 Each simulated device is a coroutine with its own token and installed versions. It verifies the
 assignment and release signatures (ed25519) and each pulled file's SHA-256 and length, just as the real
@@ -20,6 +22,7 @@ upstream connections of a load balancer in front of the servers are shared (each
 id, token and schedule, so the pool never decides which device speaks).
 
     .venv/bin/python bench/fleet_sim.py --devices 10000 --db sqlite --db postgres
+    .venv/bin/python bench/fleet_sim.py --matrix --devices 100000 --replicas 3 --checkin-interval 300
 Prints a table and writes bench/results/fleet_sim.json. With `--server-tree DIR` (repeatable) the server runs
 from each of those checkouts in turn, `--rounds` times, alternating: code before and after a change measured
 in one run, under the same load (the devices, the client and this table always come from this checkout).
@@ -32,6 +35,7 @@ import asyncio
 import hashlib
 import json
 import os
+import platform
 import random
 import shutil
 import statistics
@@ -88,6 +92,7 @@ class SimDevice:
     tasks: dict[str, int] = field(default_factory=dict)
     serial: int = 0
     blobs: set[str] = field(default_factory=set)
+    installed: set[int] = field(default_factory=set)  # every version it ever installed
 
 
 @dataclass
@@ -132,7 +137,11 @@ class Simulator:
             self.pool.put_nowait(conn)
         if method == "GET" and path.startswith("/v1/blobs/"):
             return status, raw
-        return status, json.loads(raw) if raw else None
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:  # not the server's answer (the balancer's own error page): counted by the caller
+            self.c.last_error = f"HTTP {status}: {raw[:120]!r}"
+            return status, None
 
     async def register_all(self, enroll_token: str, concurrency: int = 256) -> float:
         start = time.perf_counter()
@@ -209,6 +218,7 @@ class Simulator:
                     return
                 d.blobs.add(f["sha256"])
             d.tasks[task] = int(m["version"])
+            d.installed.add(int(m["version"]))
             self.c.installed_at.setdefault(int(m["version"]), []).append(time.perf_counter())
             self.c.updates += 1
             outcome = m["config"].get("sim_outcome", "success")
@@ -232,18 +242,39 @@ class Simulator:
             if interval_s:
                 await asyncio.sleep(interval_s * random.uniform(0.9, 1.1))
 
-    async def event_stream(self, d: SimDevice, host: str, port: int) -> None:
-        """The device's push stream: a check-in on every `changed` nudge (and on every (re)connection)."""
+    async def prime(self, concurrency: int = 256) -> float:
+        """Every device checks in once, as fast as the servers answer: each process looks up the identity of
+        every device it serves once, as in a fleet that has been running, so that a measurement started right
+        after it is steady at once instead of after a whole interval of cold check-ins."""
+        start = time.perf_counter()
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(d: SimDevice) -> None:
+            async with sem:
+                await self.check_in(d)
+
+        await asyncio.gather(*(one(d) for d in self.devices))
+        return time.perf_counter() - start
+
+    async def event_stream(self, d: SimDevice, host: str, port: int, opening: asyncio.Semaphore | None = None) -> None:
+        """The device's push stream: a check-in on every `changed` nudge (and on every (re)connection).
+        `opening` bounds how many devices connect and check in at once (thousands at once overflow backlogs)."""
         while not self.stop:
             writer = None
             try:
-                reader, writer = await asyncio.open_connection(host, port)
-                writer.write(f"GET /v1/devices/{d.device_id}/events HTTP/1.1\r\nHost: {host}\r\n"
-                             f"Authorization: Bearer {d.token}\r\n\r\n".encode())
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    pass
-                self.c.streams += 1
-                await self.check_in(d)  # as the agent does on every (re)connection
+                if opening is not None:
+                    await opening.acquire()
+                try:
+                    reader, writer = await asyncio.open_connection(host, port)
+                    writer.write(f"GET /v1/devices/{d.device_id}/events HTTP/1.1\r\nHost: {host}\r\n"
+                                 f"Authorization: Bearer {d.token}\r\n\r\n".encode())
+                    while (line := await reader.readline()) not in (b"\r\n", b""):
+                        pass
+                    self.c.streams += 1
+                    await self.check_in(d)  # as the agent does on every (re)connection
+                finally:
+                    if opening is not None:
+                        opening.release()
                 while line := await reader.readline():  # chunk-size lines pass by; event lines are whole
                     if line.startswith(b"event: changed"):
                         await self.check_in(d)
@@ -323,18 +354,20 @@ class Servers:
             p.wait(30)
 
 
-def start_servers(base: Path, keys: KeyDir, workers: int, db_url: str, replicas: int, tree: Path = REPO) -> Servers:
-    if replicas <= 1:
+def start_servers(base: Path, keys: KeyDir, workers: int, db_url: str, replicas: int, tree: Path = REPO,
+                  nginx: bool = False) -> Servers:
+    """`replicas` servers; behind nginx when there are several, or when `nginx` asks for it with one."""
+    if replicas <= 1 and not nginx:
         proc, url = start_server(base, keys, workers, db_url, tree=tree)
         return Servers([proc], [url], url)
     if not db_url:
-        raise SystemExit("--replicas needs --db postgres")
+        raise SystemExit("--replicas and --matrix need --db postgres")
     from edgerun.fleet.load_balancer import LocalNginx
 
     started = [start_server(base, keys, workers, db_url, f"replica-{i}", ("--store", str(base / "blobs")), tree)
                for i in range(replicas)]
-    nginx = LocalNginx([u for _, u in started]).start()
-    return Servers([p for p, _ in started], [u for _, u in started], nginx.url, nginx)
+    balancer = LocalNginx([u for _, u in started]).start()
+    return Servers([p for p, _ in started], [u for _, u in started], balancer.url, balancer)
 
 
 STAT_STATEMENTS = "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = 'all'\n"
@@ -571,6 +604,153 @@ async def run_first_step(db: str, args: argparse.Namespace, push: bool) -> dict[
         shutil.rmtree(base, ignore_errors=True)
 
 
+def targeted_by_first_step(devices: list[SimDevice], version: int) -> list[SimDevice]:
+    """The devices a release of `simtask` at `version` targets at its first gray step (its bucket range)."""
+    offset = release_offset("simtask", version)
+    return [d for d in devices if in_step(device_bucket(d.device_id), offset, STEPS[0])]
+
+
+def percentile_ms(ordered: list[float], q: float) -> float | None:
+    return 1000 * ordered[int(q * (len(ordered) - 1))] if ordered else None
+
+
+async def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration of the fleet's measurement matrix, every figure from one run: `--replicas` servers
+    (one process each) on PostgreSQL, always behind nginx, `--devices` enrolled by COPY.
+
+    1. Warm-up: every device checks in once (`Simulator.prime`).
+    2. The fleet's own load for `--duration` s, every device on its own schedule (every `--checkin-interval`
+       s, jittered, random phase): check-ins per server CPU-second (the replicas' process trees; nginx apart),
+       statements per check-in (pg_stat_statements, everything the replicas ran in the window).
+    3. Push streams through nginx for `--streams` devices (every device the two releases below target first,
+       then others), the schedules still running as the agent's fallback poll; a release published with
+       steps 1% → 100%: the time from the publish to its 1% step running on every device it targets.
+    4. A bad version, published the same way: the time from its first failure on a device to the rollback
+       version running on every device that ran the bad version.
+    """
+    base = Path(tempfile.mkdtemp(prefix="fleet-sim-matrix-"))
+    keys = KeyDir(base / "keys")
+    keys.init()
+    loads = {"start": os.getloadavg()[0]}
+    pg = LocalPostgres().start(STAT_STATEMENTS)
+    servers = start_servers(base, keys, 1, pg.url, args.replicas, nginx=True)
+    admin = AdminClient(servers.url, "admin")
+    host, port = servers.url.split("//", 1)[1].split(":")
+    tasks: list[asyncio.Task[None]] = []
+    sim = Simulator(servers.url, Root(keys.root_chain()[-1]), args.devices, args.connections)
+    try:
+        preload_s = sim.preload(pg.url, args.table_devices)
+        log(f"preloaded {max(args.devices, args.table_devices)} devices in {preload_s:.1f}s")
+
+        # 1. Warm-up.
+        prime_s = await sim.prime()
+        warm_lat, warm_errors = sorted(sim.c.latencies), sim.c.errors
+        log(f"warm-up: {args.devices} first check-ins in {prime_s:.1f}s ({warm_errors} errors {sim.c.last_error})")
+
+        # 2. The fleet's own load.
+        tasks += [asyncio.create_task(sim.device_loop(d, args.checkin_interval)) for d in sim.devices]
+        await asyncio.sleep(args.settle)
+        sim.c = Counters()
+        statements(pg, reset=True)
+        loads["window_start"] = os.getloadavg()[0]
+        spread0 = servers.checkins_per_replica()
+        t0, server_cpu0, nginx_cpu0, client_cpu0 = (time.perf_counter(), servers.cpu_s(), servers.nginx_cpu_s(),
+                                                    time.process_time())
+        await asyncio.sleep(args.duration)
+        window_s = time.perf_counter() - t0
+        checkins, stmts = sim.c.checkins, statements(pg)
+        server_cpu, nginx_cpu = servers.cpu_s() - server_cpu0, servers.nginx_cpu_s() - nginx_cpu0
+        client_cpu = time.process_time() - client_cpu0
+        spread = [b - a for a, b in zip(spread0, servers.checkins_per_replica(), strict=True)]
+        lat, window_errors = sorted(sim.c.latencies), sim.c.errors
+        loads["window_end"] = os.getloadavg()[0]
+        log(f"window: {checkins / window_s:.0f} check-ins/s of {args.devices / args.checkin_interval:.0f} offered, "
+            f"{checkins / server_cpu if server_cpu else 0:.0f} per server CPU-s, "
+            f"{stmts / checkins if checkins else 0:.2f} statements each")
+
+        # 3. Push streams, and a release's first step.
+        good_targets, bad_targets = targeted_by_first_step(sim.devices, 2), targeted_by_first_step(sim.devices, 4)
+        first = {d.device_id: d for d in good_targets + bad_targets}
+        holders = [*first.values(), *(d for d in sim.devices if d.device_id not in first)][:max(args.streams, len(first))]
+        opening = asyncio.Semaphore(128)
+        t_open = time.perf_counter()
+        tasks += [asyncio.create_task(sim.event_stream(d, host, int(port), opening)) for d in holders]
+        await wait_until(lambda: sim.c.streams >= len(holders), args.timeout,
+                         lambda: f"  {sim.c.streams} of {len(holders)} streams open")
+        open_s = time.perf_counter() - t_open
+        await asyncio.sleep(2.0)  # the last stream's check-in answered, nothing in flight
+        log(f"{len(holders)} push streams open in {open_s:.1f}s")
+        held = {"steps": STEPS, "min_reports": 10 * args.devices}  # a step that never advances on its own
+        push_cpu0, t_pub = servers.cpu_s(), time.perf_counter()
+        admin.publish(make_package(base, 2, "success"), keys, held)
+        reach_s = await wait_until(lambda: all(d.tasks.get("simtask") == 2 for d in good_targets), args.timeout)
+        publish_to_all_s = time.perf_counter() - t_pub
+        push_server_cpu = servers.cpu_s() - push_cpu0  # the replicas' CPU from the publish to the last install
+        strays = sum(1 for d in sim.devices if d.tasks.get("simtask") == 2) - len(good_targets)
+        log(f"push: the 1% step reached its {len(good_targets)} devices {publish_to_all_s:.2f}s after the publish")
+
+        # 4. A bad version and its rollback.
+        sim.c.first_failure_at = 0.0
+        bad = admin.publish(make_package(base, 4, "failure"), keys,
+                            {**held, "error_threshold": 0.2, "error_min_reports": args.error_min_reports})
+        await wait_until(lambda: sim.c.first_failure_at > 0, args.timeout)
+        while (await asyncio.to_thread(admin.release, bad["id"]))["stage"] != "rolled_back":
+            await asyncio.sleep(0.1)
+        rolled_back_s = time.perf_counter() - sim.c.first_failure_at
+        # Every device that ran the bad version runs its rollback (the task's removal, signed as v5).
+        def ran_bad() -> list[SimDevice]:
+            return [d for d in bad_targets if 4 in d.installed]
+
+        await wait_until(lambda: all(d.tasks.get("simtask") == 5 for d in ran_bad()), args.timeout,
+                         lambda: f"  {sum(d.tasks.get('simtask') == 5 for d in ran_bad())} of {len(ran_bad())} on v5")
+        rollback_s = time.perf_counter() - sim.c.first_failure_at
+        bad_state = admin.release(bad["id"])
+        log(f"rollback on the {len(ran_bad())} devices that ran the bad version {rollback_s:.2f}s after the first failure "
+            f"({bad_state['stage']}, {bad_state['total_failure']} failures counted)")
+        loads["end"] = os.getloadavg()[0]
+        headline = {"devices": args.devices, "replicas": args.replicas, "checkins_per_s": checkins / window_s,
+                    "checkins_per_server_cpu_s": checkins / server_cpu if server_cpu else None,
+                    "statements_per_checkin": stmts / checkins if checkins else None,
+                    "publish_to_first_step_everywhere_s": publish_to_all_s,
+                    "first_failure_to_rollback_everywhere_s": rollback_s}
+        return {
+            **headline, "table_devices": max(args.devices, args.table_devices), "db": "postgres",
+            "replicas": args.replicas, "server_workers": 1, "nginx": True, "connections": args.connections,
+            "preload_s": preload_s, "warmup_s": prime_s, "warmup_checkins_per_s": args.devices / prime_s,
+            "warmup_latency_ms_p50": percentile_ms(warm_lat, 0.5), "warmup_latency_ms_p99": percentile_ms(warm_lat, 0.99),
+            "warmup_errors": warm_errors,
+            "checkin_interval_s": args.checkin_interval, "window_s": window_s,
+            "offered_checkins_per_s": args.devices / args.checkin_interval, "checkins_per_s": checkins / window_s,
+            "checkins_per_server_cpu_s": checkins / server_cpu if server_cpu else None,
+            "checkins_per_server_and_nginx_cpu_s": checkins / (server_cpu + nginx_cpu) if server_cpu else None,
+            "statements_per_checkin": stmts / checkins if checkins else None,
+            "server_cpu_s": server_cpu, "nginx_cpu_s": nginx_cpu, "client_cpu_s": client_cpu,
+            "checkins_per_replica": spread,
+            "checkin_latency_ms_p50": percentile_ms(lat, 0.5), "checkin_latency_ms_p99": percentile_ms(lat, 0.99),
+            "window_errors": window_errors,
+            "push_streams": len(holders), "streams_open_s": open_s,
+            "first_step_targeted": len(good_targets), "publish_to_first_step_everywhere_s": publish_to_all_s,
+            "first_step_reached_after_publish_returned_s": reach_s, "untargeted_updated": strays,
+            "first_step_coverage_after_publish": coverage_times(sim.c.installed_at.get(2, []), t_pub, len(good_targets)),
+            "push_server_cpu_s": push_server_cpu,
+            "bad_first_step_targeted": len(bad_targets), "bad_release_stage": bad_state["stage"],
+            "bad_release_failures": bad_state["total_failure"], "devices_ran_bad_version": len(ran_bad()),
+            "first_failure_to_rolled_back_s": rolled_back_s, "first_failure_to_rollback_everywhere_s": rollback_s,
+            "rollback_coverage_after_first_failure": coverage_times(sim.c.installed_at.get(5, []),
+                                                                    sim.c.first_failure_at, len(ran_bad())),
+            "client_errors": sim.c.errors, "load_averages": loads, "load_average": loads["end"],
+        }
+    finally:
+        sim.stop = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        admin.close()
+        servers.stop()
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=10_000)
@@ -597,9 +777,22 @@ def main() -> int:
     p.add_argument("--server-tree", action="append", type=Path,
                    help="a checkout whose edgerun serves (repeatable: each in turn, to compare; default: this one)")
     p.add_argument("--rounds", type=int, default=1, help="with --server-tree: how many times each is measured")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet_sim.json"))
+    p.add_argument("--matrix", action="store_true",
+                   help="only: one configuration of the measurement matrix (PostgreSQL, --replicas behind nginx): "
+                        "check-ins per server CPU-second, statements per check-in, push to a 1%% step, rollback")
+    p.add_argument("--streams", type=int, default=10_000,
+                   help="with --matrix: devices holding push streams (those the releases target first, then "
+                        "others); each stream is two of nginx's connections and a file descriptor in every process")
+    p.add_argument("--settle", type=float, default=5.0,
+                   help="with --matrix: seconds of schedules running between the warm-up and the window")
+    p.add_argument("--error-min-reports", type=int, default=10,
+                   help="with --matrix: failures the bad version's first step needs before it is rolled back")
+    p.add_argument("--out", default="")
     args = p.parse_args()
     args.min_reports = args.min_reports or max(5, args.devices // 200)
+    if args.matrix:
+        return matrix_main(args)
+    args.out = args.out or str(REPO / "bench" / "results" / "fleet_sim.json")
     dbs = args.db or (["sqlite", "postgres"] if postgres_bin_dir() else ["sqlite"])
     if args.first_step:
         rows = [asyncio.run(run_first_step(db, args, push)) for db in dbs for push in (False, True)]
@@ -636,6 +829,36 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(sys.argv), "cpus": os.cpu_count(),
                                "load_average": [r["load_average"] for r in results], "results": results}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def matrix_main(args: argparse.Namespace) -> int:
+    if postgres_bin_dir() is None:
+        raise SystemExit("--matrix needs PostgreSQL (Debian package `postgresql`)")
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if args.streams + args.connections + 200 > soft:
+        raise SystemExit(f"--streams {args.streams}: this process may open {soft} files (ulimit -n)")
+    row = asyncio.run(run_matrix(args))
+    cols = [("devices", "{}"), ("replicas", "{}"), ("offered_checkins_per_s", "{:.0f}"), ("checkins_per_s", "{:.0f}"),
+            ("checkins_per_server_cpu_s", "{:.0f}"), ("checkins_per_server_and_nginx_cpu_s", "{:.0f}"),
+            ("statements_per_checkin", "{:.2f}"), ("checkin_latency_ms_p50", "{:.1f}"),
+            ("checkin_latency_ms_p99", "{:.1f}"), ("push_streams", "{}"), ("first_step_targeted", "{}"),
+            ("publish_to_first_step_everywhere_s", "{:.2f}"), ("first_failure_to_rollback_everywhere_s", "{:.2f}"),
+            ("client_errors", "{}")]
+    print(" | ".join(c for c, _ in cols))
+    print(" | ".join(f.format(row[c]) if row[c] is not None else "-" for c, f in cols))
+    print(f"load average {row['load_averages']}; check-ins per replica {row['checkins_per_replica']}; "
+          f"nginx {row['nginx_cpu_s']:.1f} CPU-s, the devices {row['client_cpu_s']:.1f} CPU-s in the window")
+    out = Path(args.out or REPO / "bench" / "results" /
+               f"fleet_sim_matrix_{args.devices // 1000}k_{args.replicas}r.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["bench/fleet_sim.py", *sys.argv[1:]]),
+                               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
+                               "cpus": os.cpu_count(), "load_average": row["load_average"], "results": [row]},
+                              indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -64,11 +64,15 @@ http {{
         hash $fleet_affinity consistent;   # a replica's failure moves only its own devices, to the next one
 {servers}
         keepalive 64;                  # shared keep-alive connections to the replicas (after `hash`)
+        # Closed by nginx before a replica would close them (uvicorn: 5 s idle): a request sent on a connection
+        # the replica is closing gets a reset, and marks the replica failed for `fail_timeout`.
+        keepalive_timeout 4s;
     }}
     upstream fleet {{                   # the admin API and the rest: one token, spread over every replica
         least_conn;
 {servers}
         keepalive 16;
+        keepalive_timeout 4s;
     }}
     server {{
         listen {listen} reuseport backlog=4096;   # the kernel spreads connections evenly over the workers
