@@ -23,6 +23,9 @@ from edgerun.ir.region import Region
 # is memory-bound, and the output's layout change costs what it saves (the digits CNN's first layer on ONNX
 # Runtime: 48 us as a Conv, 24 + 17 + the transpose as a MatMul, bias Add and Transpose).
 MIN_WINDOW_ROWS = 32
+# Windows kept from forward to backward hold kh*kw times their input's elements; above this many (1 MB in
+# float32) a conv stays a convolution and its windows are laid out in backward only, one layer's at a time.
+MAX_KEPT_WINDOW_ELEMENTS = 1 << 18
 
 
 def convolve_over_windows(graph: Graph) -> int:
@@ -36,7 +39,8 @@ def convolve_over_windows(graph: Graph) -> int:
         # The windows must read the conv's own input: after recompute, backward may read a copy made later.
         if conv is None or conv.op != "conv2d" or layout is None or layout.inputs != [conv.inputs[0]]:
             continue
-        if graph.specs[col_node.outputs[0]].shape[0] < MIN_WINDOW_ROWS:
+        windows = graph.specs[col_node.outputs[0]]
+        if windows.shape[0] < MIN_WINDOW_ROWS or windows.numel > MAX_KEPT_WINDOW_ELEMENTS:
             continue
         _rewrite(graph, conv, layout, col_node)
         rewritten += 1

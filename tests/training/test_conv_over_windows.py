@@ -51,3 +51,11 @@ def test_a_dilated_padded_conv_without_bias_gives_torch_gradients() -> None:
     model = T.from_torch(module, (x,), optimizer=T.SGD(0.01), backends=["reference"])
     assert not any(n.op == "conv2d" for n in model.program.methods["train_step"].nodes)
     _grads_match(model, module, x, y)
+
+
+def test_windows_too_large_to_keep_leave_the_convolution_as_it_is() -> None:
+    # 16 x 3 x 3 rows by 2 x 48 x 48 columns: 663,552 elements, over the 2^18 the pass keeps from forward
+    module = nn.Sequential(nn.Conv2d(16, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 48 * 48, 10)).eval()
+    x = torch.randn(2, 16, 48, 48)
+    model = T.from_torch(module, (x,), optimizer=T.SGD(0.01), backends=["reference"])
+    assert sum(n.op == "conv2d" for n in model.program.methods["train_step"].nodes) == 1
