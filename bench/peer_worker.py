@@ -6,7 +6,8 @@ RUNTIME is edgerun | torch | onnxruntime | onnxruntime-nospin | executorch | mnn
 making it runnable, libraries already imported (for edgerun: load(path, backends="auto") with the one-time
 calibration already cached, so the search's time is included).
 Latency is the median of `runs` timed calls after `warmup` calls, inputs and outputs copied as a user would.
-Peak RSS is this process's ru_maxrss, so each runtime is measured with nothing else loaded.
+Peak RSS is this process's own VmHWM, so each runtime is measured with nothing else loaded (not ru_maxrss,
+which Linux carries across exec: it would be at least the driver's RSS when it started the worker).
 """
 
 from __future__ import annotations
@@ -145,7 +146,19 @@ def measure(runtime: str, model: str, workdir: Path, runs: int, warmup: int, thr
         times.append(time.perf_counter() - t0)
     return {"runtime": runtime, "model": model, "latency_ms": statistics.median(times) * 1e3,
             "min_ms": min(times) * 1e3, "runs": runs, "load_ms": load_s * 1e3,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set: VmHWM from /proc/self/status (ru_maxrss where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> int:
