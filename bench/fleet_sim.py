@@ -93,6 +93,7 @@ class SimDevice:
     serial: int = 0
     blobs: set[str] = field(default_factory=set)
     installed: set[int] = field(default_factory=set)  # every version it ever installed
+    nudged_at: list[float] = field(default_factory=list)  # when its push stream said `changed`
 
 
 @dataclass
@@ -277,6 +278,7 @@ class Simulator:
                         opening.release()
                 while line := await reader.readline():  # chunk-size lines pass by; event lines are whole
                     if line.startswith(b"event: changed"):
+                        d.nudged_at.append(time.perf_counter())
                         await self.check_in(d)
             except OSError:
                 self.c.errors += 1
@@ -733,6 +735,9 @@ async def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             "first_step_reached_after_publish_returned_s": reach_s, "untargeted_updated": strays,
             "first_step_coverage_after_publish": coverage_times(sim.c.installed_at.get(2, []), t_pub, len(good_targets)),
             "push_server_cpu_s": push_server_cpu,
+            "first_step_nudged_after_publish": coverage_times(
+                [min(t for t in d.nudged_at if t >= t_pub) for d in good_targets if any(t >= t_pub for t in d.nudged_at)],
+                t_pub, len(good_targets)),
             "bad_first_step_targeted": len(bad_targets), "bad_release_stage": bad_state["stage"],
             "bad_release_failures": bad_state["total_failure"], "devices_ran_bad_version": len(ran_bad()),
             "first_failure_to_rolled_back_s": rolled_back_s, "first_failure_to_rollback_everywhere_s": rollback_s,
