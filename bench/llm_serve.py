@@ -16,6 +16,9 @@ Servers, each in its own process on the same GGUF (SmolLM2-135M-Instruct Q4_1) a
     PYTHONPATH=$PWD .venv/bin/python bench/llm_serve.py [--clients 1,4,8,16] [--threads 2]
         [--prompt-tokens 128] [--new-tokens 128] [--batch-size N] [--llama-server BIN]
 
+edgerun's rows also count its model calls in the measured round (prefill chunks and decode steps, from
+`/metrics`): how the scheduler spent it, independent of the machine's load.
+
 Writes bench/results/llm_serve.json. On a shared machine read the ratios, with the load average printed.
 """
 
@@ -124,6 +127,16 @@ def one_round(url: str, model: str, texts: list[str], new_tokens: int) -> dict[s
             "ttft_p99_ms": round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1)}
 
 
+def model_calls(url: str) -> int:
+    """edgerun's model calls so far (prefill chunks and decode steps), from its Prometheus /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return int(next(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                    if s.name == "edgerun_llm_model_steps_total"))
+
+
 def run_server(kind: str, args: argparse.Namespace, counts: list[int], texts: list[str]) -> list[dict[str, Any]]:
     rows = []
     for n in counts:  # the slots are fixed at start: one process per concurrency
@@ -133,7 +146,10 @@ def run_server(kind: str, args: argparse.Namespace, counts: list[int], texts: li
             # Warm: the first request pays one-time costs. Its prompt is none of the measured ones, so neither
             # server's prompt cache holds a measured prompt's prefix.
             one_round(url, model, texts[-1:], 8)
+            before = model_calls(url) if kind.startswith("edgerun") else 0
             rows.append(one_round(url, model, texts[:n], args.new_tokens))
+            if kind.startswith("edgerun"):  # how the scheduler spent the round: prefill chunks + decode steps
+                rows[-1]["model_calls"] = model_calls(url) - before
         finally:
             proc.terminate()
             proc.wait(60)
@@ -168,7 +184,8 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct Q4_1, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, streamed, "
           f"{args.threads} threads; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'server':<24} {'clients':>7} {'tok/s':>8} {'x 1 client':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}")
+    print(f"{'server':<24} {'clients':>7} {'tok/s':>8} {'x 1 client':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
+          f"{'model calls':>11}")
     for name, rows in servers.items():
         if isinstance(rows, str):
             print(f"{name:<24} {rows}")
@@ -177,7 +194,7 @@ def main() -> None:
         for r in rows:
             scale = f"{r['tok_s'] / single:>10.2f}" if single else f"{'':>10}"
             print(f"{name:<24} {r['clients']:>7} {r['tok_s']:>8.1f} {scale} {r['ttft_p50_ms']:>12.0f} "
-                  f"{r['ttft_p99_ms']:>12.0f}")
+                  f"{r['ttft_p99_ms']:>12.0f} {r.get('model_calls', ''):>11}")
     if isinstance(servers.get(SEQUENTIAL), list):
         for ours, alone in zip(servers["edgerun"], servers[SEQUENTIAL]):
             print(f"{ours['clients']} clients: batched / one at a time tok/s {ours['tok_s'] / alone['tok_s']:.2f}x")
