@@ -154,3 +154,39 @@ def test_waiting_prompts_are_prefilled_up_to_the_budget_between_decode_steps(bat
     assert [job.largest_batch for job in jobs] == [4] * 4
     with pytest.raises(EdgerunError, match="prefill_chunks must be >= 1"):
         ServerConfig(prefill_chunks=0).check()
+
+
+def test_a_client_that_leaves_during_anothers_prefill_frees_its_slot_before_that_call(
+        served: tuple[str, Any, StepGate], tiny_chat: Any) -> None:
+    """A running stream cut while the engine waits to prefill a newcomer leaves the batch before that prefill
+    call, not at the next decode step."""
+    url, engine, gate = served
+    expected = tiny_chat.generate("Stay", max_new_tokens=5).text
+    gate.hold()
+    answers: dict[str, str] = {}
+
+    def stay() -> None:
+        answers["stay"] = httpx.post(f"{url}/v1/completions", timeout=120, json={
+            "model": tiny_chat.name, "prompt": "Stay", "max_tokens": 5, "temperature": 0}).json()["choices"][0]["text"]
+
+    body = {"model": tiny_chat.name, "prompt": "Leave", "max_tokens": 100, "temperature": 0, "stream": True}
+    thread = threading.Thread(target=stay)
+    with httpx.Client(timeout=60) as http, http.stream("POST", f"{url}/v1/completions", json=body) as stream:
+        wait_until(lambda: len(engine.admitted()) == 1, "the stream was not admitted")
+        (leaving,) = engine.admitted()
+        gate.allow(2)  # its prompt, then a decode step; the engine then waits before another decode step
+        wait_until(lambda: gate.waiting and engine.steps == 2, "the engine did not use its 2 steps")
+        thread.start()
+        wait_until(lambda: len(engine.admitted()) == 2, "the second request was not admitted")
+        staying = engine.admitted()[-1]
+        gate.allow(1)  # that decode step; then the engine waits before the newcomer's prefill call
+        wait_until(lambda: gate.waiting and engine.steps == 3, "the engine did not use its step")
+        lines = stream.iter_lines()  # (kept: a dropped iterator closes the response)
+        assert next(line for line in lines if line.startswith("data: "))
+    wait_until(leaving.cancelled.is_set, "the server did not see the client go")
+    gate.open()
+    thread.join(120)
+    assert leaving.outcome == "cancelled" and leaving.steps == 3
+    assert leaving.left_at == 3 and staying.joined_at == 4  # gone before the newcomer's prefill call
+    assert staying.largest_batch == 1 and answers["stay"] == expected
+    assert engine.admitted() == []

@@ -326,6 +326,11 @@ class Engine:
         if self.step_gate is not None:
             self.step_gate()
 
+    def _leave_cancelled(self) -> None:
+        """Running requests whose client left leave the batch (before the next model call)."""
+        for seq in [s for s in self._running if s.job.cancelled.is_set()]:
+            self._end(seq, "cancelled")
+
     def _count_step(self, jobs: list[Job]) -> None:
         self.steps += 1
         self.metrics.model_steps.inc()
@@ -336,6 +341,7 @@ class Engine:
         """One prefill call of the newcomer's prompt; after its last, its first token and a slot in the batch."""
         req, runner = seq.job.request, self.model.runner
         self._gate()
+        self._leave_cancelled()  # the running requests' clients too: their slots free before this call
         if seq.job.cancelled.is_set():
             self._end(seq, "cancelled")
             return
@@ -378,8 +384,7 @@ class Engine:
     def _decode_step(self) -> None:
         """One decode call for every running request; each samples its next token or ends."""
         self._gate()
-        for seq in [s for s in self._running if s.job.cancelled.is_set()]:
-            self._end(seq, "cancelled")
+        self._leave_cancelled()
         batch = list(self._running)
         if not batch:
             return
