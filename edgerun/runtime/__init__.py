@@ -13,18 +13,7 @@ from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
 from edgerun.runtime.plan_verifier import verify_plan
 
 __all__ = [
-    "ArenaPlan",
-    "EventRecorder",
-    "EventSink",
-    "Instruction",
-    "InstructionEvent",
-    "LoadedProgram",
-    "Partition",
-    "RunnableProgram",
-    "TensorLifetime",
-    "check_acyclic",
-    "load",
-    "partition_graph",
-    "plan_memory",
-    "verify_plan",
+    "ArenaPlan", "EventRecorder", "EventSink", "Instruction", "InstructionEvent", "LoadedProgram",
+    "Partition", "RunnableProgram", "TensorLifetime", "check_acyclic", "load", "partition_graph",
+    "plan_memory", "verify_plan"
 ]

@@ -48,7 +48,7 @@ def parse_bytes(text: str) -> int:
     try:
         value = float(t[:-1] if unit else t) * _SUFFIXES[unit]
     except ValueError:
-        raise EdgerunError(f"{text!r} is not a size in bytes (examples: 1073741824, 512M, 12G)") from None
+        value = -1.0
     if not value >= 0 or value == float("inf"):
         raise EdgerunError(f"{text!r} is not a size in bytes (examples: 1073741824, 512M, 12G)")
     return int(value)

@@ -38,16 +38,12 @@ def release_constants(loaded: RunnableProgram) -> int:
     names = releasable_constants(loaded)
     if not names:
         return 0
-    freed = 0
     for method in _methods(loaded):
         parts = method.parts
-        holders = [parts.graph.constants, parts.views, *(c.graph.constants for c in parts.compiled)]
-        for holder in holders:
+        for holder in [parts.graph.constants, parts.views, *(c.graph.constants for c in parts.compiled)]:
             for name in names & holder.keys():
                 holder[name] = placeholder(holder[name])
-    program = loaded.program
-    if program is not None:
-        freed = program.release_constants(names)
+    freed = loaded.program.release_constants(names) if loaded.program is not None else 0
     return_freed_memory()
     return freed
 

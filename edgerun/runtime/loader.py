@@ -41,7 +41,7 @@ from edgerun.runtime.arena_limit import check_arena_budget
 from edgerun.runtime.control_flow import LoadBody, bind_control_flow
 from edgerun.runtime.instructions import Instruction
 from edgerun.runtime.loaded_program import LoadedParts, LoadedProgram
-from edgerun.runtime.memory_plan import ALIGNMENT, ArenaPlan, TensorLifetime, plan_memory
+from edgerun.runtime.memory_plan import ArenaPlan, TensorLifetime, allocate_arena, plan_memory
 from edgerun.runtime.method_state import MethodState
 from edgerun.runtime.methods import RunnableProgram, has_methods_or_state, load_methods
 from edgerun.runtime.partition import Partition, check_acyclic, partition_graph
@@ -186,11 +186,10 @@ def read_source(source: object, verify_weights: bool = True) -> tuple[Program | 
     """(the Program, if there is one, and its graph) from a path, a Program or a Graph."""
     if isinstance(source, Graph):
         return None, source
+    if isinstance(source, (str, os.PathLike)):
+        source = Program.read(source, verify_weights=verify_weights)
     if isinstance(source, Program):
         program = _saved_value_template(source)
-        return program, program.graph
-    if isinstance(source, (str, os.PathLike)):
-        program = _saved_value_template(Program.read(source, verify_weights=verify_weights))
         return program, program.graph
     raise EdgerunError(f"load() takes a program path, a Program or a Graph, not {type(source).__name__}")
 
@@ -253,13 +252,6 @@ def build_schedule(partitions: Sequence[Partition], compiled: Sequence[CompiledP
         else:
             steps.append(Step(tuple(cp.graph.inputs), tuple(cp.graph.outputs), part.index, None))
     return steps
-
-
-def allocate_arena(nbytes: int) -> np.ndarray:
-    """One uint8 buffer of `nbytes` whose first byte is ALIGNMENT-aligned."""
-    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    skip = (-raw.ctypes.data) % ALIGNMENT
-    return raw[skip:skip + nbytes]
 
 
 def bind_views(graph: Graph, plan: ArenaPlan, arena: np.ndarray,

@@ -9,6 +9,7 @@ smallest arena wins: greedy best-fit and greedy first-fit (both largest buffer f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,13 @@ class ArenaPlan:
 
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:
     return -(-n // alignment) * alignment
+
+
+def allocate_arena(nbytes: int) -> np.ndarray:
+    """One uint8 buffer of `nbytes` whose first byte is ALIGNMENT-aligned."""
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    skip = (-raw.ctypes.data) % ALIGNMENT
+    return raw[skip:skip + nbytes]
 
 
 def peak_live_bytes(buffers: Sequence[TensorLifetime]) -> int:
@@ -120,19 +128,11 @@ def _greedy(buffers: Sequence[TensorLifetime], best_fit: bool) -> Placement:
     return offsets
 
 
-def plan_greedy_best_fit(buffers: Sequence[TensorLifetime]) -> Placement:
-    """Largest first; each into the tightest gap among the buffers whose lifetimes overlap it."""
-    return _greedy(buffers, best_fit=True)
-
-
-def plan_greedy_first_fit(buffers: Sequence[TensorLifetime]) -> Placement:
-    """Largest first; each at the lowest offset that is free for its whole lifetime."""
-    return _greedy(buffers, best_fit=False)
-
-
 ALGORITHMS: dict[str, Callable[[Sequence[TensorLifetime]], Placement]] = {
-    "greedy_best_fit": plan_greedy_best_fit,
-    "greedy_first_fit": plan_greedy_first_fit,
+    # Largest first; each into the tightest gap among the buffers whose lifetimes overlap it.
+    "greedy_best_fit": functools.partial(_greedy, best_fit=True),
+    # Largest first; each at the lowest offset that is free for its whole lifetime.
+    "greedy_first_fit": functools.partial(_greedy, best_fit=False),
     "naive": plan_naive,
 }
 

@@ -87,8 +87,7 @@ class RunnableProgram(ABC):
 
     def method(self, name: str) -> RunnableProgram:
         """The loaded program of method `name`."""
-        table: dict[str, Any] = {self.method_name: self}
-        table.update(self._method_table or {})
+        table: dict[str, Any] = {self.method_name: self, **(self._method_table or {})}
         try:
             return table[name]  # type: ignore[no-any-return]
         except KeyError:

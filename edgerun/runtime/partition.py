@@ -113,12 +113,11 @@ def partition_graph(graph: Graph, assignment: Mapping[str, str]) -> list[Partiti
         node_part.append(pid)
         latest[backend] = pid
     return _ordered_partitions(graph, {p: sorted(ks) for p, ks in members.items()}, backend_of,
-                               [find(p) for p in node_part])
+                               [find(p) for p in node_part], producer)
 
 
 def _ordered_partitions(graph: Graph, members: dict[int, list[int]], backend_of: dict[int, str],
-                        node_part: list[int]) -> list[Partition]:
-    producer = {out: k for k, n in enumerate(graph.nodes) for out in n.outputs}
+                        node_part: list[int], producer: dict[str, int]) -> list[Partition]:
     succ: dict[int, set[int]] = {p: set() for p in members}
     indegree = dict.fromkeys(members, 0)
     for k, node in enumerate(graph.nodes):

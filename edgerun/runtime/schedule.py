@@ -81,24 +81,15 @@ def value_lifetimes(steps: Sequence[Step], graph: Graph, skip: Collection[str] =
         for v in step.reads:
             if v in last:
                 last[v] = max(last[v], k)
-    end = len(steps) + 1
-    for v in graph.outputs:
-        if v in last:
-            last[v] = end
+    last.update((v, len(steps) + 1) for v in graph.outputs if v in last)
     skip = set(skip) | set(graph.constants)
-    lifetimes = {}
-    for v, f in first.items():
-        spec = graph.specs[v]
-        if v in skip or spec.dtype is DType.string:  # strings hold objects, not bytes: bind_views gives each
-            continue  # its own array, outside the arena
-        lifetimes[v] = TensorLifetime(v, spec.nbytes, f, last[v])
-    return lifetimes
+    # Strings hold objects, not bytes: bind_views gives each its own array, outside the arena.
+    return {v: TensorLifetime(v, graph.specs[v].nbytes, f, last[v]) for v, f in first.items()
+            if v not in skip and graph.specs[v].dtype is not DType.string}
 
 
 def arena_views(arena: np.ndarray, graph: Graph, offsets: Mapping[str, int]) -> dict[str, np.ndarray]:
     """A numpy view of the arena for each planned value, shaped and typed by its spec."""
-    views = {}
-    for name, off in offsets.items():
-        spec = graph.specs[name]
-        views[name] = arena[off:off + spec.nbytes].view(spec.dtype.np).reshape(spec.shape)
-    return views
+    specs = graph.specs
+    return {name: arena[off:off + specs[name].nbytes].view(specs[name].dtype.np).reshape(specs[name].shape)
+            for name, off in offsets.items()}

@@ -84,8 +84,7 @@ class SpecializingProgram(RunnableProgram):
                  cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         if cache_size < 1:
             raise EdgerunError(f"cache_size must be at least 1, got {cache_size}")
-        self.program = template
-        self._template = template
+        self.program = self._template = template
         self.graph: Graph = template.graph
         self._load_concrete = load_concrete
         self._cache: OrderedDict[CacheKey, RunnableProgram] = OrderedDict()
@@ -218,9 +217,7 @@ class SpecializingProgram(RunnableProgram):
     def _named(self, inputs: Sequence[Any] | Mapping[str, Any]) -> dict[str, Any]:
         names = self.graph.inputs
         if isinstance(inputs, Mapping):
-            unknown = sorted(set(inputs) - set(names))
-            missing = [n for n in names if n not in inputs]
-            if unknown or missing:
+            if set(inputs) != set(names):
                 raise EdgerunError(f"inputs {sorted(inputs)} do not match the program's {names}")
             return {n: inputs[n] for n in names}
         if len(inputs) != len(names):

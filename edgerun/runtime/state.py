@@ -31,7 +31,7 @@ from edgerun.errors import EdgerunError
 from edgerun.ir.graph import Graph, Node
 from edgerun.ir.region import Region, regions_of
 from edgerun.ir.state import StateSignature
-from edgerun.runtime.memory_plan import ALIGNMENT, TensorLifetime
+from edgerun.runtime.memory_plan import TensorLifetime, allocate_arena
 from edgerun.runtime.schedule import Step, is_noop_raster
 
 
@@ -41,10 +41,12 @@ class StateStore:
 
     def __init__(self, initial: Mapping[str, np.ndarray]) -> None:
         self.initial = {name: np.asarray(value) for name, value in initial.items()}
-        self.buffers = {name: _aligned_copy(value) for name, value in self.initial.items()}
+        self.buffers = {name: allocate_arena(value.nbytes).view(value.dtype).reshape(value.shape)
+                        for name, value in self.initial.items()}
         self.lock = threading.Lock()
         # state -> (the partition runner holding its newest value in its own memory, how to copy it here)
         self.holders: dict[str, tuple[object, Callable[[np.ndarray], None]]] = {}
+        self.reset()
 
     def reset(self) -> None:
         """Every state back to its initial value."""
@@ -90,14 +92,6 @@ class StateStore:
                                        f"{array.dtype}{list(array.shape)}")
                 self.holders.pop(name, None)
                 buffer[...] = array
-
-
-def _aligned_copy(value: np.ndarray) -> np.ndarray:
-    raw = np.empty(value.nbytes + ALIGNMENT, np.uint8)
-    skip = (-raw.ctypes.data) % ALIGNMENT
-    buffer = raw[skip:skip + value.nbytes].view(value.dtype).reshape(value.shape)
-    buffer[...] = value
-    return buffer
 
 
 @dataclass(frozen=True)
