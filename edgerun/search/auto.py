@@ -1,13 +1,10 @@
 """`backends="auto"`: choose the placement on this device at load time (MNN's semi-auto search).
 
 The candidate backends are those that declare they join `auto` (backends/registry.py) and are installed
-here. Their calibrated profiles (cached per device) feed the cost model; the placement search returns a
-backend per node, and the reference backend's convolutions get their cheapest algorithm. The search is the
-runtime's placer (`AutoPlacer`, runtime/placer.py): `load` here is `edgerun.load`, which hands it to the
-runtime's one load path; the runtime, which handles methods, state and templates, asks it about each
-concrete graph and never imports it. The best few candidate placements are measured on a program's first
-load here (all of them with tune=True) and the winner is cached per (device, program). Nothing is written
-into the program: the same file makes its own choice on every machine.
+here. Their calibrated profiles (cached per device) feed the cost model and the placement search. The search
+is the runtime's placer (`AutoPlacer`, runtime/placer.py), which `load` here (`edgerun.load`) hands to the
+runtime's one load path: the runtime asks it about each concrete graph and never imports it. Nothing is
+written into the program: the same file makes its own choice on every machine.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -123,31 +121,22 @@ def plan_auto(graph: Graph, program: Program | None = None, *, tune: bool = Fals
 
 def build_seconds(graph: Graph, profiles: Mapping[str, BackendProfile], placement: Mapping[str, str]) -> float:
     """Estimated seconds to compile every partition of `placement`, from the calibrated compile figures."""
-    nodes: dict[str, int] = {}
-    weights: dict[str, int] = {}
-    runs: dict[str, int] = {}
-    previous = None
-    for node in graph.nodes:
-        backend = placement[node.name]
-        nodes[backend] = nodes.get(backend, 0) + 1
-        weights[backend] = weights.get(backend, 0) + sum(graph.constants[v].nbytes for v in node.inputs
-                                                         if v in graph.constants)
-        if backend != previous:  # partitions follow the graph order closely enough for an estimate
-            runs[backend] = runs.get(backend, 0) + 1
-        previous = backend
+    order = [placement[n.name] for n in graph.nodes]
+    nodes = Counter(order)
+    # Partitions follow the graph order closely enough for an estimate: one per run of a backend.
+    runs = Counter(b for a, b in zip([None, *order], order) if a != b)
+    weights: Counter[str] = Counter()
+    for node, backend in zip(graph.nodes, order):
+        weights[backend] += sum(graph.constants[v].nbytes for v in node.inputs if v in graph.constants)
     return sum(profiles[b].compile_seconds(nodes[b], weights[b], runs[b]) for b in nodes)
 
 
 def choose_algorithms(graph: Graph, placement: Mapping[str, str], backends: Mapping[str, Backend],
                       profiles: Mapping[str, BackendProfile]) -> dict[str, str]:
     """Node name -> the cheapest algorithm its backend offers for it, where the backend offers a choice."""
-    chosen = {}
-    for node in graph.nodes:
-        name = placement[node.name]
-        best = cheapest_algorithm(node, graph, profiles[name], backends[name])
-        if best is not None:
-            chosen[node.name] = best[0]
-    return chosen
+    best = {n.name: cheapest_algorithm(n, graph, profiles[placement[n.name]], backends[placement[n.name]])
+            for n in graph.nodes}
+    return {name: choice[0] for name, choice in best.items() if choice is not None}
 
 
 def program_key(graph: Graph, program: Program | None) -> str:
@@ -157,8 +146,7 @@ def program_key(graph: Graph, program: Program | None) -> str:
     h = hashlib.sha256()
     for node in graph.nodes:
         h.update(json.dumps([node.op, node.inputs, node.outputs, node.attrs], sort_keys=True, default=str).encode())
-    for name in sorted(graph.specs):
-        spec = graph.specs[name]
+    for name, spec in sorted(graph.specs.items()):
         h.update(f"{name}:{spec.shape}:{spec.dtype.value};".encode())
     return h.hexdigest()[:32]
 

@@ -1,31 +1,13 @@
 """Calibration: a few micro-benchmarks per backend turn into the throughputs the cost model divides by.
 
 Each benchmark is a tiny IR graph compiled and run through the backend exactly as the runtime runs it
-(pre-bound nodes for arena backends, one call per partition for delegates):
-
-    gemm      a 128x256 @ 256x512 matmul             -> flops/s of matrix products
-    conv      a 3x3, 32 -> 32 channel conv on 28x28  -> flops/s of convolutions
-    exp       exp over 256K floats                   -> flops/s of transcendental elementwise work
-    add       an add over 1M floats                  -> bytes/s of memory-bound work
-    chain     32 dependent adds on 4 floats          -> seconds per extra node (dispatch)
-    single    1 add on 4 floats                      -> seconds per partition call (scheduling)
-    small     4 x (1x256 @ 256x256, tanh), a tiny model -> seconds per node of real kernels: `dispatch` is
-              the larger of chain's figure and small's time beyond its modelled work, per node (a numpy
-              matmul on a vector costs microseconds of overhead that an add on 4 floats does not show)
-    int_gemm  a uint8 128x256 @ int8 256x512 matmul_integer, dequantized  -> operations/s of integer matrix products
-    int_conv  conv's shape as conv_integer + int32 bias + requantize (ONNX Runtime's QLinearConv form)
-                                                      -> operations/s of integer convolutions
-              (weights within +-63, so the ONNX Runtime delegate claims them; a backend that cannot run them
-              never gets integer nodes, and keeps its declared integer rate)
-    algorithms (backends declaring `algorithm_choices` for conv2d: the reference): each choice on a conv
-              shape it applies to, giving the ratio of its measured time to its modelled time
-              (`algorithm_scale`)
-    settings (each of the backend's `tunable_settings`, e.g. ORT's pool-thread spinning when the user
-              left it open): gemm, conv and exp, the benchmarks big enough for a thread pool, plus `small`
-              (4 matmuls of a 1x256 vector, a tiny model) are also compiled with the alternative value and
-              timed in the same rounds; the alternative is chosen (`settings`) when it is at least
-              SETTING_GAIN faster in geometric mean, and the chosen value's times make the profile
-              (about +0.5 s)
+(pre-bound nodes for arena backends, one call per partition for delegates): a matmul and a conv (flops/s),
+exp (transcendental elementwise work), an add and a chain of adds (bytes/s inside a partition and across its
+boundary: `_memory_rates`), 32 dependent tiny adds and a single one (seconds per node and per partition
+call), a tiny MLP (per-node overhead of real kernels), the integer matmul and conv where the backend runs
+them whole, each conv2d algorithm it offers (`algorithm_scale`: measured / modelled), and the alternative of
+each open setting (`settings`: chosen when SETTING_GAIN faster over SETTING_BENCHMARKS, the benchmarks big
+enough for a thread pool). docs/backends.md has the shapes and what each figure changed.
 
 Times are medians of at least 5 runs, in 3 interleaved rounds: on a shared machine the typical run is what a user gets, and the
 best run can be far from it (numpy's BLAS was seen at 1 and at 190 GFLOP/s on the same GEMM minutes apart).
@@ -210,6 +192,7 @@ def measure_backend(backend: Backend) -> BackendProfile:
                                                       work["add"], backend.throughput.transfer_bytes_per_s,
                                                       copies_at_boundary=backend.copies_at_boundary)
     small_work_s = SMALL_GEMM_FLOPS / rate["gemm"] + SMALL_TANH_FLOPS / rate["exp"]
+    # A numpy matmul on a vector costs microseconds of overhead that an add on 4 floats does not show.
     dispatch = max(dispatch, (t["small"] - partition - small_work_s) / SMALL_NODES)
     th = backend.throughput
     integer = {name: INTEGER_WORK[name] / max(t[name] - partition, 1e-9) if name in t else th.integer_rate
@@ -321,25 +304,29 @@ def _f32(shape: tuple[int, ...]) -> TensorSpec:
     return TensorSpec(shape, DType.float32)
 
 
+def _graph(**inputs: TensorSpec) -> tuple[Graph, Builder]:
+    """An empty benchmark graph with these inputs, and its builder."""
+    g = Graph()
+    for name, spec in inputs.items():
+        g.add_input(name, spec)
+    return g, Builder(g)
+
+
 GEMM_WEIGHT_BYTES = 256 * 512 * 4  # _gemm_graph's constant
 
 
 def _gemm_graph() -> Graph:
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", _f32((128, 256)))
+    g, b = _graph(x=_f32((128, 256)))
     w = b.const(np.random.default_rng(1).standard_normal((256, 512)).astype(np.float32))
-    g.outputs = [b.emit("matmul", [x, w])]
+    g.outputs = [b.emit("matmul", ["x", w])]
     return g
 
 
 def _conv_graph(c: int, o: int, k: int, groups: int) -> Graph:
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", _f32((1, c, 28, 28)))
+    g, b = _graph(x=_f32((1, c, 28, 28)))
     w = b.const(np.random.default_rng(2).standard_normal((o, c // groups, k, k)).astype(np.float32))
     p = k // 2
-    g.outputs = [b.emit("conv2d", [x, w], padding=[p, p, p, p], groups=groups)]
+    g.outputs = [b.emit("conv2d", ["x", w], padding=[p, p, p, p], groups=groups)]
     return g
 
 
@@ -349,9 +336,8 @@ SMALL_TANH_FLOPS = 4 * 8.0 * 256
 
 
 def _small_mlp_graph() -> Graph:
-    g = Graph()
-    b = Builder(g)
-    v = g.add_input("x", _f32((1, 256)))
+    g, b = _graph(x=_f32((1, 256)))
+    v = "x"
     for seed in range(4):
         w = b.const(np.random.default_rng(seed).standard_normal((256, 256)).astype(np.float32) * 0.05)
         v = b.emit("tanh", [b.emit("matmul", [v, w])])
@@ -360,20 +346,16 @@ def _small_mlp_graph() -> Graph:
 
 
 def _unary_graph(op: str, n: int) -> Graph:
-    g = Graph()
-    x = g.add_input("x", _f32((n,)))
-    g.outputs = [Builder(g).emit(op, [x])]
+    g, b = _graph(x=_f32((n,)))
+    g.outputs = [b.emit(op, ["x"])]
     return g
 
 
 def _add_chain(n: int, length: int) -> Graph:
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", _f32((n,)))
-    y = g.add_input("y", _f32((n,)))
-    v = x
+    g, b = _graph(x=_f32((n,)), y=_f32((n,)))
+    v = "x"
     for _ in range(length):
-        v = b.emit("add", [v, y])
+        v = b.emit("add", [v, "y"])
     g.outputs = [v]
     return g
 
@@ -388,10 +370,8 @@ def _int_weight(shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 
 def _int_gemm_graph() -> Graph:
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", TensorSpec((128, 256), DType.uint8))
-    acc = b.emit("matmul_integer", [x, b.const(_int_weight((256, 512), 1)), b.const(np.array(128, np.uint8)),
+    g, b = _graph(x=TensorSpec((128, 256), DType.uint8))
+    acc = b.emit("matmul_integer", ["x", b.const(_int_weight((256, 512), 1)), b.const(np.array(128, np.uint8)),
                                     b.const(np.zeros((), np.int8))])
     g.outputs = [b.emit("dequantize_linear", [acc, b.const(np.full(512, 1e-4, np.float32)),
                                               b.const(np.zeros((), np.int32))])]
@@ -399,10 +379,8 @@ def _int_gemm_graph() -> Graph:
 
 
 def _int_conv_graph() -> Graph:
-    g = Graph()
-    b = Builder(g)
-    x = g.add_input("x", TensorSpec((1, 32, 28, 28), DType.uint8))
-    acc = b.emit("conv_integer", [x, b.const(_int_weight((32, 32, 3, 3), 2)), b.const(np.array(128, np.uint8)),
+    g, b = _graph(x=TensorSpec((1, 32, 28, 28), DType.uint8))
+    acc = b.emit("conv_integer", ["x", b.const(_int_weight((32, 32, 3, 3), 2)), b.const(np.array(128, np.uint8)),
                                   b.const(np.zeros((), np.int8))], padding=[1, 1, 1, 1], groups=1)
     acc = b.emit("add", [acc, b.const(np.arange(32, dtype=np.int32).reshape(32, 1, 1))])
     g.outputs = [b.emit("requantize", [acc, b.const(np.full((32, 1, 1), 1e-3, np.float32)),

@@ -113,12 +113,10 @@ def fusable_into_previous(graph: Graph) -> list[int]:
     """Nodes an activation-fusing backend folds into the node before them: a max, min, add or requantize
     reading the previous node's output, when that one is a conv or matmul or itself folded (relu6 is max then
     min; QLinearConv is conv_integer, bias add, requantize; QLinearMatMul / QGemm the same after matmul_integer)."""
-    found: list[int] = []
     folds = [False] * len(graph.nodes)
     for k in range(1, len(graph.nodes)):
         node, prev = graph.nodes[k], graph.nodes[k - 1]
         if node.op in FUSED_CONSUMERS and prev.outputs[0] in node.inputs and \
                 (prev.op in FUSING_PRODUCERS or folds[k - 1]):
             folds[k] = True
-            found.append(k)
-    return found
+    return [k for k, folded in enumerate(folds) if folded]

@@ -35,8 +35,7 @@ def device_description() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def device_fingerprint() -> str:
-    text = json.dumps(device_description(), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(device_description(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def read_json(path: Path) -> Any | None:

@@ -1,11 +1,9 @@
 """How busy the machine is with other processes, now: what a measurement taken now is worth.
 
-Calibration and the first-load tuning time things on this machine and cache the result for good. Taken
-while other processes kept cores busy, those figures describe that moment, not the machine: the search then
-kept choosing from them (real models ran 1.11-1.64x ONNX Runtime's time until the cache was deleted by
-hand). So each cached measurement records how busy the machine was when it was taken (`other_cpu_busy`),
-and one taken busy is taken again on a later load that finds the machine quiet (`worth_retaking`). A
-measurement taken quiet is never second-guessed, and costs no probe.
+Calibration and the first-load tuning are cached for good; taken while other processes kept cores busy,
+they describe that moment, not the machine (real models ran 1.11-1.64x ONNX Runtime's time until the cache
+was deleted by hand). So each records how busy the machine was (`other_cpu_busy`), and one taken busy is
+taken again on a load that finds the machine quiet (`worth_retaking`); one taken quiet costs no probe.
 
 The probe reads Linux's /proc/stat and /proc/self/stat twice, WINDOW_S apart: the share of all cores' time
 spent running anything but this process. Elsewhere, or with $EDGERUN_PROBE_MACHINE_LOAD=0 (the test suite
@@ -36,16 +34,12 @@ def other_cpu_busy(window_s: float = WINDOW_S, sleep: Callable[[float], None] = 
     if os.environ.get(PROBE_ENV) == "0":
         return None
     try:
-        before = _cpu_ticks(), _own_ticks()
+        (busy0, total0), own0 = _cpu_ticks(), _own_ticks()
         sleep(window_s)
-        after = _cpu_ticks(), _own_ticks()
+        (busy1, total1), own1 = _cpu_ticks(), _own_ticks()
     except (OSError, ValueError, IndexError):
         return None
-    (busy0, total0), own0 = before
-    (busy1, total1), own1 = after
-    if total1 <= total0:
-        return None
-    return min(max((busy1 - busy0 - (own1 - own0)) / (total1 - total0), 0.0), 1.0)
+    return min(max((busy1 - busy0 - (own1 - own0)) / (total1 - total0), 0.0), 1.0) if total1 > total0 else None
 
 
 def worth_retaking(busy_then: object, probe: BusyProbe) -> bool:

@@ -34,12 +34,11 @@ class SearchResult:
 
 def search_placement(table: CostTable, *, max_partitions: int = MAX_PARTITIONS,
                      partition_scale: float = 1.0) -> SearchResult:
-    scale = partition_scale
     while True:
-        result = _dp(table, scale)
-        if result.switches <= max_partitions or scale > 1e6:
+        result = _dp(table, partition_scale)
+        if result.switches <= max_partitions or partition_scale > 1e6:
             return result
-        scale *= 4
+        partition_scale *= 4
 
 
 def _dp(table: CostTable, scale: float) -> SearchResult:

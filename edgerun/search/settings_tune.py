@@ -1,11 +1,8 @@
 """Backend settings chosen per program: the tuned winner timed again with each open setting changed.
 
-Calibration picks a device-wide value for each of a backend's `tunable_settings` (ONNX Runtime's pool-thread
-spinning, MNN's thread count) from micro-benchmarks, and those proved a poor guide: at idle they gained
-0.6-2x each with spinning from run to run and left it off in some calibrations and on in others, while on
-real programs spinning won by 8-17% (MobileNetV2 5.40 -> 5.00 ms, ShuffleNetV2
-3.75 -> 3.29, the MLP 35 -> 29 us, SmolLM2's decode 102 -> 110 tokens/s; load 0.1-1.5). So the
-first auto load of a program, when its measuring budget is not spent, also loads the winner once per open
+Calibration's device-wide choice of each of a backend's `tunable_settings` (ONNX Runtime's pool-thread
+spinning, MNN's thread count) proved a poor guide: it left spinning off at idle, where real programs ran
+8-17% faster spinning (docs/backends.md has the figures). So the first auto load of a program, when its measuring budget is not spent, also loads the winner once per open
 setting with that setting changed, times both in interleaved rounds (timing.py), and keeps the change only
 if it wins by SETTING_GAIN (spinning costs every other process a core). The choice is cached in the
 program's tuned entry (tune.py's one cache), and applied around the load of the cached winner. A first
@@ -36,9 +33,7 @@ Settings = dict[str, dict[str, Any]]  # backend name -> {setting: value}
 def cached_settings(program_key: str) -> Settings | None:
     """The settings tuned for this program on this device, if any were."""
     data = read_tuned(program_key).get("settings")
-    if not isinstance(data, dict):
-        return None
-    return {str(b): dict(v) for b, v in data.items() if isinstance(v, dict)}
+    return {str(b): dict(v) for b, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else None
 
 
 def configured(backends: Mapping[str, Backend], settings: Settings) -> dict[str, Backend]:
@@ -59,11 +54,8 @@ def tune_settings(placement: Mapping[str, str], loaded: Trial, inputs: list[np.n
     `deadline`; the result is cached (an empty dict too: "the current values won") unless time ran out."""
     settings: Settings = {}
     finished = True
-    for name in sorted(set(placement.values())):
-        backend = backends.get(name)
-        if backend is None:
-            continue
-        for setting, values in backend.tunable_settings().items():
+    for name in sorted(set(placement.values()) & set(backends)):
+        for setting, values in backends[name].tunable_settings().items():
             if len(values) < 2:
                 continue
             if clock() >= deadline:

@@ -3,19 +3,12 @@
 Every function here takes the clock (`Clock`, seconds as a float; `time.perf_counter` by default), so the
 search's decisions are tested exactly on a fake clock that the fake candidates advance.
 
-Two figures are taken of a loaded candidate:
-
-- its *warm-up*: the fastest of a few first calls (`warm_up_seconds`). A fresh session's first call can be
-  many times its steady time (arena growth, cold caches, a pool whose threads went to sleep), so one call is
-  not enough; a call already past the time that rules the candidate out is abandoned at the next instruction
-  boundary, so a misjudged candidate cannot eat the load.
-- its *steady* time (`steady_seconds`), for the contenders left after the warm-ups. Timed one after the
-  other, candidates mislead: a backend's threads keep cores busy after its call returns (numpy's BLAS pool
-  spins for about 0.1 s), so the next candidate pays for the one before. So the contenders are timed in
-  interleaved rounds, in a rotated order; each block opens with untimed calls for as long as the previous
-  candidate declares its threads busy (`Backend.busy_after_call_s`), then BLOCK_CALLS timed calls, whose
-  median is the block's figure. A candidate's time is the smallest of its block medians: on a shared
-  machine noise only adds, and warm-up only fades.
+Two figures are taken of a loaded candidate: its *warm-up*, the fastest of a few first calls (a fresh
+session's first call can be many times its steady time), a call past the time that rules the candidate out
+abandoned at the next instruction boundary; and, for the contenders left, its *steady* time, in interleaved
+rounds, each block waiting out the threads the previous candidate left busy (numpy's BLAS pool spins for
+about 0.1 s after a call, so the next candidate would pay for it). A candidate's time is the smallest of its
+block medians: on a shared machine noise only adds, and warm-up only fades. docs/backends.md has the figures.
 """
 
 from __future__ import annotations

@@ -5,24 +5,10 @@ cost model alone can be several times off (on a busy machine above all), and a m
 model's best few candidates, which include every backend alone, cannot be worse than the best
 single-engine placement it measured. `tune=True` measures without the bound.
 
-The search is data:
-- the candidates (`candidate_placements`): the model's optimum, each backend alone (with the reference
-  taking what it cannot run), the optimum with costlier partitions; ordered by modelled latency;
-- the margins (`Margins`): every factor the decisions use, each named for what it means;
-- the rules (`LEAVE_OUT`): an ordered table of (reason, test); pass 1 leaves a candidate out under the
-  first rule that holds, and writes the reason in the report. The optimum is never left out, nor the
-  cheap single engine measured first; the net (below) only by a rule that does not spare it;
-- one timing module (timing.py), and one clock and one loader, both injected, so the tests run the whole
-  search on a fake clock with fake candidates and check its decisions exactly;
-- one cache entry per (device, program and candidates): the winner's placement, the report, and the
-  backend settings tuned for it (settings_tune.py).
-
-The *net* is the single engine measured whatever the budget says, so a mixed optimum the model misjudged
-cannot win by default: the cheapest to build of the single engines modelled within `cheap_single_slack`
-of the optimum, or without build estimates the best-modelled one within `single_slack`. A net that
-measures more than `cheap_single_slack` times its modelled time was itself misjudged, and hands over to the
-next such engine. Candidates are built in `measuring_order` (the net, the optimum, then cheapest build
-first) so that a dear build cannot spend the budget a cheap one needed.
+The search is data (docs/backends.md has each figure and rule): candidates, `Margins`, rules (`LEAVE_OUT`),
+with the clock and the loader injected, so the tests check its decisions exactly on a fake clock. The *net*
+is the single engine measured whatever the budget says (`cheap_single`, `safety_net`, `next_net`), so a
+mixed optimum the model misjudged cannot win by default.
 """
 
 from __future__ import annotations
@@ -155,11 +141,6 @@ def candidate_placements(graph: Graph, table: CostTable, best: SearchResult,
     return [Candidate(label, dict(zip(names, per_node)), cost) for label, per_node, cost in chosen]
 
 
-def is_single(candidate: Candidate, k: int) -> bool:
-    """A single-engine candidate: one labelled so, or the optimum when it runs on one backend."""
-    return candidate.label.startswith("all ") or (k == 0 and len(set(candidate.placement.values())) == 1)
-
-
 @dataclass
 class FirstPass:
     """What pass 1's rules look at: the candidates, their build estimates, the clock and the budget."""
@@ -199,9 +180,10 @@ class FirstPass:
         return self.candidates[k].modelled_s > factor * self.optimum_s
 
     def close_singles(self, factor: float, exclude: frozenset[int] = frozenset()) -> list[int]:
-        """The single-engine candidates modelled within `factor` of the optimum, less `exclude`."""
-        return [k for k, c in enumerate(self.candidates)
-                if k not in exclude and is_single(c, k) and not self.over(k, factor)]
+        """The single-engine candidates (labelled so, or the optimum on one backend) modelled within `factor`
+        of the optimum, less `exclude`."""
+        return [k for k, c in enumerate(self.candidates) if k not in exclude and not self.over(k, factor)
+                and (c.label.startswith("all ") or (k == 0 and self.optimum_is_single))]
 
 
 @dataclass(frozen=True)
@@ -250,18 +232,14 @@ def measuring_order(builds: Sequence[float], first: int | None) -> list[int]:
 def cheap_single(p: FirstPass) -> int | None:
     """The single engine always measured first: of those modelled within cheap_single_slack of the optimum,
     the cheapest to build, if its estimated build fits the budget and it is not the optimum itself."""
-    close = p.close_singles(p.margins.cheap_single_slack)
-    if not close:
-        return None
-    k = min(close, key=lambda k: p.builds[k])
+    k = min(p.close_singles(p.margins.cheap_single_slack), key=lambda k: p.builds[k], default=0)
     return k if k and p.builds[k] <= p.budget_s else None
 
 
 def next_net(p: FirstPass) -> int | None:
     """Once the net measured far slower than its model: the cheapest build among the single engines
     modelled within cheap_single_slack of the optimum and not yet tried."""
-    close = [k for k in p.close_singles(p.margins.cheap_single_slack, frozenset({0, *p.tried_nets}))
-             if p.candidates[k].label.startswith("all ")]
+    close = p.close_singles(p.margins.cheap_single_slack, frozenset({0, *p.tried_nets}))  # all "all <backend>"
     return min(close, key=lambda k: p.builds[k], default=None)
 
 
@@ -278,14 +256,9 @@ def safety_net(candidates: Sequence[Candidate], builds: Sequence[float] | None, 
 def synthetic_inputs(graph: Graph) -> list[np.ndarray]:
     """Inputs to time candidates on: zeros for integers (always valid indices), normal noise for floats."""
     rng = np.random.default_rng(0)
-    arrays = []
-    for name in graph.inputs:
-        spec = graph.specs[name]
-        if spec.dtype.is_float:
-            arrays.append(rng.standard_normal(spec.shape).astype(spec.dtype.np))
-        else:
-            arrays.append(np.zeros(spec.shape, spec.dtype.np))
-    return arrays
+    specs = [graph.specs[name] for name in graph.inputs]
+    return [rng.standard_normal(s.shape).astype(s.dtype.np) if s.dtype.is_float else np.zeros(s.shape, s.dtype.np)
+            for s in specs]
 
 
 def tune_placement(graph: Graph, table: CostTable, best: SearchResult, program_hash: str,
