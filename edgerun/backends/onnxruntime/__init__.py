@@ -7,7 +7,8 @@ or out. Ops ORT cannot run exactly are not claimed (onnx_ops.SUPPORTED); a parti
 is the runtime's to put back on the reference backend, with a warning.
 
 Threads: `intra_op_num_threads` from the constructor, else $EDGERUN_ORT_THREADS, else 2. Partitions too
-small to gain from a thread pool get one thread. Whether pool threads spin waiting for work is
+small to gain from a thread pool get one thread (`pooled`: too little work in all, or, for a pool that
+sleeps, too little per op). Whether pool threads spin waiting for work is
 `spin=True/False`, else $EDGERUN_ORT_SPIN=1/0, else calibration's choice (edgerun.search.calibrate times
 the threaded benchmarks both ways and sets `spin`), else off: spinning pools, or other processes on a
 shared machine, steal each other's cores (on the dev box under load: MobileNetV2 all on ORT 90 ms
@@ -61,6 +62,11 @@ DEFAULT_THREADS = 2
 # Below this many elementary operations a partition runs single-threaded, unless the pool spins (a
 # sleeping pool's wake-up costs more than the work).
 SMALL_PARTITION_FLOPS = 2e6
+# A sleeping pool also needs its partition's ops to average this much work: many tiny kernels around a few
+# GEMMs pay more in wake-ups than the GEMMs gain (DIN's train step, 308 ops averaging 81K: 1.50 CPU ms a
+# step on one thread against 1.68 on two, wall p20 1.21 against 1.57, interleaved at load 9; the MLP's and
+# the digits CNN's steps average 350K and 450K, ResNet-50 67M, MiniLM 3.6M).
+POOL_NODE_FLOPS = 1e5
 # With a spinning pool, a small partition still uses it when its ops average at least this much work.
 SPIN_POOL_NODE_FLOPS = 2e4
 
@@ -113,13 +119,8 @@ class OnnxRuntimeBackend(Backend):
         in_place = read_in_place(model, external)  # bound to the program's arrays at run time, not prepacked
         for name in in_place:
             del external[name]
-        work = sum(node_work(n, subgraph)[0] for n in subgraph.nodes)
-        # A spinning pool has no wake-up to pay, so a small partition of a few sizeable ops gains from it (the
-        # MLP, 30K flops a node: 14 us on 2 spinning threads, 21 on one); one of many tiny ops does not (DIN,
-        # 7K a node: 40 us against 28).
-        pooled = work >= SMALL_PARTITION_FLOPS or (
-            self.spin and work >= SPIN_POOL_NODE_FLOPS * max(len(subgraph.nodes), 1))
-        threads = self.threads if pooled else 1
+        threads = self.threads if pooled(sum(node_work(n, subgraph)[0] for n in subgraph.nodes),
+                                         len(subgraph.nodes), self.spin) else 1
         # Outputs that may also be written over an input (a weight's update over the weight: onnx_in_place.py);
         # unlike `overwrites`, the runner stages nothing for them when the runtime hands two buffers.
         in_place_outputs = may_overwrite(model.graph, set(subgraph.inputs) - set(overwrites.values()))
@@ -184,6 +185,17 @@ class OnnxRuntimeBackend(Backend):
         if arrays:
             self._shape_variants.add(variant)
         return runner, 1
+
+
+def pooled(work: float, nodes: int, spin: bool) -> bool:
+    """Whether a partition of `nodes` ops doing `work` elementary operations in all gets the thread pool."""
+    per_node = work / max(nodes, 1)
+    if spin:
+        # A spinning pool has no wake-up to pay, so a small partition of a few sizeable ops gains from it (the
+        # MLP, 30K flops a node: 14 us on 2 spinning threads, 21 on one); one of many tiny ops does not (DIN,
+        # 7K a node: 40 us against 28).
+        return work >= SMALL_PARTITION_FLOPS or per_node >= SPIN_POOL_NODE_FLOPS
+    return work >= SMALL_PARTITION_FLOPS and per_node >= POOL_NODE_FLOPS
 
 
 def _program_constants(released: set[str], runner: BoundSession, graph: Graph) -> frozenset[str]:
