@@ -21,6 +21,7 @@ CPU engine the search can place partitions on. `pip install edgerun[mnn]`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -59,8 +60,10 @@ class _quiet_stdout:
 
 
 try:
-    with _quiet_stdout():
-        import MNN
+    # MNN itself (4 MB resident) is imported when a partition first compiles (`_mnn`): a load whose placement
+    # puts nothing on MNN, a cached `auto` one above all, does not pay for it.
+    if importlib.util.find_spec("MNN") is None:
+        raise ImportError("MNN is missing")
     # MNN's converter entry point (the C++ module, not MNN.tools), imported only by the conversion child.
     _converter = importlib.util.find_spec("_tools")
     if _converter is None or _converter.origin is None:
@@ -277,7 +280,7 @@ class MnnBackend(Backend):
         model, external = build_model(subgraph)
         # Converted once per content on this machine (conversion_cache): the key covers the emitted model,
         # its weights, MNN's version and the converter's flags.
-        key = conversion_key(model, external, "mnn", MNN.version(), *CONVERT_FLAGS)
+        key = conversion_key(model, external, "mnn", _mnn().version(), *CONVERT_FLAGS)
         threads = self.partition_threads(subgraph)
         with converted_file("mnn", key, lambda target: convert_model(model, external, target), ".mnn") as path:
             runner = SessionRunner(path, subgraph, threads)
@@ -293,6 +296,14 @@ class MnnBackend(Backend):
             return self.threads
         work = sum(c.flops + c.bytes_moved for c in (self.cost(n, subgraph) for n in subgraph.nodes))
         return self.threads if work >= SMALL_PARTITION_WORK else 1
+
+
+@functools.cache
+def _mnn() -> Any:
+    """The MNN module, imported on first use (it prints its CPU features on import)."""
+    with _quiet_stdout():
+        import MNN
+    return MNN
 
 
 def create_backend(threads: int | None = None) -> MnnBackend:
@@ -351,7 +362,7 @@ class SessionRunner:
 
     def __init__(self, path: Path, graph: Graph, threads: int) -> None:
         self.model_bytes = path.stat().st_size
-        self.interpreter = MNN.Interpreter(str(path))
+        self.interpreter = _mnn().Interpreter(str(path))
         with _quiet_stdout():
             self.session = self.interpreter.createSession({"numThread": threads, "precision": "high"})
         self.graph = graph
@@ -368,8 +379,9 @@ class SessionRunner:
         if spec.dtype not in _MNN_DTYPE:
             raise EdgerunError(f"MNN holds no {spec.dtype.value} tensors ({name})")
         shape = list(spec.shape) or [1]
-        host = MNN.Tensor(shape, _halide(spec.dtype), np.zeros(shape, _MNN_DTYPE[spec.dtype]),
-                          MNN.Tensor_DimensionType_Caffe)
+        mnn = _mnn()
+        host = mnn.Tensor(shape, _halide(spec.dtype), np.zeros(shape, _MNN_DTYPE[spec.dtype]),
+                          mnn.Tensor_DimensionType_Caffe)
         return host, np.asarray(host.getNumpyData()).reshape(spec.shape)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
@@ -435,4 +447,4 @@ _MNN_ERRORS = {1: "out of memory", 2: "not supported", 3: "compute size error", 
 
 
 def _halide(dtype: DType) -> Any:
-    return MNN.Halide_Type_Float if dtype is DType.float32 else MNN.Halide_Type_Int
+    return _mnn().Halide_Type_Float if dtype is DType.float32 else _mnn().Halide_Type_Int
