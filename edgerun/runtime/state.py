@@ -20,6 +20,8 @@ partition acquiring it); `reset` and `assign` overwrite the buffer and drop the 
 
 from __future__ import annotations
 
+import mmap
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,12 @@ class StateStore:
 
     def __init__(self, initial: Mapping[str, np.ndarray]) -> None:
         self.initial = {name: np.asarray(value) for name, value in initial.items()}
-        self.buffers = {name: allocate_arena(value.nbytes).view(value.dtype).reshape(value.shape)
+        # A state whose initial value is one zero broadcast (an LLM's KV cache) gets fresh anonymous pages,
+        # which read as zeros and become resident only where a call writes: a cache of 512 positions costs
+        # what the positions used so far fill, not its whole size from load on.
+        self.zero_maps = {name: _zero_pages(value) for name, value in self.initial.items() if _is_zero_broadcast(value)}
+        self.buffers = {name: (np.frombuffer(self.zero_maps[name], np.uint8) if name in self.zero_maps
+                               else allocate_arena(value.nbytes)).view(value.dtype).reshape(value.shape)
                         for name, value in self.initial.items()}
         self.lock = threading.Lock()
         # state -> (the partition runner holding its newest value in its own memory, how to copy it here)
@@ -53,7 +60,10 @@ class StateStore:
         with self.lock:
             self.holders.clear()  # a holder's copy is stale now: its next call loads the buffer
             for name, buffer in self.buffers.items():
-                buffer[...] = self.initial[name]
+                if name in self.zero_maps and sys.platform.startswith("linux"):
+                    self.zero_maps[name].madvise(mmap.MADV_DONTNEED)  # private anonymous pages: zeros again, not resident
+                else:
+                    buffer[...] = self.initial[name]
 
     def materialise(self) -> None:
         """Copy every state a backend holds back into its buffer (the host's copy is current again)."""
@@ -92,6 +102,16 @@ class StateStore:
                                        f"{array.dtype}{list(array.shape)}")
                 self.holders.pop(name, None)
                 buffer[...] = array
+
+
+def _is_zero_broadcast(value: np.ndarray) -> bool:
+    """Whether `value` is one zero element broadcast to its shape (a zero-initialised state's initial value)."""
+    return hasattr(mmap, "MAP_PRIVATE") and value.size > 0 and not any(value.strides) and not value.flat[0]
+
+
+def _zero_pages(value: np.ndarray) -> mmap.mmap:
+    """Anonymous, page-aligned memory for `value`'s bytes, zero until written."""
+    return mmap.mmap(-1, value.nbytes, flags=mmap.MAP_PRIVATE)  # private: MADV_DONTNEED zeroes it (reset)
 
 
 @dataclass(frozen=True)

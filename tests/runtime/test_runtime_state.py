@@ -3,6 +3,8 @@ by every method of one load, reset and inspected by name; on the reference, ONNX
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from edgerun.ir.graph import Graph
 from edgerun.ir.tensor_spec import TensorSpec
 from edgerun.ir.verifier import verify
 from edgerun.program import Program
+from edgerun.runtime.state import StateStore
 
 F32 = DType.float32
 SPEC = TensorSpec((2, 3), F32)
@@ -154,3 +157,39 @@ def test_verifier_checks_state():
         Program.from_methods({"forward": accumulator()}, state={"acc": np.zeros(4, np.float32)})
     with pytest.raises(VerificationError, match="program does not have"):
         Program.from_methods({"forward": accumulator()})
+
+
+def rss_anon_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:")) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_zero_broadcast_state_is_resident_only_where_written():
+    """A state whose initial value is one broadcast zero (an LLM's KV cache) takes fresh pages: loading it
+    touches none of its 64 MB, a write makes only its own pages resident, reset gives them back as zeros."""
+    shape = (16, 1024, 1024)
+    before = rss_anon_mb()
+    store = StateStore({"cache": np.broadcast_to(np.zeros((), np.float32), shape)})
+    buffer = store.buffers["cache"]
+    assert buffer.shape == shape and buffer.dtype == np.float32 and buffer.flags.writeable
+    assert rss_anon_mb() - before < 16
+    buffer[3, :16] = 7  # 64 KB
+    assert rss_anon_mb() - before < 16 and buffer[3, :16].min() == 7 and not buffer[4].any()
+    store.reset()
+    assert not buffer.any() and rss_anon_mb() - before < 16
+    plain = StateStore({"acc": np.ones((2, 3), np.float32)})  # any other initial value is copied in
+    plain.buffers["acc"][...] = 5
+    plain.reset()
+    np.testing.assert_array_equal(plain.buffers["acc"], 1)
+
+
+def test_a_zero_broadcast_state_persists_and_resets_through_a_loaded_program():
+    zero = np.broadcast_to(np.zeros((), np.float32), (2, 3))
+    model = edgerun.load(Program.from_methods({"forward": accumulator(), "peek": peek()}, state={"acc": zero}))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    model(x)
+    np.testing.assert_allclose(model(x), 4 * x + 0.5)
+    model.reset_state()
+    np.testing.assert_allclose(model.state["acc"], 0)
+    np.testing.assert_allclose(model(x), 2 * x + 0.5)
