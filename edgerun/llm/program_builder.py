@@ -144,10 +144,12 @@ class _StepBuilder:
             return name
         return self.g.add_constant(data, name=name)
 
-    def int4_matmul(self, x: str, ops: Int4Operands, name: str) -> str:
+    def int4_matmul(self, x: str, ops: Int4Operands, name: str, scales_name: str | None = None) -> str:
         n, groups, half = ops.packed.shape
         group = 2 * half  # 32, or 16 for Q6_K
-        ins = [x, self.constant(ops.packed, name + ".codes"), self.constant(ops.scales, name + ".scales")]
+        if ops.input_scale != 1.0:
+            x = self.b.binary("mul", x, self.b.scalar(ops.input_scale, x))
+        ins = [x, self.constant(ops.packed, name + ".codes"), self.constant(ops.scales, scales_name or name + ".scales")]
         if ops.zeros is not None:
             ins.append(self.constant(ops.zeros, name + ".zeros"))
         y = self.b.emit("matmul_int4", ins, k=groups * group, n=n, group_size=group, **self.int4_attrs)
@@ -198,7 +200,8 @@ class _StepBuilder:
         ops = self.packed_operands(name, w)
         if len(ops) == 1:
             return self.int4_matmul(x, ops[0], name)
-        return self.b.binary("add", self.int4_matmul(x, ops[0], name + ".high"),
+        shared_scales = name + ".low.scales" if ops[0].scales is ops[1].scales else None  # one constant, not two
+        return self.b.binary("add", self.int4_matmul(x, ops[0], name + ".high", shared_scales),
                              self.int4_matmul(x, ops[1], name + ".low"))
 
     def linear(self, x: str, name: str) -> str:

@@ -185,12 +185,14 @@ def test_wide_codes_split_into_two_int4_matmuls_equal_the_dequantized_weight(mon
     for qtype, unpack in readers.items():
         w = unpack(random_blocks(qtype, 4, 256, rng), (4, 256))
         total = np.zeros((4, 256), np.float64)
-        for ops in wide_as_two_int4(w):
+        high, low = wide_as_two_int4(w)
+        assert high.scales is low.scales and high.input_scale == 16  # one scales array for both halves
+        for ops in (high, low):
             group = ops.packed.shape[2] * 2
             codes = np.stack([ops.packed & 0x0F, ops.packed >> 4], axis=-1).reshape(4, -1, group).astype(np.float64)
             zeros = 8 if ops.zeros is None else ops.zeros[..., None]
             part = (codes - zeros) * ops.scales[..., None]
             if ops.offsets is not None:
                 part = part + ops.offsets[..., None]
-            total += part.reshape(4, 256)
+            total += ops.input_scale * part.reshape(4, 256)
         assert np.array_equal(total, w.dequantize().astype(np.float64)), qtype
