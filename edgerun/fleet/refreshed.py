@@ -38,6 +38,7 @@ class Refreshed(Generic[T]):
         self._generation = 0      # raised by each invalidate()
         self._read_generation = -1  # the generation the held value was read in
         self._flight: tuple[asyncio.AbstractEventLoop, asyncio.Future[T]] | None = None
+        self._reading = False  # a worker thread's re-read of a value past its period is under way (`get`)
 
     def invalidate(self) -> None:
         """The held value is out of date (this process wrote, or was told another did): the next reader waits
@@ -75,11 +76,25 @@ class Refreshed(Generic[T]):
         return value
 
     def get(self) -> T:
-        """The value, re-read in the calling thread when due (for worker threads, never the event loop)."""
-        value, due, _ = self._state()
+        """The value, re-read in the calling thread when due (for worker threads, never the event loop). A value
+        merely past its period, while another thread already re-reads it, is answered as held: under a burst
+        (a step's devices all fetching their assignments) every worker thread used to re-read the same table
+        at once."""
+        value, due, must_wait = self._state()
         if not due:
             assert value is not None
             return value
+        if not must_wait:
+            with self._lock:
+                if self._reading:
+                    assert value is not None
+                    return value
+                self._reading = True
+            try:
+                return self.read()
+            finally:
+                with self._lock:
+                    self._reading = False
         return self.read()
 
     async def get_async(self) -> T:

@@ -110,7 +110,9 @@ def count_population(conn: sa.Connection, task: str, version: int, targeting: di
 
 
 def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutState, actor: str,
-                    extra: dict[str, Any] | None = None) -> None:
+                    extra: dict[str, Any] | None = None) -> bool:
+    """Store the release's new state; True when it changed what devices are served (stage, step or pause,
+    announced to every replica), False when only counts moved."""
     values = {"stage": new.stage, "step": new.step, "paused": new.paused, "step_success": new.step_success,
               "step_failure": new.step_failure, "reason": new.reason, "updated_at": time.time(),
               "step_population": max(0, new.population), **(extra or {})}
@@ -121,10 +123,12 @@ def save_transition(conn: sa.Connection, row: sa.Row[Any], new: rollout.RolloutS
     if new.stage in ("beta", "gray", "completed"):
         values["exposed"] = True
     conn.execute(releases.update().where(releases.c.id == row.id).values(**values))
-    if new.events or (new.stage, new.step, new.paused) != (row.stage, row.step, row.paused):
+    changed = bool(new.events) or (new.stage, new.step, new.paused) != (row.stage, row.step, row.paused)
+    if changed:
         announce(conn)
     for event in new.events:
         write_audit(conn, actor, event, row.id, new.reason if event.startswith(("rollback", "pause", "abort")) else "")
+    return changed
 
 
 def check_published_manifest(signed: dict[str, Any]) -> dict[str, Any]:
@@ -196,16 +200,16 @@ def control(engine: sa.Engine, release_id: int, action: str, actor: str) -> dict
     return describe(engine, release_id)
 
 
-def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int) -> rollout.RolloutState:
+def apply_counts(conn: sa.Connection, release_id: int, success: int, failure: int) -> bool:
     """Add a report batch and evaluate against the step's stored population (the elected step monitor keeps it
-    current, outside this row lock: step_monitor.py)."""
+    current, outside this row lock: step_monitor.py). True when the release's stage, step or pause changed
+    (what check-ins are answered from); a batch that only adds to the counts changes nothing they serve."""
     row = lock_release(conn, release_id)
     policy = rollout.RolloutPolicy.from_dict(row.policy)
     state = state_of(row)
     new = rollout.apply_reports(state, policy, success, failure)
     totals = {"total_success": row.total_success + success, "total_failure": row.total_failure + failure}
-    save_transition(conn, row, new, "monitor", totals)
-    return replace(new, events=())
+    return save_transition(conn, row, new, "monitor", totals)
 
 
 def describe_row(row: sa.Row[Any]) -> dict[str, Any]:

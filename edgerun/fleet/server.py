@@ -34,7 +34,7 @@ from edgerun.fleet.api_models import (
     RegisterRequest,
     ReportBatch,
 )
-from edgerun.fleet.blob_response import blob_response
+from edgerun.fleet.blob_response import SmallBlobs, blob_response, small_blob_response
 from edgerun.fleet.database import create_engine, sqlite_url, upgrade
 from edgerun.fleet.errors import FleetError
 from edgerun.fleet.freshness import TIMESTAMP_LIFETIME_S
@@ -214,6 +214,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
                          checks=metrics.push_checks, nudges=metrics.push_nudges)
     listener = Listener(engine, watch.kick, service.forget) if postgres else None
     blob_downloads: dict[str, int] = {}  # digest -> GETs served by this process (operators, tests)
+    small_blobs = SmallBlobs()
 
     def flush_loop() -> None:
         while not stop.wait(1.0):
@@ -281,12 +282,6 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         if owner is None or owner.device_id != device_id:
             raise HTTPException(403, "this token does not belong to that device")
         return owner
-
-    def require_any(request: Request) -> None:
-        token = _bearer(request)
-        if service.is_admin(token) or service.device_for_token(token):
-            return
-        raise HTTPException(403, "unknown token")
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> Response:
@@ -460,7 +455,7 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
                 # The signed timestamp as JSON is kept with it (`timestamp_json`): one encoding per signature.
                 return 200, (b'{"status": "up-to-date", "root_version": %d, "timestamp": %s}'
                              % (root_version, service.timestamp_json(device_id, body.serial, root))), []
-            assignment = await run_in_threadpool(service.assignment, profile)
+            assignment = await run_in_threadpool(service.assignment, profile, table)
         except sa.exc.DBAPIError:
             return checkin_path.error(503, DATABASE_UNAVAILABLE, [(b"retry-after", b"1")])
         updated.inc()
@@ -503,11 +498,22 @@ def create_app(cfg: ServerConfig, clock: Callable[[], float] = time.monotonic) -
         metrics.reports.labels("duplicate").inc(len(body.reports) - accepted)
         return {"accepted": accepted}
 
-    @app.get("/v1/blobs/{digest}", dependencies=[Depends(require_any)])
-    def get_blob(digest: str, request: Request) -> Response:
+    @app.get("/v1/blobs/{digest}")
+    async def get_blob(digest: str, request: Request) -> Response:
+        """On the event loop for a small blob already held (`SmallBlobs`); everything else (the first read, a
+        range, a large blob, a remote store) in a worker thread."""
+        token = _bearer(request)
+        if not (await service.is_admin_async(token) or await identity_of(token)):
+            raise HTTPException(403, "unknown token")
         digest = check_digest(digest)
         blob_downloads[digest] = blob_downloads.get(digest, 0) + 1
-        return blob_response(store, check_digest(digest), request.headers.get("range"))
+        if request.headers.get("range") is None:
+            data = small_blobs.get(digest)
+            if data is None:
+                data = await run_in_threadpool(small_blobs.load, store, digest)
+            if data is not None:
+                return small_blob_response(data)
+        return await run_in_threadpool(blob_response, store, digest, request.headers.get("range"))
 
     @app.get("/v1/admin/blob-downloads", dependencies=[Depends(require_admin)])
     def blob_download_counts() -> dict[str, int]:

@@ -480,10 +480,13 @@ class FleetService:
             self._timestamps[device_id] = signed
         return signed
 
-    def assignment(self, profile: DeviceProfile) -> dict[str, Any]:
+    def assignment(self, profile: DeviceProfile,
+                   table: dict[str, list[CachedRelease]] | None = None) -> dict[str, Any]:
         """The signed assignment. Each release version in it is recorded as delivered to this device first:
-        only the reports of devices a version was delivered to count towards its rollout."""
-        tasks = self.desired(profile)
+        only the reports of devices a version was delivered to count towards its rollout. `table`: the
+        release table the check-in was judged from (`current`), so that the answer is built from the same
+        table without a second look (or re-read) in the worker thread; the table held when None."""
+        tasks = self.desired(profile, table)
         if tasks:
             now = time.time()
             rows = [{"device_id": profile.device_id, "task": t, "version": int(env["signed"]["version"]),
@@ -548,14 +551,18 @@ class FleetService:
                     if row["counted"] and row["outcome"] != "cancelled":
                         counts[(row["task"], row["version"])][0 if row["outcome"] == "success" else 1] += 1
                 accepted.append(n)
+            moved = False
             if counts:
                 keys = list(counts)
                 rows = conn.execute(sa.select(releases.c.id, releases.c.task, releases.c.version)
                                     .where(sa.tuple_(releases.c.task, releases.c.version).in_(keys))).all()
                 for r in sorted(rows, key=lambda r: r.id):  # a fixed lock order: no deadlock between processes
                     ok, bad = counts[(r.task, r.version)]
-                    rel.apply_counts(conn, r.id, ok, bad)
-        if counts:
+                    moved = rel.apply_counts(conn, r.id, ok, bad) or moved
+        # Only a stage, step or pause change touches the release table check-ins are answered from. Re-reading
+        # it after every report commit made each check-in behind the commit wait for the whole table, and each
+        # assignment re-read it in its own thread: during a step's installs, one re-read per report batch.
+        if moved:
             self.invalidate()
         return accepted
 

@@ -135,3 +135,29 @@ def test_a_database_error_keeps_what_is_held_and_is_raised_when_nothing_is() -> 
     assert cell.get() == 7 and calls[0] == 0  # ... not looked up again before retry_s
     clock.now += 0.1
     assert cell.get() == 7 and calls[0] == 1
+
+
+def test_worker_threads_answer_a_value_past_its_period_while_one_of_them_rereads_it() -> None:
+    """A burst of worker threads (a step's assignments) must not all re-read the same table at once; one that
+    was invalidated is still waited for by every reader."""
+    clock, gate, reading, calls = Clock(), threading.Event(), threading.Event(), [0]
+
+    def load(_held: int | None) -> int:
+        calls[0] += 1
+        if calls[0] > 1:
+            reading.set()
+            gate.wait(GIVE_UP_S)
+        return calls[0]
+
+    cell = Refreshed(load, 1.0, clock)
+    assert cell.get() == 1
+    clock.now += 1.0
+    first = threading.Thread(target=cell.get)
+    first.start()
+    assert reading.wait(GIVE_UP_S)
+    assert cell.get() == 1  # another thread re-reads: the held value, no second read
+    assert calls[0] == 2
+    gate.set()
+    first.join(GIVE_UP_S)
+    cell.invalidate()
+    assert cell.get() == 3  # invalidated: read again in the calling thread
