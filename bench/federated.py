@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from process_memory import peak_rss_mb  # bench/ is this script's directory
 
 
 def full_run(args: argparse.Namespace) -> dict[str, object]:
@@ -88,15 +89,6 @@ def minilm_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def peak_rss_mib() -> float:
-    """This process's peak resident memory (VmHWM: its own, where getrusage's ru_maxrss starts from the
-    parent's peak in a process started by fork and exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def scale(args: argparse.Namespace) -> dict[str, object]:
     """Aggregation time per update and peak memory for `--scale` MiniLM-sized updates taken by the job as the
     collector hands them over (`FederatedJob.receive_many`, pages of 100): validation, the running float64
@@ -122,7 +114,7 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
         job = FederatedJob.start(engine, JobConfig("scale", rounds=1, per_round=n, quorum=n, deadline_s=1e9,
                                                    norm_bound=1e6), reference, base / "updates")
         devices = job.open_round([DeviceProfile(f"d{i:05d}") for i in range(n)], now=0.0)
-        before, load_before = peak_rss_mib(), os.getloadavg()[0]
+        before, load_before = peak_rss_mb(), os.getloadavg()[0]
         per_update: list[float] = []
         cpu_per_update: list[float] = []
         peaks: list[dict[str, object]] = []
@@ -133,7 +125,7 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
             cpu_per_update.append((time.process_time() - cpu) / len(verdicts))
             assert verdicts == ["accepted"] * len(verdicts), set(verdicts)
             if lo + page in (page, n // 2, n) or lo + page >= n:
-                peaks.append({"updates": min(lo + page, n), "peak_rss_mib": peak_rss_mib()})
+                peaks.append({"updates": min(lo + page, n), "peak_rss_mib": peak_rss_mb()})
         t = time.perf_counter()
         result = job.close_round(evaluate=lambda w: 1.0)
         close_s = time.perf_counter() - t
@@ -147,8 +139,8 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
     out = {"updates": n, "parameters": params, "update_mib": params * 4 / 2**20, "page": page,
            "median_ms_per_update": 1000 * per_update[len(per_update) // 2],
            "median_cpu_ms_per_update": 1000 * cpu_per_update[len(cpu_per_update) // 2], "close_s": close_s,
-           "max_abs_diff_vs_mean": worst, "peak_rss_mib": peak_rss_mib(),
-           "peak_rss_mib_after": [*peaks, {"updates": "close", "peak_rss_mib": peak_rss_mib()}],
+           "max_abs_diff_vs_mean": worst, "peak_rss_mib": peak_rss_mb(),
+           "peak_rss_mib_after": [*peaks, {"updates": "close", "peak_rss_mib": peak_rss_mb()}],
            "rss_before_aggregating_mib": before, "load_average_before": load_before,
            "load_average": os.getloadavg()[0]}
     print(json.dumps(out, indent=1))
@@ -163,15 +155,15 @@ def collect_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     engine = database.create_engine(spec["db"])
     job = FederatedJob(engine, spec["job"], spec["updates"])
-    peaks: list[dict[str, object]] = [{"updates": 0, "peak_rss_mib": peak_rss_mib()}]
+    peaks: list[dict[str, object]] = [{"updates": 0, "peak_rss_mib": peak_rss_mb()}]
     cpu, wall = time.process_time(), time.perf_counter()
     verdicts = collect(job, StreamRecords(spec["url"], spec["admin"], spec["job"], page_records=spec["page"]), 1.0,
-                       on_page=lambda v: peaks.append({"updates": sum(v.values()), "peak_rss_mib": peak_rss_mib()}))
+                       on_page=lambda v: peaks.append({"updates": sum(v.values()), "peak_rss_mib": peak_rss_mb()}))
     collect_cpu, collect_wall = time.process_time() - cpu, time.perf_counter() - wall
     t = time.perf_counter()
     result = job.close_round(evaluate=lambda w: 1.0)
     close_s = time.perf_counter() - t
-    peaks.append({"updates": "close", "peak_rss_mib": peak_rss_mib()})
+    peaks.append({"updates": "close", "peak_rss_mib": peak_rss_mb()})
     weights = job.global_weights()
     engine.dispose()
     return {"verdicts": dict(verdicts), "participants": result.participants, "collect_wall_s": collect_wall,

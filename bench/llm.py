@@ -29,13 +29,14 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from process_memory import peak_rss_mb  # bench/ is this script's directory
 
 RUNTIMES = ("edgerun", "edgerun-first-load", "edgerun-f32", "torch", "llama.cpp", "llama.cpp-fa")
 DEFAULT_RUNTIMES = ("edgerun", "torch", "llama.cpp", "llama.cpp-fa")
@@ -76,20 +77,6 @@ def prompt_ids(n: int, model: str) -> list[int]:
     if len(ids) < n:
         sys.exit(f"the bench text has only {len(ids)} tokens")
     return ids[:n]
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set: VmHWM, its memory's high-water mark. Not ru_maxrss, which Linux
-    carries across exec: a worker would report at least the RSS its parent had when it started it (the
-    driver's tokenizer of Gemma's 262,144 tokens: 687 MB, above llama.cpp's own 357)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---- workers (one runtime per process) ----------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import resource
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from process_memory import peak_rss_mb  # bench/ is this script's directory
 
 Runner = Callable[[], Any]
 
@@ -147,18 +147,6 @@ def measure(runtime: str, model: str, workdir: Path, runs: int, warmup: int, thr
     return {"runtime": runtime, "model": model, "latency_ms": statistics.median(times) * 1e3,
             "min_ms": min(times) * 1e3, "runs": runs, "load_ms": load_s * 1e3,
             "peak_rss_mb": peak_rss_mb()}
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set: VmHWM from /proc/self/status (ru_maxrss where there is no /proc)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> int:

@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from process_memory import peak_rss_mb  # bench/ is this script's directory
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -88,16 +88,7 @@ def worker(runtime: str, path: str, inputs_path: str, runs: int, threads: int) -
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
-    return {"latency_ms": statistics.median(times) * 1e3, "load_ms": load_s * 1e3, "peak_rss_mb": _peak_rss_mb()}
-
-
-def _peak_rss_mb() -> float:
-    # VmHWM restarts at exec; ru_maxrss would carry the (large) preparing parent's peak into the worker.
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"latency_ms": statistics.median(times) * 1e3, "load_ms": load_s * 1e3, "peak_rss_mb": peak_rss_mb()}
 
 
 def _spawn(runtime: str, path: Path, inputs: Path, runs: int, threads: int) -> dict[str, Any]:
