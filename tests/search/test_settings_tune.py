@@ -98,16 +98,23 @@ def test_a_setting_the_user_fixed_is_not_tuned_or_overridden(setup) -> None:  # 
     assert settings == {}
 
 
-def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def shared_ort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The process's ONNX Runtime backend, with an empty tuning cache and any changed setting winning."""
     from edgerun.backends.registry import get_backend
-    from edgerun.search import load
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     shared = get_backend("onnxruntime")
     if shared.spin_setting is not None:
         pytest.skip("EDGERUN_ORT_SPIN fixed ORT's spinning for this process")
     monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # the changed value always wins
+    return shared
+
+
+def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(shared_ort) -> None:  # type: ignore[no-untyped-def]
+    from edgerun.search import load
+
+    shared = shared_ort
     g = small_conv_net(16, seed=4)
     # tune=True: no budget, so a slow machine cannot run out of time before the setting is tried.
     first = load(g, backends="auto:onnxruntime", tune=True)  # calibrates, tunes the placement, then the setting
@@ -124,16 +131,11 @@ def test_the_first_auto_load_tunes_the_setting_and_a_later_load_builds_with_it(
 
 
 def test_settings_a_first_load_had_no_time_for_are_tuned_on_the_next_load_from_the_cached_winner(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgerun.backends.registry import get_backend
+        shared_ort) -> None:  # type: ignore[no-untyped-def]
     from edgerun.search import load, load_profiles
     from edgerun.search.tune import read_tuned
 
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    shared = get_backend("onnxruntime")
-    if shared.spin_setting is not None:
-        pytest.skip("EDGERUN_ORT_SPIN fixed ORT's spinning for this process")
-    monkeypatch.setattr(settings_tune, "SETTING_GAIN", 0.0)  # the changed value always wins
+    shared = shared_ort
     g = small_conv_net(16, seed=5)
     first = load(g, backends="auto:onnxruntime", tune=True)
     calibrated = load_profiles([shared])["onnxruntime"].settings["spin"]
