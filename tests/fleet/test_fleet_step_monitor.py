@@ -100,7 +100,10 @@ def test_one_replica_monitors_and_another_takes_over_when_it_dies(postgres: Loca
         assert stored_population(a_engine, release_id) == want
         add_devices(a_engine, 300, random.Random(4))
         with watcher.connect() as conn:                   # the leader's process dies: its connection ends
-            assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": a.leadership.backend_pid}).scalar()
+            # With a timeout, pg_terminate_backend returns once the backend has exited and so released its
+            # session lock; without one it only sends the signal, and b could try the lock before it is free.
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:p, 60000)"),
+                                {"p": a.leadership.backend_pid}).scalar()
         assert b.tick() == 0 and a.tick() is None         # b takes over; a, back, finds it taken
         with a_engine.connect() as conn:
             state = rel.state_of(conn.execute(sa.select(releases).where(releases.c.id == release_id)).one())
