@@ -4,8 +4,9 @@ From an empty $EDGERUN_CACHE_DIR, two other processes each spin a core while the
 load of each model calibrates and tunes; then they stop, and the model is loaded `--loads` more times, each
 in a fresh process, as a user's program would be. Every load prints the engines the search chose, whether
 its placement came from the cache or was measured, how busy the calibration it used was marked
-(edgerun/search/machine_load.py), and its latency as a ratio to ONNX Runtime's own, timed alone in its own
-process once the machine is quiet (bench/peer_worker.py's `onnxruntime`).
+(edgerun/search/machine_load.py), and its latency as a ratio to ONNX Runtime's own: ONNX Runtime is timed
+alone in its own process (bench/peer_worker.py's `onnxruntime`) after every load, the ratio taken to the
+median of those.
 
     .venv/bin/python bench/peers.py --prepare-only --workdir /tmp/peers-work --models resnet50 vit_tiny
     .venv/bin/python bench/calibration_recovery.py --workdir /tmp/peers-work --models resnet50 vit_tiny
@@ -121,17 +122,24 @@ def main() -> int:
                 p.kill()
                 p.wait()
         quiet_share = wait_quiet(60.0)
-        ort = ort_latency_ms(model, args, env)
-        loads = [{"load": 0, "machine": f"{args.spinners} spinners", **busy}]
+        # ONNX Runtime is timed in its own process after every load, and each load is divided by the median of
+        # those: on a small host a process can land in a slower mode (ViT-Tiny: 17 or 23-24 ms from one ORT
+        # process to the next), so one ORT measurement would make the ratios move with it.
+        loads = [{"load": 0, "machine": f"{args.spinners} spinners", **busy,
+                  "onnxruntime_ms": ort_latency_ms(model, args, env)}]
         for k in range(1, args.loads + 1):
-            loads.append({"load": k, "machine": "quiet", **run_child(model, args, env)})
+            loads.append({"load": k, "machine": "quiet", **run_child(model, args, env),
+                          "onnxruntime_ms": ort_latency_ms(model, args, env)})
+        ort_times = [row["onnxruntime_ms"] for row in loads if row["onnxruntime_ms"]]
+        ort = statistics.median(ort_times) if ort_times else None
         for row in loads:
             ratio = row["latency_ms"] / ort if ort and "latency_ms" in row else None
             row["x_onnxruntime"] = ratio
-            shown = (f"{row['latency_ms']:8.3f} ms {ratio:5.2f}x ORT" if ratio else row.get("error", "-"))
+            shown = (f"{row['latency_ms']:8.3f} ms {ratio:5.2f}x ORT's median (ORT after it {row['onnxruntime_ms']:.3f} ms)"
+                     if ratio else row.get("error", "-"))
             print(f"{model:10s} load {row['load']} ({row['machine']:10s}) {','.join(row.get('engines', [])):22s} "
                   f"{row.get('source', '-'):8s} calibration busy {row.get('calibration_busy')} {shown}", flush=True)
-        rows.append({"model": model, "onnxruntime_ms": ort, "quiet_share_after": quiet_share, "loads": loads})
+        rows.append({"model": model, "onnxruntime_median_ms": ort, "quiet_share_after": quiet_share, "loads": loads})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(["bench/calibration_recovery.py", *sys.argv[1:]]),
                                     "machine": platform.platform(), "load_average": load_before,
