@@ -41,6 +41,17 @@ def served(batched: Any) -> Iterator[tuple[str, Any, StepGate]]:
         gate.open()
 
 
+def greedy_completion(url: str, model: str, prompt: str, max_tokens: int) -> str:
+    """One whole (not streamed) greedy completion's text, through the server."""
+    return httpx.post(f"{url}/v1/completions", timeout=120, json={
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).json()["choices"][0]["text"]
+
+
+def leaving_stream_body(model: str) -> dict[str, Any]:
+    """A long streamed request whose client the tests cut off after its first chunk."""
+    return {"model": model, "prompt": "Leave", "max_tokens": 100, "temperature": 0, "stream": True}
+
+
 def test_requests_join_and_leave_the_running_batch(served: tuple[str, Any, StepGate], tiny_chat: Any) -> None:
     import openai
 
@@ -93,10 +104,9 @@ def test_a_client_that_leaves_frees_its_slot_within_one_step(served: tuple[str, 
     answers: dict[str, str] = {}
 
     def stay() -> None:
-        answers["stay"] = httpx.post(f"{url}/v1/completions", timeout=120, json={
-            "model": tiny_chat.name, "prompt": "Stay", "max_tokens": 30, "temperature": 0}).json()["choices"][0]["text"]
+        answers["stay"] = greedy_completion(url, tiny_chat.name, "Stay", 30)
 
-    body = {"model": tiny_chat.name, "prompt": "Leave", "max_tokens": 100, "temperature": 0, "stream": True}
+    body = leaving_stream_body(tiny_chat.name)
     thread = threading.Thread(target=stay)
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{url}/v1/completions", json=body) as stream:
         wait_until(lambda: len(engine.admitted()) == 1, "the stream was not admitted")
@@ -134,9 +144,7 @@ def test_waiting_prompts_are_prefilled_up_to_the_budget_between_decode_steps(bat
         engine = app.state.engine
 
         def call(i: int) -> None:
-            prompt, n = asks[i]
-            answers[i] = httpx.post(f"{url}/v1/completions", timeout=120, json={
-                "model": tiny_chat.name, "prompt": prompt, "max_tokens": n, "temperature": 0}).json()["choices"][0]["text"]
+            answers[i] = greedy_completion(url, tiny_chat.name, *asks[i])
 
         gate.hold()
         threads = [threading.Thread(target=call, args=(i,)) for i in range(len(asks))]
@@ -166,10 +174,9 @@ def test_a_client_that_leaves_during_anothers_prefill_frees_its_slot_before_that
     answers: dict[str, str] = {}
 
     def stay() -> None:
-        answers["stay"] = httpx.post(f"{url}/v1/completions", timeout=120, json={
-            "model": tiny_chat.name, "prompt": "Stay", "max_tokens": 5, "temperature": 0}).json()["choices"][0]["text"]
+        answers["stay"] = greedy_completion(url, tiny_chat.name, "Stay", 5)
 
-    body = {"model": tiny_chat.name, "prompt": "Leave", "max_tokens": 100, "temperature": 0, "stream": True}
+    body = leaving_stream_body(tiny_chat.name)
     thread = threading.Thread(target=stay)
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{url}/v1/completions", json=body) as stream:
         wait_until(lambda: len(engine.admitted()) == 1, "the stream was not admitted")
